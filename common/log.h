@@ -1,0 +1,41 @@
+/*
+ * log.h — one line per event on stderr (prefix log_).
+ *
+ * Lines carry the syslog priority prefix "<N>" when stderr is the journal (JOURNAL_STREAM is
+ * set, as under systemd), so journald files them at the right level; on a terminal they read
+ * "epmoe-worker[1234] warn: ...". Debug lines are switched per subsystem by the environment,
+ * like NCCL_DEBUG_SUBSYS: EPMOE_DEBUG=net,plan (or "all").
+ */
+#ifndef EPMOE_LOG_H
+#define EPMOE_LOG_H
+
+#include <stdbool.h>
+
+typedef enum log_level { LOG_ERROR = 3, LOG_WARN = 4, LOG_INFO = 6, LOG_DEBUG = 7 } log_level;
+
+/* Debug subsystems (bit mask). Names as written in EPMOE_DEBUG. */
+typedef enum log_sub {
+    LOG_SUB_NET = 1 << 0,    /* "net": control-plane messages */
+    LOG_SUB_PLAN = 1 << 1,   /* "plan": placement */
+    LOG_SUB_LOAD = 1 << 2,   /* "load": checkpoint loading */
+    LOG_SUB_STEP = 1 << 3,   /* "step": forward steps */
+    LOG_SUB_DATA = 1 << 4,   /* "data": data-plane transfers */
+    LOG_SUB_KERNEL = 1 << 5, /* "kernel": kernel selection */
+} log_sub;
+
+/* Name the program in every line and read EPMOE_DEBUG. Safe to call more than once. */
+void log_init(const char *prog);
+
+/* Lowest level printed (default LOG_INFO; LOG_WARN with log_set_quiet). */
+void log_set_level(log_level level);
+
+bool log_debug_enabled(log_sub sub);
+
+void log_msg(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_debug(log_sub sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
+#define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
+
+#endif

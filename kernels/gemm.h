@@ -1,0 +1,65 @@
+/*
+ * gemm.h — exact block-scaled expert GEMMs: FP8 activations x (FP8-block | MXFP4) weights
+ * (prefix gemm_).
+ *
+ * Canonical definition (docs/numerics.md, spec §5.2/§5.3/§5.8). Activations are M rows of K
+ * e4m3 codes with one fp32 scale per 128 channels, a_scale [M, K/128]. For output (m, n):
+ *
+ *   FP8 block  (W [N, K] e4m3, w_scale [N/128, K/128] fp32, blocks kb of 128 along K):
+ *       P   = fp32( exact sum_{k in kb} e4m3(a[m][k]) * e4m3(W[n][k]) )    -- one rounding
+ *       sig = a_scale[m][kb] * w_scale[n/128][kb]                          -- fp32 multiply
+ *       acc = acc + P * sig                                                -- fp32 mul, fp32 add
+ *   MXFP4      (W packed [N, K/2] e2m1 nibbles, low nibble = even k; w_scale [N, K/32] e8m0):
+ *       P   = fp32( exact sum_{k in c} e4m3(a[m][k]) * e2m1(W[n][k]) )     -- c: 32-wide block
+ *       acc = acc + (P * a_scale[m][c/4]) * 2^(w_scale[n][c] - 127)        -- fp32, in that order
+ *
+ * acc starts at +0 and takes blocks in increasing K order; out[m][n] = acc (fp32; callers round
+ * to bf16). Each block sum fits a double exactly (spec §5.8), so "exact" is well defined and
+ * every implementation gives the same bits for any M, thread count or vector width: a row's
+ * result never depends on the other rows in the batch. Multiply and add are never fused.
+ *
+ * Implementations: GEMM_IMPL_REF (plain C, the definition) and GEMM_IMPL_AVX2 (AVX2+FMA, chosen
+ * at runtime when the CPU has it). A gemm_weight is packed for one implementation; the tests
+ * prove the implementations agree bit for bit.
+ */
+#ifndef EPMOE_GEMM_H
+#define EPMOE_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef enum gemm_impl { GEMM_IMPL_AUTO = 0, GEMM_IMPL_REF, GEMM_IMPL_AVX2 } gemm_impl;
+
+typedef struct gemm_weight gemm_weight;
+typedef struct gemm_pool gemm_pool;
+
+/* The best implementation this CPU supports (AVX2 when cpuid says avx2+fma, else REF).
+ * EPMOE_GEMM=ref in the environment forces the reference. */
+gemm_impl gemm_impl_best(void);
+const char *gemm_impl_name(gemm_impl impl);
+
+/* Pack weights for impl (AUTO = gemm_impl_best()). Inputs are copied; N % 128 == 0 and
+ * K % 128 == 0. w_scale for FP8 is fp32 (callers decode E8M0 checkpoint scales exactly). */
+gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *w, const float *w_scale, gemm_impl impl,
+                           ep_err *err);
+gemm_weight *gemm_pack_mxfp4(int N, int K, const uint8_t *w_packed, const uint8_t *w_scale,
+                             gemm_impl impl, ep_err *err);
+void gemm_weight_free(gemm_weight **self_p);
+int gemm_weight_n(const gemm_weight *w);
+int gemm_weight_k(const gemm_weight *w);
+size_t gemm_weight_bytes(const gemm_weight *w); /* memory held */
+
+/* A fixed pool of worker threads used to split a GEMM over N (and over batched calls).
+ * nthreads <= 0 means one per online CPU. */
+gemm_pool *gemm_pool_create(int nthreads, ep_err *err);
+void gemm_pool_destroy(gemm_pool **self_p);
+int gemm_pool_size(const gemm_pool *p);
+
+/* out [M, N] fp32 = the canonical result above. a [M, K] e4m3, a_scale [M, K/128].
+ * pool may be NULL (run on the calling thread). */
+void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,
+              gemm_pool *pool);
+
+#endif
