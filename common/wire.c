@@ -1,0 +1,313 @@
+/* wire.c — see wire.h. */
+#include "common/wire.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/limits.h"
+
+void wire_free_malloc(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+const char *wire_type_name(uint16_t type)
+{
+    static _Thread_local char buf[32];
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&epmoe__msg_type__descriptor, type);
+    if (v == NULL) {
+        snprintf(buf, sizeof buf, "type %u", (unsigned)type);
+        return buf;
+    }
+    return v->name; /* "MSG_REGISTER" */
+}
+
+int wire_socket_defaults(void *sock, int64_t max_msg, ep_err *err)
+{
+    int linger = 0;
+    if (zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger) != 0)
+        return ep_err_set(err, "zmq_setsockopt(LINGER): %s", zmq_strerror(zmq_errno()));
+    if (zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) != 0)
+        return ep_err_set(err, "zmq_setsockopt(MAXMSGSIZE): %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+void wire_msg_close(wire_msg *m)
+{
+    for (int i = 0; i < m->n_frames; i++)
+        zmq_msg_close(&m->frames[i]);
+    m->n_frames = 0;
+    m->n_payloads = 0;
+    m->body = NULL;
+    m->body_len = 0;
+}
+
+/* Discard the rest of a multipart message after a framing error. */
+static void wire_drain(void *sock)
+{
+    int more = 1;
+    size_t sz = sizeof more;
+    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        zmq_msg_recv(&f, sock, 0);
+        zmq_msg_close(&f);
+    }
+}
+
+static bool wire_has_more(void *sock)
+{
+    int more = 0;
+    size_t sz = sizeof more;
+    return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more;
+}
+
+/* Receive the next frame into m->frames[m->n_frames]. */
+static int wire_recv_frame(void *sock, wire_msg *m, int flags)
+{
+    zmq_msg_t *f = &m->frames[m->n_frames];
+    zmq_msg_init(f);
+    if (zmq_msg_recv(f, sock, flags) < 0) {
+        zmq_msg_close(f);
+        return -1;
+    }
+    m->n_frames++;
+    return 0;
+}
+
+static wire_rc wire_fail(void *sock, wire_msg *m, ep_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static wire_rc wire_fail(void *sock, wire_msg *m, ep_err *err, const char *fmt, ...)
+{
+    char buf[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    wire_drain(sock);
+    wire_msg_close(m);
+    ep_err_set(err, "%s", buf);
+    return WIRE_ERR;
+}
+
+static wire_rc wire_recv_ident(void *sock, wire_msg *m, int flags, ep_err *err)
+{
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, sock, flags) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&id);
+        if (e == EAGAIN || e == EINTR)
+            return WIRE_AGAIN;
+        ep_err_set(err, "zmq_msg_recv: %s", zmq_strerror(e));
+        return WIRE_ERR;
+    }
+    size_t n = zmq_msg_size(&id);
+    m->ident_len = n <= WIRE_MAX_IDENT ? n : 0;
+    memcpy(m->ident, zmq_msg_data(&id), m->ident_len);
+    zmq_msg_close(&id);
+    if (n > WIRE_MAX_IDENT)
+        return wire_fail(sock, m, err, "routing id of %zu bytes (max %d)", n, WIRE_MAX_IDENT);
+    return WIRE_OK;
+}
+
+/* Version tag and type frames. */
+static wire_rc wire_recv_head(void *sock, wire_msg *m, int flags, ep_err *err)
+{
+    if (wire_recv_frame(sock, m, flags) != 0) {
+        int e = zmq_errno();
+        if (m->ident_len == 0 && (e == EAGAIN || e == EINTR))
+            return WIRE_AGAIN;
+        return wire_fail(sock, m, err, "zmq_msg_recv: %s", zmq_strerror(e));
+    }
+    zmq_msg_t *v = &m->frames[0];
+    if (zmq_msg_size(v) != strlen(WIRE_VERSION) ||
+        memcmp(zmq_msg_data(v), WIRE_VERSION, strlen(WIRE_VERSION)) != 0)
+        return wire_fail(sock, m, err, "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
+                         WIRE_VERSION, zmq_msg_size(v));
+    if (!wire_has_more(sock) || wire_recv_frame(sock, m, 0) != 0)
+        return wire_fail(sock, m, err, "message ends after the version frame (type frame missing)");
+    zmq_msg_t *t = &m->frames[1];
+    if (zmq_msg_size(t) != 2)
+        return wire_fail(sock, m, err, "type frame has %zu bytes, expected 2", zmq_msg_size(t));
+    const uint8_t *tb = zmq_msg_data(t);
+    m->type = (uint16_t)(tb[0] | (tb[1] << 8));
+    return WIRE_OK;
+}
+
+wire_rc wire_recv(void *sock, bool router, size_t max_body, size_t max_payload, int flags,
+                  wire_msg *m, ep_err *err)
+{
+    memset(m, 0, offsetof(wire_msg, frames));
+    m->n_frames = 0;
+    if (router) {
+        wire_rc rc = wire_recv_ident(sock, m, flags, err);
+        if (rc != WIRE_OK)
+            return rc;
+        flags = 0; /* the rest of a multipart message is already here */
+    }
+    wire_rc rc = wire_recv_head(sock, m, flags, err);
+    if (rc != WIRE_OK)
+        return rc;
+    if (!wire_has_more(sock) || wire_recv_frame(sock, m, 0) != 0)
+        return wire_fail(sock, m, err, "%s: body frame missing", wire_type_name(m->type));
+    m->body = zmq_msg_data(&m->frames[2]);
+    m->body_len = zmq_msg_size(&m->frames[2]);
+    if (m->body_len > max_body)
+        return wire_fail(sock, m, err, "%s: body of %zu bytes exceeds the limit of %zu",
+                         wire_type_name(m->type), m->body_len, max_body);
+    size_t total = 0;
+    while (wire_has_more(sock)) {
+        if (m->n_payloads == WIRE_MAX_PAYLOADS)
+            return wire_fail(sock, m, err, "%s: more than %d payload frames",
+                             wire_type_name(m->type), WIRE_MAX_PAYLOADS);
+        if (wire_recv_frame(sock, m, 0) != 0)
+            return wire_fail(sock, m, err, "zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
+        zmq_msg_t *p = &m->frames[m->n_frames - 1];
+        m->payload[m->n_payloads] = zmq_msg_data(p);
+        m->payload_len[m->n_payloads] = zmq_msg_size(p);
+        total += zmq_msg_size(p);
+        m->n_payloads++;
+        if (total > max_payload)
+            return wire_fail(sock, m, err, "%s: payloads exceed the limit of %zu bytes",
+                             wire_type_name(m->type), max_payload);
+    }
+    return WIRE_OK;
+}
+
+static int wire_send_frame(void *sock, const void *data, size_t len, bool more, bool dontwait)
+{
+    int flags = (more ? ZMQ_SNDMORE : 0) | (dontwait ? ZMQ_DONTWAIT : 0);
+    return zmq_send(sock, data, len, flags) < 0 ? -1 : 0;
+}
+
+static int wire_send_payload(void *sock, const wire_payload *p, bool more, bool dontwait)
+{
+    int flags = (more ? ZMQ_SNDMORE : 0) | (dontwait ? ZMQ_DONTWAIT : 0);
+    if (p->free_fn == NULL)
+        return zmq_send(sock, p->data, p->len, flags) < 0 ? -1 : 0;
+    zmq_msg_t msg;
+    if (zmq_msg_init_data(&msg, (void *)p->data, p->len, p->free_fn, p->hint) != 0) {
+        p->free_fn((void *)p->data, p->hint);
+        return -1;
+    }
+    if (zmq_msg_send(&msg, sock, flags) < 0) {
+        zmq_msg_close(&msg); /* calls free_fn */
+        return -1;
+    }
+    return 0;
+}
+
+/* Payloads not yet handed to ZeroMQ when a send fails are still ours to free. */
+static void wire_free_payloads(const wire_payload *payloads, int from, int n)
+{
+    for (int i = from; i < n; i++)
+        if (payloads[i].free_fn)
+            payloads[i].free_fn((void *)payloads[i].data, payloads[i].hint);
+}
+
+int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+              const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
+              bool dontwait, ep_err *err)
+{
+    uint8_t tb[2] = {(uint8_t)(type & 0xFF), (uint8_t)(type >> 8)};
+    size_t blen = body ? protobuf_c_message_get_packed_size(body) : 0;
+    uint8_t stackbuf[512];
+    uint8_t *bbuf = blen <= sizeof stackbuf ? stackbuf : malloc(blen);
+    int rc = -1, sent = 0;
+    if (bbuf == NULL) {
+        wire_free_payloads(payloads, 0, n_payloads);
+        return ep_err_set(err, "out of memory packing %s (%zu bytes)", wire_type_name(type), blen);
+    }
+    if (body)
+        protobuf_c_message_pack(body, bbuf);
+    if (ident_len && wire_send_frame(sock, ident, ident_len, true, dontwait) != 0)
+        goto fail_send;
+    /* after the first frame the rest of a multipart message never blocks */
+    if (wire_send_frame(sock, WIRE_VERSION, strlen(WIRE_VERSION), true, dontwait && !ident_len) ||
+        wire_send_frame(sock, tb, 2, true, false) ||
+        wire_send_frame(sock, bbuf, blen, n_payloads > 0, false))
+        goto fail_send;
+    for (; sent < n_payloads; sent++)
+        if (wire_send_payload(sock, &payloads[sent], sent + 1 < n_payloads, false) != 0) {
+            sent++; /* that payload was freed by wire_send_payload */
+            goto fail_send;
+        }
+    rc = 0;
+    goto done;
+fail_send:
+    ep_err_set(err, "sending %s: %s", wire_type_name(type), zmq_strerror(zmq_errno()));
+    wire_free_payloads(payloads, sent, n_payloads);
+done:
+    if (bbuf != stackbuf)
+        free(bbuf);
+    return rc;
+}
+
+/* ---- bounded unpacking ---- */
+
+typedef struct wire_budget {
+    size_t left;
+} wire_budget;
+
+static void *wire_budget_alloc(void *data, size_t size)
+{
+    wire_budget *b = data;
+    if (size > b->left)
+        return NULL;
+    b->left -= size;
+    return malloc(size);
+}
+
+static void wire_plain_free(void *data, void *ptr)
+{
+    (void)data;
+    free(ptr);
+}
+
+ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
+                              ep_err *err)
+{
+    /* Decoded structs can be far larger than their encoding (a 2-byte sub-message becomes a
+     * struct of ~100 bytes), hence the factor; the body itself is already bounded. */
+    wire_budget b = {.left = 64 * m->body_len + (1u << 20)};
+    ProtobufCAllocator a = {.alloc = wire_budget_alloc, .free = wire_plain_free,
+                            .allocator_data = &b};
+    ProtobufCMessage *msg = protobuf_c_message_unpack(desc, &a, m->body_len, m->body);
+    if (msg == NULL)
+        ep_err_set(err, "%s: body of %zu bytes is not a valid %s message",
+                   wire_type_name(m->type), m->body_len, desc->short_name);
+    return msg;
+}
+
+void wire_free_unpacked(ProtobufCMessage *msg)
+{
+    static ProtobufCAllocator a = {.alloc = NULL, .free = wire_plain_free, .allocator_data = NULL};
+    if (msg)
+        protobuf_c_message_free_unpacked(msg, &a);
+}
+
+void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
+                     uint16_t in_reply_to, const char *fmt, ...)
+{
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    Epmoe__Error e = EPMOE__ERROR__INIT;
+    e.has_code = 1;
+    e.code = code;
+    e.message = text;
+    if (in_reply_to) {
+        e.has_in_reply_to = 1;
+        e.in_reply_to = in_reply_to;
+    }
+    wire_send(sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0, true, NULL);
+}

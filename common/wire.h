@@ -1,0 +1,100 @@
+/*
+ * wire.h — framing of every epmoe ZeroMQ message (prefix wire_).
+ *
+ * Layout (proto/epmoe.proto, docs/protocol.md), after the routing-id frame on ROUTER sockets:
+ *   frame 0  "EPMOE1"            version tag
+ *   frame 1  uint16 LE           message type (Epmoe__MsgType)
+ *   frame 2  protobuf body       may be empty (all fields absent)
+ *   frame 3+ payloads            raw tensor bytes declared by the body (<= WIRE_MAX_PAYLOADS)
+ *
+ * wire_recv reads one whole message (ZeroMQ delivers all parts or none) and checks the frame
+ * structure, the version and the sizes before anyone unpacks it; a malformed message is drained
+ * and reported, never half-read. wire_unpack decodes the body with an allocator whose budget is
+ * bounded by the body size, so a hostile body cannot make us allocate without bound (the
+ * protobuf-c repeated-field overflow history, anchors-ops-style §1.2). Semantic validation of
+ * the fields is the receiver's job.
+ *
+ * Payloads are sent zero-copy when the caller hands over ownership (free_fn), else copied.
+ */
+#ifndef EPMOE_WIRE_H
+#define EPMOE_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+#include <zmq.h>
+
+#include "common/error.h"
+#include "epmoe.pb-c.h"
+
+#define WIRE_VERSION "EPMOE1"
+#define WIRE_MAX_PAYLOADS 8
+#define WIRE_MAX_IDENT 255
+
+typedef struct wire_payload {
+    const void *data;
+    size_t len;
+    /* When set, ZeroMQ takes ownership of data and calls free_fn(data, hint) once sent. */
+    void (*free_fn)(void *data, void *hint);
+    void *hint;
+} wire_payload;
+
+typedef struct wire_msg {
+    uint8_t ident[WIRE_MAX_IDENT]; /* routing id (ROUTER sockets), ident_len 0 otherwise */
+    size_t ident_len;
+    uint16_t type;
+    const uint8_t *body;
+    size_t body_len;
+    int n_payloads;
+    const uint8_t *payload[WIRE_MAX_PAYLOADS];
+    size_t payload_len[WIRE_MAX_PAYLOADS];
+    /* owned frames */
+    zmq_msg_t frames[3 + WIRE_MAX_PAYLOADS];
+    int n_frames;
+} wire_msg;
+
+typedef enum wire_rc {
+    WIRE_OK = 0,
+    WIRE_ERR = -1,   /* a malformed message was consumed; err says why; ident kept if read */
+    WIRE_AGAIN = -2, /* nothing to read (ZMQ_DONTWAIT) or interrupted by a signal */
+} wire_rc;
+
+/* Receive one message. router: the socket is a ROUTER (first frame is the routing id).
+ * max_body bounds frame 2; max_payload bounds the payload bytes in total. flags: 0 or
+ * ZMQ_DONTWAIT. On WIRE_OK the caller owns m and must wire_msg_close it; on WIRE_ERR m is
+ * already closed but m->ident/ident_len stay valid for an error reply. */
+wire_rc wire_recv(void *sock, bool router, size_t max_body, size_t max_payload, int flags,
+                  wire_msg *m, ep_err *err);
+void wire_msg_close(wire_msg *m);
+
+/* Send one message. ident/ident_len: routing id for ROUTER sockets (NULL/0 otherwise). body may
+ * be NULL (empty frame). Sends with ZMQ_DONTWAIT when dontwait, so a ROUTER with
+ * ROUTER_MANDATORY reports an unreachable or congested peer instead of blocking. Payloads whose
+ * free_fn is set are owned by the call from here on, whether it succeeds or not. */
+int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+              const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
+              bool dontwait, ep_err *err);
+
+/* Decode m's body as desc with a bounded allocator. Free with wire_free_unpacked. */
+ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
+                              ep_err *err);
+void wire_free_unpacked(ProtobufCMessage *msg);
+
+/* Send an Error message (code, formatted message, in_reply_to type). Best effort. */
+void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
+                     uint16_t in_reply_to, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* "REGISTER", "STEP_DONE", ... or "type N" for unknown types (static or thread-local). */
+const char *wire_type_name(uint16_t type);
+
+/* Options every epmoe socket gets before bind/connect: linger 0 (a stopping daemon never hangs
+ * in zmq_ctx_term) and ZMQ_MAXMSGSIZE (a peer sending more is disconnected by libzmq). */
+int wire_socket_defaults(void *sock, int64_t max_msg, ep_err *err);
+
+/* Payload free function for buffers from malloc. */
+void wire_free_malloc(void *data, void *hint);
+
+#endif
