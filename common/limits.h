@@ -63,6 +63,10 @@
 /* ZeroMQ: largest data-plane or forward-request payload (tokens x hidden x 4 bytes). */
 #define EP_MAX_DATA_MSG (1u << 30)
 
+/* Forward requests waiting behind the running step; more get ERR_BUSY instead of piling up
+ * memory in the coordinator. */
+#define EP_MAX_QUEUED_STEPS 64
+
 /* Tokens in one forward request: bounds every [T, H] buffer a request can make us allocate. */
 #define EP_MAX_TOKENS 65536
 
