@@ -13,7 +13,6 @@
  */
 #include "common/model_config.h"
 
-#include <errno.h>
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
