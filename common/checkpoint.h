@@ -15,8 +15,9 @@
  *                                         fp8: F8_E4M3 [I, H] + F32 [I/128, H/128]
  *   P ffn.experts.e.w2.weight/.scale      fp4: I8 [H, I/2] + F8_E8M0 [H, I/32]
  *                                         fp8: F8_E4M3 [H, I] + F32 [H/128, I/128]
- *   P ffn.shared_experts.w1|w3.weight/.scale  F8_E4M3 [I, H] + (E8M0 if fp4 else F32) [I/128, H/128]
- *   P ffn.shared_experts.w2.weight/.scale     F8_E4M3 [H, I] + (E8M0 if fp4 else F32) [H/128, I/128]
+ *   P ffn.shared_experts.w1|w3.weight/.scale  F8_E4M3 [I, H] + (E8M0 if fp4 else F32) [I/128,
+ * H/128] P ffn.shared_experts.w2.weight/.scale     F8_E4M3 [H, I] + (E8M0 if fp4 else F32) [H/128,
+ * I/128]
  */
 #ifndef EPMOE_CHECKPOINT_H
 #define EPMOE_CHECKPOINT_H
@@ -29,11 +30,13 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 
-/* "layers.L." for a main layer, "mtp.I." for an MTP layer (layer index as in mc_num_layers). */
+/* "layers.L." for a main layer, "mtp.I." for an MTP layer (layer index as in mc_num_layers).
+ * Returns the length written, or -1 when the layer is out of range or the name does not fit. */
 int ck_layer_prefix(const mc_config *c, int layer, char *buf, size_t cap);
 
 /* Parse an operator's layer name: "L", "layers.L" or "mtp.I" (also "mtp.I." etc. without the
- * trailing dot). Errors name the text and the valid range. */
+ * trailing dot). A bare "L" is the layer index of mc_num_layers (mtp.I is num_hidden_layers + I,
+ * as vLLM numbers it). Errors name the text and the valid range. */
 int ck_layer_parse(const mc_config *c, const char *text, int *layer, ep_err *err);
 
 /* Map a checkpoint name to the name vLLM loads it under, exactly as vLLM's DeepSeek V4 mapper
@@ -67,5 +70,13 @@ int ck_check_layer(const st_model *m, const mc_config *c, int layer, int e_begin
                    ep_err *err);
 /* Every layer, every expert. */
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
+
+/* The tensor named name, or NULL when absent; ctx is the lookup's own state (an st_model for
+ * ck_check_layer, an in-memory table in tests). */
+typedef const st_tensor *(*ck_lookup_fn)(const void *ctx, const char *name);
+/* ck_check_layer over any lookup: same checks, same messages. Routed experts are checked before
+ * the other tensors, so a checkpoint of the other expert dtype is reported on an expert tensor. */
+int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                        int e_begin, int e_end, ep_err *err);
 
 #endif

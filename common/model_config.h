@@ -54,10 +54,13 @@ int mc_load(const char *path, mc_config *out, ep_err *err);
 /* Validate an mc_config built by other means (a received broadcast): same rules as mc_parse. */
 int mc_validate(const mc_config *c, ep_err *err);
 
-/* Canonical text of the resolved config: one "key=value\n" line per field, fixed order, floats
- * as their exact bit pattern in hex. Returns the length (snprintf semantics). */
+/* Canonical text of the resolved config: one "key=value\n" line for every field of mc_config,
+ * in declaration order; integers in decimal, floats as "0x%08x" of their IEEE bits, bools as
+ * 0/1, expert_dtype by name ("fp4"/"fp8"). Returns the length (snprintf semantics). */
 int mc_canonical(const mc_config *c, char *buf, size_t cap);
-/* 64-bit FNV-1a of mc_canonical: equal configs hash equal on every host. */
+/* 64-bit FNV-1a of mc_canonical: equal configs hash equal on every host. The hash covers exactly
+ * the resolved fields above, not the bytes of config.json: key order, whitespace and fields the
+ * MoE layer ignores do not change it; every resolved field (expert_dtype_given included) does. */
 uint64_t mc_hash(const mc_config *c);
 
 const char *mc_dtype_name(mc_expert_dtype d); /* "fp4" / "fp8" */
