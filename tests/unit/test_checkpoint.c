@@ -4,13 +4,15 @@
  * Expected names come from the spec (§2.2-§2.7) written out by hand; the vLLM mapping table
  * below was also run through Python's re with vLLM's two regexes, which agreed on every row.
  * The checker runs over an in-memory "checkpoint" that this file builds from the spec's tables
- * (build_layer), independently of ck_layer_tensors. st_fake.c stands in for safetensors.c until
- * that module is merged (see st_fake.h).
+ * (build_layer), independently of ck_layer_tensors; the last test writes it to a real
+ * safetensors file and checks it through st_model_open.
  */
 #include <stdarg.h>
 
 #include "common/checkpoint.h"
-#include "st_fake.h"
+#include <unistd.h>
+
+#include "common/safetensors.h"
 #include "test.h"
 
 /* ---- ck_map_name ------------------------------------------------------------------------ */
@@ -755,28 +757,62 @@ TEST(checker_rejects_bad_ranges)
     CHECK_STR_HAS(err.msg, "expert range [4, 3)");
 }
 
+/* Write the in-memory checkpoint as a real safetensors file (zero-filled data) and open it. */
+static st_model *write_model(const ckpt *k, const char *dir)
+{
+    ep_err err;
+    st_writer *w = st_writer_create();
+    for (int i = 0; i < k->n; i++) {
+        const st_tensor *t = &k->t[i];
+        void *zero = calloc((size_t)t->numel, st_dtype_size(t->dtype));
+        if (st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, zero, &err) != 0)
+            printf("  writer: %s\n", err.msg);
+        free(zero);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_writer_write(w, path, &err) != 0)
+        printf("  writer: %s\n", err.msg);
+    st_writer_destroy(&w);
+    st_model *m = st_model_open(dir, &err);
+    if (m == NULL)
+        printf("  open: %s\n", err.msg);
+    return m;
+}
+
 TEST(check_model_through_st_model)
 {
     ep_err err;
+    char dir[] = "/tmp/epmoe-ckpt-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+
     mc_config c = small_config(MC_FP4, false);
     build_model(&g_ck, &c, MXFP4, true);
-    st_model m = {g_ck.t, g_ck.n};
-    CHECK_EQ(ck_check_model(&m, &c, &err), 0);
-    CHECK_EQ(ck_check_layer(&m, &c, 4, 2, 6, &err), 0);
+    st_model *m = write_model(&g_ck, dir);
+    CHECK(m != NULL);
+    CHECK_EQ(ck_check_model(m, &c, &err), 0);
+    CHECK_EQ(ck_check_layer(m, &c, 4, 2, 6, &err), 0);
+    st_model_close(&m);
+
     drop(&g_ck, "mtp.0.ffn.experts.7.w3.scale");
-    m.count = g_ck.n;
-    CHECK_EQ(ck_check_model(&m, &c, &err), -1);
+    m = write_model(&g_ck, dir);
+    CHECK_EQ(ck_check_model(m, &c, &err), -1);
     CHECK_STR_EQ(err.msg, "missing tensor \"mtp.0.ffn.experts.7.w3.scale\" (expert_dtype fp4)");
-    CHECK_EQ(ck_check_layer(&m, &c, 4, 2, 6, &err), 0);
+    CHECK_EQ(ck_check_layer(m, &c, 4, 2, 6, &err), 0); /* a worker without expert 7 loads */
+    st_model_close(&m);
 
     mc_config b = small_config(MC_FP8, true);
     build_model(&g_ck, &b, FP8_F32, false);
-    m.tensors = g_ck.t;
-    m.count = g_ck.n;
-    CHECK_EQ(ck_check_model(&m, &c, &err), -1);
+    m = write_model(&g_ck, dir);
+    CHECK_EQ(ck_check_model(m, &c, &err), -1);
     CHECK_STR_HAS(err.msg, "\"layers.0.ffn.experts.0.w1.weight\"");
     CHECK_STR_HAS(err.msg, "set \"expert_dtype\": \"fp8\"");
-    CHECK_EQ(ck_check_model(&m, &b, &err), 0);
+    CHECK_EQ(ck_check_model(m, &b, &err), 0);
+    st_model_close(&m);
+    unlink(path);
+    rmdir(dir);
 }
 
 int main(void)
