@@ -350,7 +350,6 @@ static const char *spec_str(const spec_ctx *c, const ynode *v, const char *path,
 static int spec_int(const spec_ctx *c, const ynode *v, const char *path, long long lo, long long hi,
                     long long *out)
 {
-    char buf[64];
     const char *s = v->kind == YK_SCALAR ? v->str : "";
     /* strtoll would skip blanks and accept '+'; a spec integer is [-]digits and nothing else */
     if (v->kind != YK_SCALAR || strlen(s) != v->len ||
@@ -362,8 +361,8 @@ static int spec_int(const spec_ctx *c, const ynode *v, const char *path, long lo
     if (end == s || *end != '\0')
         return spec_type_error(c, v, path, "an integer");
     if (errno == ERANGE || x < lo || x > hi)
-        return spec_fail(c, v->pos, "%s: %s is out of range (expected %lld..%lld)", path,
-                         spec_quote(s, v->len, buf, sizeof buf), lo, hi);
+        return spec_fail(c, v->pos, "%s: %.32s%s is out of range (expected %lld..%lld)", path, s,
+                         v->len > 32 ? "..." : "", lo, hi);
     *out = x;
     return 0;
 }
@@ -381,20 +380,18 @@ static bool spec_name_ok(const char *s)
     return true;
 }
 
-static bool spec_host_ok(const char *h, size_t n, bool bind)
+static bool spec_host_ok(const char *h, size_t n)
 {
-    if (n == 0)
-        return false;
-    if (n == 1 && h[0] == '*')
-        return bind; /* all interfaces: meaningful for bind, never for peers to connect to */
     const char *allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_";
-    if (h[0] == '[') { /* IPv6 literal */
+    if (n > 0 && h[0] == '[') { /* IPv6 literal */
         if (n < 3 || h[n - 1] != ']')
             return false;
         h++;
         n -= 2;
         allowed = "0123456789abcdefABCDEF:.";
     }
+    if (n == 0)
+        return false;
     for (size_t i = 0; i < n; i++)
         if (strchr(allowed, h[i]) == NULL)
             return false;
@@ -406,8 +403,8 @@ static bool spec_host_ok(const char *h, size_t n, bool bind)
 _Static_assert(SPEC_SUN_PATH == 108, "the ipc path message says 107 bytes");
 
 /* NULL when s is a valid endpoint, else what is wrong with it. bind: the coordinator binds it
- * (listen, admin) and may use the "*" host; peers connect to data endpoints, so those need a
- * real host. */
+ * (listen, admin) and may use the "*" host (all interfaces); peers connect to data endpoints,
+ * so those need a real host. */
 static const char *spec_endpoint_problem(const char *s, bool bind)
 {
     if (strncmp(s, "ipc://", 6) == 0) {
@@ -423,10 +420,14 @@ static const char *spec_endpoint_problem(const char *s, bool bind)
     const char *hp = s + 6, *colon = strrchr(hp, ':');
     if (colon == NULL)
         return "no :PORT";
-    if (!spec_host_ok(hp, (size_t)(colon - hp), bind))
+    size_t hn = (size_t)(colon - hp);
+    if (hn == 1 && hp[0] == '*') {
+        if (!bind)
+            return "peers connect to it, so the host cannot be *";
+    } else if (!spec_host_ok(hp, hn)) {
         return bind ? "bad host (expected a name, an IPv4 address, [IPv6] or *)"
-                    : "bad host (expected a name, an IPv4 address or [IPv6]; peers connect "
-                      "to it, so * will not do)";
+                    : "bad host (expected a name, an IPv4 address or [IPv6])";
+    }
     const char *port = colon + 1;
     size_t pn = strlen(port);
     if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
@@ -833,7 +834,7 @@ static int spec_walk(spec_ctx *c, const ynode *map, const spec_section *sec, con
             return spec_fail(c, k->pos, "key without a value");
         if (k->kind != YK_SCALAR) {
             char buf[64];
-            return spec_fail(c, k->pos, "%s: expected a plain key, found %s",
+            return spec_fail(c, k->pos, "%s: expected a scalar key, found %s",
                              path[0] ? path : "top level", spec_found(k, buf, sizeof buf));
         }
         int i = spec_find_field(sec, k);
