@@ -76,7 +76,8 @@ static spec_pos spec_mark(yaml_mark_t m)
     return (spec_pos){(int)m.line + 1, (int)m.column + 1};
 }
 
-/* Reader errors (bad UTF-8, control characters) carry a byte offset, not a mark. */
+/* Reader errors (bad UTF-8, control characters) carry a byte offset, not a mark. Columns
+ * count characters, as libyaml's marks do: UTF-8 continuation bytes do not advance them. */
 static spec_pos spec_offset_pos(const spec_ctx *c, size_t off)
 {
     spec_pos p = {1, 1};
@@ -84,7 +85,7 @@ static spec_pos spec_offset_pos(const spec_ctx *c, size_t off)
         if (c->text[i] == '\n') {
             p.line++;
             p.col = 1;
-        } else {
+        } else if (((unsigned char)c->text[i] & 0xc0) != 0x80) {
             p.col++;
         }
     }
@@ -369,21 +370,19 @@ static int spec_int(const spec_ctx *c, const ynode *v, const char *path, long lo
 
 /* ---- value checks ------------------------------------------------------------------------- */
 
+/* ASCII only: isalnum() would follow the locale. */
+#define SPEC_NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_"
+
 static bool spec_name_ok(const char *s)
 {
     size_t n = strlen(s);
-    if (n < 1 || n > SPEC_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
-            return false;
-    return true;
+    return n >= 1 && n <= SPEC_NAME_MAX && strspn(s, SPEC_NAME_CHARS) == n;
 }
 
 static bool spec_host_ok(const char *h, size_t n)
 {
-    const char *allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_";
-    if (n > 0 && h[0] == '[') { /* IPv6 literal */
+    const char *allowed = SPEC_NAME_CHARS; /* host names and IPv4 addresses */
+    if (n > 0 && h[0] == '[') {            /* IPv6 literal */
         if (n < 3 || h[n - 1] != ']')
             return false;
         h++;
