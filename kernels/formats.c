@@ -80,7 +80,7 @@ uint8_t fmt_f32_to_e4m3(float x)
     if (exp < 127 - 10) /* |x| < 2^-10: below half the smallest subnormal, rounds to 0 */
         return sign;
     uint32_t mant = (a & 0x7FFFFFu) | 0x800000u; /* |x| = mant * 2^(exp-150) */
-    unsigned shift = (unsigned)(150 - 9) - exp;   /* |x| / 2^-9 = mant >> shift; 21..24 */
+    unsigned shift = (unsigned)(150 - 9) - exp;  /* |x| / 2^-9 = mant >> shift; 21..24 */
     return sign | (uint8_t)fmt_rne_shift(mant, shift);
 }
 
@@ -118,8 +118,8 @@ uint8_t fmt_f32_to_e2m1(float x)
      * mantissa): 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2.0, 2.5->2.0, 3.5->4.0, 5->4.0. */
     static const uint32_t lim[7] = {
         0x3E800000u, /* 0.25 */ 0x3F400000u, /* 0.75 */ 0x3FA00000u, /* 1.25 */
-        0x3FE00000u, /* 1.75 */ 0x40200000u, /* 2.5 */  0x40600000u, /* 3.5 */
-        0x40A00000u, /* 5.0 */
+        0x3FE00000u, /* 1.75 */ 0x40200000u, /* 2.5 */ 0x40600000u,  /* 3.5 */
+        0x40A00000u,                                                 /* 5.0 */
     };
     uint8_t code = 0;
     while (code < 7 && a >= lim[code]) {
