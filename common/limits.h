@@ -53,6 +53,10 @@
 #define SPEC_MAX_DEPTH 32
 /* YAML: cluster spec file size. */
 #define SPEC_MAX_BYTES (4u << 20)
+/* YAML: nodes (scalars, mappings, sequences) in a cluster spec. The loader keeps the document
+ * as a tree before walking it; a spec for EP_MAX_WORKERS workers has ~12k nodes, and without
+ * the bound 4 MiB of "[1,1,1,..." would cost ~2M nodes (~150 MB). */
+#define SPEC_MAX_NODES 65536
 
 /* Workers in one cluster; bounds the peer and placement tables in every message. */
 #define EP_MAX_WORKERS 1024

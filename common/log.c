@@ -25,7 +25,8 @@ static unsigned log_parse_subs(const char *spec)
     unsigned mask = 0;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", spec);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
         if (strcmp(tok, "all") == 0)
             return ~0u;
         for (size_t i = 0; i < sizeof log_sub_names / sizeof log_sub_names[0]; i++)

@@ -6,10 +6,10 @@
 void mmsg_from_config(const mc_config *c, Epmoe__ModelConfig *out)
 {
     epmoe__model_config__init(out);
-#define MMSG_SET(field, value)                                                                    \
-    do {                                                                                          \
-        out->has_##field = 1;                                                                     \
-        out->field = (value);                                                                     \
+#define MMSG_SET(field, value)                                                                     \
+    do {                                                                                           \
+        out->has_##field = 1;                                                                      \
+        out->field = (value);                                                                      \
     } while (0)
     MMSG_SET(hidden_size, (uint32_t)c->hidden_size);
     MMSG_SET(moe_intermediate_size, (uint32_t)c->moe_intermediate_size);
@@ -24,8 +24,8 @@ void mmsg_from_config(const mc_config *c, Epmoe__ModelConfig *out)
     MMSG_SET(swiglu_limit, c->swiglu_limit);
     MMSG_SET(rms_norm_eps, c->rms_norm_eps);
     MMSG_SET(norm_topk_prob, c->norm_topk_prob);
-    MMSG_SET(expert_dtype,
-             c->expert_dtype == MC_FP8 ? EPMOE__EXPERT_DTYPE__EXPERT_FP8 : EPMOE__EXPERT_DTYPE__EXPERT_FP4);
+    MMSG_SET(expert_dtype, c->expert_dtype == MC_FP8 ? EPMOE__EXPERT_DTYPE__EXPERT_FP8
+                                                     : EPMOE__EXPERT_DTYPE__EXPERT_FP4);
     MMSG_SET(expert_dtype_given, c->expert_dtype_given);
     MMSG_SET(scale_e8m0, c->scale_e8m0);
     MMSG_SET(act_ue8m0, c->act_ue8m0);
@@ -54,12 +54,12 @@ int mmsg_to_config(const Epmoe__ModelConfig *m, mc_config *out, ep_err *err)
     memset(&c, 0, sizeof c);
     if (m == NULL)
         return ep_err_set(err, "model config missing");
-#define MMSG_INT(field)                                                                           \
-    if (mmsg_int(m->has_##field, m->field, #field, &c.field, err) != 0)                           \
+#define MMSG_INT(field)                                                                            \
+    if (mmsg_int(m->has_##field, m->field, #field, &c.field, err) != 0)                            \
         return -1;
-#define MMSG_ANY(field, conv)                                                                     \
-    if (mmsg_present(m->has_##field, #field, err) != 0)                                           \
-        return -1;                                                                                \
+#define MMSG_ANY(field, conv)                                                                      \
+    if (mmsg_present(m->has_##field, #field, err) != 0)                                            \
+        return -1;                                                                                 \
     c.field = conv(m->field);
     MMSG_INT(hidden_size)
     MMSG_INT(moe_intermediate_size)

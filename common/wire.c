@@ -129,7 +129,8 @@ static wire_rc wire_recv_head(void *sock, wire_msg *m, int flags, ep_err *err)
     zmq_msg_t *v = &m->frames[0];
     if (zmq_msg_size(v) != strlen(WIRE_VERSION) ||
         memcmp(zmq_msg_data(v), WIRE_VERSION, strlen(WIRE_VERSION)) != 0)
-        return wire_fail(sock, m, err, "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
+        return wire_fail(sock, m, err,
+                         "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
                          WIRE_VERSION, zmq_msg_size(v));
     if (!wire_has_more(sock) || wire_recv_frame(sock, m, 0) != 0)
         return wire_fail(sock, m, err, "message ends after the version frame (type frame missing)");
@@ -277,12 +278,12 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire
     /* Decoded structs can be far larger than their encoding (a 2-byte sub-message becomes a
      * struct of ~100 bytes), hence the factor; the body itself is already bounded. */
     wire_budget b = {.left = 64 * m->body_len + (1u << 20)};
-    ProtobufCAllocator a = {.alloc = wire_budget_alloc, .free = wire_plain_free,
-                            .allocator_data = &b};
+    ProtobufCAllocator a = {
+        .alloc = wire_budget_alloc, .free = wire_plain_free, .allocator_data = &b};
     ProtobufCMessage *msg = protobuf_c_message_unpack(desc, &a, m->body_len, m->body);
     if (msg == NULL)
-        ep_err_set(err, "%s: body of %zu bytes is not a valid %s message",
-                   wire_type_name(m->type), m->body_len, desc->short_name);
+        ep_err_set(err, "%s: body of %zu bytes is not a valid %s message", wire_type_name(m->type),
+                   m->body_len, desc->short_name);
     return msg;
 }
 

@@ -29,9 +29,9 @@
 #include "common/error.h"
 #include "epmoe.pb-c.h"
 
-#define WIRE_VERSION "EPMOE1"
+#define WIRE_VERSION      "EPMOE1"
 #define WIRE_MAX_PAYLOADS 8
-#define WIRE_MAX_IDENT 255
+#define WIRE_MAX_IDENT    255
 
 typedef struct wire_payload {
     const void *data;

@@ -13,7 +13,7 @@
 #include "ctl/cmds.h"
 
 #define CTL_DEFAULT_COORDINATOR "tcp://127.0.0.1:7401"
-#define CTL_DEFAULT_TIMEOUT_MS 10000
+#define CTL_DEFAULT_TIMEOUT_MS  10000
 
 static const struct {
     const char *name;

@@ -51,7 +51,8 @@ TEST(round_trip_with_payloads)
     for (int i = 0; i < 100000; i++)
         big[i] = (uint8_t)(i * 7);
     freed = 0;
-    wire_payload p[2] = {{.data = "abc", .len = 3}, {.data = big, .len = 100000, .free_fn = count_free}};
+    wire_payload p[2] = {{.data = "abc", .len = 3},
+                         {.data = big, .len = 100000, .free_fn = count_free}};
     ep_err err;
     CHECK(wire_send(d, NULL, 0, EPMOE__MSG_TYPE__MSG_REGISTER, &reg.base, p, 2, false, &err) == 0);
     wire_msg m;
@@ -193,7 +194,8 @@ TEST(unpack_budget_bounds_expansion)
     CHECK_STR_HAS(err.msg, "not a valid AdminReply message");
     /* 1000 of them decode fine */
     m.body_len = 2 * 1000;
-    Epmoe__AdminReply *ok = (Epmoe__AdminReply *)wire_unpack(&epmoe__admin_reply__descriptor, &m, &err);
+    Epmoe__AdminReply *ok =
+        (Epmoe__AdminReply *)wire_unpack(&epmoe__admin_reply__descriptor, &m, &err);
     CHECK(ok != NULL && ok->n_workers == 1000);
     wire_free_unpacked(ok ? &ok->base : NULL);
     free(body);

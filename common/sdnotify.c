@@ -1,0 +1,58 @@
+/* sdnotify.c — see sdnotify.h and sd_notify(3). */
+#include "common/sdnotify.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+int sdn_notify(const char *state)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    if (path == NULL || path[0] == '\0')
+        return 0;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = strlen(path);
+    if (n >= sizeof sa.sun_path || (path[0] != '/' && path[0] != '@'))
+        return -1;
+    memcpy(sa.sun_path, path, n);
+    if (path[0] == '@') /* abstract namespace */
+        sa.sun_path[0] = '\0';
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+    ssize_t sent = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, len);
+    close(fd);
+    return sent < 0 ? -1 : 0;
+}
+
+int sdn_notifyf(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return sdn_notify(buf);
+}
+
+uint64_t sdn_watchdog_usec(void)
+{
+    const char *usec = getenv("WATCHDOG_USEC");
+    const char *pid = getenv("WATCHDOG_PID");
+    if (usec == NULL)
+        return 0;
+    /* WATCHDOG_PID, when set, must name us (the variable may be inherited by children) */
+    if (pid != NULL && strtol(pid, NULL, 10) != (long)getpid())
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(usec, &end, 10);
+    return (*end == '\0' && v > 0) ? (uint64_t)v : 0;
+}

@@ -1,0 +1,107 @@
+/*
+ * spec.h — the cluster spec: a YAML file that names the coordinator's endpoints, the model and
+ * every worker of the cluster (prefix spec_). docs/cluster-spec.md is the schema.
+ *
+ * Contract: spec_load / spec_parse either return a fully validated spec_cluster or NULL with one
+ * message in err of the form
+ *   FILE:LINE:COLUMN: what is wrong and what was expected
+ * (1-based, at the start of the offending node). The loaded spec is self-contained: strings are
+ * copied, relative model paths are already resolved against the spec file's directory, and
+ * workers are numbered by rank (nodes in file order, workers in file order, 0..n_workers-1).
+ * The spec knows nothing about the model: spec_check_experts cross-checks the worker count with
+ * the model's expert count once config.json has been read.
+ *
+ * Positions (spec_pos) are kept for the fields a daemon may later have to complain about (an
+ * endpoint that cannot be bound, a worker that registers with another device), so those errors
+ * can point at the line of the spec too.
+ */
+#ifndef EPMOE_SPEC_H
+#define EPMOE_SPEC_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+#include "common/limits.h"
+
+/* Longest cluster, node or worker name (the schema's charset [A-Za-z0-9._-]). */
+#define SPEC_NAME_MAX 63
+
+/* A position in the spec file, 1-based; {0, 0} when the value was not in the file (default). */
+typedef struct spec_pos {
+    int line, col;
+} spec_pos;
+
+typedef enum spec_placement {
+    SPEC_PLACE_CONTIGUOUS = 0, /* rank r owns [r*E/P, (r+1)*E/P) (spec §1.4); needs E % P == 0 */
+    SPEC_PLACE_ROUND_ROBIN = 1 /* expert e -> rank e % P */
+} spec_placement;
+
+typedef enum spec_dispatch {
+    SPEC_DISPATCH_FP8 = 0, /* activations cross the all-to-all as FP8 e4m3 + UE8M0 scales */
+    SPEC_DISPATCH_BF16 = 1
+} spec_dispatch;
+
+typedef struct spec_worker {
+    char name[EP_MAX_NAME]; /* unique in the cluster */
+    char node[EP_MAX_NAME]; /* name of the node it is listed under */
+    char device[32];        /* "cpu" or "cuda:N" */
+    int cuda_index;         /* N of "cuda:N", -1 for cpu */
+    char data[EP_MAX_NAME]; /* data-plane endpoint the worker binds; unique in the cluster */
+    int rank;               /* order of appearance, 0-based */
+    int node_index;         /* index into spec_cluster.nodes */
+    spec_pos pos;           /* the worker's mapping */
+    spec_pos name_pos, device_pos, data_pos;
+} spec_worker;
+
+typedef struct spec_node {
+    char name[EP_MAX_NAME]; /* unique in the cluster */
+    int first_worker;       /* its workers are ranks first_worker .. first_worker+n_workers-1 */
+    int n_workers;
+    spec_pos pos, name_pos;
+} spec_node;
+
+typedef struct spec_cluster {
+    char file[EP_MAX_PATH]; /* the spec file as named by the caller (for messages) */
+    char name[EP_MAX_NAME];
+    char listen[EP_MAX_NAME];     /* coordinator ROUTER for workers */
+    char admin[EP_MAX_NAME];      /* coordinator ROUTER for operator RPC */
+    int heartbeat_ms;             /* 10..60000, default 1000 */
+    int liveness;                 /* missed heartbeats before a worker is dead, 1..100, default 3 */
+    int step_timeout_ms;          /* 100..3600000, default 30000 */
+    char model_path[EP_MAX_PATH]; /* resolved: absolute, or relative to the process's cwd */
+    spec_placement placement;
+    int redundant_experts; /* always 0 for now */
+    spec_dispatch dispatch;
+    int n_workers;
+    spec_worker *workers; /* [n_workers], index == rank */
+    int n_nodes;
+    spec_node *nodes; /* [n_nodes] in file order */
+    spec_pos pos;     /* the top-level mapping */
+    spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos;
+} spec_cluster;
+
+/* Read and parse a spec file (at most SPEC_MAX_BYTES). A relative model path is resolved
+ * against the real (symlink-free, absolute) directory of path, so it stays valid after the
+ * daemon changes directory. */
+spec_cluster *spec_load(const char *path, ep_err *err);
+
+/* Parse spec text (len bytes, need not be NUL-terminated). file names the source in messages;
+ * a relative model path is resolved against dirname(file) as written (kept relative when file
+ * has no directory part). file may be NULL ("<spec>"). */
+spec_cluster *spec_parse(const char *text, size_t len, const char *file, ep_err *err);
+
+/* Free a spec; tolerates NULL and clears the caller's pointer. */
+void spec_free(spec_cluster **self_p);
+
+/* The worker with that name, or NULL. */
+const spec_worker *spec_find_worker(const spec_cluster *s, const char *name);
+
+/* Cross-check the cluster with the model's routed expert count: every placement needs
+ * n_workers <= n_experts (each worker owns at least one expert), contiguous also needs
+ * n_experts % n_workers == 0. The error points at the spec's nodes: key. */
+int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
+
+const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" */
+const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * test_sdnotify.c — notifications reach a datagram socket the way systemd's does, and are
+ * no-ops outside systemd.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/sdnotify.h"
+#include "test.h"
+
+TEST(notify_reaches_the_socket)
+{
+    char dir[] = "/tmp/epmoe-sdn-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/notify", dir);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    CHECK_EQ(sdn_notifyf("READY=1\nSTATUS=%s", "serving"), 0);
+    char buf[256] = {0};
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    CHECK_EQ(n, (ssize_t)strlen("READY=1\nSTATUS=serving"));
+    CHECK_STR_EQ(buf, "READY=1\nSTATUS=serving");
+    close(fd);
+    unlink(path);
+    rmdir(dir);
+    unsetenv("NOTIFY_SOCKET");
+    CHECK_EQ(sdn_notify("READY=1"), 0); /* not under systemd: nothing to do */
+}
+
+TEST(watchdog_interval)
+{
+    unsetenv("WATCHDOG_USEC");
+    CHECK_EQ(sdn_watchdog_usec(), 0);
+    setenv("WATCHDOG_USEC", "2000000", 1);
+    CHECK_EQ(sdn_watchdog_usec(), 2000000);
+    setenv("WATCHDOG_PID", "1", 1); /* someone else's watchdog */
+    CHECK_EQ(sdn_watchdog_usec(), 0);
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    setenv("WATCHDOG_PID", pid, 1);
+    CHECK_EQ(sdn_watchdog_usec(), 2000000);
+    setenv("WATCHDOG_USEC", "abc", 1);
+    CHECK_EQ(sdn_watchdog_usec(), 0);
+}
+
+int main(void)
+{
+    RUN(notify_reaches_the_socket);
+    RUN(watchdog_interval);
+    return test_report();
+}
