@@ -86,6 +86,20 @@ expect 64 "--threads 0" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --
 expect 73 "/nonexistent-dir/o.safetensors" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output /nonexistent-dir/o.safetensors)
 expect 0 "usage: epmoectl forward" -- forward --help
 
+# ---- checkpoints from `epmoectl mkmodel` (sharded, both expert dtypes, expert_dtype omitted) ----
+for dt in fp4 fp8; do
+    D=$TMP/mk_$dt
+    extra=""
+    [ "$dt" = fp4 ] && extra=--omit-expert-dtype
+    expect 0 "" -- mkmodel --out "$D" --expert-dtype $dt $extra --hidden 256 --inter 256 \
+        --experts 8 --topk 4 --layers 2 --hash-layers 1 --mtp 1 --vocab 500 --shards 3
+    for L in layers.0 layers.1 mtp.0; do
+        expect 0 "$L" -- forward --local --model "$D" --layer $L --input "$TMP/in_bf16.safetensors" --output "$TMP/mk_${dt}_$L.1.safetensors" --threads 1
+        expect 0 "$L" -- forward --local --model "$D" --layer $L --input "$TMP/in_f32.safetensors" --output "$TMP/mk_${dt}_$L.2.safetensors" --threads 2
+        same "$TMP/mk_${dt}_$L.1.safetensors" "$TMP/mk_${dt}_$L.2.safetensors"
+    done
+done
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails failed"
     exit 1
