@@ -711,54 +711,94 @@ typedef void (*f8i_fn)(const __m256i *Wp, int j0, int j1, int kb, const f8i_tok 
 static const f8i_fn f8i_kernels[7] = {NULL,         f8i_kernel_1, f8i_kernel_2, f8i_kernel_3,
                                       f8i_kernel_4, f8i_kernel_5, f8i_kernel_6};
 
-/* The exact block sum of one token (T1 given as int32, or in double when the block was summed
- * in parts) plus T2..T4, rounded once; then out += P * (sa * ws). */
-static void f8i_finish(const f8i_tok *tk, int kb, const __m256i *Wp, const uint32_t *lo, int nlo,
-                       const __m256i *t1, const double *t1d, float wsc, unsigned nanb)
+/* The |w| < 2^-3 weights of one panel as vpmaddwd vectors: lov[i] holds WL at (row r, k & 1)
+ * of k-pair loj[i], zero elsewhere; only the k-pairs that have such a weight get a vector. */
+typedef struct f8i_lo {
+    __m256i lov[64];
+    int loj[64];
+    int n;
+} f8i_lo;
+
+static void f8i_lo_build(const uint32_t *lo, int nlo, f8i_lo *L)
 {
+    L->n = 0;
+    for (int i = 0; i < nlo; i++) {
+        uint32_t e = lo[i];
+        int k = (int)(e & 127), r = (int)((e >> 8) & 7), j = k / 2, x = 0;
+        while (x < L->n && L->loj[x] != j)
+            x++;
+        if (x == L->n) {
+            L->lov[x] = _mm256_setzero_si256();
+            L->loj[x] = j;
+            L->n++;
+        }
+        int16_t *lanes = (int16_t *)&L->lov[x];
+        lanes[2 * r + (k & 1)] = (int16_t)(e >> 16);
+    }
+}
+
+static inline __m256d lo4_pd(__m256i x)
+{
+    return _mm256_cvtepi32_pd(_mm256_castsi256_si128(x));
+}
+
+static inline __m256d hi4_pd(__m256i x)
+{
+    return _mm256_cvtepi32_pd(_mm256_extracti128_si256(x, 1));
+}
+
+/* The exact block sum of one token (T1 given as int32, or in double when the block was summed
+ * in parts) plus T2..T4, rounded once; then out += P * (sa * ws). F collects T2 * 16 + T3
+ * (units 2^-15), G collects T4 (units 2^-18). */
+static inline __attribute__((always_inline)) void f8i_finish(const f8i_tok *tk, int kb,
+                                                             const __m256i *Wp, const f8i_lo *L,
+                                                             const __m256i *t1, const double *t1d,
+                                                             float wsc, unsigned nanb)
+{
+    const uint32_t *ap = tk->ap + 64 * kb;
+    const int16_t *al = tk->al + 128 * kb;
+    __m256i F = _mm256_setzero_si256(), G = F;
+    for (int i = 0; i < L->n; i++) {
+        uint32_t alp;
+        memcpy(&alp, al + 2 * L->loj[i], sizeof alp);
+        F = _mm256_add_epi32(F,
+                             _mm256_madd_epi16(L->lov[i], _mm256_set1_epi32((int)ap[L->loj[i]])));
+        G = _mm256_add_epi32(G, _mm256_madd_epi16(L->lov[i], _mm256_set1_epi32((int)alp)));
+    }
+    F = _mm256_slli_epi32(F, 4);
     int na = tk->cnt[kb];
+    const uint8_t *ent = tk->ent + 128 * kb;
+    __m256d d0 = _mm256_setzero_pd(), d1 = d0;
+    for (int i0 = 0; i0 < na; i0 += 64) { /* T3; F stays below 2^31 for 64 entries */
+        for (int i = i0; i < na && i < i0 + 64; i++) {
+            int k = ent[i];
+            uint32_t v = (uint16_t)al[k], pair = (k & 1) ? v << 16 : v;
+            F = _mm256_add_epi32(
+                F, _mm256_madd_epi16(_mm256_load_si256(Wp + k / 2), _mm256_set1_epi32((int)pair)));
+        }
+        if (i0 + 64 < na) { /* more than 64: move F to double and go on */
+            d0 = _mm256_fmadd_pd(lo4_pd(F), _mm256_set1_pd(0x1p-15), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(F), _mm256_set1_pd(0x1p-15), d1);
+            F = _mm256_setzero_si256();
+        }
+    }
     __m256 p;
-    if (t1 && na == 0 && nlo == 0) {
+    int fz = _mm256_testz_si256(F, F), gz = _mm256_testz_si256(G, G);
+    if (t1 && fz && gz && na <= 64) {
         p = _mm256_mul_ps(_mm256_cvtepi32_ps(*t1), _mm256_set1_ps(0x1p-8f));
     } else {
-        __m256d d0, d1;
         if (t1) {
-            d0 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(*t1)),
-                               _mm256_set1_pd(0x1p-8));
-            d1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(*t1, 1)),
-                               _mm256_set1_pd(0x1p-8));
+            d0 = _mm256_fmadd_pd(lo4_pd(*t1), _mm256_set1_pd(0x1p-8), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(*t1), _mm256_set1_pd(0x1p-8), d1);
         } else {
-            d0 = _mm256_loadu_pd(t1d);
-            d1 = _mm256_loadu_pd(t1d + 4);
+            d0 = _mm256_add_pd(d0, _mm256_loadu_pd(t1d));
+            d1 = _mm256_add_pd(d1, _mm256_loadu_pd(t1d + 4));
         }
-        const uint8_t *ent = tk->ent + 128 * kb;
-        const int16_t *al = tk->al + 128 * kb;
-        for (int i0 = 0; i0 < na; i0 += 64) { /* T3 */
-            __m256i F = _mm256_setzero_si256();
-            for (int i = i0; i < na && i < i0 + 64; i++) {
-                int k = ent[i];
-                uint32_t v = (uint16_t)al[k], pair = (k & 1) ? v << 16 : v;
-                F = _mm256_add_epi32(F, _mm256_madd_epi16(_mm256_load_si256(Wp + k / 2),
-                                                          _mm256_set1_epi32((int)pair)));
-            }
-            d0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(F)),
-                                 _mm256_set1_pd(0x1p-15), d0);
-            d1 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(F, 1)),
-                                 _mm256_set1_pd(0x1p-15), d1);
-        }
-        if (nlo) { /* T2 and T4 */
-            int64_t cs[8] = {0};
-            const int16_t *A = (const int16_t *)(tk->ap + 64 * kb);
-            for (int i = 0; i < nlo; i++) {
-                uint32_t e = lo[i];
-                int k = (int)(e & 127), r = (int)((e >> 8) & 7);
-                int64_t wl = (int16_t)(e >> 16);
-                cs[r] += (int64_t)A[k] * wl * 128 + (int64_t)al[k] * wl;
-            }
-            __m256d c0 = _mm256_setr_pd((double)cs[0], (double)cs[1], (double)cs[2], (double)cs[3]);
-            __m256d c1 = _mm256_setr_pd((double)cs[4], (double)cs[5], (double)cs[6], (double)cs[7]);
-            d0 = _mm256_fmadd_pd(c0, _mm256_set1_pd(0x1p-18), d0);
-            d1 = _mm256_fmadd_pd(c1, _mm256_set1_pd(0x1p-18), d1);
+        d0 = _mm256_fmadd_pd(lo4_pd(F), _mm256_set1_pd(0x1p-15), d0);
+        d1 = _mm256_fmadd_pd(hi4_pd(F), _mm256_set1_pd(0x1p-15), d1);
+        if (!gz) {
+            d0 = _mm256_fmadd_pd(lo4_pd(G), _mm256_set1_pd(0x1p-18), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(G), _mm256_set1_pd(0x1p-18), d1);
         }
         p = _mm256_set_m128(_mm256_cvtpd_ps(d1), _mm256_cvtpd_ps(d0));
     }
@@ -771,20 +811,10 @@ static void f8i_finish(const f8i_tok *tk, int kb, const __m256i *Wp, const uint3
 static void f8_direct_any(int T, const uint8_t *wd, int nkb, const f8_tok *tk, const float *wsc,
                           const uint8_t *nanr)
 {
-    switch (T) {
-    case 1:
+    if (T == 1)
         f8_direct(1, wd, nkb, tk, wsc, nanr);
-        break;
-    case 2:
+    else
         f8_direct(2, wd, nkb, tk, wsc, nanr);
-        break;
-    case 3:
-        f8_direct(3, wd, nkb, tk, wsc, nanr);
-        break;
-    default:
-        f8_direct(4, wd, nkb, tk, wsc, nanr);
-        break;
-    }
 }
 
 /* ---- tiles: preprocessed activations for mt tokens x kn columns ---- */
@@ -1032,6 +1062,7 @@ static void f8i_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, i
     int N = w->N, K = w->K, KB = K / 128, nkb = kn / 128;
     int ng = (mt + F8_TILE_T - 1) / F8_TILE_T;
     _Alignas(32) __m256i Wp[64];
+    _Alignas(32) f8i_lo L;
     _Alignas(32) __m256i t1[F8_TILE_T];
     _Alignas(32) double t1d[F8_TILE_T][8];
     for (int kb = 0; kb < nkb; kb++) {
@@ -1039,8 +1070,7 @@ static void f8i_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, i
             size_t bi = (size_t)o * KB + k0 / 128 + kb;
             f8i_panel(w->data + (size_t)o * K * 8 + (size_t)(k0 + 128 * kb) * 8, Wp);
             int safe = w->int_safe[bi];
-            const uint32_t *lo = w->lo_ent + w->lo_off[bi];
-            int nlo = (int)(w->lo_off[bi + 1] - w->lo_off[bi]);
+            f8i_lo_build(w->lo_ent + w->lo_off[bi], (int)(w->lo_off[bi + 1] - w->lo_off[bi]), &L);
             float wsc = w->fscale[(size_t)(o / 16) * KB + k0 / 128 + kb];
             unsigned nanb = w->nanrows ? w->nanrows[bi] : 0;
             for (int g = 0, t0 = 0; g < ng; g++) {
@@ -1054,7 +1084,7 @@ static void f8i_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, i
                 if (safe) {
                     f8i_kernels[T](Wp, 0, 64, kb, tk, t1);
                     for (int t = 0; t < T; t++)
-                        f8i_finish(&tk[t], kb, Wp, lo, nlo, &t1[t], NULL, wsc, nanb);
+                        f8i_finish(&tk[t], kb, Wp, &L, &t1[t], NULL, wsc, nanb);
                 } else {
                     memset(t1d, 0, sizeof t1d);
                     for (int part = 0; part < 4; part++) {
@@ -1071,7 +1101,7 @@ static void f8i_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, i
                         }
                     }
                     for (int t = 0; t < T; t++)
-                        f8i_finish(&tk[t], kb, Wp, lo, nlo, NULL, t1d[t], wsc, nanb);
+                        f8i_finish(&tk[t], kb, Wp, &L, NULL, t1d[t], wsc, nanb);
                 }
                 t0 += T;
             }
