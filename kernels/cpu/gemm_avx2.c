@@ -69,11 +69,7 @@
 
 /* ---- tables ---- */
 
-static int16_t mx_hi[256], mx_lo[256]; /* e4m3 code -> hi (units 2^-6) / lo (units 2^-9) */
-static int16_t mxs_hi[256];            /* small-M kernel: hi in units 2^-5 */
-static int8_t mxs_lo[256];             /* small-M kernel: lo (units 2^-9) when not hi */
-static double f8_act[256];             /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
-static int16_t f8_A[256], f8_AL[256];  /* integer FP8 path: a * 4 if |a| >= 2, a * 512 if not */
+static double f8_act[256]; /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static int e4m3_nan(uint8_t c)
@@ -85,20 +81,7 @@ static void tables_init(void)
 {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_nan((uint8_t)c) ? 0.0f : fmt_e4m3_to_f32((uint8_t)c);
-        float u = v * 64.0f; /* exact */
-        if (u == truncf(u)) {
-            mx_hi[c] = (int16_t)u;
-            mx_lo[c] = 0;
-        } else {
-            mx_hi[c] = 0;
-            mx_lo[c] = (int16_t)(v * 512.0f);
-        }
         f8_act[c] = (double)v * 0x1p1000;
-        f8_A[c] = fabsf(v) >= 2.0f ? (int16_t)(v * 4.0f) : 0;
-        f8_AL[c] = fabsf(v) >= 2.0f ? 0 : (int16_t)(v * 512.0f);
-        float u5 = v * 32.0f;
-        mxs_hi[c] = u5 == truncf(u5) ? (int16_t)u5 : 0;
-        mxs_lo[c] = u5 == truncf(u5) ? 0 : (int8_t)(v * 512.0f);
     }
 }
 
@@ -262,6 +245,67 @@ static inline __m256 nan_lanes(__m256 p, unsigned bits)
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
     return _mm256_or_ps(p, _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_set1_epi32(0x7FC00000))));
+}
+
+/* Splitting e4m3 activations exactly into a "hi" and a "lo" part by exponent field e:
+ *   hi = (8+m) * 2^(e-E0)               for e >= E0 (the value in units of 2^(E0-10))
+ *   lo = value * 2^9 = (8+m) * 2^(e-1)  for 1 <= e < E0, m for e = 0 (units of 2^-9)
+ * each signed, so that value = hi * 2^(E0-10) + lo * 2^-9 with one of them zero; NaN codes
+ * give hi = lo = 0 and set their lane in nan. The powers of two come from nibble tables. */
+typedef struct e4m3_split {
+    __m256i hlo, hhi, llo; /* low / high byte of the hi power, the lo power, by e */
+} e4m3_split;
+
+static e4m3_split split_luts(int E0)
+{
+    uint8_t hlo[32], hhi[32], llo[32];
+    for (int i = 0; i < 32; i++) {
+        int e = i & 15;
+        unsigned ph = e >= E0 ? 1u << (e - E0) : 0, pl = e >= E0 ? 0 : e == 0 ? 1 : 1u << (e - 1);
+        hlo[i] = (uint8_t)(ph & 0xFF);
+        hhi[i] = (uint8_t)(ph >> 8);
+        llo[i] = (uint8_t)pl;
+    }
+    e4m3_split L;
+    L.hlo = _mm256_loadu_si256((const __m256i *)hlo);
+    L.hhi = _mm256_loadu_si256((const __m256i *)hhi);
+    L.llo = _mm256_loadu_si256((const __m256i *)llo);
+    return L;
+}
+
+/* v: 16 e4m3 codes sign-extended to int16 */
+static inline void split16(__m256i v, const e4m3_split *L, __m256i *hi, __m256i *lo, __m256i *nan)
+{
+    __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 3), _mm256_set1_epi16(15));
+    __m256i idx = _mm256_or_si256(e, _mm256_set1_epi16((short)0x8000)); /* high byte -> 0 */
+    __m256i m = _mm256_and_si256(v, _mm256_set1_epi16(7));
+    __m256i ph = _mm256_or_si256(_mm256_shuffle_epi8(L->hlo, idx),
+                                 _mm256_slli_epi16(_mm256_shuffle_epi8(L->hhi, idx), 8));
+    __m256i pl = _mm256_shuffle_epi8(L->llo, idx);
+    __m256i mh = _mm256_or_si256(m, _mm256_set1_epi16(8));
+    __m256i ml = _mm256_or_si256(
+        m, _mm256_and_si256(_mm256_cmpgt_epi16(e, _mm256_setzero_si256()), _mm256_set1_epi16(8)));
+    *nan =
+        _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
+    *hi = _mm256_andnot_si256(*nan, _mm256_sign_epi16(_mm256_mullo_epi16(mh, ph), v));
+    *lo = _mm256_sign_epi16(_mm256_mullo_epi16(ml, pl), v);
+}
+
+/* 32 codes at p -> two sign-extended int16 vectors (codes 0-15, 16-31) */
+static inline void codes32(const uint8_t *p, __m256i *v0, __m256i *v1)
+{
+    *v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    *v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+}
+
+/* sum of the 16 int16 lanes of a and b */
+static inline int32_t hsum16x2(__m256i a, __m256i b)
+{
+    __m256i s = _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
 }
 
 /* ---- FP8 x MXFP4 ---- */
@@ -899,21 +943,23 @@ static void mx_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
 {
     int K = c->w->K, KB = K / 128;
     const uint8_t *a = c->a + (size_t)m * K + k0;
+    const e4m3_split L = split_luts(4); /* hi: |a| >= 2^-3 in units of 2^-6 */
     for (int b = 0; b < kn / 32; b++) {
-        int32_t shi = 0, slo = 0, nan = 0, need = 0;
-        for (int j = 0; j < 16; j++) {
-            uint8_t c0 = a[32 * b + 2 * j], c1 = a[32 * b + 2 * j + 1];
-            int16_t h0 = mx_hi[c0], h1 = mx_hi[c1], l0 = mx_lo[c0], l1 = mx_lo[c1];
-            d.hi[16 * b + j] = (uint16_t)h0 | (uint32_t)(uint16_t)h1 << 16;
-            d.lo[16 * b + j] = (uint16_t)l0 | (uint32_t)(uint16_t)l1 << 16;
-            shi += h0 + h1;
-            slo += l0 + l1;
-            need |= l0 | l1;
-            nan |= e4m3_nan(c0) | e4m3_nan(c1);
-        }
+        __m256i v0, v1, h0, h1, l0, l1, n0, n1;
+        codes32(a + 32 * b, &v0, &v1);
+        split16(v0, &L, &h0, &l0, &n0);
+        split16(v1, &L, &h1, &l1, &n1);
+        _mm256_store_si256((__m256i *)(d.hi + 16 * b), h0);
+        _mm256_store_si256((__m256i *)(d.hi + 16 * b + 8), h1);
+        _mm256_store_si256((__m256i *)(d.lo + 16 * b), l0);
+        _mm256_store_si256((__m256i *)(d.lo + 16 * b + 8), l1);
+        /* hi is widened before it is summed (32 * 28672 > 2^15); lo pairs fit int16 */
+        int32_t shi = hsum16x2(h0, _mm256_setzero_si256()) + hsum16x2(h1, _mm256_setzero_si256());
+        int32_t slo = hsum16x2(l0, l1);
         d.chi[b] = -12 * shi;
         d.clo[b] = -12 * slo;
-        d.need[b] = need != 0;
+        d.need[b] = !_mm256_testz_si256(_mm256_or_si256(l0, l1), _mm256_or_si256(l0, l1));
+        int nan = !_mm256_testz_si256(_mm256_or_si256(n0, n1), _mm256_or_si256(n0, n1));
         d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
     }
 }
@@ -925,25 +971,31 @@ static void mxs_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
     int K = c->w->K, KB = K / 128;
     const uint8_t *a = c->a + (size_t)m * K + k0;
     int8_t *d0 = (int8_t *)d.hi, *d1 = d0 + kn, *lo = (int8_t *)d.lo;
+    const e4m3_split L = split_luts(5); /* hi: |a| >= 2^-2 in units of 2^-5 */
+    const __m256i perm = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0,
+                                          2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    const __m256i m127 = _mm256_set1_epi16(127);
     for (int b = 0; b < kn / 32; b++) {
-        int32_t shi = 0, slo = 0, nan = 0, need = 0;
-        for (int j = 0; j < 32; j++) {
-            uint8_t code = a[32 * b + j];
-            int r = j & 7;
-            int pos = 32 * b + (j & ~7) + (r == 1 ? 2 : r == 2 ? 1 : r == 5 ? 6 : r == 6 ? 5 : r);
-            int16_t h = mxs_hi[code];
-            int8_t l = mxs_lo[code];
-            d0[pos] = (int8_t)(h & 127);
-            d1[pos] = (int8_t)(h >> 7);
-            lo[pos] = l;
-            shi += h;
-            slo += l;
-            need |= l;
-            nan |= e4m3_nan(code);
-        }
+        __m256i v0, v1, h0, h1, l0, l1, n0, n1;
+        codes32(a + 32 * b, &v0, &v1);
+        split16(v0, &L, &h0, &l0, &n0);
+        split16(v1, &L, &h1, &l1, &n1);
+        /* words -> bytes in k order (packs interleaves the 128-bit lanes), then the 0 2 1 3
+         * order within each 4 */
+#define MXS_PACK(x0, x1)                                                                           \
+    _mm256_shuffle_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(x0, x1), 0xD8), perm)
+        _mm256_storeu_si256((__m256i *)(d0 + 32 * b),
+                            MXS_PACK(_mm256_and_si256(h0, m127), _mm256_and_si256(h1, m127)));
+        _mm256_storeu_si256((__m256i *)(d1 + 32 * b),
+                            MXS_PACK(_mm256_srai_epi16(h0, 7), _mm256_srai_epi16(h1, 7)));
+        _mm256_storeu_si256((__m256i *)(lo + 32 * b), MXS_PACK(l0, l1));
+#undef MXS_PACK
+        int32_t shi = hsum16x2(h0, _mm256_setzero_si256()) + hsum16x2(h1, _mm256_setzero_si256());
+        int32_t slo = hsum16x2(l0, l1);
         d.chi[b] = -12 * shi;
         d.clo[b] = -12 * slo;
-        d.need[b] = need != 0;
+        d.need[b] = !_mm256_testz_si256(_mm256_or_si256(l0, l1), _mm256_or_si256(l0, l1));
+        int nan = !_mm256_testz_si256(_mm256_or_si256(n0, n1), _mm256_or_si256(n0, n1));
         d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
     }
 }
@@ -1024,18 +1076,31 @@ static void f8i_prep(const gemm_call *c, int m, int k0, int kn, f8i_tile d)
     int K = c->w->K, KB = K / 128;
     const uint8_t *a = c->a + (size_t)m * K + k0;
     int16_t *A = (int16_t *)d.ap;
+    const e4m3_split L = split_luts(8); /* A: |a| >= 2 in units of 2^-2 */
     for (int b = 0; b < kn / 128; b++) {
-        int nan = 0, n = 0;
-        for (int k = 128 * b; k < 128 * b + 128; k++) {
-            uint8_t code = a[k];
-            A[k] = f8_A[code];
-            d.al[k] = f8_AL[code];
-            if (d.al[k])
-                d.ent[128 * b + n++] = (uint8_t)(k - 128 * b);
-            nan |= e4m3_nan(code);
+        int n = 0;
+        __m256i nan = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            int k = 128 * b + 32 * q;
+            __m256i v[2], h[2], l[2], nn[2];
+            codes32(a + k, &v[0], &v[1]);
+            for (int x = 0; x < 2; x++) {
+                split16(v[x], &L, &h[x], &l[x], &nn[x]);
+                _mm256_store_si256((__m256i *)(A + k + 16 * x), h[x]);
+                _mm256_store_si256((__m256i *)(d.al + k + 16 * x), l[x]);
+                nan = _mm256_or_si256(nan, nn[x]);
+                /* the k with AL != 0: two mask bits per int16 lane */
+                uint32_t nz = ~(uint32_t)_mm256_movemask_epi8(
+                    _mm256_cmpeq_epi16(l[x], _mm256_setzero_si256()));
+                while (nz) {
+                    int bit = __builtin_ctz(nz);
+                    d.ent[128 * b + n++] = (uint8_t)(32 * q + 16 * x + bit / 2);
+                    nz &= ~(3u << bit);
+                }
+            }
         }
-        d.cnt[b] = (uint8_t)(n > 255 ? 255 : n); /* n <= 128 */
-        d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + k0 / 128 + b];
+        d.cnt[b] = (uint8_t)n; /* n <= 128 */
+        d.sa[b] = _mm256_testz_si256(nan, nan) ? c->a_scale[(size_t)m * KB + k0 / 128 + b] : NAN;
     }
 }
 
