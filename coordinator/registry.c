@@ -470,19 +470,43 @@ static void reg_on_error(coord *c, reg_worker *w, const wire_msg *m)
     wire_free_unpacked(&e->base);
 }
 
+/* Message types a worker may send on coordinator.listen. */
+static bool reg_worker_type(uint16_t type)
+{
+    switch (type) {
+    case EPMOE__MSG_TYPE__MSG_REGISTER:
+    case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
+    case EPMOE__MSG_TYPE__MSG_LOADING:
+    case EPMOE__MSG_TYPE__MSG_READY:
+    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
+    case EPMOE__MSG_TYPE__MSG_ERROR:
+    case EPMOE__MSG_TYPE__MSG_STEP_DONE:
+    case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
+        return true;
+    default:
+        return false;
+    }
+}
+
 void reg_on_message(coord *c, const wire_msg *m)
 {
+    if (!reg_worker_type(m->type)) {
+        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE,
+                        m->type, "coordinator.listen does not accept %s from a worker",
+                        wire_type_name(m->type));
+        return;
+    }
     if (m->type == EPMOE__MSG_TYPE__MSG_REGISTER) {
         reg_on_register(c, m);
         return;
     }
     reg_worker *w = reg_find_ident(c->reg, m->ident, m->ident_len);
+    /* never answer an Error with an Error: two confused peers would ping-pong forever */
     if (w == NULL) {
         if (m->type != EPMOE__MSG_TYPE__MSG_ERROR)
             wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                             m->type,
-                            "%s from a connection that has not registered: send REGISTER "
-                            "first",
+                            "%s from a connection that has not registered: send REGISTER first",
                             wire_type_name(m->type));
         return;
     }
@@ -504,8 +528,6 @@ void reg_on_message(coord *c, const wire_msg *m)
     case EPMOE__MSG_TYPE__MSG_READY:
         reg_on_ready(c, w, m);
         break;
-    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
-        break; /* the sign of life is all it carries */
     case EPMOE__MSG_TYPE__MSG_ERROR:
         reg_on_error(c, w, m);
         break;
@@ -514,10 +536,7 @@ void reg_on_message(coord *c, const wire_msg *m)
         seq_on_message(c, w->spec->rank, m);
         break;
     default:
-        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE,
-                        m->type, "coordinator.listen does not accept %s from a worker",
-                        wire_type_name(m->type));
-        break;
+        break; /* HEARTBEAT: the sign of life is all it carries */
     }
 }
 
