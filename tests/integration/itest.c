@@ -120,8 +120,8 @@ static int it_write_files(itest *t)
     int n0 = (t->o.n_workers + 1) / 2;
     for (int r = 0; r < t->o.n_workers; r++) {
         if (r == 0 || r == n0)
-            len += (size_t)snprintf(text + len, sizeof text - len,
-                                    "  - name: n%d\n    workers:\n", r == 0 ? 0 : 1);
+            len += (size_t)snprintf(text + len, sizeof text - len, "  - name: n%d\n    workers:\n",
+                                    r == 0 ? 0 : 1);
         len += (size_t)snprintf(text + len, sizeof text - len,
                                 "      - {name: %s, device: cpu, data: \"tcp://127.0.0.1:%d\"}\n",
                                 it_worker_name(t, r), ports[2 + r]);
@@ -258,7 +258,8 @@ int it_finish(itest **tp, bool dump_log)
     if (t->zctx)
         zmq_ctx_term(t->zctx);
     char path[256];
-    const char *files[] = {"model/config.json", "cluster.yaml", "coord.log", "out.txt", "err.txt"};
+    const char *files[] = {"model/config.json", "cluster.yaml",   "coord.log",      "out.txt",
+                           "err.txt",           "in.safetensors", "out.safetensors"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", t->dir, files[i]);
         unlink(path);

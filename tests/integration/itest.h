@@ -73,14 +73,14 @@ typedef struct it_client {
     bool have_reply;
     Epmoe__AdminReply *reply; /* owned; freed by the next request or it_finish */
     wire_msg *msg;            /* its frames (payloads); owned */
-    int error_type_code; /* an Error message instead of an AdminReply: its code, else -1 */
+    int error_type_code;      /* an Error message instead of an AdminReply: its code, else -1 */
 } it_client;
 
 typedef struct it_opts {
-    int n_workers;          /* 1..IT_MAX_WORKERS, split over two nodes */
-    int heartbeat_ms;       /* default 100 */
-    int liveness;           /* default 5 */
-    int step_timeout_ms;    /* default 5000 */
+    int n_workers;            /* 1..IT_MAX_WORKERS, split over two nodes */
+    int heartbeat_ms;         /* default 100 */
+    int liveness;             /* default 5 */
+    int step_timeout_ms;      /* default 5000 */
     const char *expert_dtype; /* NULL: config.json has no expert_dtype */
 } it_opts;
 

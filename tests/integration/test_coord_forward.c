@@ -50,7 +50,8 @@ typedef struct fwd_in {
 
 static fwd_in make_in(int T, uint32_t seed, bool ids)
 {
-    fwd_in in = {.T = T, .hidden = malloc((size_t)T * IT_H * 2 + 2),
+    fwd_in in = {.T = T,
+                 .hidden = malloc((size_t)T * IT_H * 2 + 2),
                  .ids = ids ? malloc((size_t)T * 8 + 8) : NULL};
     it_make_input(T, seed, in.hidden, in.ids);
     return in;
@@ -221,7 +222,8 @@ TEST(forward_validation_errors_name_the_problem)
     check_bad(forward_raw(t, c, "layers.1", 0, 0, -1, &h8, 1), "n_tokens (absent)");
     check_bad(forward_raw(t, c, "layers.1", 1, EP_MAX_TOKENS + 1, -1, &h8, 1), "out of range");
     wire_payload short_h = {.data = hidden, .len = sizeof hidden - 2};
-    check_bad(forward_raw(t, c, "layers.1", 1, 8, -1, &short_h, 1), "hidden payload has 2046 bytes");
+    check_bad(forward_raw(t, c, "layers.1", 1, 8, -1, &short_h, 1),
+              "hidden payload has 2046 bytes");
     check_bad(forward_raw(t, c, "layers.1", 1, 9, -1, &h8, 1), "expected 2304");
     check_bad(forward_raw(t, c, "layers.1", 1, 8, -1, NULL, 0), "without the hidden payload");
     /* hash layer 0 needs ids; score layers must not get them */
@@ -385,8 +387,7 @@ TEST(full_queue_is_busy_and_shutdown_answers_all)
     for (int i = 0; i < n; i++) {
         rq.has_id = 1;
         rq.id = 500 + (uint64_t)i;
-        wire_send(sock, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &rq.base, &p, 1, false,
-                  NULL);
+        wire_send(sock, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &rq.base, &p, 1, false, NULL);
     }
     int busy = 0, down = 0, other = 0;
     uint64_t busy_id = 0;

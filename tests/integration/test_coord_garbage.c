@@ -27,8 +27,7 @@ typedef struct frame {
 } frame;
 
 /* Send raw frames, then wait (pumping the fake workers) for the Error that comes back. */
-static int send_raw_expect_error(itest *t, void *sock, const frame *f, int n, char *msg,
-                                 size_t cap)
+static int send_raw_expect_error(itest *t, void *sock, const frame *f, int n, char *msg, size_t cap)
 {
     for (int i = 0; i < n; i++)
         zmq_send(sock, f[i].data, f[i].len, i + 1 < n ? ZMQ_SNDMORE : 0);

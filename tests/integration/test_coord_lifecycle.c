@@ -72,8 +72,8 @@ TEST(all_workers_register_cluster_ready)
             CHECK_EQ(w->welcome->expert_owner[e], e / (IT_E / 4));
         CHECK_EQ(w->welcome->n_peers, 4);
         CHECK_EQ(w->config_hash, mc_hash(&t->cfg));
-        CHECK(w->welcome->data_endpoint && strncmp(w->welcome->data_endpoint, "tcp://127.0.0.1:",
-                                                   16) == 0);
+        CHECK(w->welcome->data_endpoint &&
+              strncmp(w->welcome->data_endpoint, "tcp://127.0.0.1:", 16) == 0);
         CHECK(w->welcome->heartbeat_ms == 100 && w->welcome->liveness == 5);
         CHECK_STR_EQ(w->welcome->device, "cpu");
         CHECK_EQ(w->welcome->dispatch, EPMOE__DISPATCH_FORMAT__DISPATCH_FP8);
@@ -191,8 +191,11 @@ TEST(admin_verbs_answer_from_spec_and_config)
     r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_WORKERS, NULL);
     CHECK(r && r->ok && r->n_workers == 4 && r->workers[3]->data_endpoint != NULL);
     /* SHARDS: contiguous, E/P experts per rank, the same for any layer */
-    const char *layers[][2] = {{NULL, NULL}, {"2", "layers.2"}, {"layers.3", "layers.3"},
-                               {"mtp.0", "mtp.0"}, {"4", "mtp.0"}};
+    const char *layers[][2] = {{NULL, NULL},
+                               {"2", "layers.2"},
+                               {"layers.3", "layers.3"},
+                               {"mtp.0", "mtp.0"},
+                               {"4", "mtp.0"}};
     for (size_t li = 0; li < sizeof layers / sizeof layers[0]; li++) {
         r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_SHARDS, layers[li][0]);
         CHECK(r && r->ok);
@@ -441,15 +444,16 @@ TEST(startup_errors_exit_78_with_position)
     CHECK_EQ(run_coord(spec, err, sizeof err), 78);
     CHECK_STR_HAS(err, "bad.yaml:4:3: unknown key \"listn\" in coordinator");
     /* a missing config.json */
-    const char *good = "cluster: {name: x}\n"
-                       "coordinator: {listen: \"tcp://127.0.0.1:1\", admin: \"tcp://127.0.0.1:2\"}\n"
-                       "model: {path: m}\n"
-                       "nodes:\n"
-                       "  - name: n\n"
-                       "    workers:\n"
-                       "      - {name: w0, device: cpu, data: \"tcp://127.0.0.1:3\"}\n"
-                       "      - {name: w1, device: cpu, data: \"tcp://127.0.0.1:4\"}\n"
-                       "      - {name: w2, device: cpu, data: \"tcp://127.0.0.1:5\"}\n";
+    const char *good =
+        "cluster: {name: x}\n"
+        "coordinator: {listen: \"tcp://127.0.0.1:1\", admin: \"tcp://127.0.0.1:2\"}\n"
+        "model: {path: m}\n"
+        "nodes:\n"
+        "  - name: n\n"
+        "    workers:\n"
+        "      - {name: w0, device: cpu, data: \"tcp://127.0.0.1:3\"}\n"
+        "      - {name: w1, device: cpu, data: \"tcp://127.0.0.1:4\"}\n"
+        "      - {name: w2, device: cpu, data: \"tcp://127.0.0.1:5\"}\n";
     write_file(spec, good);
     CHECK_EQ(run_coord(spec, err, sizeof err), 78);
     CHECK_STR_HAS(err, "config.json");
@@ -458,24 +462,26 @@ TEST(startup_errors_exit_78_with_position)
     CHECK_EQ(run_coord(spec, err, sizeof err), 78);
     CHECK_STR_HAS(err, "hidden_size");
     /* 3 workers cannot split 8 experts contiguously: points at nodes: (line 4, column 1) */
-    write_file(cfg, "{\"hidden_size\": 128, \"moe_intermediate_size\": 128, \"n_routed_experts\": 8, "
-                    "\"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, "
-                    "\"num_hash_layers\": 0, \"vocab_size\": 10, \"routed_scaling_factor\": 1.5, "
-                    "\"swiglu_limit\": 10, \"rms_norm_eps\": 1e-6, \"scoring_func\": \"sqrtsoftplus\"}");
+    write_file(cfg,
+               "{\"hidden_size\": 128, \"moe_intermediate_size\": 128, \"n_routed_experts\": 8, "
+               "\"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 2, "
+               "\"num_hash_layers\": 0, \"vocab_size\": 10, \"routed_scaling_factor\": 1.5, "
+               "\"swiglu_limit\": 10, \"rms_norm_eps\": 1e-6, \"scoring_func\": \"sqrtsoftplus\"}");
     CHECK_EQ(run_coord(spec, err, sizeof err), 78);
     CHECK_STR_HAS(err, "bad.yaml:4:1: nodes: 3 workers do not divide the model's 8 experts");
     /* --check on a good setup prints the placement and exits 0 */
     {
         char path[] = "/tmp/epmoe-itest-chkXXXXXX";
         int fd = mkstemp(path);
-        write_file(spec, "cluster: {name: x}\n"
-                         "coordinator: {listen: \"tcp://127.0.0.1:1\", admin: \"tcp://127.0.0.1:2\"}\n"
-                         "model: {path: m}\n"
-                         "nodes:\n"
-                         "  - name: n\n"
-                         "    workers:\n"
-                         "      - {name: w0, device: cpu, data: \"tcp://127.0.0.1:3\"}\n"
-                         "      - {name: w1, device: cpu, data: \"tcp://127.0.0.1:4\"}\n");
+        write_file(spec,
+                   "cluster: {name: x}\n"
+                   "coordinator: {listen: \"tcp://127.0.0.1:1\", admin: \"tcp://127.0.0.1:2\"}\n"
+                   "model: {path: m}\n"
+                   "nodes:\n"
+                   "  - name: n\n"
+                   "    workers:\n"
+                   "      - {name: w0, device: cpu, data: \"tcp://127.0.0.1:3\"}\n"
+                   "      - {name: w1, device: cpu, data: \"tcp://127.0.0.1:4\"}\n");
         pid_t pid = fork();
         if (pid == 0) {
             dup2(fd, 1);
