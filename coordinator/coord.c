@@ -117,6 +117,7 @@ static int coord_signals(coord *c, ep_err *err)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP); /* reload is not implemented: logged and ignored, never fatal */
     /* Blocked before the ZeroMQ context exists, so its I/O threads inherit the mask and the
      * signals only ever arrive through the signalfd. */
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
@@ -228,8 +229,10 @@ static void coord_signal(coord *c)
 {
     struct signalfd_siginfo si;
     while (read(c->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        const char *name = si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT";
-        coord_stop(c, name);
+        if (si.ssi_signo == SIGHUP)
+            log_warn("SIGHUP: reloading the cluster spec is not implemented yet; ignored");
+        else
+            coord_stop(c, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
     }
 }
 
@@ -259,8 +262,23 @@ static long coord_poll_timeout(const coord *c)
     return wait < 0 ? 0 : wait > 1000 ? 1000 : (long)wait;
 }
 
+static void coord_log_plan(const coord *c)
+{
+    if (!log_debug_enabled(LOG_SUB_PLAN))
+        return;
+    int *e = malloc((size_t)c->plan->n_experts * sizeof *e);
+    for (int r = 0; e != NULL && r < c->plan->n_ranks; r++) {
+        int n = plan_rank_experts(c->plan, r, e, c->plan->n_experts);
+        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d",
+                  c->plan->epoch, r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1,
+                  n > 0 ? e[n - 1] : -1);
+    }
+    free(e);
+}
+
 int coord_run(coord *c, ep_err *err)
 {
+    coord_log_plan(c);
     log_info("cluster %s: serving workers on %s, admin on %s (%d workers, epoch %" PRIu64 ")",
              c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers, c->plan->epoch);
     sdn_notify("READY=1");

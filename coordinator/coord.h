@@ -49,7 +49,7 @@ typedef struct coord {
     void *zctx;
     void *wsock; /* ROUTER coordinator.listen (workers) */
     void *asock; /* ROUTER coordinator.admin (operators) */
-    int sigfd;   /* signalfd for SIGTERM, SIGINT */
+    int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (ignored for now) */
     reg_registry *reg;
     seq_sequencer *seq;
     coord_state state;

@@ -335,6 +335,39 @@ TEST(worker_lost_mid_step_then_back)
     FINISH(t);
 }
 
+TEST(restart_mid_step_fails_it_and_recovers)
+{
+    itest *t = start_ready(0);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    it_client *c = it_client_new(t);
+    it_worker *w = t->w[1];
+    w->behaviour = IT_HOLD;
+    fwd_in in = make_in(12, 3, false);
+    send_forward(t, c, "layers.1", &in);
+    it_pump(t, 100);
+    CHECK(w->held_step != 0);
+    /* a1 restarts (same routing id) while it holds the step */
+    w->behaviour = IT_OK;
+    it_worker_reconnect(t, w);
+    Epmoe__Register reg = EPMOE__REGISTER__INIT;
+    reg.name = "a1";
+    it_worker_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &reg.base);
+    Epmoe__AdminReply *r = it_wait(t, c, 3000);
+    CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_WORKER_LOST);
+    if (r && r->error)
+        CHECK_STR_HAS(r->error, "worker a1 (rank 1) was lost during step 1: the worker registered "
+                                "again");
+    CHECK_EQ(it_worker_register(t, w), 0);
+    CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
+    send_forward(t, c, "layers.1", &in);
+    CHECK(it_wait(t, c, 5000) != NULL);
+    check_ok(t, c, &in);
+    free_in(&in);
+    FINISH(t);
+}
+
 TEST(step_timeout_names_silent_worker)
 {
     itest *t = start_ready(300);
@@ -440,6 +473,7 @@ int main(int argc, char **argv)
     RUN(forward_validation_errors_name_the_problem);
     RUN(step_failed_names_worker_aborts_others_next_works);
     RUN(worker_lost_mid_step_then_back);
+    RUN(restart_mid_step_fails_it_and_recovers);
     RUN(step_timeout_names_silent_worker);
     RUN(full_queue_is_busy_and_shutdown_answers_all);
     return test_report();

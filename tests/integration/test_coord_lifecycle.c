@@ -423,6 +423,24 @@ static int run_coord(const char *spec, char *err, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+TEST(busy_ports_exit_69_and_sighup_is_ignored)
+{
+    itest *t = start();
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    char err[8192];
+    CHECK_EQ(run_coord(t->spec_path, err, sizeof err), 69);
+    CHECK_STR_HAS(err, "cluster.yaml:4:11: coordinator.listen: cannot bind tcp://127.0.0.1:");
+    CHECK_STR_HAS(err, "Address already in use");
+    kill(t->pid, SIGHUP);
+    it_pump(t, 100);
+    it_client *c = it_client_new(t);
+    Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
+    CHECK(r && r->ok);
+    FINISH(t);
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -523,5 +541,6 @@ int main(int argc, char **argv)
     RUN(admin_shutdown_stops_workers_and_exits_0);
     RUN(sigterm_answers_queued_work_and_exits_0);
     RUN(startup_errors_exit_78_with_position);
+    RUN(busy_ports_exit_69_and_sighup_is_ignored);
     return test_report();
 }
