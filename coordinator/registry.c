@@ -501,20 +501,31 @@ void reg_on_message(coord *c, const wire_msg *m)
         return;
     }
     reg_worker *w = reg_find_ident(c->reg, m->ident, m->ident_len);
-    /* never answer an Error with an Error: two confused peers would ping-pong forever */
+    /* Peers we do not count as registered: never answer an Error (two confused peers would
+     * ping-pong forever), and never a HEARTBEAT — an answer is a sign of life to the worker, so
+     * answering its heartbeats would keep it from ever timing out and registering again (after
+     * a coordinator restart, or once it was declared dead). Other messages get told why. */
+    bool answer =
+        m->type != EPMOE__MSG_TYPE__MSG_ERROR && m->type != EPMOE__MSG_TYPE__MSG_HEARTBEAT;
     if (w == NULL) {
-        if (m->type != EPMOE__MSG_TYPE__MSG_ERROR)
+        if (answer)
             wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                             m->type,
                             "%s from a connection that has not registered: send REGISTER first",
                             wire_type_name(m->type));
+        else
+            log_debug(LOG_SUB_NET, "%s from a connection that has not registered: dropped",
+                      wire_type_name(m->type));
         return;
     }
     if (w->state == REG_DEAD) {
-        if (m->type != EPMOE__MSG_TYPE__MSG_ERROR)
+        if (answer)
             wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
                             m->type, "worker %s was declared %s; register again", w->spec->name,
                             w->error);
+        else
+            log_debug(LOG_SUB_NET, "%s from dead worker %s: dropped", wire_type_name(m->type),
+                      w->spec->name);
         return;
     }
     w->last_seen_ms = c->now_ms;

@@ -17,7 +17,8 @@
  * Workers are found by the routing id they registered from; any message from a registered
  * worker counts as a sign of life. Messages from a routing id that has not registered get
  * Error ERR_BAD_REQUEST ("send REGISTER first"); messages from a worker declared dead get
- * Error ERR_WORKER_LOST ("register again").
+ * Error ERR_WORKER_LOST ("register again"); HEARTBEATs from either are dropped unanswered, so
+ * such a worker stops hearing from us and registers again by its own liveness rule.
  */
 #ifndef EPMOE_REGISTRY_H
 #define EPMOE_REGISTRY_H

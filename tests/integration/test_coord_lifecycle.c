@@ -278,13 +278,32 @@ TEST(silent_worker_dies_and_comes_back)
         CHECK(r->workers[2]->error && strstr(r->workers[2]->error, "silent for") != NULL);
         CHECK_STR_EQ(r->workers[1]->state, "ready");
     }
-    /* a message from the dead registration is refused until it registers again */
+    /* the dead registration: its heartbeats go unanswered (so that a worker relying on its own
+     * liveness rule times out and registers again), other messages are refused */
     w->behaviour = IT_OK;
+    it_pump(t, 50); /* read what queued up while it was mute */
+    int hb0 = w->n_heartbeats;
+    w->n_errors = 0;
     Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
+    it_pump(t, 300);
+    CHECK_EQ(w->n_errors, 0);
+    CHECK_EQ(w->n_heartbeats, hb0); /* and the coordinator sends it none */
+    Epmoe__Loading ld = EPMOE__LOADING__INIT;
+    it_worker_send(w, EPMOE__MSG_TYPE__MSG_LOADING, &ld.base);
     it_pump(t, 200);
     CHECK_EQ(w->last_error_code, EPMOE__ERROR_CODE__ERR_WORKER_LOST);
+    CHECK_STR_HAS(w->last_error, "worker b0 was declared dead: silent for");
     CHECK_STR_HAS(w->last_error, "register again");
+    /* an unregistered connection: heartbeats dropped, other messages told to register */
+    it_worker *u = it_worker_new(t, "stranger");
+    it_worker_send(u, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
+    it_pump(t, 200);
+    CHECK_EQ(u->n_errors, 0);
+    it_worker_send(u, EPMOE__MSG_TYPE__MSG_LOADING, &ld.base);
+    it_pump(t, 200);
+    CHECK_EQ(u->last_error_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_STR_HAS(u->last_error, "send REGISTER first");
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
     CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
