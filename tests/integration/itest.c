@@ -276,6 +276,10 @@ int it_finish(itest **tp, bool dump_log)
 
 it_worker *it_worker_new(itest *t, const char *name)
 {
+    if (t->n_w == IT_MAX_WORKERS) {
+        fprintf(stderr, "itest: more than %d fake workers\n", IT_MAX_WORKERS);
+        abort();
+    }
     it_worker *w = calloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
     w->rank = -1;
@@ -602,6 +606,10 @@ int it_register_all(itest *t)
 
 it_client *it_client_new(itest *t)
 {
+    if (t->n_cl == IT_MAX_CLIENTS) {
+        fprintf(stderr, "itest: more than %d clients\n", IT_MAX_CLIENTS);
+        abort();
+    }
     it_client *c = calloc(1, sizeof *c);
     c->sock = it_socket(t, ZMQ_DEALER);
     c->error_type_code = -1;
@@ -643,7 +651,9 @@ Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const 
 
 int it_wait_state(itest *t, const char *state, int ms)
 {
-    it_client *c = it_client_new(t);
+    if (t->state_client == NULL)
+        t->state_client = it_client_new(t);
+    it_client *c = t->state_client;
     int64_t end = it_now_ms() + ms;
     do {
         Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);

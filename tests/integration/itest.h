@@ -97,6 +97,7 @@ typedef struct itest {
     int n_w;
     it_client *cl[IT_MAX_CLIENTS];
     int n_cl;
+    it_client *state_client; /* it_wait_state's */
 } itest;
 
 void it_default_opts(it_opts *o);
