@@ -175,6 +175,7 @@ TEST(logits_match_double_sum_bitwise)
     check_logits(5, 256, 13); /* E not a multiple of the 8-expert groups */
     check_logits(300, 128, 16);
     check_logits(2, 4096, 256);
+    check_logits(7, 256, 40); /* one 4-token tile, then 3 single rows over 4 + 1 groups */
 }
 
 /* A sum whose result depends on the order: the double sum in ascending k must be what comes
