@@ -40,5 +40,6 @@ typedef int (*cmd_fn)(const cmd_ctx *ctx, int argc, char **argv);
 /* offline tools */
 int cmd_mkmodel(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_inspect(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_forward(const cmd_ctx *ctx, int argc, char **argv);
 
 #endif

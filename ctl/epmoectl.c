@@ -22,6 +22,7 @@ static const struct {
 } ctl_cmds[] = {
     {"mkmodel", cmd_mkmodel, "write a synthetic DeepSeek V4 checkpoint"},
     {"inspect", cmd_inspect, "show a checkpoint's resolved config and check its tensors"},
+    {"forward", cmd_forward, "run one MoE layer (--local: in this process)"},
 };
 
 static void ctl_usage(FILE *out)

@@ -69,9 +69,10 @@ int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *q
                 const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
                 uint16_t *out, gemm_pool *pool, ep_err *err);
 
-/* The shared expert on T rows: out bf16 [T, H]. */
-void moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
-                gemm_pool *pool);
+/* The shared expert on T rows: out bf16 [T, H]. Fails only when its scratch memory cannot be
+ * allocated. */
+int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
+               gemm_pool *pool, ep_err *err);
 
 /* Combine: out[t] = bf16( sum over slots j in ascending order of topk_ids[t][j] (ties: slot
  * order; id -1 skipped) of fp32(eo[t][j]), then + fp32(shared[t]) ), fp32 accumulation from

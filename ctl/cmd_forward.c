@@ -1,0 +1,251 @@
+/*
+ * cmd_forward.c — `epmoectl forward`: run one MoE layer on tokens from a safetensors file.
+ *
+ *   epmoectl forward --local --model DIR --layer L --input IN --output OUT [--threads N]
+ *
+ * --local loads the layer (every expert) from the checkpoint in DIR and runs it in this
+ * process (moe_forward, the CPU reference backend). Without --local the request goes to the
+ * cluster's coordinator (not in this build). The file formats are those of ctl/fwd_io.h.
+ *
+ * Exit codes (ctl/cmds.h): 64 bad command line (including an unknown --layer), 66 DIR, its
+ * config.json or IN missing, 78 config.json invalid, 65 bad checkpoint or bad input data
+ * (missing tensor, dtype, shape, H mismatch, token id out of range), 73 OUT not writable.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/checkpoint.h"
+#include "common/limits.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "ctl/cmds.h"
+#include "ctl/fwd_io.h"
+#include "kernels/gemm.h"
+#include "kernels/moe.h"
+
+typedef struct fwd_args {
+    bool local;
+    const char *model, *layer, *input, *output;
+    int threads; /* 0: one per CPU */
+} fwd_args;
+
+static void fwd_usage(FILE *out)
+{
+    fprintf(out, "usage: epmoectl forward --local --model DIR --layer L --input IN --output OUT "
+                 "[--threads N]\n\n"
+                 "Run one MoE layer on the tokens in IN and write its output to OUT.\n\n"
+                 "  --local        load the layer from DIR and run it in this process\n"
+                 "  --model DIR    checkpoint directory (config.json + safetensors)\n"
+                 "  --layer L      L or layers.L (main layer), mtp.I (MTP layer)\n"
+                 "  --input IN     safetensors: hidden_states BF16|F32 [T, H] (before ffn_norm),\n"
+                 "                 input_ids I32|I64 [T] (required on hash-routed layers)\n"
+                 "  --output OUT   safetensors: out BF16 [T, H], topk_ids I32 [T, k],\n"
+                 "                 topk_weights F32 [T, k]\n"
+                 "  --threads N    compute threads (default: one per CPU)\n\n"
+                 "exit codes: 0 ok, 64 usage, 65 bad checkpoint or input data, 66 missing file,\n"
+                 "  70 internal error, 73 cannot write OUT, 78 bad config.json\n");
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int fwd_parse(int argc, char **argv, fwd_args *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
+            fwd_usage(stdout);
+            return CMD_OK;
+        }
+        if (strcmp(o, "--local") == 0) {
+            a->local = true;
+            continue;
+        }
+        const char **slot = strcmp(o, "--model") == 0    ? &a->model
+                            : strcmp(o, "--layer") == 0  ? &a->layer
+                            : strcmp(o, "--input") == 0  ? &a->input
+                            : strcmp(o, "--output") == 0 ? &a->output
+                                                         : NULL;
+        bool threads = strcmp(o, "--threads") == 0;
+        if (!slot && !threads) {
+            fprintf(stderr, "epmoectl forward: unknown option %s (see epmoectl forward --help)\n",
+                    o);
+            return CMD_USAGE;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "epmoectl forward: option %s needs a value\n", o);
+            return CMD_USAGE;
+        }
+        const char *v = argv[++i];
+        if (slot) {
+            *slot = v;
+            continue;
+        }
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end != '\0' || n < 1 || n > 4096) {
+            fprintf(stderr, "epmoectl forward: --threads %s: expected an integer in 1..4096\n", v);
+            return CMD_USAGE;
+        }
+        a->threads = (int)n;
+    }
+    const char *missing = !a->model    ? "--model"
+                          : !a->layer  ? "--layer"
+                          : !a->input  ? "--input"
+                          : !a->output ? "--output"
+                                       : NULL;
+    if (missing) {
+        fprintf(stderr, "epmoectl forward: %s is required (see epmoectl forward --help)\n",
+                missing);
+        return CMD_USAGE;
+    }
+    if (!a->local) {
+        fprintf(stderr, "epmoectl forward: only --local is available in this build (the "
+                        "cluster path needs a coordinator)\n");
+        return CMD_USAGE;
+    }
+    return -1;
+}
+
+/* config.json of DIR: 66 when DIR or the file is missing, 78 when it does not validate. */
+static int fwd_config(const char *dir, mc_config *c)
+{
+    char path[EP_MAX_PATH];
+    struct stat sb;
+    ep_err err = {{0}};
+    if (stat(dir, &sb) != 0) {
+        fprintf(stderr, "epmoectl forward: model directory %s: %s\n", dir, strerror(errno));
+        return CMD_NOINPUT;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "epmoectl forward: model directory %s: not a directory\n", dir);
+        return CMD_NOINPUT;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (stat(path, &sb) != 0) {
+        fprintf(stderr, "epmoectl forward: %s: %s\n", path, strerror(errno));
+        return CMD_NOINPUT;
+    }
+    if (mc_load(path, c, &err) < 0) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        return CMD_CONFIG;
+    }
+    return CMD_OK;
+}
+
+static void fwd_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    const char *name = ctx;
+    fprintf(stderr, "\rloading %s: %3d%%", name, total ? (int)(done * 100 / total) : 100);
+    if (done == total)
+        fprintf(stderr, "\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T, int k,
+                       double load_s, double run_s)
+{
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *j = json_pack("{s:i,s:s,s:s,s:i,s:i,s:f,s:f}", "schema", 1, "layer", layer,
+                              "output", a->output, "tokens", T, "topk", k, "load_seconds", load_s,
+                              "forward_seconds", run_s);
+        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        json_decref(j);
+        return;
+    }
+    printf("%s: %d tokens through %s (top-%d) in %.3f s (load %.3f s)\n", a->output, T, layer, k,
+           run_s, load_s);
+}
+
+static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
+{
+    mc_config c;
+    int rc = fwd_config(a->model, &c);
+    if (rc != CMD_OK)
+        return rc;
+    ep_err err = {{0}};
+    int layer;
+    if (ck_layer_parse(&c, a->layer, &layer, &err) < 0) {
+        fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
+        return CMD_USAGE;
+    }
+    char name[EP_MAX_NAME];
+    int nl = ck_layer_prefix(&c, layer, name, sizeof name);
+    if (nl > 0)
+        name[nl - 1] = '\0'; /* "layers.3." -> "layers.3" */
+
+    fwdio_input in;
+    if ((rc = fwdio_read(a->input, &c, layer, &in, &err)) != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        return rc;
+    }
+    st_model *m = NULL;
+    moe_layer *l = NULL;
+    gemm_pool *pool = NULL;
+    int k = c.num_experts_per_tok;
+    uint16_t *out = malloc((size_t)in.T * (size_t)c.hidden_size * sizeof(uint16_t));
+    int32_t *ids = malloc((size_t)in.T * (size_t)k * sizeof(int32_t));
+    float *w = malloc((size_t)in.T * (size_t)k * sizeof(float));
+    if (!out || !ids || !w) {
+        fprintf(stderr, "epmoectl forward: out of memory for %d tokens\n", in.T);
+        rc = CMD_SOFTWARE;
+        goto out;
+    }
+    double t0 = now_s();
+    if (!(m = st_model_open(a->model, &err)) ||
+        !(l = moe_layer_load(m, &c, layer, NULL, GEMM_IMPL_AUTO,
+                             isatty(STDERR_FILENO) ? fwd_progress : NULL, name, &err))) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        rc = CMD_DATAERR;
+        goto out;
+    }
+    if (!(pool = gemm_pool_create(a->threads, &err))) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        rc = CMD_SOFTWARE;
+        goto out;
+    }
+    double t1 = now_s();
+    if (moe_forward(l, in.T, in.x, in.ids, out, ids, w, pool, &err) < 0) {
+        /* the input was validated; what is left is bad checkpoint data (a tid2eid entry) */
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        rc = CMD_DATAERR;
+        goto out;
+    }
+    double t2 = now_s();
+    if ((rc = fwdio_write(a->output, in.T, c.hidden_size, k, out, ids, w, &err)) != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        goto out;
+    }
+    fwd_report(ctx, a, name, in.T, k, t1 - t0, t2 - t1);
+out:
+    gemm_pool_destroy(&pool);
+    moe_layer_free(&l);
+    st_model_close(&m);
+    fwdio_input_free(&in);
+    free(out);
+    free(ids);
+    free(w);
+    return rc;
+}
+
+int cmd_forward(const cmd_ctx *ctx, int argc, char **argv)
+{
+    fwd_args a = {0};
+    int rc = fwd_parse(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    return fwd_local(ctx, &a);
+}

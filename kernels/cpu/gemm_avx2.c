@@ -1,0 +1,689 @@
+/*
+ * gemm_avx2.c — the AVX2+FMA expert GEMMs (compiled with -mavx2 -mfma; gemm.c calls in only
+ * when cpuid reports both). Results equal gemm_ref.c bit for bit; tests/unit/test_gemm.c
+ * proves it against an independent float64 model.
+ *
+ * Both kernels vectorise across output rows: a ymm register holds 8 rows (or 4 for doubles) of
+ * one column k, so a block partial P lands in the lanes of its rows with no horizontal sums,
+ * and the per-block epilogue is lane-wise fp32 arithmetic in exactly the order of gemm.h.
+ *
+ * ---- FP8 x MXFP4: exact integer block sums with vpmaddwd ----
+ *
+ * In units of 2^-9 an e4m3 value is an integer of up to 18 bits — too wide for int16 — but
+ * split each activation into a "hi" part (values that are multiples of 2^-6: every |a| >= 2^-3
+ * and some smaller ones) and a "lo" part (the rest, all |a| < 2^-3):
+ *   hi in units of 2^-6 is an integer with |hi| <= 448 * 64 = 28672 (fits int16);
+ *   lo in units of 2^-9 is an integer with |lo| < 2^-3 * 512 = 64.
+ * A weight w (e2m1) is stored as the unsigned byte w' = 2w + 12 in [0, 24] (so that decoding
+ * needs no sign extension), and sum(a * 2w) = sum(a * w') - 12 * sum(a); the correction
+ * -12 * sum(a) depends on the token only and is the accumulator's starting value.
+ * vpmaddwd multiplies int16 pairs into int32 exactly; with |a| <= 28672, w' <= 24 and 32 terms
+ * the running sum stays within +-33.1M, far inside int32. So
+ *   S_hi = sum(hi * 2w)  exactly, in units of 2^-7,
+ *   S_lo = sum(lo * 2w)  exactly, in units of 2^-10 (only when some lo is non-zero),
+ *   S    = 8 * S_hi + S_lo, |S| <= 32 * 6 * 448 * 2^10 < 2^27, exact in int32,
+ * and P = fp32(S) * unit: vcvtdq2ps rounds once to nearest even, the unit is a power of two
+ * and |P| is 0 or >= 2^-10, so the scaling is exact: P is the exact block sum rounded once.
+ * Typical activation blocks have no lo values (lo needs |a| < amax/1792 after quantization),
+ * so the lo pass runs only for blocks where some token of the micro-tile needs it.
+ * Then acc = acc + (P * a_scale) * 2^(S-127), three separate fp32 operations per lane.
+ *
+ * ---- FP8 x FP8: exact double accumulation ----
+ *
+ * e4m3 x e4m3 products have <= 8 significant bits, but a 128-term sum needs up to 43 bits
+ * (units of 2^-18 up to 128 * 448^2 < 2^25), more than fp32 has and more than int32 can hold.
+ * A double holds every partial sum exactly, so an FMA that adds an exact product to an exact
+ * partial sum rounds nothing. The weight is decoded without arithmetic into the double with
+ * bit pattern sign<<63 | (e4m3 magnitude bits)<<49, whose value is w * 2^-1016 (e4m3 subnormals
+ * become double subnormals, still exact); activations are pre-scaled to a * 2^1000 (exact, no
+ * overflow since |a| < 2^9). Products are a*w*2^-16 — exact, and every partial sum is a multiple
+ * of 2^-34 below 2^9: 43 bits, exact in a double. At the block end P = fp32(acc * 2^16), one
+ * rounding (vcvtpd2ps, nearest even). Then acc32 = acc32 + P * (a_scale * w_scale).
+ *
+ * ---- NaN codes ----
+ * e4m3 NaN codes (0x7F, 0xFF) decode to ordinary numbers here, so they are handled beside the
+ * sums: an activation block containing one gets a NaN activation scale (P * NaN = NaN, as the
+ * reference's NaN P gives); FP8 weight rows with one in a block are OR-ed with a NaN pattern in
+ * that block's P (nanrows, recorded at pack time). NaN results are NaN; their sign and payload
+ * are not part of the contract.
+ *
+ * ---- packed layouts ----
+ * MXFP4: data [N/8][K/32][128 bytes], bscale [N/8][K/32][8 e8m0 codes].
+ *   The 128 bytes of (octet o, block c) are 4 chunks q of 32 bytes; byte b of chunk q holds,
+ *   for row 8o + b/4, t = (b>>1)&1, p = b&1: low nibble = k 32c + 8q + 2p + t, high nibble =
+ *   k 32c + 8q + 4 + 2p + t. Masking and shifting a chunk then yields four int16 vectors, each
+ *   8 rows x 1 k-pair (k, k+1) — the layout vpmaddwd wants against a broadcast (a_k, a_k+1).
+ * FP8: data [N/8][K/4][32 bytes]: chunk j of octet o holds k 4j..4j+3 of its 8 rows, row r at
+ *   k 4j+i in byte 16*((r>>1)&1) + 8*((r>>2)&1) + 2i + (r&1), the order in which the unpack
+ *   tree below lays 32 bytes into eight 4-double vectors (i = 0..3, rows 0-3 and 4-7).
+ *   nanrows [N/8][K/128] when any NaN code exists.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/gemm_internal.h"
+#include "kernels/formats.h"
+
+/* ---- tables ---- */
+
+static int16_t mx_hi[256], mx_lo[256]; /* e4m3 code -> hi (units 2^-6) / lo (units 2^-9) */
+static double f8_act[256];             /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static int e4m3_nan(uint8_t c)
+{
+    return (c & 0x7F) == 0x7F;
+}
+
+static void tables_init(void)
+{
+    for (int c = 0; c < 256; c++) {
+        float v = e4m3_nan((uint8_t)c) ? 0.0f : fmt_e4m3_to_f32((uint8_t)c);
+        float u = v * 64.0f; /* exact */
+        if (u == truncf(u)) {
+            mx_hi[c] = (int16_t)u;
+            mx_lo[c] = 0;
+        } else {
+            mx_hi[c] = 0;
+            mx_lo[c] = (int16_t)(v * 512.0f);
+        }
+        f8_act[c] = (double)v * 0x1p1000;
+    }
+}
+
+/* ---- packing ---- */
+
+static int pack_alloc(gemm_weight *w, size_t data, size_t scale, ep_err *err)
+{
+    w->data = aligned_alloc(64, (data + 63) / 64 * 64);
+    if (!w->data)
+        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", w->N, w->K);
+    w->data_bytes = data;
+    w->bytes += data;
+    if (scale) {
+        w->bscale = malloc(scale);
+        if (!w->bscale)
+            return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", w->N, w->K);
+        w->bytes += scale;
+    }
+    return 0;
+}
+
+int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err)
+{
+    int N = w->N, K = w->K, KG = K / 32;
+    if (pack_alloc(w, (size_t)N * (size_t)K / 2, (size_t)N * (size_t)KG, err) < 0)
+        return -1;
+    for (int o = 0; o < N / 8; o++)
+        for (int c = 0; c < KG; c++) {
+            uint8_t *dst = w->data + ((size_t)o * KG + c) * 128;
+            for (int q = 0; q < 4; q++)
+                for (int b = 0; b < 32; b++) {
+                    int n = 8 * o + b / 4, t = (b >> 1) & 1, p = b & 1;
+                    int klo = 32 * c + 8 * q + 2 * p + t, khi = klo + 4;
+                    const uint8_t *row = src + (size_t)n * (K / 2);
+                    uint8_t lo = (row[klo / 2] >> (4 * (klo & 1))) & 15;
+                    uint8_t hi = (row[khi / 2] >> (4 * (khi & 1))) & 15;
+                    dst[32 * q + b] = (uint8_t)(lo | hi << 4);
+                }
+            for (int r = 0; r < 8; r++)
+                w->bscale[((size_t)o * KG + c) * 8 + r] = scale[(size_t)(8 * o + r) * KG + c];
+        }
+    return 0;
+}
+
+int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
+{
+    int N = w->N, K = w->K, KB = K / 128;
+    if (pack_alloc(w, (size_t)N * (size_t)K, 0, err) < 0)
+        return -1;
+    int any_nan = 0;
+    for (int o = 0; o < N / 8; o++)
+        for (int j = 0; j < K / 4; j++) {
+            uint8_t *dst = w->data + ((size_t)o * (K / 4) + j) * 32;
+            for (int r = 0; r < 8; r++)
+                for (int i = 0; i < 4; i++) {
+                    uint8_t v = src[(size_t)(8 * o + r) * K + 4 * j + i];
+                    any_nan |= e4m3_nan(v);
+                    dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] = v;
+                }
+        }
+    if (!any_nan)
+        return 0;
+    size_t nr = (size_t)(N / 8) * KB;
+    w->nanrows = calloc(nr, 1);
+    if (!w->nanrows)
+        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
+    w->bytes += nr;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            if (e4m3_nan(src[(size_t)n * K + k]))
+                w->nanrows[(size_t)(n / 8) * KB + k / 128] |= (uint8_t)(1u << (n % 8));
+    return 0;
+}
+
+/* ---- small vector helpers ---- */
+
+/* 8 e8m0 codes -> 2^(c-127) as fp32, with fmt_e8m0_to_f32's special cases: c = 0 gives
+ * 2^-127 (0x00400000), c = 255 gives NaN (0x7FC00000). */
+static inline __m256 e8m0x8(const uint8_t *p)
+{
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i bits = _mm256_slli_epi32(c, 23);
+    __m256i sp = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
+                                 _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
+    bits = _mm256_or_si256(bits, _mm256_and_si256(sp, _mm256_set1_epi32(0x00400000)));
+    return _mm256_castsi256_ps(bits);
+}
+
+/* lanes whose bit is set in `bits` become NaN */
+static inline __m256 nan_lanes(__m256 p, unsigned bits)
+{
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
+    return _mm256_or_ps(p, _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_set1_epi32(0x7FC00000))));
+}
+
+/* ---- FP8 x MXFP4 ---- */
+
+/* One token's preprocessed activations for one K chunk (see mx_prep). */
+typedef struct mx_tok {
+    const uint32_t *hi, *lo;  /* (a_2j, a_2j+1) int16 pairs */
+    const int32_t *chi, *clo; /* per 32-block: -12 * sum(hi), -12 * sum(lo) */
+    const float *sa;          /* per 32-block: a_scale, or NaN when the block has a NaN code */
+    const uint8_t *need;      /* per 32-block: some lo is non-zero */
+    float *out;               /* this token's output at the current octet */
+} mx_tok;
+
+/* The micro-kernel keeps one int32 accumulator per token in a named variable (S0..S5; L0..L5
+ * for the lo pass): arrays indexed by the token would live on the stack. T is a compile-time
+ * constant in every instantiation, so the `if (T > t)` guards vanish. */
+
+/* Decode chunk p (32 bytes = 8 rows x 8 k) into v0..v3: 8 rows x k-pair j, int16 w' = 2w+12. */
+#define MX_DECODE(p)                                                                               \
+    __m256i x_ = _mm256_load_si256((const __m256i *)(p));                                          \
+    __m256i dl_ = _mm256_shuffle_epi8(lut, _mm256_and_si256(x_, m0f));                             \
+    __m256i dh_ = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x_, 4), m0f));       \
+    __m256i v0 = _mm256_and_si256(dl_, m00ff), v1 = _mm256_srli_epi16(dl_, 8);                     \
+    __m256i v2 = _mm256_and_si256(dh_, m00ff), v3 = _mm256_srli_epi16(dh_, 8);
+
+/* S<t> += the four k-pairs of the decoded chunk against token t's pairs A<t>[i..i+3] */
+#define MX_MAC(t, S, A, i)                                                                         \
+    if (T > t) {                                                                                   \
+        __m256i s_ = S##t;                                                                         \
+        s_ = _mm256_add_epi32(s_, _mm256_madd_epi16(v0, _mm256_set1_epi32((int)A##t[(i)])));       \
+        s_ = _mm256_add_epi32(s_, _mm256_madd_epi16(v1, _mm256_set1_epi32((int)A##t[(i) + 1])));   \
+        s_ = _mm256_add_epi32(s_, _mm256_madd_epi16(v2, _mm256_set1_epi32((int)A##t[(i) + 2])));   \
+        s_ = _mm256_add_epi32(s_, _mm256_madd_epi16(v3, _mm256_set1_epi32((int)A##t[(i) + 3])));   \
+        __asm__("" : "+x"(s_)); /* keep the chain: reassociated, it spills */                      \
+        S##t = s_;                                                                                 \
+    }
+
+/* one 32-block: 4 chunks */
+#define MX_BLOCK(S, A, wp, pair0)                                                                  \
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)                                            \
+    {                                                                                              \
+        MX_DECODE((wp) + 32 * q)                                                                   \
+        MX_MAC(0, S, A, (pair0) + 4 * q)                                                           \
+        MX_MAC(1, S, A, (pair0) + 4 * q)                                                           \
+        MX_MAC(2, S, A, (pair0) + 4 * q)                                                           \
+        MX_MAC(3, S, A, (pair0) + 4 * q)                                                           \
+        MX_MAC(4, S, A, (pair0) + 4 * q)                                                           \
+        MX_MAC(5, S, A, (pair0) + 4 * q)                                                           \
+    }
+
+#define MX_FOR_T(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+/* Blocks [0, nb) of one octet (wd, ws point at the chunk's first block) for T tokens. */
+static inline __attribute__((always_inline)) void
+mx_kernel(const int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_tok *tk)
+{
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i m00ff = _mm256_set1_epi16(0x00FF);
+#define MX_PTRS(t)                                                                                 \
+    const mx_tok *k##t = &tk[T > t ? t : 0];                                                       \
+    const uint32_t *H##t = k##t->hi, *P##t = k##t->lo;
+    MX_FOR_T(MX_PTRS)
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wp = wd + 128 * b;
+        __m256i S0, S1, S2, S3, S4, S5;
+#define MX_INIT_HI(t) S##t = _mm256_set1_epi32(k##t->chi[b]);
+        MX_FOR_T(MX_INIT_HI)
+        MX_BLOCK(S, H, wp, 16 * b)
+        int need = 0;
+#define MX_NEED(t)                                                                                 \
+    if (T > t)                                                                                     \
+        need |= k##t->need[b];
+        MX_FOR_T(MX_NEED)
+        __m256 unit = _mm256_set1_ps(0x1p-7f);
+        if (__builtin_expect(need, 0)) {
+            __m256i L0, L1, L2, L3, L4, L5;
+#define MX_INIT_LO(t) L##t = _mm256_set1_epi32(k##t->clo[b]);
+            MX_FOR_T(MX_INIT_LO)
+            /* decode again rather than let the compiler keep (spill) the hi pass's 16 decoded
+             * vectors for this rare path: hide that wq == wp */
+            const uint8_t *wq = wp;
+            __asm__("" : "+r"(wq));
+            MX_BLOCK(L, P, wq, 16 * b)
+#define MX_COMBINE(t) S##t = _mm256_add_epi32(_mm256_slli_epi32(S##t, 3), L##t);
+            MX_FOR_T(MX_COMBINE)
+            unit = _mm256_set1_ps(0x1p-10f);
+        }
+        __m256 wsc = e8m0x8(ws + 8 * b);
+#define MX_EPILOGUE(t)                                                                             \
+    if (T > t) {                                                                                   \
+        __m256 p_ = _mm256_mul_ps(_mm256_cvtepi32_ps(S##t), unit);                                 \
+        p_ = _mm256_mul_ps(p_, _mm256_set1_ps(k##t->sa[b]));                                       \
+        p_ = _mm256_mul_ps(p_, wsc);                                                               \
+        _mm256_storeu_ps(k##t->out, _mm256_add_ps(_mm256_loadu_ps(k##t->out), p_));                \
+    }
+        MX_FOR_T(MX_EPILOGUE)
+    }
+}
+
+#define MX_KERNEL_T(n)                                                                             \
+    static __attribute__((noinline)) void mx_kernel_##n(const uint8_t *wd, const uint8_t *ws,      \
+                                                        int nb, const mx_tok *tk)                  \
+    {                                                                                              \
+        mx_kernel(n, wd, ws, nb, tk);                                                              \
+    }
+MX_KERNEL_T(1)
+MX_KERNEL_T(2)
+MX_KERNEL_T(3)
+MX_KERNEL_T(4)
+MX_KERNEL_T(5)
+MX_KERNEL_T(6)
+
+static void mx_kernel_any(int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_tok *tk)
+{
+    static void (*const fn[7])(const uint8_t *, const uint8_t *, int, const mx_tok *) = {
+        NULL, mx_kernel_1, mx_kernel_2, mx_kernel_3, mx_kernel_4, mx_kernel_5, mx_kernel_6};
+    fn[T](wd, ws, nb, tk);
+}
+
+/* ---- FP8 x FP8 ---- */
+
+typedef struct f8_tok {
+    const double *a; /* activation * 2^1000 */
+    const float *sa; /* per 128-block: a_scale, or NaN when the block has a NaN code */
+    float *out;
+} f8_tok;
+
+/* Weight chunk (32 bytes: 4 k x 8 rows) -> w * 2^-1016 as doubles: f8_q(i, h) = rows 4h..4h+3
+ * of k 4j+i. Each byte c becomes the top 16 bits of a qword, (c & 0x80) << 8 | (c & 0x7F) << 1:
+ * sign at bit 63, magnitude bits at 55..49. One byte interleave makes those 16-bit words (wl:
+ * rows 0-3, wh: rows 4-7 of each k), and one pshufb per output moves two words of each 128-bit
+ * lane to the top of the lane's two qwords, zeroing the rest. */
+#define F8_DECODE_BEGIN(ptr)                                                                       \
+    __m256i f8x_ = _mm256_load_si256((const __m256i *)(ptr));                                      \
+    __m256i f8c2_ = _mm256_add_epi8(f8x_, f8x_);                                                   \
+    __m256i f8cs_ = _mm256_and_si256(f8x_, _mm256_set1_epi8((char)0x80));                          \
+    __m256i f8wl_ = _mm256_unpacklo_epi8(f8c2_, f8cs_);                                            \
+    __m256i f8wh_ = _mm256_unpackhi_epi8(f8c2_, f8cs_);
+
+/* word 2i of the lane -> bytes 6-7 of qword 0, word 2i+1 -> bytes 6-7 of qword 1 */
+static inline __m256i f8_place_mask(int i)
+{
+    const char z = (char)0x80;
+    char a = (char)(4 * i), b = (char)(4 * i + 1), c = (char)(4 * i + 2), d = (char)(4 * i + 3);
+    return _mm256_setr_epi8(z, z, z, z, z, z, a, b, z, z, z, z, z, z, c, d, z, z, z, z, z, z, a, b,
+                            z, z, z, z, z, z, c, d);
+}
+
+#define f8_q(i, h) _mm256_castsi256_pd(_mm256_shuffle_epi8((h) ? f8wh_ : f8wl_, f8_place_mask(i)))
+
+/* out[t] += P * (sa * ws) for one 128-block; A[2t], A[2t+1] hold rows 0-3 / 4-7 scaled by
+ * `scale` (a power of two that makes them the exact block sum). */
+static inline __attribute__((always_inline)) void f8_epilogue(const int T, __m256d *A,
+                                                              __m256d scale, const f8_tok *tk,
+                                                              int kbl, float wsc, unsigned nanb)
+{
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+    {
+        __m128 p0 = _mm256_cvtpd_ps(_mm256_mul_pd(A[2 * t], scale));
+        __m128 p1 = _mm256_cvtpd_ps(_mm256_mul_pd(A[2 * t + 1], scale));
+        __m256 p = _mm256_set_m128(p1, p0);
+        if (__builtin_expect(nanb != 0, 0))
+            p = nan_lanes(p, nanb);
+        float sig = tk[t].sa[kbl] * wsc;
+        p = _mm256_mul_ps(p, _mm256_set1_ps(sig));
+        _mm256_storeu_ps(tk[t].out, _mm256_add_ps(_mm256_loadu_ps(tk[t].out), p));
+    }
+}
+
+/* Decode-on-the-fly kernel for few tokens: blocks [0, nkb) of one octet. With one or two
+ * tokens the two accumulators per token would be FMA-latency bound, so the k of a chunk are
+ * spread over KS = 4 / T independent accumulator pairs and added at the block end; every
+ * partial sum is exact, so any grouping gives the same sums. */
+static inline __attribute__((always_inline)) void f8_direct(const int T, const uint8_t *wd, int nkb,
+                                                            const f8_tok *tk, const float *wsc,
+                                                            const uint8_t *nanr)
+{
+    const int KS = T == 1 ? 4 : T == 2 ? 2 : 1;
+    for (int kb = 0; kb < nkb; kb++) {
+        __m256d A[8], B[8]; /* A[2*(t*KS+s)+h]: token t, k-split s, half h */
+        _Pragma("GCC unroll 16") for (int i = 0; i < 2 * T * KS; i++) A[i] = _mm256_setzero_pd();
+        const uint8_t *p = wd + (size_t)kb * 1024;
+        for (int j = 0; j < 32; j++) {
+            F8_DECODE_BEGIN(p + 32 * j)
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+            {
+                __m256d q0 = f8_q(i, 0), q1 = f8_q(i, 1);
+                int k = 128 * kb + 4 * j + i, sp = i % KS;
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                {
+                    __m256d b = _mm256_broadcast_sd(tk[t].a + k);
+                    int x = 2 * (t * KS + sp);
+                    A[x] = _mm256_fmadd_pd(q0, b, A[x]);
+                    A[x + 1] = _mm256_fmadd_pd(q1, b, A[x + 1]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+        {
+            __m256d h0 = A[2 * t * KS], h1 = A[2 * t * KS + 1];
+            _Pragma("GCC unroll 4") for (int sp = 1; sp < KS; sp++)
+            {
+                h0 = _mm256_add_pd(h0, A[2 * (t * KS + sp)]);
+                h1 = _mm256_add_pd(h1, A[2 * (t * KS + sp) + 1]);
+            }
+            B[2 * t] = h0;
+            B[2 * t + 1] = h1;
+        }
+        f8_epilogue(T, B, _mm256_set1_pd(0x1p16), tk, kb, wsc[kb], nanr ? nanr[kb] : 0);
+    }
+}
+
+/* Decode one 128-block of an octet into panel[128][8] doubles (w * 2^-1016). */
+static void f8_panel(const uint8_t *p, double *panel)
+{
+    for (int j = 0; j < 32; j++) {
+        F8_DECODE_BEGIN(p + 32 * j)
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        {
+            _mm256_store_pd(panel + 8 * (4 * j + i), f8_q(i, 0));
+            _mm256_store_pd(panel + 8 * (4 * j + i) + 4, f8_q(i, 1));
+        }
+    }
+}
+
+/* One decoded 128-block against T tokens. */
+static inline __attribute__((always_inline)) void f8_panel_kernel(const int T, const double *panel,
+                                                                  int kb, const f8_tok *tk,
+                                                                  float wsc, unsigned nanb)
+{
+    __m256d A[12];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 2 * T; i++) A[i] = _mm256_setzero_pd();
+    const double *a[6];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) a[t] = tk[t].a + 128 * kb;
+    for (int k = 0; k < 128; k++) {
+        __m256d w0 = _mm256_load_pd(panel + 8 * k), w1 = _mm256_load_pd(panel + 8 * k + 4);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+        {
+            __m256d b = _mm256_broadcast_sd(a[t] + k);
+            A[2 * t] = _mm256_fmadd_pd(w0, b, A[2 * t]);
+            A[2 * t + 1] = _mm256_fmadd_pd(w1, b, A[2 * t + 1]);
+        }
+    }
+    f8_epilogue(T, A, _mm256_set1_pd(0x1p16), tk, kb, wsc, nanb);
+}
+
+static void f8_direct_any(int T, const uint8_t *wd, int nkb, const f8_tok *tk, const float *wsc,
+                          const uint8_t *nanr)
+{
+    switch (T) {
+    case 1:
+        f8_direct(1, wd, nkb, tk, wsc, nanr);
+        break;
+    case 2:
+        f8_direct(2, wd, nkb, tk, wsc, nanr);
+        break;
+    case 3:
+        f8_direct(3, wd, nkb, tk, wsc, nanr);
+        break;
+    default:
+        f8_direct(4, wd, nkb, tk, wsc, nanr);
+        break;
+    }
+}
+
+static void f8_panel_any(int T, const double *panel, int kb, const f8_tok *tk, float wsc,
+                         unsigned nanb)
+{
+    switch (T) {
+    case 1:
+        f8_panel_kernel(1, panel, kb, tk, wsc, nanb);
+        break;
+    case 2:
+        f8_panel_kernel(2, panel, kb, tk, wsc, nanb);
+        break;
+    case 3:
+        f8_panel_kernel(3, panel, kb, tk, wsc, nanb);
+        break;
+    case 4:
+        f8_panel_kernel(4, panel, kb, tk, wsc, nanb);
+        break;
+    case 5:
+        f8_panel_kernel(5, panel, kb, tk, wsc, nanb);
+        break;
+    default:
+        f8_panel_kernel(6, panel, kb, tk, wsc, nanb);
+        break;
+    }
+}
+
+/* ---- tiles: preprocessed activations for mt tokens x kn columns ---- */
+
+/* Tokens of one micro-tile at most, and the token count up to which FP8 decodes weights on
+ * the fly instead of through a panel. */
+#define MX_TILE_T     6
+#define F8_TILE_T     6
+#define F8_DIRECT_MAX 5
+#define F8_DIRECT_T   2
+
+static size_t round64(size_t x)
+{
+    return (x + 63) / 64 * 64;
+}
+
+static size_t mx_token_bytes(int kn)
+{
+    size_t nb = (size_t)kn / 32;
+    return 2 * round64((size_t)kn * 2) + 3 * round64(nb * 4) + round64(nb);
+}
+
+static size_t f8_token_bytes(int kn)
+{
+    return round64((size_t)kn * 8) + round64((size_t)kn / 128 * 4);
+}
+
+typedef struct mx_tile {
+    uint32_t *hi, *lo;
+    int32_t *chi, *clo;
+    float *sa;
+    uint8_t *need;
+} mx_tile;
+
+static mx_tile mx_tile_at(uint8_t *base, int kn, int t)
+{
+    size_t nb = (size_t)kn / 32;
+    uint8_t *p = base + (size_t)t * mx_token_bytes(kn);
+    mx_tile r;
+    r.hi = (uint32_t *)p;
+    p += round64((size_t)kn * 2);
+    r.lo = (uint32_t *)p;
+    p += round64((size_t)kn * 2);
+    r.chi = (int32_t *)p;
+    p += round64(nb * 4);
+    r.clo = (int32_t *)p;
+    p += round64(nb * 4);
+    r.sa = (float *)p;
+    p += round64(nb * 4);
+    r.need = p;
+    return r;
+}
+
+static void mx_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
+{
+    int K = c->w->K, KB = K / 128;
+    const uint8_t *a = c->a + (size_t)m * K + k0;
+    for (int b = 0; b < kn / 32; b++) {
+        int32_t shi = 0, slo = 0, nan = 0, need = 0;
+        for (int j = 0; j < 16; j++) {
+            uint8_t c0 = a[32 * b + 2 * j], c1 = a[32 * b + 2 * j + 1];
+            int16_t h0 = mx_hi[c0], h1 = mx_hi[c1], l0 = mx_lo[c0], l1 = mx_lo[c1];
+            d.hi[16 * b + j] = (uint16_t)h0 | (uint32_t)(uint16_t)h1 << 16;
+            d.lo[16 * b + j] = (uint16_t)l0 | (uint32_t)(uint16_t)l1 << 16;
+            shi += h0 + h1;
+            slo += l0 + l1;
+            need |= l0 | l1;
+            nan |= e4m3_nan(c0) | e4m3_nan(c1);
+        }
+        d.chi[b] = -12 * shi;
+        d.clo[b] = -12 * slo;
+        d.need[b] = need != 0;
+        d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
+    }
+}
+
+static void mx_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                        uint8_t *base)
+{
+    const gemm_weight *w = c->w;
+    int N = w->N, KG = w->K / 32;
+    for (int t = 0; t < mt; t++)
+        mx_prep(c, m0 + t, k0, kn, mx_tile_at(base, kn, t));
+    int ng = (mt + MX_TILE_T - 1) / MX_TILE_T;
+    for (int o = ro0; o < ro1; o++) {
+        const uint8_t *wd = w->data + ((size_t)o * KG + k0 / 32) * 128;
+        const uint8_t *ws = w->bscale + ((size_t)o * KG + k0 / 32) * 8;
+        for (int g = 0, t0 = 0; g < ng; g++) {
+            int T = mt / ng + (g < mt % ng);
+            mx_tok tk[MX_TILE_T] = {{0}};
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+            {
+                mx_tile d = mx_tile_at(base, kn, t0 + t);
+                tk[t] = (mx_tok){d.hi,
+                                 d.lo,
+                                 d.chi,
+                                 d.clo,
+                                 d.sa,
+                                 d.need,
+                                 c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
+            }
+            mx_kernel_any(T, wd, ws, kn / 32, tk);
+            t0 += T;
+        }
+    }
+}
+
+static void f8_prep(const gemm_call *c, int m, int k0, int kn, double *ad, float *sa)
+{
+    int K = c->w->K, KB = K / 128;
+    const uint8_t *a = c->a + (size_t)m * K + k0;
+    for (int b = 0; b < kn / 128; b++) {
+        int nan = 0;
+        for (int k = 128 * b; k < 128 * b + 128; k++) {
+            ad[k] = f8_act[a[k]];
+            nan |= e4m3_nan(a[k]);
+        }
+        sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + k0 / 128 + b];
+    }
+}
+
+static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                        uint8_t *base)
+{
+    const gemm_weight *w = c->w;
+    int N = w->N, K = w->K, KB = K / 128, nkb = kn / 128;
+    size_t tb = f8_token_bytes(kn);
+    f8_tok all[F8_TILE_T] = {{0}};
+    for (int t = 0; t < mt; t++) {
+        double *ad = (double *)(base + (size_t)t * tb);
+        f8_prep(c, m0 + t, k0, kn, ad, (float *)(base + (size_t)t * tb + round64((size_t)kn * 8)));
+    }
+    int direct = mt <= F8_DIRECT_MAX;
+    int tmax = direct ? F8_DIRECT_T : F8_TILE_T;
+    int ng = (mt + tmax - 1) / tmax;
+    _Alignas(32) double panel[128 * 8];
+    for (int o = ro0; o < ro1; o++) {
+        const uint8_t *wd = w->data + (size_t)o * K * 8 + (size_t)k0 * 8;
+        const float *wsc = w->fscale + (size_t)(o / 16) * KB + k0 / 128;
+        const uint8_t *nanr = w->nanrows ? w->nanrows + (size_t)o * KB + k0 / 128 : NULL;
+        if (direct) {
+            for (int g = 0, t0 = 0; g < ng; g++) {
+                int T = mt / ng + (g < mt % ng);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                {
+                    uint8_t *p = base + (size_t)(t0 + t) * tb;
+                    all[t] =
+                        (f8_tok){(const double *)p, (const float *)(p + round64((size_t)kn * 8)),
+                                 c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
+                }
+                f8_direct_any(T, wd, nkb, all, wsc, nanr);
+                t0 += T;
+            }
+            continue;
+        }
+        for (int kb = 0; kb < nkb; kb++) {
+            f8_panel(wd + (size_t)kb * 1024, panel);
+            for (int g = 0, t0 = 0; g < ng; g++) {
+                int T = mt / ng + (g < mt % ng);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                {
+                    uint8_t *p = base + (size_t)(t0 + t) * tb;
+                    all[t] =
+                        (f8_tok){(const double *)p, (const float *)(p + round64((size_t)kn * 8)),
+                                 c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
+                }
+                f8_panel_any(T, panel, kb, all, wsc[kb], nanr ? nanr[kb] : 0);
+                t0 += T;
+            }
+        }
+    }
+}
+
+/* ---- driver ---- */
+
+void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_t cap)
+{
+    pthread_once(&tables_once, tables_init);
+    const gemm_weight *w = c->w;
+    int M = c->M, N = w->N, K = w->K;
+    int fp8 = w->kind == GEMM_KIND_FP8;
+    for (int m = 0; m < M; m++)
+        memset(c->out + (size_t)m * N + 8 * ro0, 0, (size_t)(ro1 - ro0) * 8 * sizeof(float));
+    /* The whole K per tile when a micro-tile of tokens fits (weights then stream once,
+     * sequentially, per tile of tokens); otherwise the largest multiple of 128 that does. */
+    int want = M < 6 ? M : 6;
+    int kc = K;
+    for (;;) {
+        size_t tb = fp8 ? f8_token_bytes(kc) : mx_token_bytes(kc);
+        if (tb * (size_t)want <= cap || kc == 128)
+            break;
+        kc = (kc / 2 + 127) / 128 * 128;
+    }
+    size_t tb = fp8 ? f8_token_bytes(kc) : mx_token_bytes(kc);
+    int mc = (int)(cap / tb);
+    if (mc > M)
+        mc = M;
+    if (mc < M && mc >= 6)
+        mc -= mc % 6;
+    if (mc < 1)
+        mc = 1;
+    for (int m0 = 0; m0 < M; m0 += mc) {
+        int mt = M - m0 < mc ? M - m0 : mc;
+        for (int k0 = 0; k0 < K; k0 += kc) {
+            int kn = K - k0 < kc ? K - k0 : kc;
+            if (fp8)
+                f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
+            else
+                mx_tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+/*
+ * gemm_internal.h — what kernels/gemm.c shares with its implementations in kernels/cpu/
+ * (gemm_ref.c, gemm_avx2.c). Not a public header: callers use kernels/gemm.h.
+ *
+ * A gemm_weight holds the weights in the layout of the implementation it was packed for; the
+ * implementations never see each other's layouts. Work is split over N in row-octets (8 rows),
+ * the unit every layout is built from; each output element is computed by exactly one thread
+ * from its own row and column only, so results never depend on the split.
+ */
+#ifndef EPMOE_GEMM_INTERNAL_H
+#define EPMOE_GEMM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/gemm.h"
+
+/* Largest N or K accepted by the packers: keeps every [N, K] size and every per-row int32
+ * index far from overflow (V4 uses 4096 at most; limits.h bounds model dims at 65536). */
+#define GEMM_MAX_DIM 65536
+/* Threads in one gemm_pool (one per CPU on any machine we target). */
+#define GEMM_MAX_THREADS 256
+/* Scratch each pool thread owns for one tile of preprocessed activations (gemm_avx2.c). */
+#define GEMM_THREAD_SCRATCH (1u << 20)
+
+typedef enum gemm_kind { GEMM_KIND_FP8 = 1, GEMM_KIND_MXFP4 = 2 } gemm_kind;
+
+struct gemm_weight {
+    gemm_kind kind;
+    gemm_impl impl;
+    int N, K;
+    /* REF: w [N, K] e4m3 (FP8) or [N, K/2] packed nibbles (MXFP4), as given.
+     * AVX2: see the layout comment at the top of gemm_avx2.c. */
+    uint8_t *data;
+    size_t data_bytes;
+    /* FP8: w_scale [N/128, K/128] fp32 (both impls). */
+    float *fscale;
+    /* MXFP4: e8m0 scales. REF: [N, K/32] as given; AVX2: [N/8][K/32][8]. */
+    uint8_t *bscale;
+    /* AVX2 FP8 only: [N/8][K/128] bit r set when row r of the octet has a NaN code in that
+     * block; NULL when the weights hold no NaN code at all. */
+    uint8_t *nanrows;
+    size_t bytes; /* everything above, struct included */
+};
+
+/* One gemm_run call, as the implementations see it. */
+typedef struct gemm_call {
+    const gemm_weight *w;
+    int M;
+    const uint8_t *a;
+    const float *a_scale;
+    float *out;
+} gemm_call;
+
+/* ---- thread pool (gemm.c) ---- */
+
+/* Run fn(ctx, tid, nthreads) on every thread of the pool (the caller is tid 0) and return when
+ * all have finished. pool NULL: fn(ctx, 0, 1) on the caller. Calls on one pool must not
+ * overlap (a pool belongs to one caller thread at a time). */
+typedef void (*gemm_task_fn)(void *ctx, int tid, int nthreads);
+void gemm_pool_run(gemm_pool *pool, gemm_task_fn fn, void *ctx);
+
+/* Scratch owned by thread tid of the pool: GEMM_THREAD_SCRATCH bytes, 64-byte aligned.
+ * NULL for a NULL pool. */
+void *gemm_pool_scratch(gemm_pool *pool, int tid);
+
+/* ---- reference (gemm_ref.c) ---- */
+
+/* out[m][n] for every m and n in [n0, n1), straight from the definition in gemm.h. */
+void gemm_ref_rows(const gemm_call *c, int n0, int n1);
+
+/* ---- AVX2 (gemm_avx2.c; only built into the library on x86-64) ---- */
+
+int gemm_avx2_supported(void);
+/* Fill w->data / bscale / nanrows in the AVX2 layout; w->kind, N, K, fscale already set.
+ * Returns 0, or -1 on allocation failure (err filled). */
+int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
+int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
+/* Row-octets [ro0, ro1) of the output, all M rows; scratch is a buffer of cap bytes for the
+ * preprocessed activations (at least GEMM_AVX2_MIN_SCRATCH). */
+#define GEMM_AVX2_MIN_SCRATCH (16u << 10)
+void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_t cap);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * simd_internal.h — the AVX2 entry points of the quantizer and the SwiGLU epilogue
+ * (kernels/cpu/quant_avx2.c, swiglu_avx2.c; compiled with -mavx2 -mfma). Only quant.c and
+ * swiglu.c call them, and only after gemm_impl_best() / the caller chose GEMM_IMPL_AVX2.
+ */
+#ifndef EPMOE_SIMD_INTERNAL_H
+#define EPMOE_SIMD_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The scale of one block from its amax (quant.c; shared by both implementations). */
+float qt_block_scale(float amax, bool pow2);
+
+#ifdef EPMOE_AVX2_KERNELS
+/* One row of K (K % 128 == 0): bf16 or fp32 input, same contract as qt_act_rows. */
+void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *scale);
+void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *scale);
+void qt_avx2_e4m3_n(const float *x, size_t n, uint8_t *q);
+
+/* One row of swiglu_rows (see swiglu.h). */
+void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, float limit,
+                     bool pow2, uint8_t *q, float *scale);
+#else
+/* Builds without the AVX2 files: gemm_avx2_supported() is 0, so these are never reached. */
+static inline void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *s) {}
+static inline void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *s) {}
+static inline void qt_avx2_e4m3_n(const float *x, size_t n, uint8_t *q) {}
+static inline void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow,
+                                   float limit, bool pow2, uint8_t *q, float *scale)
+{
+}
+#endif
+
+#endif

@@ -1,0 +1,712 @@
+/*
+ * moe.c — one DeepSeek V4 MoE layer on the CPU (moe.h): loading, routing, the expert MLPs,
+ * the shared expert and the combine. Semantics: docs/numerics.md.
+ *
+ * Memory: everything the layer owns besides the packed GEMM weights — ffn_norm gain, packed
+ * gate, bias or tid2eid, the expert table — lives in one arena, sized first and carved after
+ * one allocation (llm.c's malloc_and_point_parameters). The expert GEMM weights are packed by
+ * kernels/gemm.h, which allocates each one itself (its packers take no destination buffer).
+ *
+ * Results never depend on how work is grouped: moe_experts batches the rows of one expert into
+ * one GEMM (in chunks of at most MOE_GEMM_ROWS rows), moe_forward cuts large batches into
+ * MOE_FORWARD_TOKENS pieces, and every GEMM row, SwiGLU element and combine sum is a function
+ * of its own token only (gemm.h, swiglu.h).
+ */
+#include "kernels/moe.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/checkpoint.h"
+#include "common/limits.h"
+#include "kernels/formats.h"
+#include "kernels/quant.h"
+#include "kernels/route.h"
+#include "kernels/swiglu.h"
+
+/* Rows per expert GEMM call: bounds the scratch of moe_experts/moe_shared (about 40 KB per row
+ * at V4 sizes) while keeping the GEMMs wide enough to stream each weight once per chunk. */
+#define MOE_GEMM_ROWS 256
+/* Tokens per piece of moe_forward: bounds its [T, k, H] buffers. */
+#define MOE_FORWARD_TOKENS 1024
+
+enum { W1 = 0, W3 = 1, W2 = 2 };
+
+struct moe_layer {
+    mc_config cfg;
+    int layer;
+    char name[32]; /* "layers.3" / "mtp.0", for messages */
+    bool hash;
+    gemm_impl impl; /* what the weights were packed for (resolved) */
+    int H, I, E, k;
+    /* the arena and what is carved from it */
+    void *arena;
+    size_t arena_bytes;
+    uint16_t *norm;         /* ffn_norm gain, bf16 [H] */
+    void *gate;             /* route_gate_pack layout */
+    float *bias;            /* [E], score layers */
+    int64_t *tid2eid;       /* [vocab, k], hash layers */
+    uint8_t *owned;         /* [E] */
+    gemm_weight **experts;  /* [E][3]: w1, w3, w2; NULL where not owned */
+    gemm_weight *shared[3]; /* w1, w3, w2 */
+    size_t gemm_bytes;      /* memory held by the packed GEMM weights */
+};
+
+/* ---- names and tensors ---- */
+
+static const char *const WNAME[3] = {"w1", "w3", "w2"};
+
+static const st_tensor *find_tensor(const st_model *m, const char *prefix, const char *mid,
+                                    const char *suffix)
+{
+    char name[EP_MAX_NAME];
+    snprintf(name, sizeof name, "%s%s%s", prefix, mid, suffix);
+    return st_model_find(m, name);
+}
+
+static uint64_t tensor_bytes(const st_model *m, const char *name)
+{
+    const st_tensor *t = st_model_find(m, name);
+    return t ? t->nbytes : 0;
+}
+
+uint64_t moe_layer_load_bytes(const st_model *m, const mc_config *c, int layer,
+                              const uint8_t *owned)
+{
+    int n = ck_layer_tensor_count(c, layer, 0, c->n_routed_experts);
+    if (n <= 0)
+        return 0;
+    ck_tensor_spec *specs = malloc((size_t)n * sizeof *specs);
+    if (!specs)
+        return 0;
+    ck_layer_tensors(c, layer, 0, c->n_routed_experts, specs, n);
+    /* Expert tensors are named "...experts.E.wX..."; keep those of owned experts only. */
+    char pfx[EP_MAX_NAME];
+    ck_layer_prefix(c, layer, pfx, sizeof pfx);
+    size_t plen = strlen(pfx);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const char *rest = specs[i].name + plen;
+        if (owned && strncmp(rest, "ffn.experts.", 12) == 0) {
+            int e = atoi(rest + 12);
+            if (e < 0 || e >= c->n_routed_experts || !owned[e])
+                continue;
+        }
+        total += tensor_bytes(m, specs[i].name);
+    }
+    free(specs);
+    return total;
+}
+
+/* ---- loading ---- */
+
+typedef struct load_ctx {
+    const st_model *m;
+    char prefix[EP_MAX_NAME]; /* "layers.L." */
+    moe_progress_fn progress;
+    void *progress_ctx;
+    uint64_t done, total;
+} load_ctx;
+
+static void load_progress(load_ctx *lc, const st_tensor *t)
+{
+    lc->done += t->nbytes;
+    if (lc->progress)
+        lc->progress(lc->progress_ctx, lc->done, lc->total);
+}
+
+/* Checked by ck_check_layer before anything is read, so only presence is asserted here. */
+static const st_tensor *need(load_ctx *lc, const char *mid, const char *suffix, ep_err *err)
+{
+    const st_tensor *t = find_tensor(lc->m, lc->prefix, mid, suffix);
+    if (!t)
+        ep_err_set(err, "tensor %s%s%s is missing", lc->prefix, mid, suffix);
+    return t;
+}
+
+/* E8M0 code 255 is NaN (spec §3.3): never a valid weight scale. */
+static int check_e8m0(const st_tensor *t, ep_err *err)
+{
+    const uint8_t *p = t->data;
+    for (int64_t i = 0; i < t->numel; i++)
+        if (p[i] == 0xFF)
+            return ep_err_set(err, "tensor %s: scale code 255 (NaN) at element %" PRId64, t->name,
+                              i);
+    return 0;
+}
+
+/* An FP8-block linear (shared expert, or a routed expert under expert_dtype fp8). */
+static gemm_weight *load_fp8(load_ctx *lc, const char *mid, int N, int K, gemm_impl impl,
+                             ep_err *err)
+{
+    const st_tensor *w = need(lc, mid, ".weight", err);
+    const st_tensor *s = w ? need(lc, mid, ".scale", err) : NULL;
+    if (!s)
+        return NULL;
+    size_t ns = (size_t)(N / EP_FP8_BLOCK) * (size_t)(K / EP_FP8_BLOCK);
+    float *scale = malloc(ns * sizeof(float));
+    if (!scale) {
+        ep_err_set(err, "tensor %s: out of memory for %zu scales", s->name, ns);
+        return NULL;
+    }
+    if (s->dtype == ST_F8_E8M0) {
+        if (check_e8m0(s, err) < 0) {
+            free(scale);
+            return NULL;
+        }
+        for (size_t i = 0; i < ns; i++)
+            scale[i] = fmt_e8m0_to_f32(((const uint8_t *)s->data)[i]);
+    } else {
+        memcpy(scale, s->data, ns * sizeof(float)); /* F32 as stored; may be unaligned */
+    }
+    gemm_weight *g = gemm_pack_fp8(N, K, w->data, scale, impl, err);
+    free(scale);
+    if (!g) {
+        ep_err_prefix(err, "tensor %s", w->name);
+        return NULL;
+    }
+    load_progress(lc, w);
+    load_progress(lc, s);
+    return g;
+}
+
+static gemm_weight *load_mxfp4(load_ctx *lc, const char *mid, int N, int K, gemm_impl impl,
+                               ep_err *err)
+{
+    const st_tensor *w = need(lc, mid, ".weight", err);
+    const st_tensor *s = w ? need(lc, mid, ".scale", err) : NULL;
+    if (!s || check_e8m0(s, err) < 0)
+        return NULL;
+    gemm_weight *g = gemm_pack_mxfp4(N, K, w->data, s->data, impl, err);
+    if (!g) {
+        ep_err_prefix(err, "tensor %s", w->name);
+        return NULL;
+    }
+    load_progress(lc, w);
+    load_progress(lc, s);
+    return g;
+}
+
+static int check_tensors(const st_model *m, const mc_config *c, int layer, const uint8_t *owned,
+                         ep_err *err)
+{
+    int E = c->n_routed_experts;
+    if (!owned)
+        return ck_check_layer(m, c, layer, 0, E, err);
+    int first = -1, last = -1, contiguous = 1;
+    for (int e = 0; e < E; e++)
+        if (owned[e]) {
+            if (first < 0)
+                first = e;
+            else if (last != e - 1)
+                contiguous = 0;
+            last = e;
+        }
+    if (first < 0)
+        return ck_check_layer(m, c, layer, 0, 0, err);
+    if (contiguous)
+        return ck_check_layer(m, c, layer, first, last + 1, err);
+    if (ck_check_layer(m, c, layer, 0, 0, err) < 0)
+        return -1;
+    for (int e = first; e <= last; e++)
+        if (owned[e] && ck_check_layer(m, c, layer, e, e + 1, err) < 0)
+            return -1;
+    return 0;
+}
+
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Size the arena, allocate it once and point the layer's tables into it. */
+static int carve_arena(moe_layer *l, ep_err *err)
+{
+    size_t H = (size_t)l->H, E = (size_t)l->E;
+    size_t sz_norm = align64(H * sizeof(uint16_t));
+    size_t sz_gate = align64(route_gate_bytes(l->impl, l->E, l->H));
+    size_t sz_bias = l->hash ? 0 : align64(E * sizeof(float));
+    size_t sz_tid =
+        l->hash ? align64((size_t)l->cfg.vocab_size * (size_t)l->k * sizeof(int64_t)) : 0;
+    size_t sz_owned = align64(E);
+    size_t sz_experts = align64(E * 3 * sizeof(gemm_weight *));
+    l->arena_bytes = sz_norm + sz_gate + sz_bias + sz_tid + sz_owned + sz_experts;
+    if (posix_memalign(&l->arena, 64, l->arena_bytes) != 0) {
+        l->arena = NULL;
+        return ep_err_set(err, "%s: out of memory for a %zu-byte weight arena", l->name,
+                          l->arena_bytes);
+    }
+    memset(l->arena, 0, l->arena_bytes);
+    uint8_t *p = l->arena;
+    l->norm = (uint16_t *)p;
+    p += sz_norm;
+    l->gate = p;
+    p += sz_gate;
+    l->bias = sz_bias ? (float *)p : NULL;
+    p += sz_bias;
+    l->tid2eid = sz_tid ? (int64_t *)p : NULL;
+    p += sz_tid;
+    l->owned = p;
+    p += sz_owned;
+    l->experts = (gemm_weight **)p;
+    return 0;
+}
+
+static int load_router(moe_layer *l, load_ctx *lc, ep_err *err)
+{
+    const st_tensor *t = need(lc, "ffn_norm", ".weight", err);
+    if (!t)
+        return -1;
+    memcpy(l->norm, t->data, (size_t)l->H * sizeof(uint16_t));
+    load_progress(lc, t);
+    if (!(t = need(lc, "ffn.gate", ".weight", err)))
+        return -1;
+    /* The mapping may not be 2-byte aligned; pack from an aligned copy. */
+    uint16_t *w = malloc(t->nbytes);
+    if (!w)
+        return ep_err_set(err, "%s: out of memory for the gate weight", l->name);
+    memcpy(w, t->data, t->nbytes);
+    route_gate_pack(l->impl, l->E, l->H, w, l->gate);
+    free(w);
+    load_progress(lc, t);
+    if (l->hash) {
+        if (!(t = need(lc, "ffn.gate", ".tid2eid", err)))
+            return -1;
+        memcpy(l->tid2eid, t->data, t->nbytes);
+    } else {
+        if (!(t = need(lc, "ffn.gate", ".bias", err)))
+            return -1;
+        memcpy(l->bias, t->data, t->nbytes);
+    }
+    load_progress(lc, t);
+    return 0;
+}
+
+static int load_experts(moe_layer *l, load_ctx *lc, ep_err *err)
+{
+    char mid[64];
+    for (int j = 0; j < 3; j++) {
+        int N = j == W2 ? l->H : l->I, K = j == W2 ? l->I : l->H;
+        snprintf(mid, sizeof mid, "ffn.shared_experts.%s", WNAME[j]);
+        if (!(l->shared[j] = load_fp8(lc, mid, N, K, l->impl, err)))
+            return -1;
+        l->gemm_bytes += gemm_weight_bytes(l->shared[j]);
+    }
+    for (int e = 0; e < l->E; e++) {
+        if (!l->owned[e])
+            continue;
+        for (int j = 0; j < 3; j++) {
+            int N = j == W2 ? l->H : l->I, K = j == W2 ? l->I : l->H;
+            snprintf(mid, sizeof mid, "ffn.experts.%d.%s", e, WNAME[j]);
+            gemm_weight *g = l->cfg.expert_dtype == MC_FP4 ? load_mxfp4(lc, mid, N, K, l->impl, err)
+                                                           : load_fp8(lc, mid, N, K, l->impl, err);
+            if (!g)
+                return -1;
+            l->experts[(size_t)e * 3 + j] = g;
+            l->gemm_bytes += gemm_weight_bytes(g);
+        }
+    }
+    return 0;
+}
+
+moe_layer *moe_layer_load(const st_model *m, const mc_config *c, int layer, const uint8_t *owned,
+                          gemm_impl impl, moe_progress_fn progress, void *progress_ctx, ep_err *err)
+{
+    if (mc_validate(c, err) < 0)
+        return NULL;
+    if (layer < 0 || layer >= mc_num_layers(c)) {
+        ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
+        return NULL;
+    }
+    if (impl == GEMM_IMPL_AUTO)
+        impl = gemm_impl_best();
+    moe_layer *l = calloc(1, sizeof *l);
+    if (!l) {
+        ep_err_set(err, "out of memory for a layer");
+        return NULL;
+    }
+    l->cfg = *c;
+    l->layer = layer;
+    l->hash = mc_layer_is_hash(c, layer);
+    l->impl = impl;
+    l->H = c->hidden_size;
+    l->I = c->moe_intermediate_size;
+    l->E = c->n_routed_experts;
+    l->k = c->num_experts_per_tok;
+    load_ctx lc = {.m = m, .progress = progress, .progress_ctx = progress_ctx};
+    ck_layer_prefix(c, layer, lc.prefix, sizeof lc.prefix);
+    snprintf(l->name, sizeof l->name, "%.*s", (int)strlen(lc.prefix) - 1, lc.prefix);
+
+    if (check_tensors(m, c, layer, owned, err) < 0)
+        goto fail;
+    if (carve_arena(l, err) < 0)
+        goto fail;
+    for (int e = 0; e < l->E; e++)
+        l->owned[e] = !owned || owned[e];
+    lc.total = moe_layer_load_bytes(m, c, layer, l->owned);
+    if (progress)
+        progress(progress_ctx, 0, lc.total);
+    if (load_router(l, &lc, err) < 0 || load_experts(l, &lc, err) < 0)
+        goto fail;
+    return l;
+fail:
+    ep_err_prefix(err, "loading %s", l->name);
+    moe_layer_free(&l);
+    return NULL;
+}
+
+void moe_layer_free(moe_layer **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    moe_layer *l = *self_p;
+    for (int j = 0; j < 3; j++)
+        gemm_weight_free(&l->shared[j]);
+    if (l->experts)
+        for (size_t i = 0; i < (size_t)l->E * 3; i++)
+            gemm_weight_free(&l->experts[i]);
+    free(l->arena);
+    free(l);
+    *self_p = NULL;
+}
+
+size_t moe_layer_bytes(const moe_layer *l)
+{
+    return l->arena_bytes + l->gemm_bytes;
+}
+
+const mc_config *moe_layer_config(const moe_layer *l)
+{
+    return &l->cfg;
+}
+
+int moe_layer_index(const moe_layer *l)
+{
+    return l->layer;
+}
+
+int moe_layer_owns(const moe_layer *l, int expert)
+{
+    return expert >= 0 && expert < l->E && l->owned[expert];
+}
+
+/* ---- routing ---- */
+
+static int check_tokens(const moe_layer *l, int T, ep_err *err)
+{
+    if (T < 0 || T > EP_MAX_TOKENS)
+        return ep_err_set(err, "%s: %d tokens, expected 0..%d", l->name, T, EP_MAX_TOKENS);
+    return 0;
+}
+
+int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
+              int32_t *topk_ids, float *topk_w, ep_err *err)
+{
+    if (check_tokens(l, T, err) < 0)
+        return -1;
+    if (T == 0)
+        return 0;
+    if (l->hash && !ids)
+        return ep_err_set(err, "%s is hash-routed (tid2eid): token ids are required", l->name);
+    /* Hash lookups first: a bad token id fails before any arithmetic. */
+    if (l->hash && route_hash(T, l->k, l->E, l->cfg.vocab_size, ids, l->tid2eid, topk_ids, err) < 0)
+        return ep_err_prefix(err, "%s", l->name);
+    float *scores = malloc((size_t)T * (size_t)l->E * sizeof(float));
+    if (!scores)
+        return ep_err_set(err, "%s: out of memory for %d x %d gate scores", l->name, T, l->E);
+    route_rmsnorm(l->impl, T, l->H, x, l->norm, l->cfg.rms_norm_eps, xn);
+    route_logits(l->impl, T, l->H, l->E, xn, l->gate, scores);
+    route_scores(T * l->E, scores, scores);
+    if (!l->hash)
+        route_topk(l->impl, T, l->E, l->k, scores, l->bias, topk_ids);
+    route_weights(T, l->E, l->k, scores, topk_ids, l->cfg.norm_topk_prob,
+                  l->cfg.routed_scaling_factor, topk_w);
+    free(scores);
+    return 0;
+}
+
+void moe_quant(const moe_layer *l, int T, const uint16_t *xn, uint8_t *q, float *qs)
+{
+    if (T > 0)
+        qt_act_rows(xn, T, l->H, l->cfg.act_ue8m0, q, qs);
+}
+
+/* ---- the expert MLP ---- */
+
+/* Scratch for up to MOE_GEMM_ROWS rows of one expert MLP. */
+typedef struct mlp_scratch {
+    uint8_t *aq; /* [R, H] gathered input codes */
+    float *aqs;  /* [R, H/128] */
+    float *acc1; /* [R, I] */
+    float *acc3; /* [R, I] */
+    float *wrow; /* [R] */
+    uint8_t *hq; /* [R, I] */
+    float *hqs;  /* [R, I/128] */
+    float *o;    /* [R, H] */
+} mlp_scratch;
+
+static int scratch_alloc(const moe_layer *l, int rows, mlp_scratch *s, ep_err *err)
+{
+    size_t R = (size_t)rows, H = (size_t)l->H, I = (size_t)l->I;
+    memset(s, 0, sizeof *s);
+    s->aq = malloc(R * H);
+    s->aqs = malloc(R * (H / EP_FP8_BLOCK) * sizeof(float));
+    s->acc1 = malloc(R * I * sizeof(float));
+    s->acc3 = malloc(R * I * sizeof(float));
+    s->wrow = malloc(R * sizeof(float));
+    s->hq = malloc(R * I);
+    s->hqs = malloc(R * (I / EP_FP8_BLOCK) * sizeof(float));
+    s->o = malloc(R * H * sizeof(float));
+    if (!s->aq || !s->aqs || !s->acc1 || !s->acc3 || !s->wrow || !s->hq || !s->hqs || !s->o)
+        return ep_err_set(err, "%s: out of memory for expert scratch (%d rows)", l->name, rows);
+    return 0;
+}
+
+static void scratch_free(mlp_scratch *s)
+{
+    free(s->aq);
+    free(s->aqs);
+    free(s->acc1);
+    free(s->acc3);
+    free(s->wrow);
+    free(s->hq);
+    free(s->hqs);
+    free(s->o);
+}
+
+/* w1, w3, SwiGLU (weights wrow, or 1.0 when NULL), w2 on M rows already gathered into s->aq /
+ * s->aqs; results are fp32 in s->o [M, H]. */
+static void mlp_rows(const moe_layer *l, gemm_weight *const w[3], int M, const float *wrow,
+                     mlp_scratch *s, gemm_pool *pool)
+{
+    gemm_run(w[W1], M, s->aq, s->aqs, s->acc1, pool);
+    gemm_run(w[W3], M, s->aq, s->aqs, s->acc3, pool);
+    swiglu_rows(s->acc1, s->acc3, M, l->I, wrow, l->cfg.swiglu_limit, l->cfg.act_ue8m0, s->hq,
+                s->hqs);
+    gemm_run(w[W2], M, s->hq, s->hqs, s->o, pool);
+}
+
+static void round_row(const float *o, int H, uint16_t *out)
+{
+    for (int h = 0; h < H; h++)
+        out[h] = fmt_f32_to_bf16(o[h]);
+}
+
+int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
+                const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
+                uint16_t *out, gemm_pool *pool, ep_err *err)
+{
+    if (n_rows < 0 || n_pairs < 0)
+        return ep_err_set(err, "%s: moe_experts: %d rows, %d pairs", l->name, n_rows, n_pairs);
+    for (int p = 0; p < n_pairs; p++) {
+        if (pair_row[p] >= (uint32_t)n_rows)
+            return ep_err_set(err, "%s: pair %d: row %" PRIu32 " outside [0, %d)", l->name, p,
+                              pair_row[p], n_rows);
+        if (pair_expert[p] >= (uint32_t)l->E || !l->owned[pair_expert[p]])
+            return ep_err_set(err, "%s: pair %d: expert %" PRIu32 " is not loaded here", l->name, p,
+                              pair_expert[p]);
+    }
+    if (n_pairs == 0)
+        return 0;
+    /* Group the pairs by expert, keeping their order within an expert (counting sort). */
+    int E = l->E;
+    uint32_t *start = calloc((size_t)E + 1, sizeof *start);
+    uint32_t *order = malloc((size_t)n_pairs * sizeof *order);
+    mlp_scratch s;
+    int rows = n_pairs < MOE_GEMM_ROWS ? n_pairs : MOE_GEMM_ROWS;
+    int rc = -1;
+    if (!start || !order) {
+        ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
+        memset(&s, 0, sizeof s);
+        goto out;
+    }
+    if (scratch_alloc(l, rows, &s, err) < 0)
+        goto out;
+    for (int p = 0; p < n_pairs; p++)
+        start[pair_expert[p] + 1]++;
+    for (int e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    {
+        uint32_t *fill = calloc((size_t)E, sizeof *fill);
+        if (!fill) {
+            ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
+            goto out;
+        }
+        for (int p = 0; p < n_pairs; p++) {
+            uint32_t e = pair_expert[p];
+            order[start[e] + fill[e]++] = (uint32_t)p;
+        }
+        free(fill);
+    }
+    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
+    for (int e = 0; e < E; e++) {
+        gemm_weight *const *w = &l->experts[(size_t)e * 3];
+        for (uint32_t c0 = start[e]; c0 < start[e + 1]; c0 += MOE_GEMM_ROWS) {
+            int M = (int)(start[e + 1] - c0 < MOE_GEMM_ROWS ? start[e + 1] - c0 : MOE_GEMM_ROWS);
+            for (int m = 0; m < M; m++) {
+                uint32_t p = order[c0 + m];
+                memcpy(s.aq + m * H, q + pair_row[p] * H, H);
+                memcpy(s.aqs + m * nb, qs + pair_row[p] * nb, nb * sizeof(float));
+                s.wrow[m] = pair_w[p];
+            }
+            mlp_rows(l, w, M, s.wrow, &s, pool);
+            for (int m = 0; m < M; m++)
+                round_row(s.o + m * H, l->H, out + order[c0 + m] * H);
+        }
+    }
+    rc = 0;
+out:
+    scratch_free(&s);
+    free(start);
+    free(order);
+    return rc;
+}
+
+int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
+               gemm_pool *pool, ep_err *err)
+{
+    if (check_tokens(l, T, err) < 0)
+        return -1;
+    if (T == 0)
+        return 0;
+    mlp_scratch s;
+    int rows = T < MOE_GEMM_ROWS ? T : MOE_GEMM_ROWS;
+    if (scratch_alloc(l, rows, &s, err) < 0) {
+        scratch_free(&s);
+        return -1;
+    }
+    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
+    for (int t0 = 0; t0 < T; t0 += MOE_GEMM_ROWS) {
+        int M = T - t0 < MOE_GEMM_ROWS ? T - t0 : MOE_GEMM_ROWS;
+        memcpy(s.aq, q + t0 * H, M * H);
+        memcpy(s.aqs, qs + t0 * nb, M * nb * sizeof(float));
+        mlp_rows(l, l->shared, M, NULL, &s, pool);
+        for (int m = 0; m < M; m++)
+            round_row(s.o + m * H, l->H, out + (t0 + m) * H);
+    }
+    scratch_free(&s);
+    return 0;
+}
+
+/* ---- combine ---- */
+
+/* Channels summed per pass: the fp32 accumulators live on the stack. */
+#define COMBINE_CHUNK 512
+
+void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *eo,
+                 const uint16_t *shared, uint16_t *out)
+{
+    for (int t = 0; t < T; t++) {
+        const int32_t *ids = topk_ids + (size_t)t * k;
+        /* slots in ascending expert id, equal ids in slot order, -1 left out */
+        int slot[MC_MAX_TOPK];
+        int n = 0;
+        for (int j = 0; j < k && j < MC_MAX_TOPK; j++) {
+            if (ids[j] < 0)
+                continue;
+            int pos = n++;
+            while (pos > 0 && ids[slot[pos - 1]] > ids[j]) {
+                slot[pos] = slot[pos - 1];
+                pos--;
+            }
+            slot[pos] = j;
+        }
+        const uint16_t *sh = shared + (size_t)t * H;
+        uint16_t *o = out + (size_t)t * H;
+        for (int h0 = 0; h0 < H; h0 += COMBINE_CHUNK) {
+            int nh = H - h0 < COMBINE_CHUNK ? H - h0 : COMBINE_CHUNK;
+            float y[COMBINE_CHUNK];
+            for (int h = 0; h < nh; h++)
+                y[h] = 0.0f;
+            for (int i = 0; i < n; i++) {
+                const uint16_t *e = eo + ((size_t)t * k + (size_t)slot[i]) * H + h0;
+                for (int h = 0; h < nh; h++)
+                    y[h] = y[h] + fmt_bf16_to_f32(e[h]);
+            }
+            for (int h = 0; h < nh; h++)
+                o[h0 + h] = fmt_f32_to_bf16(y[h] + fmt_bf16_to_f32(sh[h0 + h]));
+        }
+    }
+}
+
+/* ---- the whole layer ---- */
+
+typedef struct fwd_bufs {
+    uint16_t *xn, *eo, *sh;
+    uint8_t *q;
+    float *qs, *pw;
+    uint32_t *prow, *pexp;
+} fwd_bufs;
+
+static void fwd_free(fwd_bufs *b)
+{
+    free(b->xn);
+    free(b->eo);
+    free(b->sh);
+    free(b->q);
+    free(b->qs);
+    free(b->pw);
+    free(b->prow);
+    free(b->pexp);
+}
+
+static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids,
+                     uint16_t *out, int32_t *topk_ids, float *topk_w, fwd_bufs *b, gemm_pool *pool,
+                     ep_err *err)
+{
+    size_t k = (size_t)l->k;
+    if (moe_route(l, T, x, ids, b->xn, topk_ids, topk_w, err) < 0)
+        return -1;
+    moe_quant(l, T, b->xn, b->q, b->qs);
+    /* One pair per slot, in (token, slot) order, so the experts write the output of slot
+     * (t, j) to row t * k + j of eo. moe_route never leaves a slot empty (-1). */
+    int n = T * (int)k;
+    for (int i = 0; i < n; i++) {
+        b->prow[i] = (uint32_t)(i / (int)k);
+        b->pexp[i] = (uint32_t)topk_ids[i];
+        b->pw[i] = topk_w[i];
+    }
+    if (moe_experts(l, T, b->q, b->qs, n, b->prow, b->pexp, b->pw, b->eo, pool, err) < 0)
+        return -1;
+    if (moe_shared(l, T, b->q, b->qs, b->sh, pool, err) < 0)
+        return -1;
+    moe_combine(T, l->k, l->H, topk_ids, b->eo, b->sh, out);
+    return 0;
+}
+
+int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *out,
+                int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err)
+{
+    if (check_tokens(l, T, err) < 0)
+        return -1;
+    if (T == 0)
+        return 0;
+    if (l->hash && !ids)
+        return ep_err_set(err, "%s is hash-routed (tid2eid): token ids are required", l->name);
+    size_t P = (size_t)(T < MOE_FORWARD_TOKENS ? T : MOE_FORWARD_TOKENS);
+    size_t H = (size_t)l->H, k = (size_t)l->k;
+    fwd_bufs b = {
+        .xn = malloc(P * H * sizeof(uint16_t)),
+        .eo = malloc(P * k * H * sizeof(uint16_t)),
+        .sh = malloc(P * H * sizeof(uint16_t)),
+        .q = malloc(P * H),
+        .qs = malloc(P * (H / EP_FP8_BLOCK) * sizeof(float)),
+        .pw = malloc(P * k * sizeof(float)),
+        .prow = malloc(P * k * sizeof(uint32_t)),
+        .pexp = malloc(P * k * sizeof(uint32_t)),
+    };
+    int rc = 0;
+    if (!b.xn || !b.eo || !b.sh || !b.q || !b.qs || !b.pw || !b.prow || !b.pexp) {
+        rc = ep_err_set(err, "%s: out of memory for %zu tokens", l->name, P);
+    } else {
+        for (int t0 = 0; t0 < T && rc == 0; t0 += (int)P) {
+            int n = T - t0 < (int)P ? T - t0 : (int)P;
+            rc = fwd_piece(l, n, x + (size_t)t0 * H, ids ? ids + t0 : NULL, out + (size_t)t0 * H,
+                           topk_ids + (size_t)t0 * k, topk_w + (size_t)t0 * k, &b, pool, err);
+        }
+    }
+    fwd_free(&b);
+    return rc;
+}

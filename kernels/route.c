@@ -1,0 +1,257 @@
+/*
+ * route.c — the MoE router (route.h): reference implementations, the dispatch to the AVX2 fast
+ * path, and the parts that have a single implementation (scores, hash lookup, weights).
+ *
+ * The reference functions are the definitions of docs/numerics.md §2 written out one IEEE
+ * operation at a time; the build uses -ffp-contract=off, so the compiler fuses nothing.
+ */
+#include "kernels/route.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/route_internal.h"
+#include "kernels/formats.h"
+
+/* ---- implementation choice ---- */
+
+#ifdef EPMOE_ROUTE_AVX2
+static int route_avx2_ok(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+static int route_avx2_ok(void)
+{
+    return 0;
+}
+/* Not an x86-64 build: route_impl_resolve never picks AVX2, so these are never reached. */
+void route_avx2_rmsnorm(int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
+                        uint16_t *y)
+{
+}
+void route_avx2_gate_pack(int E, int H, const uint16_t *w, float *dst) {}
+void route_avx2_logits(int T, int H, int E, const uint16_t *xn, const float *gate, float *logits) {}
+#endif
+
+gemm_impl route_impl_resolve(gemm_impl impl)
+{
+    if (impl == GEMM_IMPL_AUTO)
+        impl = gemm_impl_best();
+    if (impl == GEMM_IMPL_AVX2 && route_avx2_ok())
+        return GEMM_IMPL_AVX2;
+    return GEMM_IMPL_REF;
+}
+
+/* ---- ffn_norm ---- */
+
+static void rmsnorm_ref(int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
+                        uint16_t *y)
+{
+    for (int t = 0; t < T; t++) {
+        const uint16_t *xr = x + (size_t)t * H;
+        uint16_t *yr = y + (size_t)t * H;
+        double sum = 0.0;
+        for (int k = 0; k < H; k++) {
+            double v = (double)fmt_bf16_to_f32(xr[k]);
+            sum = sum + v * v;
+        }
+        float ms = (float)(sum / (double)H);
+        float r = 1.0f / sqrtf(ms + eps);
+        for (int k = 0; k < H; k++)
+            yr[k] = fmt_f32_to_bf16(fmt_bf16_to_f32(gain[k]) * (fmt_bf16_to_f32(xr[k]) * r));
+    }
+}
+
+void route_rmsnorm(gemm_impl impl, int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
+                   uint16_t *y)
+{
+    if (T <= 0)
+        return;
+    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+        route_avx2_rmsnorm(T, H, x, gain, eps, y);
+    else
+        rmsnorm_ref(T, H, x, gain, eps, y);
+}
+
+/* ---- gate logits ---- */
+
+static size_t groups_of(int E)
+{
+    return (size_t)(E + ROUTE_AVX2_GROUP - 1) / ROUTE_AVX2_GROUP;
+}
+
+size_t route_gate_bytes(gemm_impl impl, int E, int H)
+{
+    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+        return groups_of(E) * (size_t)H * ROUTE_AVX2_GROUP * sizeof(float);
+    return (size_t)E * (size_t)H * sizeof(uint16_t);
+}
+
+void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
+{
+    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+        route_avx2_gate_pack(E, H, w, dst);
+    else
+        memcpy(dst, w, (size_t)E * (size_t)H * sizeof(uint16_t));
+}
+
+static void logits_ref(int T, int H, int E, const uint16_t *xn, const uint16_t *w, float *logits)
+{
+    for (int t = 0; t < T; t++) {
+        const uint16_t *xr = xn + (size_t)t * H;
+        for (int e = 0; e < E; e++) {
+            const uint16_t *wr = w + (size_t)e * H;
+            double acc = 0.0;
+            for (int k = 0; k < H; k++)
+                acc = acc + (double)fmt_bf16_to_f32(xr[k]) * (double)fmt_bf16_to_f32(wr[k]);
+            logits[(size_t)t * E + e] = (float)acc;
+        }
+    }
+}
+
+void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
+                  float *logits)
+{
+    if (T <= 0)
+        return;
+    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+        route_avx2_logits(T, H, E, xn, gate, logits);
+    else
+        logits_ref(T, H, E, xn, gate, logits);
+}
+
+/* ---- scores ---- */
+
+float route_score(float logit)
+{
+    float sp = logit > 20.0f ? logit : log1pf(expf(logit));
+    return sqrtf(sp);
+}
+
+void route_scores(int n, const float *logits, float *scores)
+{
+    for (int i = 0; i < n; i++)
+        scores[i] = route_score(logits[i]);
+}
+
+/* ---- selection ---- */
+
+/* The total order of selection: a (value va, expert ea) ranks before b. Larger values first,
+ * NaN after every number, equal values (+0 == -0) and NaN pairs by lower expert id. */
+static inline int ranks_before(float va, int ea, float vb, int eb)
+{
+    if (isnan(va))
+        return isnan(vb) && ea < eb;
+    if (isnan(vb))
+        return 1;
+    if (va != vb)
+        return va > vb;
+    return ea < eb;
+}
+
+static inline float sel_of(const float *s, const float *bias, int e)
+{
+    return bias ? s[e] + bias[e] : s[e];
+}
+
+/* The definition: k scans, each taking the first-ranked expert not yet taken. */
+static void topk_ref_row(int E, int k, const float *s, const float *bias, int32_t *ids)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= ids[i] == e;
+            if (taken)
+                continue;
+            if (best < 0 || ranks_before(sel_of(s, bias, e), e, sel_of(s, bias, best), best))
+                best = e;
+        }
+        ids[j] = best;
+    }
+}
+
+/* One pass keeping the k first-ranked experts sorted; same order, so the same result. */
+static void topk_fast_row(int E, int k, const float *s, const float *bias, int32_t *ids)
+{
+    float best[MC_MAX_TOPK];
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        float v = sel_of(s, bias, e);
+        if (n == k && !ranks_before(v, e, best[k - 1], ids[k - 1]))
+            continue;
+        int pos = n < k ? n++ : k - 1;
+        while (pos > 0 && ranks_before(v, e, best[pos - 1], ids[pos - 1])) {
+            best[pos] = best[pos - 1];
+            ids[pos] = ids[pos - 1];
+            pos--;
+        }
+        best[pos] = v;
+        ids[pos] = e;
+    }
+}
+
+void route_topk(gemm_impl impl, int T, int E, int k, const float *scores, const float *bias,
+                int32_t *ids)
+{
+    int fast = route_impl_resolve(impl) != GEMM_IMPL_REF && k <= MC_MAX_TOPK;
+    for (int t = 0; t < T; t++) {
+        const float *s = scores + (size_t)t * E;
+        int32_t *row = ids + (size_t)t * k;
+        if (fast)
+            topk_fast_row(E, k, s, bias, row);
+        else
+            topk_ref_row(E, k, s, bias, row);
+    }
+}
+
+int route_hash(int T, int k, int E, int vocab, const int64_t *tokens, const int64_t *tid2eid,
+               int32_t *ids, ep_err *err)
+{
+    for (int t = 0; t < T; t++) {
+        int64_t id = tokens[t];
+        if (id < 0 || id >= vocab)
+            return ep_err_set(err, "token %d: id %" PRId64 " outside the vocabulary [0, %d)", t, id,
+                              vocab);
+        const int64_t *row = tid2eid + (size_t)id * (size_t)k;
+        for (int j = 0; j < k; j++)
+            if (row[j] < 0 || row[j] >= E)
+                return ep_err_set(err,
+                                  "token %d (id %" PRId64 "): tid2eid[%" PRId64 "][%d] = %" PRId64
+                                  " is not an expert id in [0, %d)",
+                                  t, id, id, j, row[j], E);
+        for (int j = 0; j < k; j++)
+            ids[(size_t)t * k + j] = (int32_t)row[j];
+    }
+    return 0;
+}
+
+void route_weights(int T, int E, int k, const float *scores, const int32_t *ids, bool norm,
+                   float factor, float *w)
+{
+    for (int t = 0; t < T; t++) {
+        const float *s = scores + (size_t)t * E;
+        const int32_t *id = ids + (size_t)t * k;
+        float *wr = w + (size_t)t * k;
+        float sum = 0.0f;
+        int first = 1;
+        for (int j = 0; j < k; j++) {
+            if (id[j] < 0)
+                continue;
+            /* The first term starts the sum (not 0 + s_0: identical except for s_0 = -0). */
+            sum = first ? s[id[j]] : sum + s[id[j]];
+            first = 0;
+        }
+        for (int j = 0; j < k; j++) {
+            if (id[j] < 0)
+                wr[j] = 0.0f;
+            else if (norm)
+                wr[j] = (s[id[j]] / sum) * factor;
+            else
+                wr[j] = s[id[j]] * factor;
+        }
+    }
+}
