@@ -10,6 +10,7 @@
  */
 #include "worker/transport.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,9 @@
 #define TP_MAX_BODY 1024
 /* Alignment of every array in a block: a cache line, enough for any vector load. */
 #define TP_ALIGN 64
+/* How long tp_create waits for an endpoint still held (EADDRINUSE) before failing. */
+#define TP_BIND_RETRY_MS      2000
+#define TP_BIND_RETRY_STEP_MS 10
 /* Drop reasons logged per second at most; the rest are counted and summarised. */
 #define TP_LOG_PER_SEC 10
 
@@ -172,6 +176,20 @@ void tp_msg_release(tp_msg *m)
 /* ---- create, connect, destroy -----------------------------------------------------------------
  */
 
+/* Bind, retrying while the address is still held: a transport of the previous epoch bound
+ * the same endpoint, and ZeroMQ releases a listener asynchronously after zmq_close. */
+static int tp_bind(void *sock, const char *endpoint)
+{
+    for (int waited = 0;; waited += TP_BIND_RETRY_STEP_MS) {
+        if (zmq_bind(sock, endpoint) == 0)
+            return 0;
+        if (zmq_errno() != EADDRINUSE || waited >= TP_BIND_RETRY_MS)
+            return -1;
+        struct timespec ts = {0, TP_BIND_RETRY_STEP_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
 {
     if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
@@ -205,7 +223,7 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
     }
     if (wire_socket_defaults(tp->pull, EP_MAX_DATA_MSG, err) != 0)
         goto fail_bind;
-    if (zmq_bind(tp->pull, cfg->bind_endpoint) != 0) {
+    if (tp_bind(tp->pull, cfg->bind_endpoint) != 0) {
         ep_err_set(err, "data plane: cannot bind %s: %s", cfg->bind_endpoint,
                    zmq_strerror(zmq_errno()));
         goto fail_bind;
@@ -261,8 +279,11 @@ void tp_destroy(tp_transport **self_p)
         for (int r = 0; r < tp->world_size; r++)
             if (tp->push[r])
                 zmq_close(tp->push[r]);
-    if (tp->pull)
+    if (tp->pull) {
+        if (tp->endpoint[0])
+            zmq_unbind(tp->pull, tp->endpoint); /* starts releasing the port now */
         zmq_close(tp->pull);
+    }
     free(tp->push);
     free(tp->owned);
     free(tp->pending);
