@@ -12,6 +12,10 @@
 
 #include "common/limits.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct ep_err {
     char msg[EP_ERR_MSG_MAX];
 } ep_err;
@@ -28,5 +32,9 @@ int ep_err_errno(ep_err *err, const char *fmt, ...) __attribute__((format(printf
 
 /* Clear the record (empty message). */
 void ep_err_clear(ep_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

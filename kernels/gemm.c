@@ -405,36 +405,36 @@ void gemm_pool_run(gemm_pool *p, gemm_task_fn fn, void *ctx)
 typedef struct run_ctx {
     gemm_call call;
     gemm_pool *pool;
+    gemm_avx2_sched sched;
 } run_ctx;
 
 static void run_share(void *vctx, int tid, int nthreads)
 {
     run_ctx *r = vctx;
     const gemm_weight *w = r->call.w;
-    int octets = w->N / 8;
-    int ro0 = (int)((long)octets * tid / nthreads);
-    int ro1 = (int)((long)octets * (tid + 1) / nthreads);
-    if (ro0 >= ro1)
-        return;
     if (w->impl == GEMM_IMPL_REF) {
-        gemm_ref_rows(&r->call, ro0 * 8, ro1 * 8);
+        int octets = w->N / 8;
+        int ro0 = (int)((long)octets * tid / nthreads);
+        int ro1 = (int)((long)octets * (tid + 1) / nthreads);
+        if (ro0 < ro1)
+            gemm_ref_rows(&r->call, ro0 * 8, ro1 * 8);
         return;
     }
     void *scratch = gemm_pool_scratch(r->pool, tid);
     if (scratch) {
-        gemm_avx2_octets(&r->call, ro0, ro1, scratch, GEMM_THREAD_SCRATCH);
+        gemm_avx2_run(&r->call, &r->sched, tid, nthreads, scratch, GEMM_THREAD_SCRATCH);
         return;
     }
     /* No pool: a per-call buffer, or a small one on the stack if memory is short (smaller
      * tiles, same results). */
     void *heap = NULL;
     if (posix_memalign(&heap, 64, GEMM_THREAD_SCRATCH) == 0) {
-        gemm_avx2_octets(&r->call, ro0, ro1, heap, GEMM_THREAD_SCRATCH);
+        gemm_avx2_run(&r->call, &r->sched, tid, nthreads, heap, GEMM_THREAD_SCRATCH);
         free(heap);
         return;
     }
     _Alignas(64) uint8_t stack[GEMM_AVX2_MIN_SCRATCH];
-    gemm_avx2_octets(&r->call, ro0, ro1, stack, sizeof stack);
+    gemm_avx2_run(&r->call, &r->sched, tid, nthreads, stack, sizeof stack);
 }
 
 void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,
@@ -443,5 +443,6 @@ void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scal
     if (M <= 0)
         return;
     run_ctx r = {.call = {.w = w, .M = M, .a = a, .a_scale = a_scale, .out = out}, .pool = pool};
+    atomic_init(&r.sched.next, 0);
     gemm_pool_run(pool, run_share, &r);
 }

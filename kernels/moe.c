@@ -129,11 +129,9 @@ static const st_tensor *need(load_ctx *lc, const char *mid, const char *suffix, 
 /* E8M0 code 255 is NaN (spec §3.3): never a valid weight scale. */
 static int check_e8m0(const st_tensor *t, ep_err *err)
 {
-    const uint8_t *p = t->data;
-    for (int64_t i = 0; i < t->numel; i++)
-        if (p[i] == 0xFF)
-            return ep_err_set(err, "tensor %s: scale code 255 (NaN) at element %" PRId64, t->name,
-                              i);
+    const uint8_t *p = t->data, *nan = memchr(p, 0xFF, (size_t)t->nbytes);
+    if (nan)
+        return ep_err_set(err, "tensor %s: scale code 255 (NaN) at element %td", t->name, nan - p);
     return 0;
 }
 

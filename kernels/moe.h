@@ -17,6 +17,9 @@
  *
  * Shapes: H = hidden_size, I = moe_intermediate_size, E = n_routed_experts, k = top-k.
  * Activations are bf16 (uint16_t bit patterns), row-major.
+ *
+ * A loaded layer is immutable: any of these functions may run on one layer from several threads
+ * at once, each caller with its own gemm_pool (a pool serves one caller at a time).
  */
 #ifndef EPMOE_MOE_H
 #define EPMOE_MOE_H

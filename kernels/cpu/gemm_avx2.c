@@ -70,6 +70,8 @@
 /* ---- tables ---- */
 
 static int16_t mx_hi[256], mx_lo[256]; /* e4m3 code -> hi (units 2^-6) / lo (units 2^-9) */
+static int16_t mxs_hi[256];            /* small-M kernel: hi in units 2^-5 */
+static int8_t mxs_lo[256];             /* small-M kernel: lo (units 2^-9) when not hi */
 static double f8_act[256];             /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
@@ -91,6 +93,9 @@ static void tables_init(void)
             mx_lo[c] = (int16_t)(v * 512.0f);
         }
         f8_act[c] = (double)v * 0x1p1000;
+        float u5 = v * 32.0f;
+        mxs_hi[c] = u5 == truncf(u5) ? (int16_t)u5 : 0;
+        mxs_lo[c] = u5 == truncf(u5) ? 0 : (int8_t)(v * 512.0f);
     }
 }
 
@@ -129,8 +134,11 @@ int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scal
                     uint8_t hi = (row[khi / 2] >> (4 * (khi & 1))) & 15;
                     dst[32 * q + b] = (uint8_t)(lo | hi << 4);
                 }
-            for (int r = 0; r < 8; r++)
-                w->bscale[((size_t)o * KG + c) * 8 + r] = scale[(size_t)(8 * o + r) * KG + c];
+            for (int r = 0; r < 8; r++) {
+                uint8_t sc = scale[(size_t)(8 * o + r) * KG + c];
+                w->scale_special |= sc == 0 || sc == 255;
+                w->bscale[((size_t)o * KG + c) * 8 + r] = sc;
+            }
         }
     return 0;
 }
@@ -177,6 +185,13 @@ static inline __m256 e8m0x8(const uint8_t *p)
                                  _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
     bits = _mm256_or_si256(bits, _mm256_and_si256(sp, _mm256_set1_epi32(0x00400000)));
     return _mm256_castsi256_ps(bits);
+}
+
+/* e8m0x8 for codes known to lie in 1..254: the code is the fp32 exponent field. */
+static inline __m256 e8m0x8_plain(const uint8_t *p)
+{
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(c, 23));
 }
 
 /* lanes whose bit is set in `bits` become NaN */
@@ -238,8 +253,9 @@ typedef struct mx_tok {
 #define MX_FOR_T(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
 /* Blocks [0, nb) of one octet (wd, ws point at the chunk's first block) for T tokens. */
-static inline __attribute__((always_inline)) void
-mx_kernel(const int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_tok *tk)
+static inline __attribute__((always_inline)) void mx_kernel(const int T, const int SPEC,
+                                                            const uint8_t *wd, const uint8_t *ws,
+                                                            int nb, const mx_tok *tk)
 {
     const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
@@ -274,7 +290,7 @@ mx_kernel(const int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_to
             MX_FOR_T(MX_COMBINE)
             unit = _mm256_set1_ps(0x1p-10f);
         }
-        __m256 wsc = e8m0x8(ws + 8 * b);
+        __m256 wsc = SPEC ? e8m0x8(ws + 8 * b) : e8m0x8_plain(ws + 8 * b);
 #define MX_EPILOGUE(t)                                                                             \
     if (T > t) {                                                                                   \
         __m256 p_ = _mm256_mul_ps(_mm256_cvtepi32_ps(S##t), unit);                                 \
@@ -286,25 +302,158 @@ mx_kernel(const int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_to
     }
 }
 
-#define MX_KERNEL_T(n)                                                                             \
-    static __attribute__((noinline)) void mx_kernel_##n(const uint8_t *wd, const uint8_t *ws,      \
-                                                        int nb, const mx_tok *tk)                  \
-    {                                                                                              \
-        mx_kernel(n, wd, ws, nb, tk);                                                              \
-    }
-MX_KERNEL_T(1)
-MX_KERNEL_T(2)
-MX_KERNEL_T(3)
-MX_KERNEL_T(4)
-MX_KERNEL_T(5)
-MX_KERNEL_T(6)
+/* ---- FP8 x MXFP4, one or two tokens: vpmaddubsw on two 7-bit activation digits ----
+ *
+ * With few tokens the decode dominates, and vpmaddubsw takes the decoded bytes as they come
+ * out of vpshufb (no widening to int16). It needs the activation as signed bytes, so hi is
+ * taken in units of 2^-5 instead (every |a| >= 2^-2 is a multiple of 2^-5; |hi| <= 448 * 32 =
+ * 14336) and split into two digits hi = 128 * d1 + d0, d0 in [0, 127], d1 in [-112, 112];
+ * lo (|a| < 2^-2, not a multiple of 2^-5) is a * 2^9, |lo| <= 127, one digit. A vpmaddubsw
+ * lane is w'_k * d_k + w'_k+2 * d_k+2 with w' <= 24: |.| <= 6144, and four of them added in
+ * int16 stay below 24576, so they are summed in int16 for 4 steps and then widened with
+ * vpmaddwd (x1 for d0, x128 for d1), which also adds the two lanes of a row (t = 0, 1).
+ *   I = sum(hi * 2w), units 2^-6 (with the -12 * sum(hi) correction as starting value);
+ *   S = 16 * I + sum(lo * 2w), units 2^-10, when some lo is non-zero.
+ * The digits are stored per 8 k in the order 0 2 1 3 4 6 5 7, so that one broadcast dword
+ * matches the bytes (k, k+2) of row lanes t = 0 and t = 1 of a decoded chunk. */
 
-static void mx_kernel_any(int T, const uint8_t *wd, const uint8_t *ws, int nb, const mx_tok *tk)
+typedef struct mxs_tok {
+    const int8_t *d0, *d1, *lo; /* per k, permuted as above */
+    const int32_t *chi, *clo;   /* per 32-block: -12 * sum(hi), -12 * sum(lo) */
+    const float *sa;
+    const uint8_t *need;
+    float *out;
+} mxs_tok;
+
+static inline int32_t ld32(const int8_t *p)
 {
-    static void (*const fn[7])(const uint8_t *, const uint8_t *, int, const mx_tok *) = {
-        NULL, mx_kernel_1, mx_kernel_2, mx_kernel_3, mx_kernel_4, mx_kernel_5, mx_kernel_6};
-    fn[T](wd, ws, nb, tk);
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
+
+/* acc (int16) = or += the two halves of a decoded chunk against digits dg[8q..8q+7] */
+#define MXS_STEP(acc, first, dg, q)                                                                \
+    do {                                                                                           \
+        __m256i m_ = _mm256_maddubs_epi16(dl_, _mm256_set1_epi32(ld32((dg) + 8 * (q))));           \
+        acc = (first) ? m_ : _mm256_add_epi16(acc, m_);                                            \
+        acc = _mm256_add_epi16(                                                                    \
+            acc, _mm256_maddubs_epi16(dh_, _mm256_set1_epi32(ld32((dg) + 8 * (q) + 4))));          \
+    } while (0)
+
+#define MXS_DECODE(p)                                                                              \
+    __m256i x_ = _mm256_load_si256((const __m256i *)(p));                                          \
+    __m256i dl_ = _mm256_shuffle_epi8(lut, _mm256_and_si256(x_, m0f));                             \
+    __m256i dh_ = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x_, 4), m0f));
+
+static inline __attribute__((always_inline)) void mxs_kernel(const int T, const int SPEC,
+                                                             const uint8_t *wd, const uint8_t *ws,
+                                                             int nb, const mxs_tok *tk)
+{
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i one16 = _mm256_set1_epi16(1), w128 = _mm256_set1_epi16(128);
+    const mxs_tok *k0 = &tk[0], *k1 = &tk[T > 1 ? 1 : 0];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wp = wd + 128 * b;
+        const int8_t *a0 = k0->d0 + 32 * b, *c0 = k0->d1 + 32 * b;
+        const int8_t *a1 = k1->d0 + 32 * b, *c1 = k1->d1 + 32 * b;
+        __m256i I0 = _mm256_set1_epi32(k0->chi[b]), I1 = _mm256_set1_epi32(k1->chi[b]);
+        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++)
+        {
+            __m256i A0 = _mm256_setzero_si256(), B0 = A0, A1 = A0, B1 = A0;
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                int q = 2 * g + h;
+                MXS_DECODE(wp + 32 * q)
+                MXS_STEP(A0, h == 0, a0, q);
+                MXS_STEP(B0, h == 0, c0, q);
+                if (T > 1) {
+                    MXS_STEP(A1, h == 0, a1, q);
+                    MXS_STEP(B1, h == 0, c1, q);
+                }
+            }
+            I0 = _mm256_add_epi32(I0, _mm256_madd_epi16(A0, one16));
+            I0 = _mm256_add_epi32(I0, _mm256_madd_epi16(B0, w128));
+            if (T > 1) {
+                I1 = _mm256_add_epi32(I1, _mm256_madd_epi16(A1, one16));
+                I1 = _mm256_add_epi32(I1, _mm256_madd_epi16(B1, w128));
+            }
+        }
+        int need = k0->need[b] | (T > 1 ? k1->need[b] : 0);
+        __m256 unit = _mm256_set1_ps(0x1p-6f);
+        if (__builtin_expect(need, 0)) {
+            const uint8_t *wq = wp; /* see mx_kernel */
+            __asm__("" : "+r"(wq));
+            const int8_t *l0 = k0->lo + 32 * b, *l1 = k1->lo + 32 * b;
+            __m256i L0 = _mm256_set1_epi32(k0->clo[b]), L1 = _mm256_set1_epi32(k1->clo[b]);
+            for (int g = 0; g < 2; g++) {
+                __m256i A0 = _mm256_setzero_si256(), A1 = A0;
+                for (int h = 0; h < 2; h++) {
+                    int q = 2 * g + h;
+                    MXS_DECODE(wq + 32 * q)
+                    MXS_STEP(A0, h == 0, l0, q);
+                    if (T > 1)
+                        MXS_STEP(A1, h == 0, l1, q);
+                }
+                L0 = _mm256_add_epi32(L0, _mm256_madd_epi16(A0, one16));
+                L1 = _mm256_add_epi32(L1, _mm256_madd_epi16(A1, one16));
+            }
+            I0 = _mm256_add_epi32(_mm256_slli_epi32(I0, 4), L0);
+            I1 = _mm256_add_epi32(_mm256_slli_epi32(I1, 4), L1);
+            unit = _mm256_set1_ps(0x1p-10f);
+        }
+        __m256 wsc = SPEC ? e8m0x8(ws + 8 * b) : e8m0x8_plain(ws + 8 * b);
+        __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(I0), unit);
+        p = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_set1_ps(k0->sa[b])), wsc);
+        _mm256_storeu_ps(k0->out, _mm256_add_ps(_mm256_loadu_ps(k0->out), p));
+        if (T > 1) {
+            p = _mm256_mul_ps(_mm256_cvtepi32_ps(I1), unit);
+            p = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_set1_ps(k1->sa[b])), wsc);
+            _mm256_storeu_ps(k1->out, _mm256_add_ps(_mm256_loadu_ps(k1->out), p));
+        }
+    }
+}
+
+typedef void (*mx_fn)(const uint8_t *wd, const uint8_t *ws, int nb, const void *tk);
+
+#define MX_KERNEL_T(n, spec)                                                                       \
+    static __attribute__((noinline)) void mx_kernel_##n##_##spec(                                  \
+        const uint8_t *wd, const uint8_t *ws, int nb, const void *tk)                              \
+    {                                                                                              \
+        mx_kernel(n, spec, wd, ws, nb, (const mx_tok *)tk);                                        \
+    }
+#define MXS_KERNEL_T(n, spec)                                                                      \
+    static __attribute__((noinline)) void mxs_kernel_##n##_##spec(                                 \
+        const uint8_t *wd, const uint8_t *ws, int nb, const void *tk)                              \
+    {                                                                                              \
+        mxs_kernel(n, spec, wd, ws, nb, (const mxs_tok *)tk);                                      \
+    }
+MX_KERNEL_T(1, 0)
+MX_KERNEL_T(2, 0)
+MX_KERNEL_T(3, 0)
+MX_KERNEL_T(4, 0)
+MX_KERNEL_T(5, 0)
+MX_KERNEL_T(6, 0)
+MX_KERNEL_T(1, 1)
+MX_KERNEL_T(2, 1)
+MX_KERNEL_T(3, 1)
+MX_KERNEL_T(4, 1)
+MX_KERNEL_T(5, 1)
+MX_KERNEL_T(6, 1)
+MXS_KERNEL_T(1, 0)
+MXS_KERNEL_T(2, 0)
+MXS_KERNEL_T(1, 1)
+MXS_KERNEL_T(2, 1)
+
+/* [spec][T] */
+static const mx_fn mx_kernels[2][7] = {{NULL, mx_kernel_1_0, mx_kernel_2_0, mx_kernel_3_0,
+                                        mx_kernel_4_0, mx_kernel_5_0, mx_kernel_6_0},
+                                       {NULL, mx_kernel_1_1, mx_kernel_2_1, mx_kernel_3_1,
+                                        mx_kernel_4_1, mx_kernel_5_1, mx_kernel_6_1}};
+static const mx_fn mxs_kernels[2][3] = {{NULL, mxs_kernel_1_0, mxs_kernel_2_0},
+                                        {NULL, mxs_kernel_1_1, mxs_kernel_2_1}};
 
 /* ---- FP8 x FP8 ---- */
 
@@ -551,22 +700,78 @@ static void mx_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
     }
 }
 
+/* The small-M kernel's digits of token m (layout in the mxs comment), in the tile's hi/lo
+ * areas: d0 and d1 share the hi area, lo uses the lo area. */
+static void mxs_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
+{
+    int K = c->w->K, KB = K / 128;
+    const uint8_t *a = c->a + (size_t)m * K + k0;
+    int8_t *d0 = (int8_t *)d.hi, *d1 = d0 + kn, *lo = (int8_t *)d.lo;
+    for (int b = 0; b < kn / 32; b++) {
+        int32_t shi = 0, slo = 0, nan = 0, need = 0;
+        for (int j = 0; j < 32; j++) {
+            uint8_t code = a[32 * b + j];
+            int r = j & 7;
+            int pos = 32 * b + (j & ~7) + (r == 1 ? 2 : r == 2 ? 1 : r == 5 ? 6 : r == 6 ? 5 : r);
+            int16_t h = mxs_hi[code];
+            int8_t l = mxs_lo[code];
+            d0[pos] = (int8_t)(h & 127);
+            d1[pos] = (int8_t)(h >> 7);
+            lo[pos] = l;
+            shi += h;
+            slo += l;
+            need |= l;
+            nan |= e4m3_nan(code);
+        }
+        d.chi[b] = -12 * shi;
+        d.clo[b] = -12 * slo;
+        d.need[b] = need != 0;
+        d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
+    }
+}
+
+/* One token: the vpmaddubsw kernel; two or more: vpmaddwd (with two tokens it needs fewer
+ * registers than the vpmaddubsw kernel would). */
+static void mx_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, uint8_t *base)
+{
+    for (int t = 0; t < mt; t++) {
+        if (mt == 1)
+            mxs_prep(c, m0 + t, k0, kn, mx_tile_at(base, kn, t));
+        else
+            mx_prep(c, m0 + t, k0, kn, mx_tile_at(base, kn, t));
+    }
+}
+
 static void mx_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
                         uint8_t *base)
 {
     const gemm_weight *w = c->w;
-    int N = w->N, KG = w->K / 32;
-    for (int t = 0; t < mt; t++)
-        mx_prep(c, m0 + t, k0, kn, mx_tile_at(base, kn, t));
+    int N = w->N, KG = w->K / 32, spec = w->scale_special != 0;
+    int small = mt == 1;
     int ng = (mt + MX_TILE_T - 1) / MX_TILE_T;
     for (int o = ro0; o < ro1; o++) {
         const uint8_t *wd = w->data + ((size_t)o * KG + k0 / 32) * 128;
         const uint8_t *ws = w->bscale + ((size_t)o * KG + k0 / 32) * 8;
+        if (small) {
+            mxs_tok tk[2] = {{0}};
+            for (int t = 0; t < mt; t++) {
+                mx_tile d = mx_tile_at(base, kn, t);
+                tk[t] = (mxs_tok){(const int8_t *)d.hi,
+                                  (const int8_t *)d.hi + kn,
+                                  (const int8_t *)d.lo,
+                                  d.chi,
+                                  d.clo,
+                                  d.sa,
+                                  d.need,
+                                  c->out + (size_t)(m0 + t) * N + 8 * o};
+            }
+            mxs_kernels[spec][mt](wd, ws, kn / 32, tk);
+            continue;
+        }
         for (int g = 0, t0 = 0; g < ng; g++) {
             int T = mt / ng + (g < mt % ng);
             mx_tok tk[MX_TILE_T] = {{0}};
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-            {
+            for (int t = 0; t < T; t++) {
                 mx_tile d = mx_tile_at(base, kn, t0 + t);
                 tk[t] = (mx_tok){d.hi,
                                  d.lo,
@@ -576,7 +781,7 @@ static void mx_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
                                  d.need,
                                  c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
             }
-            mx_kernel_any(T, wd, ws, kn / 32, tk);
+            mx_kernels[spec][T](wd, ws, kn / 32, tk);
             t0 += T;
         }
     }
@@ -596,6 +801,15 @@ static void f8_prep(const gemm_call *c, int m, int k0, int kn, double *ad, float
     }
 }
 
+static void f8_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, uint8_t *base)
+{
+    size_t tb = f8_token_bytes(kn);
+    for (int t = 0; t < mt; t++) {
+        double *ad = (double *)(base + (size_t)t * tb);
+        f8_prep(c, m0 + t, k0, kn, ad, (float *)(base + (size_t)t * tb + round64((size_t)kn * 8)));
+    }
+}
+
 static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
                         uint8_t *base)
 {
@@ -603,10 +817,6 @@ static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
     int N = w->N, K = w->K, KB = K / 128, nkb = kn / 128;
     size_t tb = f8_token_bytes(kn);
     f8_tok all[F8_TILE_T] = {{0}};
-    for (int t = 0; t < mt; t++) {
-        double *ad = (double *)(base + (size_t)t * tb);
-        f8_prep(c, m0 + t, k0, kn, ad, (float *)(base + (size_t)t * tb + round64((size_t)kn * 8)));
-    }
     int direct = mt <= F8_DIRECT_MAX;
     int tmax = direct ? F8_DIRECT_T : F8_TILE_T;
     int ng = (mt + tmax - 1) / tmax;
@@ -650,16 +860,39 @@ static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
 
 /* ---- driver ---- */
 
-void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_t cap)
+static void tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, void *base)
+{
+    if (c->w->kind == GEMM_KIND_FP8)
+        f8_tile_prep(c, m0, mt, k0, kn, base);
+    else
+        mx_tile_prep(c, m0, mt, k0, kn, base);
+}
+
+static void tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                     void *base)
+{
+    if (c->w->kind == GEMM_KIND_FP8)
+        f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
+    else
+        mx_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
+}
+
+static void zero_out(const gemm_call *c, int m0, int mt, int ro0, int ro1)
+{
+    for (int m = m0; m < m0 + mt; m++)
+        memset(c->out + (size_t)m * c->w->N + 8 * ro0, 0, (size_t)(ro1 - ro0) * 8 * sizeof(float));
+}
+
+void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthreads, void *scratch,
+                   size_t cap)
 {
     pthread_once(&tables_once, tables_init);
     const gemm_weight *w = c->w;
-    int M = c->M, N = w->N, K = w->K;
+    int M = c->M, K = w->K, octets = w->N / 8;
     int fp8 = w->kind == GEMM_KIND_FP8;
-    for (int m = 0; m < M; m++)
-        memset(c->out + (size_t)m * N + 8 * ro0, 0, (size_t)(ro1 - ro0) * 8 * sizeof(float));
-    /* The whole K per tile when a micro-tile of tokens fits (weights then stream once,
-     * sequentially, per tile of tokens); otherwise the largest multiple of 128 that does. */
+    /* Tiles: the whole K when a micro-tile of tokens fits the scratch (weights then stream
+     * once, sequentially, per tile of tokens); otherwise the largest multiple of 128 that
+     * does. As many tokens per tile as fit. Every thread computes the same plan. */
     int want = M < 6 ? M : 6;
     int kc = K;
     for (;;) {
@@ -676,14 +909,44 @@ void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_
         mc -= mc % 6;
     if (mc < 1)
         mc = 1;
-    for (int m0 = 0; m0 < M; m0 += mc) {
-        int mt = M - m0 < mc ? M - m0 : mc;
-        for (int k0 = 0; k0 < K; k0 += kc) {
-            int kn = K - k0 < kc ? K - k0 : kc;
-            if (fp8)
-                f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
-            else
-                mx_tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
+    if (kc < K) {
+        /* K in several chunks: a row's blocks must be added in K order, so each thread owns
+         * a fixed range of octets through all chunks. */
+        int ro0 = (int)((long)octets * tid / nthreads),
+            ro1 = (int)((long)octets * (tid + 1) / nthreads);
+        if (ro0 >= ro1)
+            return;
+        for (int m0 = 0; m0 < M; m0 += mc) {
+            int mt = M - m0 < mc ? M - m0 : mc;
+            zero_out(c, m0, mt, ro0, ro1);
+            for (int k0 = 0; k0 < K; k0 += kc) {
+                int kn = K - k0 < kc ? K - k0 : kc;
+                tile_prep(c, m0, mt, k0, kn, scratch);
+                tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
+            }
         }
+        return;
+    }
+    /* Whole K per tile: threads take (token tile, octet chunk) items in increasing order from
+     * a shared counter, so a thread the OS holds back costs little, and each output element
+     * is still computed by one thread alone. A thread prepares a token tile the first time it
+     * takes an item from it. */
+    int chunk = octets / (8 * nthreads);
+    chunk = chunk < 1 ? 1 : chunk > 32 ? 32 : chunk;
+    long nch = (octets + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
+    long prepared = -1;
+    for (;;) {
+        long item = atomic_fetch_add_explicit(&sched->next, 1, memory_order_relaxed);
+        if (item >= nch * ntile)
+            break;
+        long tile = item / nch;
+        int ro0 = (int)(item % nch) * chunk, ro1 = ro0 + chunk < octets ? ro0 + chunk : octets;
+        int m0 = (int)tile * mc, mt = M - m0 < mc ? M - m0 : mc;
+        if (tile != prepared) {
+            tile_prep(c, m0, mt, 0, K, scratch);
+            prepared = tile;
+        }
+        zero_out(c, m0, mt, ro0, ro1);
+        tile_run(c, ro0, ro1, m0, mt, 0, K, scratch);
     }
 }

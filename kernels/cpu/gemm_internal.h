@@ -10,6 +10,7 @@
 #ifndef EPMOE_GEMM_INTERNAL_H
 #define EPMOE_GEMM_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,8 @@ struct gemm_weight {
     /* AVX2 FP8 only: [N/8][K/128] bit r set when row r of the octet has a NaN code in that
      * block; NULL when the weights hold no NaN code at all. */
     uint8_t *nanrows;
+    /* AVX2 MXFP4 only: some e8m0 code is 0 or 255 (needs the slow scale decode). */
+    int scale_special;
     size_t bytes; /* everything above, struct included */
 };
 
@@ -76,9 +79,16 @@ int gemm_avx2_supported(void);
  * Returns 0, or -1 on allocation failure (err filled). */
 int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
-/* Row-octets [ro0, ro1) of the output, all M rows; scratch is a buffer of cap bytes for the
- * preprocessed activations (at least GEMM_AVX2_MIN_SCRATCH). */
+/* Work shared by the threads of one gemm_run: items are taken from `next` (start at 0). */
+typedef struct gemm_avx2_sched {
+    atomic_long next;
+} gemm_avx2_sched;
+
+/* Thread tid of nthreads computes its share of out; scratch is this thread's buffer of cap
+ * bytes for preprocessed activations (at least GEMM_AVX2_MIN_SCRATCH). Every thread of the
+ * call must run it (with the same sched) before out is complete. */
 #define GEMM_AVX2_MIN_SCRATCH (16u << 10)
-void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_t cap);
+void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthreads, void *scratch,
+                   size_t cap);
 
 #endif

@@ -525,7 +525,9 @@ TEST(avx2_tiling_small_scratch_and_long_k)
         float *out = calloc((size_t)p.M * p.N, sizeof(float));
         static _Alignas(64) uint8_t small[GEMM_AVX2_MIN_SCRATCH];
         gemm_call c = {.w = w, .M = p.M, .a = p.a, .a_scale = p.as, .out = out};
-        gemm_avx2_octets(&c, 0, p.N / 8, small, sizeof small);
+        gemm_avx2_sched sched;
+        atomic_init(&sched.next, 0);
+        gemm_avx2_run(&c, &sched, 0, 1, small, sizeof small);
         size_t first = 0;
         int bad = count_mismatch(out, p.want, (size_t)p.M * p.N, &first);
         if (bad)

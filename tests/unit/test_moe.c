@@ -11,6 +11,7 @@
  * names.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -660,6 +661,58 @@ TEST(outputs_independent_of_batch_order_threads_and_shards)
     }
 }
 
+/* ---- one layer, several callers ---- */
+
+typedef struct caller {
+    const fixture *f;
+    const moe_layer *l;
+    outs o;
+    int rc;
+} caller;
+
+static void *caller_main(void *arg)
+{
+    caller *c = arg;
+    ep_err err = {{0}};
+    gemm_pool *pool = gemm_pool_create(2, &err);
+    int H = c->f->c.hidden_size;
+    c->rc = pool ? 0 : -1;
+    for (int rep = 0; rep < 3 && c->rc == 0; rep++) /* overlapping runs */
+        c->rc = moe_forward(c->l, 64, c->f->x + (size_t)100 * H, c->f->tok + 100, c->o.out,
+                            c->o.ids, c->o.w, pool, &err);
+    gemm_pool_destroy(&pool);
+    return NULL;
+}
+
+TEST(concurrent_callers_share_one_layer)
+{
+    if (!fx_ok[0])
+        SKIP("no fixture");
+    fixture *f = &FX[0];
+    moe_layer *l = load(f, 1, NULL, GEMM_IMPL_AUTO);
+    if (!l)
+        return;
+    outs base = outs_new(&f->c, 64);
+    run_forward(f, l, 100, 64, &base, 0, NULL);
+    caller cs[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        cs[i] = (caller){.f = f, .l = l, .o = outs_new(&f->c, 64)};
+        CHECK_EQ(pthread_create(&th[i], NULL, caller_main, &cs[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(cs[i].rc, 0);
+        const char *what = "";
+        int d = outs_diff(&f->c, &cs[i].o, 0, &base, 0, 64, &what);
+        if (d >= 0)
+            TEST_FAIL_AT("caller %d: token %d differs in %s", i, d, what);
+        outs_free(&cs[i].o);
+    }
+    outs_free(&base);
+    moe_layer_free(&l);
+}
+
 /* ---- combine ---- */
 
 TEST(combine_sums_in_ascending_expert_id_and_skips_padding)
@@ -867,6 +920,7 @@ int main(void)
     fx_ok[1] = fixture_init(&FX[1], MC_FP8) == 0;
     RUN(layer_matches_float64_model_bitwise);
     RUN(outputs_independent_of_batch_order_threads_and_shards);
+    RUN(concurrent_callers_share_one_layer);
     RUN(combine_sums_in_ascending_expert_id_and_skips_padding);
     RUN(route_errors_name_the_token_and_value);
     RUN(load_reports_progress_and_loads_only_owned_experts);

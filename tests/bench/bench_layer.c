@@ -1,0 +1,303 @@
+/*
+ * bench_layer.c — one whole MoE layer at DeepSeek-V4-Flash shapes: tokens/s and where the time
+ * goes.
+ *
+ *   bench_layer [--threads N] [--experts N] [--only fp4|fp8] [--runs R] [--tokens 1,8,64,256]
+ *
+ * Shapes: H 4096, I 2048, 256 experts logically, top-6, one shared expert. Only the first
+ * --experts (default 16) routed experts are materialised (generated with the tests' generator,
+ * tests/unit/moe_gen.c, written to a temporary checkpoint and loaded with moe_layer_load owning
+ * exactly those). Routing is steered onto them through the gate bias: the loaded experts get
+ * bias ~8 (like Flash), the other 240 get -1e4, so selection — which still computes all 256
+ * logits and scans all 256 scores — never picks an unloaded one. Consequence: each loaded expert
+ * sees about T*6/16 rows where a full layer would give it T*6/256, so the expert GEMMs run with
+ * larger M than a real layer at the same T (flattering at large T; decode, T <= 8, is alike).
+ *
+ * Per T the layer runs as moe_forward does (route, quantize, experts, shared, combine), each
+ * phase timed. "experts" and "shared" are whole expert MLPs (row gather, w1, w3, SwiGLU +
+ * requantization, w2, bf16 output); the SwiGLU share is measured by replaying the same
+ * epilogues (same rows per expert) on their own, and "GEMMs" is experts + shared - SwiGLU
+ * (so it also holds the row gather and output rounding, a few memcpy-sized passes). Columns
+ * come from the fastest of --runs runs (the machine may be shared; the best run is the least
+ * disturbed one), percentages of its layer time; SwiGLU is the fastest replay.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/safetensors.h"
+#include "kernels/formats.h"
+#include "kernels/gemm.h"
+#include "kernels/moe.h"
+#include "kernels/swiglu.h"
+#include "moe_gen.h"
+
+#define MAX_RUNS 32
+#define MAX_T    4096
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench {
+    mc_config c;
+    gen_model *g;
+    st_model *m;
+    moe_layer *l;
+    char dir[64];
+    int made;
+} bench;
+
+static void bench_setup(bench *b, mc_expert_dtype dt, int made)
+{
+    memset(b, 0, sizeof *b);
+    b->made = made;
+    b->c = gen_config(dt, 4096, 2048, 256, 6, 129280);
+    b->c.num_hidden_layers = 1;
+    b->c.num_hash_layers = 0;
+    b->c.num_nextn_predict_layers = 0;
+    gen_opts o = {.seed = 3 + dt, .experts_made = made, .bias_unmade = -1e4f};
+    double t0 = now();
+    b->g = gen_model_create(&b->c, &o);
+    ep_err err = {{0}};
+    snprintf(b->dir, sizeof b->dir, "/tmp/epmoe_bench_XXXXXX");
+    if (!mkdtemp(b->dir) || gen_model_write(b->g, b->dir, &err) < 0 ||
+        !(b->m = st_model_open(b->dir, &err))) {
+        fprintf(stderr, "bench_layer: writing the checkpoint: %s\n", err.msg);
+        exit(1);
+    }
+    uint8_t owned[256] = {0};
+    memset(owned, 1, (size_t)made);
+    double t1 = now();
+    b->l = moe_layer_load(b->m, &b->c, 0, owned, GEMM_IMPL_AUTO, NULL, NULL, &err);
+    if (!b->l) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        exit(1);
+    }
+    double t2 = now();
+    fprintf(stderr, "%s: generated in %.1f s, loaded %zu MiB in %.1f s\n", mc_dtype_name(dt),
+            t1 - t0, moe_layer_bytes(b->l) >> 20, t2 - t1);
+}
+
+static void bench_teardown(bench *b)
+{
+    moe_layer_free(&b->l);
+    st_model_close(&b->m);
+    gen_model_free(&b->g);
+    char p[128];
+    snprintf(p, sizeof p, "%s/config.json", b->dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", b->dir);
+    unlink(p);
+    rmdir(b->dir);
+}
+
+typedef struct bufs {
+    uint16_t *x, *xn, *eo, *sh, *out;
+    int32_t *ids;
+    float *w, *qs, *pw, *acc;
+    uint8_t *q;
+    uint32_t *prow, *pexp;
+} bufs;
+
+enum { PH_ROUTE, PH_QUANT, PH_EXPERTS, PH_SHARED, PH_COMBINE, PH_N };
+static const char *const PH_NAME[PH_N] = {"route", "quant", "experts", "shared", "combine"};
+
+/* One forward of T tokens, phase times in t[]. */
+static void run_layer(const bench *b, int T, bufs *u, gemm_pool *pool, double t[PH_N])
+{
+    ep_err err = {{0}};
+    int k = b->c.num_experts_per_tok, H = b->c.hidden_size;
+    double a = now();
+    if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, &err) < 0) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        exit(1);
+    }
+    double r = now();
+    moe_quant(b->l, T, u->xn, u->q, u->qs);
+    double q = now();
+    for (int i = 0; i < T * k; i++) {
+        u->prow[i] = (uint32_t)(i / k);
+        u->pexp[i] = (uint32_t)u->ids[i];
+        u->pw[i] = u->w[i];
+    }
+    if (moe_experts(b->l, T, u->q, u->qs, T * k, u->prow, u->pexp, u->pw, u->eo, pool, &err) < 0) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        exit(1);
+    }
+    double e = now();
+    if (moe_shared(b->l, T, u->q, u->qs, u->sh, pool, &err) < 0) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        exit(1);
+    }
+    double s = now();
+    moe_combine(T, k, H, u->ids, u->eo, u->sh, u->out);
+    double c = now();
+    t[PH_ROUTE] = r - a;
+    t[PH_QUANT] = q - r;
+    t[PH_EXPERTS] = e - q;
+    t[PH_SHARED] = s - e;
+    t[PH_COMBINE] = c - s;
+}
+
+/* The SwiGLU epilogues of that forward alone: the same row counts per expert (in moe.c's
+ * chunks of 256 rows) and for the shared expert, on GEMM-like fp32 inputs. */
+static double run_swiglu(const bench *b, int T, bufs *u)
+{
+    int k = b->c.num_experts_per_tok, I = b->c.moe_intermediate_size;
+    int count[256] = {0};
+    for (int i = 0; i < T * k; i++)
+        count[u->ids[i]]++;
+    count[255] += T; /* the shared expert (no routed expert is 255 here) */
+    double a = now();
+    for (int e = 0; e < 256; e++)
+        for (int m0 = 0; m0 < count[e]; m0 += 256) {
+            int M = count[e] - m0 < 256 ? count[e] - m0 : 256;
+            swiglu_rows(u->acc, u->acc + (size_t)256 * I, M, I, e == 255 ? NULL : u->pw,
+                        b->c.swiglu_limit, b->c.act_ue8m0, u->q, u->qs);
+        }
+    return now() - a;
+}
+
+static void bench_dtype(mc_expert_dtype dt, int made, const int *Ts, int nT, int runs,
+                        gemm_pool *pool)
+{
+    bench b;
+    bench_setup(&b, dt, made);
+    int H = 4096, k = 6, maxT = 0;
+    for (int i = 0; i < nT; i++)
+        maxT = Ts[i] > maxT ? Ts[i] : maxT;
+    size_t TT = (size_t)maxT;
+    bufs u = {
+        .x = malloc(TT * H * 2),
+        .xn = malloc(TT * H * 2),
+        .eo = malloc(TT * k * H * 2),
+        .sh = malloc(TT * H * 2),
+        .out = malloc(TT * H * 2),
+        .ids = malloc(TT * k * 4),
+        .w = malloc(TT * k * 4),
+        .qs = malloc(TT * 32 * 4),
+        .pw = malloc(TT * k * 4),
+        .acc = malloc((size_t)2 * 256 * 2048 * 4),
+        .q = malloc(TT * H),
+        .prow = malloc(TT * k * 4),
+        .pexp = malloc(TT * k * 4),
+    };
+    uint64_t rs = 42;
+    for (size_t i = 0; i < TT * H; i++)
+        u.x[i] = fmt_f32_to_bf16((float)(1.5 * gen_unit(&rs)));
+    for (size_t i = 0; i < (size_t)2 * 256 * 2048; i++) /* w1/w3-output-like values */
+        u.acc[i] = (float)(4.0 * gen_unit(&rs));
+
+    for (int i = 0; i < nT; i++) {
+        int T = Ts[i];
+        double ph[PH_N][MAX_RUNS], tot[MAX_RUNS], gm[MAX_RUNS], t[PH_N];
+        run_layer(&b, T, &u, pool, t); /* warm-up */
+        int distinct = 0, count[256] = {0};
+        for (int j = 0; j < T * k; j++)
+            distinct += count[u.ids[j]]++ == 0;
+        for (int r = 0; r < runs; r++) {
+            run_layer(&b, T, &u, pool, t);
+            tot[r] = 0;
+            for (int p = 0; p < PH_N; p++) {
+                ph[p][r] = t[p];
+                tot[r] += t[p];
+            }
+            gm[r] = run_swiglu(&b, T, &u);
+        }
+        int best = 0;
+        double swi = gm[0];
+        for (int r = 1; r < runs; r++) {
+            best = tot[r] < tot[best] ? r : best;
+            swi = gm[r] < swi ? gm[r] : swi;
+        }
+        double total = tot[best];
+        printf("| %s | %4d | %2d | %9.1f | %9.2f |", mc_dtype_name(dt), T, distinct, T / total,
+               total * 1e3);
+        for (int p = 0; p < PH_N; p++)
+            printf(" %5.1f |", 100.0 * ph[p][best] / total);
+        double mlp = ph[PH_EXPERTS][best] + ph[PH_SHARED][best];
+        printf(" %5.1f | %5.1f |\n", 100.0 * swi / total, 100.0 * (mlp - swi) / total);
+        fflush(stdout);
+    }
+    free(u.x);
+    free(u.xn);
+    free(u.eo);
+    free(u.sh);
+    free(u.out);
+    free(u.ids);
+    free(u.w);
+    free(u.qs);
+    free(u.pw);
+    free(u.acc);
+    free(u.q);
+    free(u.prow);
+    free(u.pexp);
+    bench_teardown(&b);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 0, made = 16, runs = 5, only = -1;
+    int Ts[16] = {1, 8, 64, 256}, nT = 4;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "bench_layer: %s needs a value\n", a);
+            return 64;
+        }
+        i++;
+        if (strcmp(a, "--threads") == 0) {
+            threads = atoi(v);
+        } else if (strcmp(a, "--experts") == 0) {
+            made = atoi(v);
+        } else if (strcmp(a, "--runs") == 0) {
+            runs = atoi(v);
+        } else if (strcmp(a, "--only") == 0) {
+            only = strcmp(v, "fp8") == 0 ? MC_FP8 : MC_FP4;
+        } else if (strcmp(a, "--tokens") == 0) {
+            nT = 0;
+            for (char *s = (char *)v; *s && nT < 16;) {
+                Ts[nT++] = (int)strtol(s, &s, 10);
+                if (*s == ',')
+                    s++;
+            }
+        } else {
+            fprintf(stderr, "usage: bench_layer [--threads N] [--experts N] [--only fp4|fp8] "
+                            "[--runs R] [--tokens 1,8,64,256]\n");
+            return 64;
+        }
+    }
+    if (made < 6 || made > 64 || runs < 1 || runs > MAX_RUNS) {
+        fprintf(stderr, "bench_layer: --experts 6..64, --runs 1..%d\n", MAX_RUNS);
+        return 64;
+    }
+    for (int i = 0; i < nT; i++)
+        if (Ts[i] < 1 || Ts[i] > MAX_T) {
+            fprintf(stderr, "bench_layer: tokens 1..%d\n", MAX_T);
+            return 64;
+        }
+    ep_err err = {{0}};
+    gemm_pool *pool = gemm_pool_create(threads, &err);
+    if (!pool) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        return 1;
+    }
+    printf("bench_layer: H 4096, I 2048, 256 experts (%d loaded), top-6, %d threads, %s, "
+           "best of %d runs\n\n",
+           made, gemm_pool_size(pool), gemm_impl_name(gemm_impl_best()), runs);
+    printf("| dtype | T | experts hit | tokens/s | ms/layer |");
+    for (int p = 0; p < PH_N; p++)
+        printf(" %s %% |", PH_NAME[p]);
+    printf(" SwiGLU %% | GEMMs %% |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int d = MC_FP4; d <= MC_FP8; d++)
+        if (only < 0 || only == d)
+            bench_dtype((mc_expert_dtype)d, made, Ts, nT, runs, pool);
+    gemm_pool_destroy(&pool);
+    return 0;
+}
