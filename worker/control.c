@@ -309,7 +309,12 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
         sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
         w->exit_code = WCTL_EXIT_CONFIG;
         w->done = true;
-    } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE) {
+    } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE ||
+               code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
+               (code == EPMOE__ERROR_CODE__ERR_BAD_REQUEST &&
+                strstr(text, "send REGISTER first") != NULL)) {
+        /* the coordinator does not (or no longer) count us as registered: start over, after
+         * the backoff (an ERR_DUPLICATE clears only once the old registration expires) */
         char why[EP_ERR_MSG_MAX];
         snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
         wctl_backoff(w, why);

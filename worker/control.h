@@ -16,7 +16,9 @@
  * this worker's own mc_hash of the config it rebuilt. LOAD, STEP and STEP_ABORT are relayed to
  * the executor verbatim and its answers relayed back verbatim; a STEP when not ready is answered
  * STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed, and any
- * message from the coordinator counts as a sign of life.
+ * message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST} ("declared dead"),
+ * Error{ERR_DUPLICATE} and Error{ERR_BAD_REQUEST, "... send REGISTER first"} (the coordinator
+ * restarted) also lead to backoff and a new REGISTER.
  *
  * Exit: SHUTDOWN from the coordinator, SIGTERM or SIGINT -> 0 (the executor is stopped first);
  * Error{ERR_UNKNOWN_WORKER} or Error{ERR_CONFIG_HASH} -> 78 (EX_CONFIG: an operator must fix
