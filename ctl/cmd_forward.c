@@ -3,13 +3,19 @@
  *
  *   epmoectl forward --local --model DIR --layer L --input IN --output OUT [--threads N]
  *
+ *   epmoectl [--coordinator EP] forward --layer L --input IN --output OUT
+ *
  * --local loads the layer (every expert) from the checkpoint in DIR and runs it in this
  * process (moe_forward, the CPU reference backend). Without --local the request goes to the
- * cluster's coordinator (not in this build). The file formats are those of ctl/fwd_io.h.
+ * cluster's coordinator: the model config comes from it (CONFIG verb), the input is read and
+ * checked against it here, and one FORWARD carries the tokens (ctl/rpc.h). The file formats are
+ * those of ctl/fwd_io.h; both paths write the same output file.
  *
  * Exit codes (ctl/cmds.h): 64 bad command line (including an unknown --layer), 66 DIR, its
  * config.json or IN missing, 78 config.json invalid, 65 bad checkpoint or bad input data
- * (missing tensor, dtype, shape, H mismatch, token id out of range), 73 OUT not writable.
+ * (missing tensor, dtype, shape, H mismatch, token id out of range), 73 OUT not writable;
+ * cluster path: 1 the coordinator refused or the step failed (ERR_NAME: message), 69 the
+ * coordinator did not answer, 76 its answer was not what the protocol promises.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -26,6 +32,8 @@
 #include "common/safetensors.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
+#include "ctl/rpc.h"
+#include "common/model_msg.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 
@@ -38,10 +46,12 @@ typedef struct fwd_args {
 static void fwd_usage(FILE *out)
 {
     fprintf(out, "usage: epmoectl forward --local --model DIR --layer L --input IN --output OUT "
-                 "[--threads N]\n\n"
-                 "Run one MoE layer on the tokens in IN and write its output to OUT.\n\n"
+                 "[--threads N]\n"
+                 "       epmoectl [--coordinator EP] forward --layer L --input IN --output OUT\n\n"
+                 "Run one MoE layer on the tokens in IN and write its output to OUT: on the\n"
+                 "cluster (the coordinator at --coordinator), or with --local in this process.\n\n"
                  "  --local        load the layer from DIR and run it in this process\n"
-                 "  --model DIR    checkpoint directory (config.json + safetensors)\n"
+                 "  --model DIR    checkpoint directory (config.json + safetensors); --local only\n"
                  "  --layer L      L or layers.L (main layer), mtp.I (MTP layer)\n"
                  "  --input IN     safetensors: hidden_states BF16|F32 [T, H] (before ffn_norm),\n"
                  "                 input_ids I32|I64 [T] (required on hash-routed layers)\n"
@@ -93,19 +103,21 @@ static int fwd_parse(int argc, char **argv, fwd_args *a)
         }
         a->threads = (int)n;
     }
-    const char *missing = !a->model    ? "--model"
-                          : !a->layer  ? "--layer"
-                          : !a->input  ? "--input"
-                          : !a->output ? "--output"
-                                       : NULL;
+    const char *missing = !a->model && a->local ? "--model"
+                          : !a->layer           ? "--layer"
+                          : !a->input           ? "--input"
+                          : !a->output          ? "--output"
+                                                : NULL;
     if (missing) {
         fprintf(stderr, "epmoectl forward: %s is required (see epmoectl forward --help)\n",
                 missing);
         return CMD_USAGE;
     }
-    if (!a->local) {
-        fprintf(stderr, "epmoectl forward: only --local is available in this build (the "
-                        "cluster path needs a coordinator)\n");
+    if (!a->local && (a->model || a->threads)) {
+        fprintf(stderr,
+                "epmoectl forward: %s is for --local only (the cluster's workers load "
+                "the model the coordinator names)\n",
+                a->model ? "--model" : "--threads");
         return CMD_USAGE;
     }
     return -1;
@@ -241,11 +253,154 @@ out:
     return rc;
 }
 
+/* ---- the cluster path ---- */
+
+/* The coordinator's model config (CONFIG verb), checked like a worker checks WELCOME. */
+static int fwd_cluster_config(const cmd_ctx *ctx, mc_config *c)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_CONFIG;
+    rpc_reply rr;
+    ep_err err = {{0}};
+    int rc = rpc_call(ctx, &rq, NULL, 0, true, &rr, &err);
+    if (rc != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        return rc;
+    }
+    if (!rr.reply->ok) {
+        rc = rpc_report_error("forward", rr.reply);
+    } else if (rr.reply->config == NULL || mmsg_to_config(rr.reply->config, c, &err) != 0) {
+        fprintf(stderr, "epmoectl forward: the coordinator at %s sent no valid model config%s%s\n",
+                ctx->coordinator, err.msg[0] ? ": " : "", err.msg);
+        rc = CMD_PROTOCOL;
+    }
+    rpc_reply_free(&rr);
+    return rc;
+}
+
+/* Check the FORWARD reply's shape: forward info and out/topk_ids/topk_weights for T tokens. */
+static int fwd_cluster_check(const rpc_reply *rr, const mc_config *c, int T, ep_err *err)
+{
+    const Epmoe__AdminReply *r = rr->reply;
+    size_t H = (size_t)c->hidden_size, k = (size_t)c->num_experts_per_tok, n = (size_t)T;
+    if (r->forward == NULL || r->forward->n_tokens != (uint32_t)T)
+        return ep_err_set(err, "the reply has no forward info for %d tokens", T);
+    if (rr->msg->n_payloads != 3 || rr->msg->payload_len[0] != n * H * 2 ||
+        rr->msg->payload_len[1] != n * k * 4 || rr->msg->payload_len[2] != n * k * 4)
+        return ep_err_set(err,
+                          "the reply's payloads (%d) are not out bf16 [%d, %zu], topk_ids int32 "
+                          "[%d, %zu], topk_weights f32 [%d, %zu]",
+                          rr->msg->n_payloads, T, H, T, k, T, k);
+    return 0;
+}
+
+static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T,
+                               int k, const Epmoe__ForwardInfo *f)
+{
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *j = json_pack(
+            "{s:i,s:s,s:s,s:i,s:i,s:f,s:s,s:I,s:I,s:I}", "schema", 1, "layer", layer, "output",
+            a->output, "tokens", T, "topk", k, "forward_seconds", f->seconds, "coordinator",
+            ctx->coordinator, "step_id", (json_int_t)f->step_id, "dispatch_bytes",
+            (json_int_t)f->dispatch_bytes, "combine_bytes", (json_int_t)f->combine_bytes);
+        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        json_decref(j);
+        return;
+    }
+    printf("%s: %d tokens through %s (top-%d) on the cluster in %.3f s (step %llu, dispatch %llu "
+           "bytes, combine %llu bytes)\n",
+           a->output, T, layer, k, f->seconds, (unsigned long long)f->step_id,
+           (unsigned long long)f->dispatch_bytes, (unsigned long long)f->combine_bytes);
+}
+
+static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
+{
+    mc_config c;
+    int rc = fwd_cluster_config(ctx, &c);
+    if (rc != CMD_OK)
+        return rc;
+    ep_err err = {{0}};
+    int layer;
+    if (ck_layer_parse(&c, a->layer, &layer, &err) < 0) {
+        fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
+        return CMD_USAGE;
+    }
+    char name[EP_MAX_NAME];
+    int nl = ck_layer_prefix(&c, layer, name, sizeof name);
+    if (nl > 0)
+        name[nl - 1] = '\0';
+    fwdio_input in;
+    if ((rc = fwdio_read(a->input, &c, layer, &in, &err)) != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        return rc;
+    }
+    /* ids travel only where the layer uses them: the coordinator refuses them elsewhere */
+    bool hash = mc_layer_is_hash(&c, layer);
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
+    rq.layer = name;
+    rq.has_n_tokens = 1;
+    rq.n_tokens = (uint32_t)in.T;
+    rq.has_has_ids = 1;
+    rq.has_ids = hash;
+    wire_payload p[2] = {{.data = in.x, .len = (size_t)in.T * (size_t)in.H * 2},
+                         {.data = in.ids, .len = (size_t)in.T * 8}};
+    rpc_reply rr;
+    rc = rpc_call(ctx, &rq, p, hash ? 2 : 1, false, &rr, &err);
+    int k = c.num_experts_per_tok;
+    size_t T = (size_t)in.T, H = (size_t)c.hidden_size;
+    uint16_t *out = NULL;
+    int32_t *ids = NULL;
+    float *w = NULL;
+    if (rc != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        goto done;
+    }
+    if (!rr.reply->ok) {
+        rc = rpc_report_error("forward", rr.reply);
+        goto done;
+    }
+    if (fwd_cluster_check(&rr, &c, in.T, &err) != 0) {
+        fprintf(stderr, "epmoectl forward: the coordinator at %s: %s\n", ctx->coordinator, err.msg);
+        rc = CMD_PROTOCOL;
+        goto done;
+    }
+    /* frames promise no alignment: copy into typed buffers */
+    out = malloc(T * H * 2);
+    ids = malloc(T * (size_t)k * 4);
+    w = malloc(T * (size_t)k * 4);
+    if (!out || !ids || !w) {
+        fprintf(stderr, "epmoectl forward: out of memory for %zu tokens\n", T);
+        rc = CMD_SOFTWARE;
+        goto done;
+    }
+    memcpy(out, rr.msg->payload[0], T * H * 2);
+    memcpy(ids, rr.msg->payload[1], T * (size_t)k * 4);
+    memcpy(w, rr.msg->payload[2], T * (size_t)k * 4);
+    if ((rc = fwdio_write(a->output, in.T, c.hidden_size, k, out, ids, w, &err)) != CMD_OK) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        goto done;
+    }
+    fwd_cluster_report(ctx, a, name, in.T, k, rr.reply->forward);
+done:
+    rpc_reply_free(&rr);
+    fwdio_input_free(&in);
+    free(out);
+    free(ids);
+    free(w);
+    return rc;
+}
+
 int cmd_forward(const cmd_ctx *ctx, int argc, char **argv)
 {
     fwd_args a = {0};
     int rc = fwd_parse(argc, argv, &a);
     if (rc >= 0)
         return rc;
-    return fwd_local(ctx, &a);
+    return a.local ? fwd_local(ctx, &a) : fwd_cluster(ctx, &a);
 }

@@ -42,4 +42,11 @@ int cmd_mkmodel(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_inspect(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_forward(const cmd_ctx *ctx, int argc, char **argv);
 
+/* admin RPC to the coordinator (ctl/cmd_admin.c) */
+int cmd_status(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_workers(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_shards(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_config(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_shutdown(const cmd_ctx *ctx, int argc, char **argv);
+
 #endif

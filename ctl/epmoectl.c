@@ -22,7 +22,12 @@ static const struct {
 } ctl_cmds[] = {
     {"mkmodel", cmd_mkmodel, "write a synthetic DeepSeek V4 checkpoint"},
     {"inspect", cmd_inspect, "show a checkpoint's resolved config and check its tensors"},
-    {"forward", cmd_forward, "run one MoE layer (--local: in this process)"},
+    {"forward", cmd_forward, "run one MoE layer (on the cluster, or --local in this process)"},
+    {"status", cmd_status, "the cluster's state and workers (--wait-ready waits for ready)"},
+    {"workers", cmd_workers, "every worker with everything the coordinator knows about it"},
+    {"shards", cmd_shards, "which experts each rank owns"},
+    {"config", cmd_config, "the model config the coordinator broadcasts"},
+    {"shutdown", cmd_shutdown, "stop the coordinator (workers get SHUTDOWN)"},
 };
 
 static void ctl_usage(FILE *out)

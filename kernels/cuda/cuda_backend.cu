@@ -105,12 +105,15 @@ __global__ static void cu_act_quant_kernel(const uint16_t *x, int K, bool pow2, 
     float v = cu_bf16_to_f32(x[at]);
     red[i] = fabsf(v);
     __syncthreads();
+    /* NaN-propagating max, as the CPU quantizer (and torch.amax) */
     for (int s = CU_BLOCK / 2; s > 0; s >>= 1) {
-        if (i < s)
-            red[i] = fmaxf(red[i], red[i + s]);
+        if (i < s && (red[i + s] > red[i] || isnan(red[i + s])))
+            red[i] = red[i + s];
         __syncthreads();
     }
-    float amax = fmaxf(red[0], 1e-4f);
+    float amax = red[0];
+    if (amax < 1e-4f) /* a NaN amax stays NaN */
+        amax = 1e-4f;
     float t = __fmul_rn(amax, __uint_as_float(0x3B124925u)); /* fp32(1/448) */
     float s = pow2 ? cu_pow2_ceil(t) : t;
     float y = fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f);
@@ -140,9 +143,8 @@ __global__ static void cu_gemm_fp8_kernel(int M, int N, int K, const uint8_t *a,
     out[(size_t)m * N + n] = acc;
 }
 
-__global__ static void cu_gemm_mxfp4_kernel(int M, int N, int K, const uint8_t *a,
-                                            const float *sa, const uint8_t *wp,
-                                            const uint8_t *ws, float *out)
+__global__ static void cu_gemm_mxfp4_kernel(int M, int N, int K, const uint8_t *a, const float *sa,
+                                            const uint8_t *wp, const uint8_t *ws, float *out)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
     if (n >= N || m >= M)
@@ -161,6 +163,37 @@ __global__ static void cu_gemm_mxfp4_kernel(int M, int N, int K, const uint8_t *
     out[(size_t)m * N + n] = acc;
 }
 
+/* ---- device-pointer entry points ---- */
+
+static int cu_gemm_shape(const char *what, int M, int N, int K, ep_err *err)
+{
+    if (M < 1 || N < CU_BLOCK || K < CU_BLOCK || N % CU_BLOCK || K % CU_BLOCK)
+        return ep_err_set(err, "%s: bad shape M=%d N=%d K=%d", what, M, N, K);
+    return 0;
+}
+
+extern "C" int cu_gemm_fp8_dev(int M, int N, int K, const uint8_t *a, const float *a_scale,
+                               const uint8_t *w, const float *w_scale, float *out, void *stream,
+                               ep_err *err)
+{
+    if (cu_gemm_shape("cu_gemm_fp8", M, N, K, err))
+        return -1;
+    cu_gemm_fp8_kernel<<<dim3((N + 127) / 128, M), 128, 0, (cudaStream_t)stream>>>(
+        M, N, K, a, a_scale, w, w_scale, out);
+    return cu_check(cudaGetLastError(), "cu_gemm_fp8 launch", err);
+}
+
+extern "C" int cu_gemm_mxfp4_dev(int M, int N, int K, const uint8_t *a, const float *a_scale,
+                                 const uint8_t *w_packed, const uint8_t *w_scale, float *out,
+                                 void *stream, ep_err *err)
+{
+    if (cu_gemm_shape("cu_gemm_mxfp4", M, N, K, err))
+        return -1;
+    cu_gemm_mxfp4_kernel<<<dim3((N + 127) / 128, M), 128, 0, (cudaStream_t)stream>>>(
+        M, N, K, a, a_scale, w_packed, w_scale, out);
+    return cu_check(cudaGetLastError(), "cu_gemm_mxfp4 launch", err);
+}
+
 /* ---- host wrappers: copy in, run, copy out ---- */
 
 typedef struct cu_buf {
@@ -171,8 +204,7 @@ static int cu_upload(cu_buf *b, const void *host, size_t n, ep_err *err)
 {
     if (cu_check(cudaMalloc(&b->p, n ? n : 1), "cudaMalloc", err))
         return -1;
-    return host ? cu_check(cudaMemcpy(b->p, host, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D",
-                           err)
+    return host ? cu_check(cudaMemcpy(b->p, host, n, cudaMemcpyHostToDevice), "cudaMemcpy H2D", err)
                 : 0;
 }
 
@@ -195,23 +227,15 @@ extern "C" int cu_act_quant(const uint16_t *x, int M, int K, bool pow2, uint8_t 
         cu_upload(&b[2], NULL, ns * 4, err))
         goto out;
     cu_act_quant_kernel<<<dim3(K / CU_BLOCK, M), CU_BLOCK>>>((const uint16_t *)b[0].p, K, pow2,
-                                                            (uint8_t *)b[1].p, (float *)b[2].p);
+                                                             (uint8_t *)b[1].p, (float *)b[2].p);
     if (cu_check(cudaGetLastError(), "cu_act_quant launch", err) ||
         cu_check(cudaMemcpy(q, b[1].p, n, cudaMemcpyDeviceToHost), "cudaMemcpy D2H", err) ||
-        cu_check(cudaMemcpy(scale, b[2].p, ns * 4, cudaMemcpyDeviceToHost), "cudaMemcpy D2H",
-                 err))
+        cu_check(cudaMemcpy(scale, b[2].p, ns * 4, cudaMemcpyDeviceToHost), "cudaMemcpy D2H", err))
         goto out;
     rc = 0;
 out:
     cu_free_all(b, 3);
     return rc;
-}
-
-static int cu_gemm_shape(const char *what, int M, int N, int K, ep_err *err)
-{
-    if (M < 1 || N < CU_BLOCK || K < CU_BLOCK || N % CU_BLOCK || K % CU_BLOCK)
-        return ep_err_set(err, "%s: bad shape M=%d N=%d K=%d", what, M, N, K);
-    return 0;
 }
 
 extern "C" int cu_gemm_fp8(int M, int N, int K, const uint8_t *a, const float *a_scale,
@@ -227,10 +251,9 @@ extern "C" int cu_gemm_fp8(int M, int N, int K, const uint8_t *a, const float *a
         cu_upload(&b[3], w_scale, (N / CU_BLOCK) * kb * 4, err) ||
         cu_upload(&b[4], NULL, (size_t)M * N * 4, err))
         goto out;
-    cu_gemm_fp8_kernel<<<dim3((N + 127) / 128, M), 128>>>(
-        M, N, K, (const uint8_t *)b[0].p, (const float *)b[1].p, (const uint8_t *)b[2].p,
-        (const float *)b[3].p, (float *)b[4].p);
-    if (cu_check(cudaGetLastError(), "cu_gemm_fp8 launch", err) ||
+    if (cu_gemm_fp8_dev(M, N, K, (const uint8_t *)b[0].p, (const float *)b[1].p,
+                        (const uint8_t *)b[2].p, (const float *)b[3].p, (float *)b[4].p, NULL,
+                        err) ||
         cu_check(cudaMemcpy(out, b[4].p, (size_t)M * N * 4, cudaMemcpyDeviceToHost),
                  "cudaMemcpy D2H", err))
         goto out;
@@ -254,10 +277,9 @@ extern "C" int cu_gemm_mxfp4(int M, int N, int K, const uint8_t *a, const float 
         cu_upload(&b[3], w_scale, (size_t)N * (K / CU_GROUP), err) ||
         cu_upload(&b[4], NULL, (size_t)M * N * 4, err))
         goto out;
-    cu_gemm_mxfp4_kernel<<<dim3((N + 127) / 128, M), 128>>>(
-        M, N, K, (const uint8_t *)b[0].p, (const float *)b[1].p, (const uint8_t *)b[2].p,
-        (const uint8_t *)b[3].p, (float *)b[4].p);
-    if (cu_check(cudaGetLastError(), "cu_gemm_mxfp4 launch", err) ||
+    if (cu_gemm_mxfp4_dev(M, N, K, (const uint8_t *)b[0].p, (const float *)b[1].p,
+                          (const uint8_t *)b[2].p, (const uint8_t *)b[3].p, (float *)b[4].p, NULL,
+                          err) ||
         cu_check(cudaMemcpy(out, b[4].p, (size_t)M * N * 4, cudaMemcpyDeviceToHost),
                  "cudaMemcpy D2H", err))
         goto out;

@@ -29,8 +29,7 @@ int cu_device_count(void);
 void cu_device_describe(int dev, char *buf, int cap);
 
 /* q e4m3 [M, K] and scale f32 [M, K/128] from x bf16 [M, K]; K % 128 == 0. */
-int cu_act_quant(const uint16_t *x, int M, int K, bool pow2, uint8_t *q, float *scale,
-                 ep_err *err);
+int cu_act_quant(const uint16_t *x, int M, int K, bool pow2, uint8_t *q, float *scale, ep_err *err);
 
 /* out f32 [M, N] = canonical FP8-block GEMM: a e4m3 [M, K] + a_scale [M, K/128];
  * w e4m3 [N, K] + w_scale f32 [N/128, K/128]. */
@@ -39,6 +38,13 @@ int cu_gemm_fp8(int M, int N, int K, const uint8_t *a, const float *a_scale, con
 /* out f32 [M, N] = canonical MXFP4 GEMM: w packed [N, K/2] + w_scale e8m0 [N, K/32]. */
 int cu_gemm_mxfp4(int M, int N, int K, const uint8_t *a, const float *a_scale,
                   const uint8_t *w_packed, const uint8_t *w_scale, float *out, ep_err *err);
+
+/* Device-pointer variants (stream 0 when stream is NULL): the same kernels without copies. */
+int cu_gemm_fp8_dev(int M, int N, int K, const uint8_t *a, const float *a_scale, const uint8_t *w,
+                    const float *w_scale, float *out, void *stream, ep_err *err);
+int cu_gemm_mxfp4_dev(int M, int N, int K, const uint8_t *a, const float *a_scale,
+                      const uint8_t *w_packed, const uint8_t *w_scale, float *out, void *stream,
+                      ep_err *err);
 
 #ifdef __cplusplus
 }

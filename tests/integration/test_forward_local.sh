@@ -80,7 +80,8 @@ expect 66 "nomodel" -- forward --local --model "$TMP/nomodel" --layer 1 --input 
 expect 66 "config.json" -- forward --local --model "$TMP" --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors"
 expect 78 "config.json:2" -- forward --local --model "$TMP/badcfg" --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors"
 expect 64 "layers.9" -- $(fwd --layer layers.9 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors")
-expect 64 "only --local" -- forward --model "$M" --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors"
+# without --local the request goes to the cluster, which takes no --model
+expect 64 "--model is for --local only" -- forward --model "$M" --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors"
 expect 64 "--output is required" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors")
 expect 64 "--threads 0" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/x.safetensors" --threads 0)
 expect 73 "/nonexistent-dir/o.safetensors" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output /nonexistent-dir/o.safetensors)

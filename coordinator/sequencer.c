@@ -1,0 +1,706 @@
+/*
+ * sequencer.c — the forward queue and the step in flight (see sequencer.h).
+ *
+ * Zero copy: a request keeps its received frames (wire_msg) and every STEP payload is a slice
+ * of them handed to ZeroMQ with a free function that drops one reference. The references are
+ * atomic because libzmq calls free functions from its I/O thread; the loop's thread drops its
+ * own reference once the client has been answered, and whoever drops the last frees the frames.
+ */
+#include "coordinator/sequencer.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/checkpoint.h"
+#include "common/limits.h"
+#include "common/log.h"
+#include "coordinator/admin.h"
+#include "coordinator/registry.h"
+
+typedef struct seq_request {
+    atomic_int refs; /* the sequencer's own + one per payload slice held by ZeroMQ */
+    wire_msg *msg;   /* the FORWARD: payload[0] hidden bf16 [T, H], payload[1] ids int64 [T] */
+    uint64_t id;
+    int layer;
+    int n_tokens;
+    bool has_ids;
+    struct seq_request *next;
+} seq_request;
+
+/* How a rank stands in the step in flight. */
+enum { SEQ_PENDING = 0, SEQ_DONE, SEQ_FAILED, SEQ_GONE };
+
+typedef struct seq_step {
+    bool active;
+    seq_request *req; /* NULL once the client has been answered with an error */
+    uint64_t step_id;
+    int layer, n_tokens, hidden, topk;
+    struct timespec t0;
+    int64_t deadline_ms;       /* step_timeout_ms after the start */
+    bool failed;               /* the client got an error; the ranks are settling */
+    int64_t abort_deadline_ms; /* step_timeout_ms after the abort */
+    int pending;               /* ranks that have neither answered nor died */
+    uint8_t *answer;           /* [P] SEQ_* */
+    int *begin, *count;        /* [P] token chunk of each rank */
+    uint8_t *out;              /* bf16 [T, H] */
+    uint8_t *ids;              /* int32 [T, k] */
+    uint8_t *wts;              /* f32 [T, k] */
+    uint64_t dispatch_bytes, combine_bytes;
+} seq_step;
+
+struct seq_sequencer {
+    int P;
+    seq_request *head, *tail;
+    int n_queued;
+    seq_step step;
+    uint64_t last_step_id;
+    uint64_t steps_done, steps_failed;
+};
+
+seq_sequencer *seq_create(int n_ranks, ep_err *err)
+{
+    seq_sequencer *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        goto fail;
+    s->P = n_ranks;
+    s->step.answer = calloc((size_t)n_ranks, 1);
+    s->step.begin = calloc((size_t)n_ranks, sizeof(int));
+    s->step.count = calloc((size_t)n_ranks, sizeof(int));
+    if (s->step.answer == NULL || s->step.begin == NULL || s->step.count == NULL)
+        goto fail;
+    return s;
+fail:
+    seq_destroy(&s);
+    ep_err_set(err, "sequencer: out of memory");
+    return NULL;
+}
+
+static void seq_req_unref(seq_request *r)
+{
+    if (r == NULL || atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    wire_msg_close(r->msg);
+    free(r->msg);
+    free(r);
+}
+
+/* ZeroMQ's free function for a STEP payload slice (may run on libzmq's I/O thread). */
+static void seq_slice_free(void *data, void *hint)
+{
+    (void)data;
+    seq_req_unref(hint);
+}
+
+static void seq_step_release(seq_step *st)
+{
+    seq_req_unref(st->req);
+    st->req = NULL;
+    free(st->out);
+    free(st->ids);
+    free(st->wts);
+    st->out = st->ids = st->wts = NULL;
+}
+
+void seq_destroy(seq_sequencer **self_p)
+{
+    if (self_p == NULL || *self_p == NULL)
+        return;
+    seq_sequencer *s = *self_p;
+    while (s->head) {
+        seq_request *r = s->head;
+        s->head = r->next;
+        seq_req_unref(r);
+    }
+    seq_step_release(&s->step);
+    free(s->step.answer);
+    free(s->step.begin);
+    free(s->step.count);
+    free(s);
+    *self_p = NULL;
+}
+
+uint64_t seq_steps_done(const seq_sequencer *s)
+{
+    return s->steps_done;
+}
+
+uint64_t seq_steps_failed(const seq_sequencer *s)
+{
+    return s->steps_failed;
+}
+
+int seq_queued(const seq_sequencer *s)
+{
+    return s->n_queued;
+}
+
+/* "layers.3" / "mtp.0" for messages. */
+static const char *seq_layer_name(const coord *c, int layer, char *buf, size_t cap)
+{
+    int n = ck_layer_prefix(c->cfg, layer, buf, cap);
+    if (n > 0 && buf[n - 1] == '.')
+        buf[n - 1] = '\0';
+    else if (n <= 0)
+        snprintf(buf, cap, "%d", layer);
+    return buf;
+}
+
+/* ---- admission ---- */
+
+static int seq_check_ids(const coord *c, const uint8_t *p, int T, ep_err *err)
+{
+    for (int t = 0; t < T; t++) {
+        int64_t id;
+        memcpy(&id, p + (size_t)t * 8, 8); /* frames carry no alignment promise */
+        if (id < 0 || id >= c->cfg->vocab_size)
+            return ep_err_set(err,
+                              "token %d: id %" PRId64 " is out of range (expected 0..%d, the "
+                              "model's vocab_size is %d)",
+                              t, id, c->cfg->vocab_size - 1, c->cfg->vocab_size);
+    }
+    return 0;
+}
+
+/* Validate a FORWARD request against the model; fills layer and T. */
+static int seq_validate(const coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                        int *layer, int *T, ep_err *err)
+{
+    char lname[64];
+    if (rq->layer == NULL)
+        return ep_err_set(err, "FORWARD without a layer (expected L, layers.L or mtp.I)");
+    if (ck_layer_parse(c->cfg, rq->layer, layer, err) != 0)
+        return -1;
+    seq_layer_name(c, *layer, lname, sizeof lname);
+    if (!rq->has_n_tokens || rq->n_tokens < 1 || rq->n_tokens > EP_MAX_TOKENS)
+        return ep_err_set(err, "n_tokens %s%u is out of range (expected 1..%d)",
+                          rq->has_n_tokens ? "" : "(absent) ", rq->has_n_tokens ? rq->n_tokens : 0,
+                          EP_MAX_TOKENS);
+    *T = (int)rq->n_tokens;
+    size_t H = (size_t)c->cfg->hidden_size;
+    size_t want = (size_t)*T * H * 2;
+    bool hash = mc_layer_is_hash(c->cfg, *layer);
+    if (m->n_payloads < 1)
+        return ep_err_set(err, "FORWARD without the hidden payload (bf16 [%d, %zu], %zu bytes)", *T,
+                          H, want);
+    if (m->payload_len[0] != want)
+        return ep_err_set(err,
+                          "hidden payload has %zu bytes, expected %zu (bf16 [n_tokens %d, "
+                          "hidden_size %zu] x 2 bytes)",
+                          m->payload_len[0], want, *T, H);
+    if (hash) {
+        if (!(rq->has_has_ids && rq->has_ids) || m->n_payloads < 2)
+            return ep_err_set(err,
+                              "layer %s is hash-routed (tid2eid): token ids int64 [%d] are "
+                              "required (has_ids and payload 1)",
+                              lname, *T);
+        if (m->payload_len[1] != (size_t)*T * 8)
+            return ep_err_set(err, "ids payload has %zu bytes, expected %zu (int64 [%d])",
+                              m->payload_len[1], (size_t)*T * 8, *T);
+        if (m->n_payloads > 2)
+            return ep_err_set(err, "%d payloads, expected 2 (hidden bf16 [T, H], ids int64 [T])",
+                              m->n_payloads);
+        return seq_check_ids(c, m->payload[1], *T, err);
+    }
+    if ((rq->has_has_ids && rq->has_ids) || m->n_payloads > 1)
+        return ep_err_set(err,
+                          "layer %s is score-routed: unexpected %s (expected 1 payload: hidden "
+                          "bf16 [T, H])",
+                          lname, m->n_payloads > 1 ? "payloads" : "has_ids");
+    return 0;
+}
+
+static void seq_pump(coord *c);
+
+void seq_submit(coord *c, wire_msg *m, Epmoe__AdminRequest *rq)
+{
+    seq_sequencer *s = c->seq;
+    uint64_t id = rq->has_id ? rq->id : 0;
+    int layer = 0, T = 0;
+    ep_err err;
+    seq_request *r = NULL;
+    if (c->state == COORD_STOPPING) {
+        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
+                       "the coordinator is stopping");
+        goto reject;
+    }
+    if (seq_validate(c, m, rq, &layer, &T, &err) != 0) {
+        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                       "FORWARD: %s", err.msg);
+        goto reject;
+    }
+    if (c->state != COORD_READY) {
+        char who[600];
+        reg_not_ready_text(c->reg, who, sizeof who);
+        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                       "cluster %s is %s, not ready; workers not ready: %s", c->spec->name,
+                       coord_state_name(c->state), who);
+        goto reject;
+    }
+    if (s->n_queued >= EP_MAX_QUEUED_STEPS) {
+        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                       "%d forward requests are already queued (EP_MAX_QUEUED_STEPS); retry later",
+                       s->n_queued);
+        goto reject;
+    }
+    r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                       "the coordinator is out of memory");
+        goto reject;
+    }
+    atomic_init(&r->refs, 1);
+    r->msg = m;
+    r->id = id;
+    r->layer = layer;
+    r->n_tokens = T;
+    r->has_ids = mc_layer_is_hash(c->cfg, layer);
+    if (s->tail)
+        s->tail->next = r;
+    else
+        s->head = r;
+    s->tail = r;
+    s->n_queued++;
+    log_debug(LOG_SUB_STEP, "forward request %" PRIu64 " queued (layer %d, %d tokens, %d queued)",
+              id, layer, T, s->n_queued);
+    wire_free_unpacked(&rq->base);
+    seq_pump(c);
+    return;
+reject:
+    wire_free_unpacked(&rq->base);
+    wire_msg_close(m);
+    free(m);
+}
+
+/* ---- the step ---- */
+
+static const char *seq_answer_name(int a)
+{
+    return a == SEQ_PENDING  ? "pending"
+           : a == SEQ_DONE   ? "done"
+           : a == SEQ_FAILED ? "failed"
+                             : "gone";
+}
+
+/* Answer the client of the step in flight with an error (once). */
+static void seq_answer_error(coord *c, Epmoe__ErrorCode code, const char *text)
+{
+    seq_step *st = &c->seq->step;
+    if (st->failed)
+        return;
+    st->failed = true;
+    c->seq->steps_failed++;
+    if (st->req != NULL)
+        adm_send_error(c, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s",
+                       text);
+    seq_step_release(st);
+}
+
+static void seq_send_abort(coord *c)
+{
+    seq_step *st = &c->seq->step;
+    Epmoe__StepAbort a = EPMOE__STEP_ABORT__INIT;
+    a.has_step_id = 1;
+    a.step_id = st->step_id;
+    for (int r = 0; r < c->seq->P; r++) {
+        if (st->answer[r] == SEQ_FAILED || st->answer[r] == SEQ_GONE)
+            continue;
+        reg_worker *w = reg_worker_at(c->reg, r);
+        ep_err err;
+        if (wire_send(c->wsock, w->ident, w->ident_len, EPMOE__MSG_TYPE__MSG_STEP_ABORT, &a.base,
+                      NULL, 0, true, &err) != 0)
+            log_debug(LOG_SUB_STEP, "STEP_ABORT to %s: %s", w->spec->name, err.msg);
+    }
+}
+
+static void seq_fail(coord *c, Epmoe__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The first failure of a step: answer the client, abort the step on every worker. */
+static void seq_fail(coord *c, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    seq_step *st = &c->seq->step;
+    if (!st->active || st->failed)
+        return;
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    log_info("step %" PRIu64 " failed: %s", st->step_id, text);
+    seq_answer_error(c, code, text);
+    st->abort_deadline_ms = c->now_ms + c->spec->step_timeout_ms;
+    seq_send_abort(c);
+}
+
+static double seq_seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void seq_answer_ok(coord *c)
+{
+    seq_step *st = &c->seq->step;
+    Epmoe__ForwardInfo fi = EPMOE__FORWARD_INFO__INIT;
+    fi.has_step_id = 1;
+    fi.step_id = st->step_id;
+    fi.has_layer = 1;
+    fi.layer = (uint32_t)st->layer;
+    fi.has_n_tokens = 1;
+    fi.n_tokens = (uint32_t)st->n_tokens;
+    fi.has_topk = 1;
+    fi.topk = (uint32_t)st->topk;
+    fi.has_hidden_size = 1;
+    fi.hidden_size = (uint32_t)st->hidden;
+    fi.has_seconds = 1;
+    fi.seconds = seq_seconds_since(&st->t0);
+    fi.has_dispatch_bytes = 1;
+    fi.dispatch_bytes = st->dispatch_bytes;
+    fi.has_combine_bytes = 1;
+    fi.combine_bytes = st->combine_bytes;
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.forward = &fi;
+    size_t T = (size_t)st->n_tokens, H = (size_t)st->hidden, k = (size_t)st->topk;
+    wire_payload p[3] = {
+        {.data = st->out, .len = T * H * 2, .free_fn = wire_free_malloc},
+        {.data = st->ids, .len = T * k * 4, .free_fn = wire_free_malloc},
+        {.data = st->wts, .len = T * k * 4, .free_fn = wire_free_malloc},
+    };
+    st->out = st->ids = st->wts = NULL; /* owned by the send now */
+    c->seq->steps_done++;
+    log_debug(LOG_SUB_STEP, "step %" PRIu64 " done: %zu tokens in %.6f s", st->step_id, T,
+              fi.seconds);
+    adm_send(c, st->req->msg->ident, st->req->msg->ident_len, st->req->id, &rep, p, 3);
+    seq_step_release(st);
+}
+
+/* Close the step: every rank answered or is gone. */
+static void seq_finish(coord *c)
+{
+    seq_step *st = &c->seq->step;
+    if (!st->failed)
+        seq_answer_ok(c);
+    seq_step_release(st);
+    st->active = false;
+}
+
+static int seq_alloc_outputs(seq_step *st)
+{
+    size_t T = (size_t)st->n_tokens, H = (size_t)st->hidden, k = (size_t)st->topk;
+    st->out = malloc(T * H * 2);
+    st->ids = malloc(T * k * 4);
+    st->wts = malloc(T * k * 4);
+    return st->out && st->ids && st->wts ? 0 : -1;
+}
+
+/* Send rank r its STEP; 0 or -1 with err. */
+static int seq_send_step(coord *c, int r, ep_err *err)
+{
+    seq_step *st = &c->seq->step;
+    seq_request *rq = st->req;
+    reg_worker *w = reg_worker_at(c->reg, r);
+    size_t H = (size_t)st->hidden, b = (size_t)st->begin[r], n = (size_t)st->count[r];
+    Epmoe__Step m = EPMOE__STEP__INIT;
+    m.has_step_id = 1;
+    m.step_id = st->step_id;
+    m.has_epoch = 1;
+    m.epoch = c->plan->epoch;
+    m.has_layer = 1;
+    m.layer = (uint32_t)st->layer;
+    m.has_n_tokens = 1;
+    m.n_tokens = (uint32_t)n;
+    m.has_has_ids = 1;
+    m.has_ids = rq->has_ids;
+    wire_payload p[2] = {
+        {.data = rq->msg->payload[0] + b * H * 2, .len = n * H * 2},
+        {.data = rq->has_ids ? rq->msg->payload[1] + b * 8 : NULL, .len = n * 8},
+    };
+    int np = rq->has_ids ? 2 : 1;
+    for (int i = 0; i < np && n > 0; i++) {
+        p[i].free_fn = seq_slice_free;
+        p[i].hint = rq;
+        atomic_fetch_add(&rq->refs, 1);
+    }
+    return wire_send(c->wsock, w->ident, w->ident_len, EPMOE__MSG_TYPE__MSG_STEP, &m.base, p, np,
+                     true, err);
+}
+
+static void seq_start(coord *c, seq_request *rq)
+{
+    seq_sequencer *s = c->seq;
+    seq_step *st = &s->step;
+    int P = s->P, T = rq->n_tokens;
+    *st = (seq_step){.answer = st->answer, .begin = st->begin, .count = st->count};
+    st->active = true;
+    st->req = rq;
+    st->step_id = ++s->last_step_id;
+    st->layer = rq->layer;
+    st->n_tokens = T;
+    st->hidden = c->cfg->hidden_size;
+    st->topk = c->cfg->num_experts_per_tok;
+    clock_gettime(CLOCK_MONOTONIC, &st->t0);
+    st->deadline_ms = c->now_ms + c->spec->step_timeout_ms;
+    st->pending = P;
+    for (int r = 0; r < P; r++) {
+        st->answer[r] = SEQ_PENDING;
+        /* rank r owns [floor(r*T/P), floor((r+1)*T/P)), as data-parallel ranks would */
+        st->begin[r] = (int)((int64_t)r * T / P);
+        st->count[r] = (int)((int64_t)(r + 1) * T / P) - st->begin[r];
+    }
+    if (seq_alloc_outputs(st) != 0) {
+        for (int r = 0; r < P; r++)
+            st->answer[r] = SEQ_GONE;
+        st->pending = 0;
+        seq_answer_error(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "the coordinator is out of memory for the step's outputs");
+        return; /* settled: seq_pump closes it */
+    }
+    char lname[64];
+    log_debug(LOG_SUB_STEP, "step %" PRIu64 ": layer %s, %d tokens over %d ranks", st->step_id,
+              seq_layer_name(c, st->layer, lname, sizeof lname), T, P);
+    int unreachable = -1;
+    ep_err err;
+    for (int r = 0; r < P; r++) {
+        if (unreachable >= 0 || seq_send_step(c, r, &err) != 0) {
+            if (unreachable < 0)
+                unreachable = r;
+            st->answer[r] = SEQ_GONE; /* never got the step: nothing to wait for */
+            st->pending--;
+        }
+    }
+    if (unreachable >= 0) {
+        reg_worker *w = reg_worker_at(c->reg, unreachable);
+        seq_fail(c, EPMOE__ERROR_CODE__ERR_WORKER_LOST, "worker %s (rank %d) is unreachable: %s",
+                 w->spec->name, unreachable, err.msg);
+    }
+}
+
+/* Close the step in flight once it has settled, then start queued requests while no step is
+ * in flight; requests that find the cluster not ready are answered ERR_NOT_READY. */
+static void seq_pump(coord *c)
+{
+    seq_sequencer *s = c->seq;
+    for (;;) {
+        if (s->step.active) {
+            if (s->step.pending > 0)
+                return;
+            seq_finish(c);
+            continue;
+        }
+        seq_request *r = s->head;
+        if (r == NULL)
+            return;
+        s->head = r->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        s->n_queued--;
+        r->next = NULL;
+        if (c->state != COORD_READY) {
+            char who[600];
+            reg_not_ready_text(c->reg, who, sizeof who);
+            adm_send_error(c, r->msg->ident, r->msg->ident_len, r->id,
+                           c->state == COORD_STOPPING ? EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN
+                                                      : EPMOE__ERROR_CODE__ERR_NOT_READY,
+                           "cluster %s is %s, not ready; workers not ready: %s", c->spec->name,
+                           coord_state_name(c->state), who);
+            seq_req_unref(r);
+            continue;
+        }
+        seq_start(c, r);
+    }
+}
+
+/* A worker's answer for the step in flight, or NULL (logged) when it is for another step. */
+static bool seq_current(coord *c, int rank, bool has_id, uint64_t step_id, const char *what)
+{
+    seq_step *st = &c->seq->step;
+    if (st->active && has_id && step_id == st->step_id && st->answer[rank] == SEQ_PENDING)
+        return true;
+    log_debug(LOG_SUB_STEP,
+              "rank %d: %s for step %" PRIu64 " ignored (step in flight %" PRIu64 ", rank %s)",
+              rank, what, step_id, st->active ? st->step_id : 0,
+              st->active ? seq_answer_name(st->answer[rank]) : "idle");
+    return false;
+}
+
+/* Check a STEP_DONE's shape against the chunk rank r was given. */
+static int seq_check_done(const seq_step *st, int r, const Epmoe__StepDone *d, const wire_msg *m,
+                          ep_err *err)
+{
+    size_t n = (size_t)st->count[r], H = (size_t)st->hidden, k = (size_t)st->topk;
+    if (!d->has_n_tokens || d->n_tokens != n)
+        return ep_err_set(err, "STEP_DONE for %u tokens, the worker was given %zu",
+                          d->has_n_tokens ? d->n_tokens : 0, n);
+    if (m->n_payloads != 3)
+        return ep_err_set(err,
+                          "STEP_DONE with %d payloads, expected 3 (out, topk_ids, "
+                          "topk_weights)",
+                          m->n_payloads);
+    size_t want[3] = {n * H * 2, n * k * 4, n * k * 4};
+    static const char *what[3] = {"out bf16 [n, H]", "topk_ids int32 [n, k]",
+                                  "topk_weights f32 [n, k]"};
+    for (int i = 0; i < 3; i++)
+        if (m->payload_len[i] != want[i])
+            return ep_err_set(err, "STEP_DONE payload %d (%s) has %zu bytes, expected %zu", i,
+                              what[i], m->payload_len[i], want[i]);
+    return 0;
+}
+
+static void seq_on_done(coord *c, int r, const wire_msg *m)
+{
+    seq_step *st = &c->seq->step;
+    reg_worker *w = reg_worker_at(c->reg, r);
+    ep_err err;
+    Epmoe__StepDone *d = (Epmoe__StepDone *)wire_unpack(&epmoe__step_done__descriptor, m, &err);
+    if (d == NULL) {
+        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type,
+                        "%s", err.msg);
+        /* we cannot tell which step it meant: the step timeout covers a lost answer */
+        log_warn("worker %s: %s", w->spec->name, err.msg);
+        return;
+    }
+    if (!seq_current(c, r, d->has_step_id, d->step_id, "STEP_DONE"))
+        goto done;
+    st->answer[r] = SEQ_DONE;
+    st->pending--;
+    if (seq_check_done(st, r, d, m, &err) != 0) {
+        st->answer[r] = SEQ_FAILED;
+        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                        m->type, "step %" PRIu64 ": %s", st->step_id, err.msg);
+        reg_set_error(w, "step %" PRIu64 ": malformed STEP_DONE: %s", st->step_id, err.msg);
+        seq_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                 "worker %s (rank %d): malformed STEP_DONE: %s", w->spec->name, r, err.msg);
+    } else if (!st->failed) {
+        size_t b = (size_t)st->begin[r], H = (size_t)st->hidden, k = (size_t)st->topk;
+        memcpy(st->out + b * H * 2, m->payload[0], m->payload_len[0]);
+        memcpy(st->ids + b * k * 4, m->payload[1], m->payload_len[1]);
+        memcpy(st->wts + b * k * 4, m->payload[2], m->payload_len[2]);
+        st->dispatch_bytes += d->has_dispatch_bytes ? d->dispatch_bytes : 0;
+        st->combine_bytes += d->has_combine_bytes ? d->combine_bytes : 0;
+    }
+done:
+    wire_free_unpacked(&d->base);
+    seq_pump(c);
+}
+
+static void seq_on_failed(coord *c, int r, const wire_msg *m)
+{
+    seq_step *st = &c->seq->step;
+    reg_worker *w = reg_worker_at(c->reg, r);
+    ep_err err;
+    Epmoe__StepFailed *f =
+        (Epmoe__StepFailed *)wire_unpack(&epmoe__step_failed__descriptor, m, &err);
+    if (f == NULL) {
+        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type,
+                        "%s", err.msg);
+        log_warn("worker %s: %s", w->spec->name, err.msg);
+        return;
+    }
+    if (seq_current(c, r, f->has_step_id, f->step_id, "STEP_FAILED")) {
+        const char *text = f->message && f->message[0] ? f->message : "(no message)";
+        st->answer[r] = SEQ_FAILED;
+        st->pending--;
+        if (!st->failed) { /* after our STEP_ABORT this is only the acknowledgement */
+            reg_set_error(w, "step %" PRIu64 ": %s", st->step_id, text);
+            seq_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "worker %s (rank %d): %s",
+                     w->spec->name, r, text);
+        }
+    }
+    wire_free_unpacked(&f->base);
+    seq_pump(c);
+}
+
+void seq_on_message(coord *c, int rank, const wire_msg *m)
+{
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_DONE)
+        seq_on_done(c, rank, m);
+    else
+        seq_on_failed(c, rank, m);
+}
+
+void seq_worker_lost(coord *c, int rank, const char *why)
+{
+    seq_step *st = &c->seq->step;
+    if (!st->active || rank < 0 || rank >= c->seq->P || st->answer[rank] != SEQ_PENDING)
+        return;
+    reg_worker *w = reg_worker_at(c->reg, rank);
+    st->answer[rank] = SEQ_GONE;
+    st->pending--;
+    seq_fail(c, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+             "worker %s (rank %d) was lost during step %" PRIu64 ": %s", w->spec->name, rank,
+             st->step_id, why);
+    seq_pump(c);
+}
+
+/* "a1 (rank 1), a3 (rank 3)": the ranks still pending. */
+static void seq_pending_text(coord *c, char *buf, size_t cap)
+{
+    seq_step *st = &c->seq->step;
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < c->seq->P && len + 80 < cap; r++)
+        if (st->answer[r] == SEQ_PENDING)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s (rank %d)", len ? ", " : "",
+                                    reg_worker_at(c->reg, r)->spec->name, r);
+}
+
+void seq_tick(coord *c)
+{
+    seq_step *st = &c->seq->step;
+    if (st->active && !st->failed && c->now_ms >= st->deadline_ms) {
+        char who[600], lname[64];
+        seq_pending_text(c, who, sizeof who);
+        seq_fail(c, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                 "step %" PRIu64 " (layer %s, %d tokens) exceeded step_timeout_ms %d; no answer "
+                 "from %s",
+                 st->step_id, seq_layer_name(c, st->layer, lname, sizeof lname), st->n_tokens,
+                 c->spec->step_timeout_ms, who);
+    } else if (st->active && st->failed && c->now_ms >= st->abort_deadline_ms) {
+        /* A live worker that ignores STEP_ABORT would hold the queue forever. */
+        uint64_t id = st->step_id;
+        for (int r = 0; r < c->seq->P && st->active && st->step_id == id; r++) {
+            if (st->answer[r] != SEQ_PENDING)
+                continue;
+            char why[160];
+            snprintf(why, sizeof why, "no answer to STEP_ABORT for step %" PRIu64 " within %d ms",
+                     id, c->spec->step_timeout_ms);
+            reg_declare_dead(c, r, why);
+            if (st->active && st->step_id == id && st->answer[r] == SEQ_PENDING) {
+                st->answer[r] = SEQ_GONE; /* it was not registered: nothing more to wait for */
+                st->pending--;
+            }
+        }
+    }
+    seq_pump(c);
+}
+
+int64_t seq_next_deadline(const coord *c)
+{
+    const seq_step *st = &c->seq->step;
+    if (!st->active)
+        return INT64_MAX;
+    return st->failed ? st->abort_deadline_ms : st->deadline_ms;
+}
+
+void seq_stop(coord *c)
+{
+    seq_sequencer *s = c->seq;
+    if (s->step.active)
+        seq_answer_error(c, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
+                         "the coordinator is stopping; the step was abandoned");
+    while (s->head) {
+        seq_request *r = s->head;
+        s->head = r->next;
+        adm_send_error(c, r->msg->ident, r->msg->ident_len, r->id,
+                       EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN, "the coordinator is stopping");
+        seq_req_unref(r);
+    }
+    s->tail = NULL;
+    s->n_queued = 0;
+}

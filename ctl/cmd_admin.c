@@ -1,0 +1,620 @@
+/*
+ * cmd_admin.c — the admin verbs of epmoectl: status, workers, shards, config, shutdown.
+ *
+ *   epmoectl [-o table|json] status [--wait-ready [--wait-timeout S]]
+ *   epmoectl [-o table|json] workers
+ *   epmoectl [-o table|json] shards [--layer L]
+ *   epmoectl [-o table|json] config
+ *   epmoectl [-o table|json] shutdown
+ *
+ * Each sends one AdminRequest (ctl/rpc.h) and prints the reply: an aligned table for people,
+ * or with -o json one object with "schema": 1 whose keys are documented in docs/operations.md
+ * (the table may change between releases, the JSON only with a new schema number).
+ *
+ * Exit codes (ctl/cmds.h): 0 ok; 1 the coordinator answered with an error (printed as
+ * "ERR_NAME: message"), or status --wait-ready timed out; 64 bad arguments; 69 the coordinator
+ * did not answer; 76 its answer is not what the protocol promises (fields missing, an Error
+ * message instead of a reply, a config whose hash does not match).
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/model_config.h"
+#include "common/model_msg.h"
+#include "ctl/cmds.h"
+#include "ctl/rpc.h"
+
+/* ---- output helpers ---- */
+
+#define TBL_MAX_COLS 16
+
+/* An aligned text table: every column as wide as its widest cell, two spaces between. */
+typedef struct tbl {
+    int ncol, nrow, cap;
+    char **cell; /* [nrow][ncol], row 0 is the header */
+} tbl;
+
+static void tbl_row(tbl *t, const char *first, ...)
+{
+    if (t->nrow == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->cell = realloc(t->cell, (size_t)t->cap * (size_t)t->ncol * sizeof *t->cell);
+    }
+    va_list ap;
+    va_start(ap, first);
+    for (int c = 0; c < t->ncol; c++) {
+        const char *s = c == 0 ? first : va_arg(ap, const char *);
+        t->cell[t->nrow * t->ncol + c] = strdup(s ? s : "-");
+    }
+    va_end(ap);
+    t->nrow++;
+}
+
+static void tbl_print(tbl *t)
+{
+    int w[TBL_MAX_COLS] = {0};
+    for (int r = 0; r < t->nrow; r++)
+        for (int c = 0; c < t->ncol; c++) {
+            int n = (int)strlen(t->cell[r * t->ncol + c]);
+            w[c] = n > w[c] ? n : w[c];
+        }
+    for (int r = 0; r < t->nrow; r++) {
+        for (int c = 0; c < t->ncol; c++) {
+            const char *s = t->cell[r * t->ncol + c];
+            if (c + 1 < t->ncol)
+                printf("%-*s  ", w[c], s);
+            else
+                printf("%s\n", s);
+        }
+    }
+    for (int i = 0; i < t->nrow * t->ncol; i++)
+        free(t->cell[i]);
+    free(t->cell);
+    *t = (tbl){0};
+}
+
+static json_t *jstr(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
+
+static void json_print(json_t *o)
+{
+    json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
+    printf("\n");
+    json_decref(o);
+}
+
+/* "0-3,8,10-11" for an ascending list. */
+static void ranges_text(const uint32_t *e, size_t n, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len + 24 < cap;) {
+        size_t j = i;
+        while (j + 1 < n && e[j + 1] == e[j] + 1)
+            j++;
+        int k = j > i ? snprintf(buf + len, cap - len, "%s%u-%u", i ? "," : "", e[i], e[j])
+                      : snprintf(buf + len, cap - len, "%s%u", i ? "," : "", e[i]);
+        len += (size_t)k;
+        i = j + 1;
+    }
+}
+
+static void ago_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
+{
+    if (!w->has_last_seen_ms)
+        snprintf(buf, cap, "-");
+    else if (w->last_seen_ms < 10000)
+        snprintf(buf, cap, "%u ms", w->last_seen_ms);
+    else
+        snprintf(buf, cap, "%.1f s", w->last_seen_ms / 1000.0);
+}
+
+static void load_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
+{
+    if (w->bytes_total == 0)
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%d%%",
+                 (int)((w->bytes_done < w->bytes_total ? w->bytes_done : w->bytes_total) * 100 /
+                       w->bytes_total));
+}
+
+static int protocol_error(const char *cmd, const cmd_ctx *ctx, const char *what)
+{
+    fprintf(stderr, "epmoectl %s: the coordinator at %s answered without %s\n", cmd,
+            ctx->coordinator, what);
+    return CMD_PROTOCOL;
+}
+
+/* One request; prints the transport error itself. */
+static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, const char *layer,
+                bool idempotent, rpc_reply *out)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = verb;
+    rq.layer = (char *)layer;
+    ep_err err;
+    int rc = rpc_call(ctx, &rq, NULL, 0, idempotent, out, &err);
+    if (rc != CMD_OK) {
+        fprintf(stderr, "epmoectl %s: %s\n", cmd, err.msg);
+        return rc;
+    }
+    if (!out->reply->has_ok || !out->reply->ok) {
+        rc = rpc_report_error(cmd, out->reply);
+        rpc_reply_free(out);
+    }
+    return rc;
+}
+
+/* "-o json" after the verb, as the offline commands accept it: 1 consumed (argv[*i] moved on),
+ * 0 not an output option, or CMD_USAGE. */
+static int output_opt(const char *cmd, int argc, char **argv, int *i, cmd_ctx *ctx)
+{
+    if (strcmp(argv[*i], "-o") != 0 && strcmp(argv[*i], "--output") != 0)
+        return 0;
+    const char *v = *i + 1 < argc ? argv[++*i] : "";
+    if (strcmp(v, "json") == 0)
+        ctx->output = CMD_OUT_JSON;
+    else if (strcmp(v, "table") == 0)
+        ctx->output = CMD_OUT_TABLE;
+    else {
+        fprintf(stderr, "epmoectl %s: -o %s: expected table or json\n", cmd, v);
+        return CMD_USAGE;
+    }
+    return 1;
+}
+
+/* Only -o FORMAT and -h/--help, or nothing. */
+static int no_args(const char *cmd, int argc, char **argv, const char *usage, cmd_ctx *ctx)
+{
+    for (int i = 1; i < argc; i++) {
+        int o = output_opt(cmd, argc, argv, &i, ctx);
+        if (o == 1)
+            continue;
+        if (o != 0)
+            return o;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", usage);
+            return CMD_OK;
+        }
+        fprintf(stderr, "epmoectl %s: unexpected argument \"%s\" (see epmoectl %s --help)\n", cmd,
+                argv[i], cmd);
+        return CMD_USAGE;
+    }
+    return -1;
+}
+
+/* ---- workers (status, workers) ---- */
+
+static json_t *worker_json(const Epmoe__WorkerInfo *w)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "name", jstr(w->name));
+    json_object_set_new(o, "rank", json_integer(w->rank));
+    json_object_set_new(o, "node", jstr(w->node));
+    json_object_set_new(o, "device", jstr(w->device));
+    json_object_set_new(o, "state", jstr(w->state));
+    json_object_set_new(o, "data_endpoint", jstr(w->data_endpoint));
+    json_object_set_new(o, "bytes_done", json_integer((json_int_t)w->bytes_done));
+    json_object_set_new(o, "bytes_total", json_integer((json_int_t)w->bytes_total));
+    json_object_set_new(
+        o, "load_progress",
+        w->bytes_total
+            ? json_real((double)(w->bytes_done < w->bytes_total ? w->bytes_done : w->bytes_total) /
+                        (double)w->bytes_total)
+            : json_null());
+    json_object_set_new(o, "last_seen_ms",
+                        w->has_last_seen_ms ? json_integer(w->last_seen_ms) : json_null());
+    json_object_set_new(o, "hostname", jstr(w->hostname));
+    json_object_set_new(o, "pid", w->has_pid ? json_integer(w->pid) : json_null());
+    json_object_set_new(o, "backend", jstr(w->backend));
+    json_object_set_new(o, "n_experts", json_integer(w->n_experts));
+    json_object_set_new(o, "error", jstr(w->error));
+    return o;
+}
+
+static json_t *workers_json(const Epmoe__AdminReply *r)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < r->n_workers; i++)
+        json_array_append_new(a, worker_json(r->workers[i]));
+    return a;
+}
+
+static void workers_table(const Epmoe__AdminReply *r, bool wide)
+{
+    tbl t = {.ncol = wide ? 13 : 8};
+    if (wide)
+        tbl_row(&t, "WORKER", "RANK", "NODE", "DEVICE", "STATE", "LOAD", "LAST SEEN", "EXPERTS",
+                "DATA", "HOST", "PID", "BACKEND", "ERROR");
+    else
+        tbl_row(&t, "WORKER", "RANK", "NODE", "DEVICE", "STATE", "LOAD", "LAST SEEN", "ERROR");
+    for (size_t i = 0; i < r->n_workers; i++) {
+        const Epmoe__WorkerInfo *w = r->workers[i];
+        char rank[16], load[16], ago[32], ex[16], pid[16];
+        snprintf(rank, sizeof rank, "%u", w->rank);
+        load_text(w, load, sizeof load);
+        ago_text(w, ago, sizeof ago);
+        snprintf(ex, sizeof ex, "%u", w->n_experts);
+        snprintf(pid, sizeof pid, "%u", w->pid);
+        if (wide)
+            tbl_row(&t, w->name, rank, w->node, w->device, w->state, load, ago, ex,
+                    w->data_endpoint, w->hostname, w->has_pid ? pid : NULL, w->backend, w->error);
+        else
+            tbl_row(&t, w->name, rank, w->node, w->device, w->state, load, ago, w->error);
+    }
+    tbl_print(&t);
+}
+
+static const char status_usage[] =
+    "usage: epmoectl [-o table|json] status [--wait-ready [--wait-timeout S]]\n\n"
+    "The cluster's state, epoch, config hash, model and step counters, and one line per worker\n"
+    "(state, load progress, last seen, last error).\n\n"
+    "  --wait-ready        poll until the cluster is ready; exit 1 if it is not within the\n"
+    "                      wait timeout (the workers that are not ready are named)\n"
+    "  --wait-timeout S    seconds to wait (default 60)\n";
+
+static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
+{
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016" PRIx64, r->config_hash);
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *o = json_object();
+        json_object_set_new(o, "schema", json_integer(1));
+        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_object_set_new(o, "state", jstr(r->state));
+        json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+        json_object_set_new(o, "config_hash", json_string(hash));
+        json_object_set_new(o, "model_path", jstr(r->model_path));
+        json_object_set_new(o, "steps_done", json_integer((json_int_t)r->steps_done));
+        json_object_set_new(o, "steps_failed", json_integer((json_int_t)r->steps_failed));
+        json_object_set_new(o, "workers", workers_json(r));
+        json_print(o);
+        return;
+    }
+    int ready = 0;
+    for (size_t i = 0; i < r->n_workers; i++)
+        ready += r->workers[i]->state && strcmp(r->workers[i]->state, "ready") == 0;
+    printf("cluster      %s\n", r->cluster);
+    printf("state        %s (%d/%zu workers ready)\n", r->state, ready, r->n_workers);
+    printf("epoch        %" PRIu64 "\n", r->epoch);
+    printf("config hash  %s\n", hash);
+    printf("model        %s\n", r->model_path ? r->model_path : "-");
+    printf("steps        %" PRIu64 " done, %" PRIu64 " failed\n\n", r->steps_done, r->steps_failed);
+    workers_table(r, false);
+}
+
+static void not_ready_text(const Epmoe__AdminReply *r, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < r->n_workers && len + 80 < cap; i++) {
+        const Epmoe__WorkerInfo *w = r->workers[i];
+        if (w->state && strcmp(w->state, "ready") == 0)
+            continue;
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", len ? ", " : "",
+                                w->name ? w->name : "?", w->state ? w->state : "?");
+    }
+}
+
+int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    bool wait = false;
+    long wait_s = 60;
+    for (int i = 1; i < argc; i++) {
+        int o = output_opt("status", argc, argv, &i, ctx);
+        if (o == 1)
+            continue;
+        if (o != 0)
+            return o;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", status_usage);
+            return CMD_OK;
+        } else if (strcmp(argv[i], "--wait-ready") == 0) {
+            wait = true;
+        } else if (strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
+            char *end;
+            wait_s = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
+                fprintf(stderr, "epmoectl status: --wait-timeout %s: expected seconds, 1..86400\n",
+                        argv[i]);
+                return CMD_USAGE;
+            }
+        } else {
+            fprintf(stderr,
+                    "epmoectl status: unexpected argument \"%s\" (see epmoectl status "
+                    "--help)\n",
+                    argv[i]);
+            return CMD_USAGE;
+        }
+    }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        rpc_reply rr;
+        int rc = call(ctx, "status", EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL, true, &rr);
+        if (rc != CMD_OK)
+            return rc;
+        const Epmoe__AdminReply *r = rr.reply;
+        if (r->state == NULL || r->cluster == NULL) {
+            rpc_reply_free(&rr);
+            return protocol_error("status", ctx, "the cluster's name and state");
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        bool ready = strcmp(r->state, "ready") == 0;
+        bool expired = now.tv_sec - t0.tv_sec >= wait_s;
+        if (!wait || ready || expired) {
+            status_print(ctx, r);
+            if (wait && !ready) {
+                char who[2048];
+                not_ready_text(r, who, sizeof who);
+                fprintf(stderr,
+                        "epmoectl status: cluster %s is still %s after %ld s; not ready: %s\n",
+                        r->cluster, r->state, wait_s, who);
+                rc = CMD_FAILED;
+            }
+            rpc_reply_free(&rr);
+            return rc;
+        }
+        rpc_reply_free(&rr);
+        usleep(200000);
+    }
+}
+
+static const char workers_usage[] =
+    "usage: epmoectl [-o table|json] workers\n\n"
+    "Every worker of the cluster spec with everything the coordinator knows about it: rank,\n"
+    "node, device, state, load progress, last seen, experts owned, data endpoint, host, pid,\n"
+    "backend and last error.\n";
+
+int cmd_workers(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    int rc = no_args("workers", argc, argv, workers_usage, ctx);
+    if (rc >= 0)
+        return rc;
+    rpc_reply rr;
+    if ((rc = call(ctx, "workers", EPMOE__ADMIN_VERB__ADMIN_WORKERS, NULL, true, &rr)) != CMD_OK)
+        return rc;
+    const Epmoe__AdminReply *r = rr.reply;
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *o = json_object();
+        json_object_set_new(o, "schema", json_integer(1));
+        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_object_set_new(o, "state", jstr(r->state));
+        json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+        json_object_set_new(o, "workers", workers_json(r));
+        json_print(o);
+    } else {
+        workers_table(r, true);
+    }
+    rpc_reply_free(&rr);
+    return CMD_OK;
+}
+
+/* ---- shards ---- */
+
+static const char shards_usage[] =
+    "usage: epmoectl [-o table|json] shards [--layer L]\n\n"
+    "The placement: which routed experts each rank owns (ranges like 0-31,64). The placement\n"
+    "is the same for every MoE layer; --layer (L, layers.L or mtp.I) is checked against the\n"
+    "model and echoed.\n";
+
+int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    const char *layer = NULL;
+    for (int i = 1; i < argc; i++) {
+        int o = output_opt("shards", argc, argv, &i, ctx);
+        if (o == 1)
+            continue;
+        if (o != 0)
+            return o;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", shards_usage);
+            return CMD_OK;
+        } else if (strcmp(argv[i], "--layer") == 0 && i + 1 < argc) {
+            layer = argv[++i];
+        } else {
+            fprintf(stderr,
+                    "epmoectl shards: unexpected argument \"%s\" (see epmoectl shards "
+                    "--help)\n",
+                    argv[i]);
+            return CMD_USAGE;
+        }
+    }
+    rpc_reply rr;
+    int rc = call(ctx, "shards", EPMOE__ADMIN_VERB__ADMIN_SHARDS, layer, true, &rr);
+    if (rc != CMD_OK)
+        return rc;
+    const Epmoe__AdminReply *r = rr.reply;
+    if (r->placement == NULL) {
+        rpc_reply_free(&rr);
+        return protocol_error("shards", ctx, "the placement");
+    }
+    char *ranges = malloc(65536);
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *o = json_object(), *a = json_array();
+        json_object_set_new(o, "schema", json_integer(1));
+        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+        json_object_set_new(o, "placement", jstr(r->placement));
+        json_object_set_new(o, "layer", jstr(r->layer));
+        for (size_t i = 0; i < r->n_shards; i++) {
+            const Epmoe__Shard *s = r->shards[i];
+            json_t *so = json_object(), *ex = json_array();
+            for (size_t e = 0; e < s->n_experts; e++)
+                json_array_append_new(ex, json_integer(s->experts[e]));
+            ranges_text(s->experts, s->n_experts, ranges, 65536);
+            json_object_set_new(so, "rank", json_integer(s->rank));
+            json_object_set_new(so, "worker", jstr(s->worker));
+            json_object_set_new(so, "experts", ex);
+            json_object_set_new(so, "ranges", json_string(ranges));
+            json_array_append_new(a, so);
+        }
+        json_object_set_new(o, "shards", a);
+        json_print(o);
+    } else {
+        printf("placement %s, epoch %" PRIu64 "; the same for every layer%s%s\n\n", r->placement,
+               r->epoch, r->layer ? ", including " : "", r->layer ? r->layer : "");
+        tbl t = {.ncol = 4};
+        tbl_row(&t, "RANK", "WORKER", "COUNT", "EXPERTS");
+        for (size_t i = 0; i < r->n_shards; i++) {
+            const Epmoe__Shard *s = r->shards[i];
+            char rank[16], count[16];
+            snprintf(rank, sizeof rank, "%u", s->rank);
+            snprintf(count, sizeof count, "%zu", s->n_experts);
+            ranges_text(s->experts, s->n_experts, ranges, 65536);
+            tbl_row(&t, rank, s->worker, count, ranges);
+        }
+        tbl_print(&t);
+    }
+    free(ranges);
+    rpc_reply_free(&rr);
+    return CMD_OK;
+}
+
+/* ---- config ---- */
+
+static const char config_usage[] =
+    "usage: epmoectl [-o table|json] config\n\n"
+    "The model config the coordinator resolved from config.json and broadcasts to the workers:\n"
+    "sizes, expert_dtype (given in config.json or assumed), scale_e8m0, act_ue8m0 and the\n"
+    "config hash the workers acknowledge.\n";
+
+/* The shortest decimal that reads back as f (1e-06, not 9.99999997e-07), as inspect prints. */
+static double short_float(float f)
+{
+    char buf[32];
+    for (int prec = 1; prec < 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        if ((float)strtod(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "schema", json_integer(1));
+    json_object_set_new(o, "cluster", jstr(r->cluster));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+    json_object_set_new(o, "model", jstr(r->model_path));
+    json_object_set_new(o, "expert_dtype", json_string(mc_dtype_name(c->expert_dtype)));
+    json_object_set_new(o, "expert_dtype_given", json_boolean(c->expert_dtype_given));
+    json_object_set_new(o, "scale_e8m0", json_boolean(c->scale_e8m0));
+    json_object_set_new(o, "act_ue8m0", json_boolean(c->act_ue8m0));
+    json_object_set_new(o, "config_hash", json_string(hash));
+    json_t *k = json_pack(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:b,s:s}", "hidden_size", c->hidden_size,
+        "moe_intermediate_size", c->moe_intermediate_size, "n_routed_experts", c->n_routed_experts,
+        "n_shared_experts", c->n_shared_experts, "num_experts_per_tok", c->num_experts_per_tok,
+        "num_hidden_layers", c->num_hidden_layers, "num_hash_layers", c->num_hash_layers,
+        "num_nextn_predict_layers", c->num_nextn_predict_layers, "vocab_size", c->vocab_size,
+        "routed_scaling_factor", short_float(c->routed_scaling_factor), "swiglu_limit",
+        short_float(c->swiglu_limit), "rms_norm_eps", short_float(c->rms_norm_eps),
+        "norm_topk_prob", c->norm_topk_prob, "hash", hash);
+    json_object_set_new(o, "config", k);
+    json_print(o);
+}
+
+static void config_table(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
+{
+    printf("cluster       %s (epoch %" PRIu64 ")\n", r->cluster ? r->cluster : "-", r->epoch);
+    printf("model         %s\n", r->model_path ? r->model_path : "-");
+    printf("expert_dtype  %s (%s)\n", mc_dtype_name(c->expert_dtype),
+           c->expert_dtype_given ? "given in config.json"
+                                 : "assumed: config.json has no expert_dtype");
+    printf("scales        FP8-linear weight scales %s (scale_e8m0 %s); activation scales %s "
+           "(act_ue8m0 %s)\n",
+           c->scale_e8m0 ? "E8M0" : "F32", c->scale_e8m0 ? "true" : "false",
+           c->act_ue8m0 ? "UE8M0 powers of two" : "F32", c->act_ue8m0 ? "true" : "false");
+    printf("sizes         H %d, I %d, experts %d (+%d shared), top-%d\n", c->hidden_size,
+           c->moe_intermediate_size, c->n_routed_experts, c->n_shared_experts,
+           c->num_experts_per_tok);
+    printf("layers        %d main (%d hash-routed), %d MTP; vocab %d\n", c->num_hidden_layers,
+           c->num_hash_layers, c->num_nextn_predict_layers, c->vocab_size);
+    printf("routing       scaling %g, swiglu_limit %g, rms_norm_eps %g, norm_topk_prob %s\n",
+           short_float(c->routed_scaling_factor), short_float(c->swiglu_limit),
+           short_float(c->rms_norm_eps), c->norm_topk_prob ? "true" : "false");
+    printf("config hash   %s\n", hash);
+}
+
+int cmd_config(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    int rc = no_args("config", argc, argv, config_usage, ctx);
+    if (rc >= 0)
+        return rc;
+    rpc_reply rr;
+    if ((rc = call(ctx, "config", EPMOE__ADMIN_VERB__ADMIN_CONFIG, NULL, true, &rr)) != CMD_OK)
+        return rc;
+    const Epmoe__AdminReply *r = rr.reply;
+    mc_config c;
+    ep_err err;
+    if (r->config == NULL || !r->has_config_hash) {
+        rc = protocol_error("config", ctx, "the config and its hash");
+    } else if (mmsg_to_config(r->config, &c, &err) != 0) {
+        fprintf(stderr, "epmoectl config: the coordinator at %s sent an invalid config: %s\n",
+                ctx->coordinator, err.msg);
+        rc = CMD_PROTOCOL;
+    } else if (mc_hash(&c) != r->config_hash) {
+        /* what a worker would refuse with ERR_CONFIG_HASH: different epmoe versions */
+        fprintf(stderr,
+                "epmoectl config: the coordinator's config hash %016" PRIx64 " differs from "
+                "this epmoectl's hash of the config it sent, %016" PRIx64
+                " (different epmoe versions?)\n",
+                r->config_hash, mc_hash(&c));
+        rc = CMD_PROTOCOL;
+    } else {
+        char hash[24];
+        snprintf(hash, sizeof hash, "%016" PRIx64, r->config_hash);
+        if (ctx->output == CMD_OUT_JSON)
+            config_json(r, &c, hash);
+        else
+            config_table(r, &c, hash);
+    }
+    rpc_reply_free(&rr);
+    return rc;
+}
+
+/* ---- shutdown ---- */
+
+static const char shutdown_usage[] =
+    "usage: epmoectl [-o table|json] shutdown\n\n"
+    "Stop the coordinator: it answers, fails queued forward requests with ERR_SHUTTING_DOWN,\n"
+    "sends SHUTDOWN to every worker and exits 0. Sent once (never retried).\n";
+
+int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    int rc = no_args("shutdown", argc, argv, shutdown_usage, ctx);
+    if (rc >= 0)
+        return rc;
+    rpc_reply rr;
+    if ((rc = call(ctx, "shutdown", EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN, NULL, false, &rr)) != CMD_OK)
+        return rc;
+    const Epmoe__AdminReply *r = rr.reply;
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *o = json_object();
+        json_object_set_new(o, "schema", json_integer(1));
+        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_object_set_new(o, "state", jstr(r->state));
+        json_print(o);
+    } else {
+        printf("cluster %s: %s\n", r->cluster ? r->cluster : "-", r->state ? r->state : "stopping");
+    }
+    rpc_reply_free(&rr);
+    return CMD_OK;
+}

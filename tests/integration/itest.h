@@ -1,0 +1,148 @@
+/*
+ * itest.h — the integration-test harness: a real epmoe-coordinator process, fake workers and
+ * fake admin clients over real ZeroMQ sockets (prefix it_).
+ *
+ * it_start writes a model directory (config.json only: the coordinator reads nothing else) and
+ * a cluster spec on 127.0.0.1 with free ports into a fresh mkdtemp directory, starts the
+ * coordinator binary (fork/exec, stderr to coord.log there) and waits until its admin socket
+ * answers. it_finish sends SIGTERM, checks that the process exits 0 promptly (under ASan this
+ * also proves LeakSanitizer found nothing), prints the coordinator's log when the test failed,
+ * and removes the directory.
+ *
+ * Single-threaded: every wait pumps all fake workers (heartbeats out, STEP answered according
+ * to each worker's behaviour, everything else recorded), so workers stay alive while a test
+ * waits for a reply.
+ *
+ * The fake workers' STEP answer is a pure function of what they were sent, so a test can check
+ * the reassembled reply independently: for row i of a chunk of n tokens on rank r,
+ *   out[i][h]     = in[i][h] ^ 0x5A5A                 (bf16 bits)
+ *   topk_ids[i]   = {r, has_ids ? id[i] : in[i][0]}
+ *   topk_wts[i]   = {(float)in[i][1], (float)n}
+ * and STEP_DONE reports dispatch_bytes 1000 + r, combine_bytes 10 n.
+ */
+#ifndef EPMOE_ITEST_H
+#define EPMOE_ITEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/model_config.h"
+#include "common/wire.h"
+
+/* The test model: small but complete (hash layer 0, MTP layer 4). */
+#define IT_H     128
+#define IT_E     8
+#define IT_K     2
+#define IT_L     4
+#define IT_HASH  1
+#define IT_MTP   1
+#define IT_VOCAB 1000
+
+#define IT_MAX_WORKERS 8
+#define IT_MAX_CLIENTS 8
+
+typedef enum it_behaviour {
+    IT_OK = 0,  /* answer STEP with STEP_DONE */
+    IT_FAIL,    /* answer STEP with STEP_FAILED */
+    IT_HOLD,    /* keep the STEP unanswered; answer STEP_FAILED on STEP_ABORT */
+    IT_MUTE,    /* read nothing, send nothing (a hung or vanished worker) */
+    IT_BAD_DONE /* answer STEP_DONE with a short out payload */
+} it_behaviour;
+
+typedef struct it_worker {
+    char name[64];
+    void *sock;
+    it_behaviour behaviour;
+    int64_t next_hb_ms;
+    /* what it received */
+    bool welcomed, loaded;
+    int rank, world_size;
+    uint64_t epoch, config_hash;
+    Epmoe__Welcome *welcome; /* the last WELCOME, decoded */
+    int n_heartbeats, n_steps, n_aborts, n_shutdowns, n_errors;
+    uint64_t held_step; /* IT_HOLD: the step it is sitting on (0: none) */
+    int last_error_code;
+    char last_error[1024];
+    uint64_t last_abort;
+} it_worker;
+
+typedef struct it_client {
+    void *sock;
+    uint64_t want_id;
+    bool have_reply;
+    Epmoe__AdminReply *reply; /* owned; freed by the next request or it_finish */
+    wire_msg *msg;            /* its frames (payloads); owned */
+    int error_type_code;      /* an Error message instead of an AdminReply: its code, else -1 */
+} it_client;
+
+typedef struct it_opts {
+    int n_workers;            /* 1..IT_MAX_WORKERS, split over two nodes */
+    int heartbeat_ms;         /* default 100 */
+    int liveness;             /* default 5 */
+    int step_timeout_ms;      /* default 5000 */
+    const char *expert_dtype; /* NULL: config.json has no expert_dtype */
+} it_opts;
+
+typedef struct itest {
+    char dir[64];
+    char spec_path[128], log_path[128];
+    char listen[64], admin[64];
+    it_opts o;
+    mc_config cfg; /* parsed by the test from the config.json it wrote */
+    pid_t pid;
+    int exit_status; /* after it_wait_exit */
+    void *zctx;
+    it_worker *w[IT_MAX_WORKERS];
+    int n_w;
+    it_client *cl[IT_MAX_CLIENTS];
+    int n_cl;
+    it_client *state_client; /* it_wait_state's */
+} itest;
+
+void it_default_opts(it_opts *o);
+int64_t it_now_ms(void);
+/* A free TCP port on 127.0.0.1 (bound to port 0 and released). */
+int it_free_port(void);
+
+/* Write the files, start the coordinator, wait for its admin socket. NULL on failure (logged). */
+itest *it_start(const char *coord_bin, const it_opts *o);
+/* SIGTERM (if still running) and wait up to 5 s for the exit; print the coordinator's log when
+ * dump_log; clean up. Returns the exit code (0 after an orderly stop), -1 when it hung. */
+int it_finish(itest **t, bool dump_log);
+/* Wait for the process to exit; returns its exit code, 128+signal, or -1 on timeout. */
+int it_wait_exit(itest *t, int ms);
+
+/* Spec worker i's name: a0, a1 on node n0, then b0, b1, ... on n1. */
+const char *it_worker_name(const itest *t, int rank);
+
+it_worker *it_worker_new(itest *t, const char *name);
+/* Close and reconnect with the same routing id (a restarted worker). */
+void it_worker_reconnect(itest *t, it_worker *w);
+int it_worker_send(it_worker *w, uint16_t type, const ProtobufCMessage *body);
+/* REGISTER .. READY; 0 when the worker reached READY. */
+int it_worker_register(itest *t, it_worker *w);
+/* Connect and register every spec worker; 0 when all are ready. */
+int it_register_all(itest *t);
+
+it_client *it_client_new(itest *t);
+/* Send an AdminRequest (its id is set to a fresh value) with payloads. */
+void it_send(itest *t, it_client *c, Epmoe__AdminRequest *rq, const wire_payload *p, int n);
+/* Pump until c has its reply (or ms pass); the reply or NULL. */
+Epmoe__AdminReply *it_wait(itest *t, it_client *c, int ms);
+/* Send a verb (layer optional) and wait. */
+Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const char *layer);
+
+/* Pump every fake worker for ms. */
+void it_pump(itest *t, int ms);
+/* Pump until STATUS says state (polling), or ms pass; 0 when reached. */
+int it_wait_state(itest *t, const char *state, int ms);
+
+/* FORWARD input for T tokens: hidden bf16 bits and (when layer is a hash layer) ids. */
+void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids);
+/* Check a FORWARD reply against the fake workers' function (and the chunk rule of
+ * docs/protocol.md for which rank got which token); 0, or -1 with why. */
+int it_check_forward(const itest *t, const it_client *c, int T, const uint16_t *hidden,
+                     const int64_t *ids, char *why, size_t cap);
+
+#endif
