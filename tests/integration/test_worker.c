@@ -18,7 +18,10 @@
  *  - STEP_ABORT while a step waits for a peer -> STEP_FAILED; a step that outlives
  *    step_timeout_ms fails naming the peer not heard from; the next step is bit-exact;
  *  - garbage sent to a worker's data endpoint is ignored and the next step is bit-exact;
- *  - SIGTERM -> exit 0; SHUTDOWN -> exit 0; a silent coordinator -> the worker registers again.
+ *  - SIGTERM -> exit 0; SHUTDOWN -> exit 0; a silent coordinator -> the worker registers again;
+ *  - with the real epmoe-coordinator (cluster spec, admin FORWARD): 2 and 3 workers, both
+ *    dispatch formats, every layer kind, answers bit-identical to moe_forward; admin SHUTDOWN
+ *    stops the coordinator and every worker with exit 0.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -42,6 +45,9 @@
 
 #ifndef EPMOE_WORKER_BIN
 #error "EPMOE_WORKER_BIN must name the epmoe-worker binary"
+#endif
+#ifndef EPMOE_COORDINATOR_BIN
+#error "EPMOE_COORDINATOR_BIN must name the epmoe-coordinator binary"
 #endif
 
 #define MAXP   4
@@ -1030,6 +1036,209 @@ TEST(silent_coordinator_makes_the_worker_register_again)
     kill_children();
 }
 
+/* ---- the real coordinator ---------------------------------------------------------------------
+ */
+
+typedef struct real_cluster {
+    char dir[64];
+    char listen[64], admin[64];
+    pid_t coord;
+    void *client;
+    uint64_t next_id;
+} real_cluster;
+
+static int real_write_spec(real_cluster *rc, const fixture *fx, int P, const char *dispatch,
+                           const char *placement)
+{
+    char text[4096], path[128];
+    snprintf(rc->listen, sizeof rc->listen, "tcp://127.0.0.1:%d", free_port());
+    snprintf(rc->admin, sizeof rc->admin, "tcp://127.0.0.1:%d", free_port());
+    size_t n = (size_t)snprintf(
+        text, sizeof text,
+        "cluster: {name: wtest}\ncoordinator:\n  listen: \"%s\"\n  admin: \"%s\"\n"
+        "  heartbeat_ms: 200\n  liveness: 25\n  step_timeout_ms: 20000\nmodel:\n  path: \"%s\"\n"
+        "expert_parallel:\n  placement: %s\n  dispatch: %s\nnodes:\n  - name: here\n"
+        "    workers:\n",
+        rc->listen, rc->admin, fx->dir, placement, dispatch);
+    for (int r = 0; r < P; r++)
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "      - {name: w%d, device: cpu, data: \"tcp://127.0.0.1:%d\"}\n", r,
+                              free_port());
+    snprintf(path, sizeof path, "%s/cluster.yaml", rc->dir);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* One admin request; the reply (and its frames in *m) or NULL. */
+static Epmoe__AdminReply *real_call(real_cluster *rc, Epmoe__AdminRequest *rq,
+                                    const wire_payload *pl, int n, wire_msg *m)
+{
+    rq->has_id = 1;
+    rq->id = ++rc->next_id;
+    ep_err err = {{0}};
+    if (wire_send(rc->client, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &rq->base, pl, n, false,
+                  &err) != 0)
+        return NULL;
+    double end = now_s() + 3 * WAIT_S;
+    while (now_s() < end) {
+        zmq_pollitem_t it = {.socket = rc->client, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 100) <= 0)
+            continue;
+        if (wire_recv(rc->client, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, 0, m, &err) != WIRE_OK)
+            continue;
+        Epmoe__AdminReply *r =
+            m->type == EPMOE__MSG_TYPE__MSG_ADMIN_REPLY
+                ? (Epmoe__AdminReply *)wire_unpack(&epmoe__admin_reply__descriptor, m, &err)
+                : NULL;
+        if (r && r->id == rq->id)
+            return r;
+        wire_free_unpacked(r ? &r->base : NULL);
+        wire_msg_close(m);
+    }
+    return NULL;
+}
+
+static int real_wait_ready(real_cluster *rc)
+{
+    double end = now_s() + 3 * WAIT_S;
+    while (now_s() < end) {
+        Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+        rq.has_verb = 1;
+        rq.verb = EPMOE__ADMIN_VERB__ADMIN_STATUS;
+        wire_msg m;
+        Epmoe__AdminReply *r = real_call(rc, &rq, NULL, 0, &m);
+        bool ready = r && r->state && strcmp(r->state, "ready") == 0;
+        if (r) {
+            wire_free_unpacked(&r->base);
+            wire_msg_close(&m);
+        }
+        if (ready)
+            return 0;
+        usleep(100000);
+    }
+    printf("  the cluster did not become ready\n");
+    return -1;
+}
+
+/* FORWARD through the coordinator, checked bit for bit against moe_forward. */
+static void real_forward(real_cluster *rc, const fixture *fx, const char *layer_name, int layer,
+                         int T, const char *label)
+{
+    const mc_config *c = &fx->c;
+    int H = c->hidden_size, k = c->num_experts_per_tok;
+    bool hash = mc_layer_is_hash(c, layer);
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = rq.has_n_tokens = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
+    rq.layer = (char *)layer_name;
+    rq.n_tokens = (uint32_t)T;
+    rq.has_has_ids = hash;
+    rq.has_ids = hash;
+    wire_payload pl[2] = {{.data = fx->x, .len = (size_t)T * H * 2},
+                          {.data = fx->ids, .len = (size_t)T * 8}};
+    wire_msg m;
+    Epmoe__AdminReply *r = real_call(rc, &rq, pl, hash ? 2 : 1, &m);
+    if (r == NULL || !r->ok) {
+        TEST_FAIL_AT("%s: FORWARD %s, T %d: %s", label, layer_name, T,
+                     r && r->error ? r->error : "no reply");
+        if (r) {
+            wire_free_unpacked(&r->base);
+            wire_msg_close(&m);
+        }
+        return;
+    }
+    outs want = outs_new(c, T);
+    ep_err err = {{0}};
+    CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
+                      &err) == 0);
+    bool sizes = m.n_payloads == 3 && m.payload_len[0] == (size_t)T * H * 2 &&
+                 m.payload_len[1] == (size_t)T * k * 4 && m.payload_len[2] == (size_t)T * k * 4;
+    CHECK(sizes);
+    if (sizes) {
+        outs got = outs_new(c, T);
+        memcpy(got.out, m.payload[0], m.payload_len[0]);
+        memcpy(got.ids, m.payload[1], m.payload_len[1]);
+        memcpy(got.w, m.payload[2], m.payload_len[2]);
+        const char *what = NULL;
+        int t = first_diff(fx, &got, &want, T, &what);
+        if (t >= 0)
+            TEST_FAIL_AT("%s: FORWARD %s, T %d: token %d differs from moe_forward in %s", label,
+                         layer_name, T, t, what);
+        outs_free(&got);
+    }
+    outs_free(&want);
+    wire_free_unpacked(&r->base);
+    wire_msg_close(&m);
+}
+
+static void real_cluster_run(const fixture *fx, int P, const char *dispatch, const char *placement)
+{
+    real_cluster rc = {.next_id = 0};
+    char label[96];
+    snprintf(label, sizeof label, "real coordinator, %s experts, %d workers, %s dispatch",
+             mc_dtype_name(fx->c.expert_dtype), P, dispatch);
+    snprintf(rc.dir, sizeof rc.dir, "/tmp/epmoe_test_cluster_XXXXXX");
+    if (!mkdtemp(rc.dir) || real_write_spec(&rc, fx, P, dispatch, placement) != 0) {
+        TEST_FAIL_AT("%s: cannot write the spec", label);
+        return;
+    }
+    char spec[128];
+    snprintf(spec, sizeof spec, "%s/cluster.yaml", rc.dir);
+    fflush(stdout);
+    rc.coord = fork();
+    if (rc.coord == 0) {
+        execl(EPMOE_COORDINATOR_BIN, EPMOE_COORDINATOR_BIN, "--cluster", spec, (char *)NULL);
+        _exit(127);
+    }
+    pid_t workers[MAXP];
+    for (int r = 0; r < P; r++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", r);
+        workers[r] = spawn_worker(rc.listen, name);
+    }
+    rc.client = zmq_socket(zctx, ZMQ_DEALER);
+    wire_socket_defaults(rc.client, EP_MAX_DATA_MSG, NULL);
+    zmq_connect(rc.client, rc.admin);
+    if (real_wait_ready(&rc) == 0) {
+        static const int Ts[] = {1, 64, 300};
+        static const char *const names[] = {"layers.0", "1", "mtp.0"};
+        for (int l = 0; l < 3; l++)
+            for (int i = 0; i < 3; i++)
+                real_forward(&rc, fx, names[l], l, Ts[i], label);
+    } else {
+        TEST_FAIL_AT("%s: not ready", label);
+    }
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN;
+    wire_msg m;
+    Epmoe__AdminReply *r = real_call(&rc, &rq, NULL, 0, &m);
+    CHECK(r && r->ok);
+    if (r) {
+        wire_free_unpacked(&r->base);
+        wire_msg_close(&m);
+    }
+    CHECK_EQ(wait_exit(rc.coord, WAIT_S), 0);
+    for (int i = 0; i < P; i++)
+        CHECK_EQ(wait_exit(workers[i], WAIT_S), 0);
+    zmq_close(rc.client);
+    snprintf(spec, sizeof spec, "%s/cluster.yaml", rc.dir);
+    unlink(spec);
+    rmdir(rc.dir);
+    kill_children();
+}
+
+TEST(real_coordinator_cluster_is_bit_exact)
+{
+    if (!fx4_ok || !fx8_ok)
+        SKIP("no fixture");
+    real_cluster_run(&fx4, 2, "fp8", "contiguous");
+    real_cluster_run(&fx8, 3, "bf16", "round_robin");
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1047,6 +1256,7 @@ int main(void)
     RUN(garbage_on_the_data_plane_is_ignored);
     RUN(sigterm_exits_zero);
     RUN(silent_coordinator_makes_the_worker_register_again);
+    RUN(real_coordinator_cluster_is_bit_exact);
     kill_children();
     fixture_free(&fx4);
     fixture_free(&fx8);
