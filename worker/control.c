@@ -651,6 +651,9 @@ int wctl_run(const wctl_options *opt)
         ep_err_set(&err, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto fail_ctx;
     }
+    /* two I/O threads: the data plane's sends and receives overlap (bench_a2a: about twice the
+     * throughput of one at 64 tokens per rank, docs/performance.md) */
+    zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, WCTL_IO_THREADS);
     exec_options eo = {.threads = opt->threads, .impl = opt->impl};
     w.exec = exec_start(w.zctx, &eo, &err);
     if (w.exec == NULL)

@@ -45,6 +45,9 @@
 #define WCTL_BACKOFF_INIT_MS 1000
 #define WCTL_BACKOFF_MAX_MS  32000
 
+/* ZeroMQ I/O threads of the worker's context (control and data plane). */
+#define WCTL_IO_THREADS 2
+
 enum { WCTL_EXIT_OK = 0, WCTL_EXIT_SOFTWARE = 70, WCTL_EXIT_CONFIG = 78 };
 
 typedef struct wctl_options {

@@ -16,10 +16,11 @@
  * receiver with the same moe_quant), and moe_combine fixes the summation order, so the result
  * is bit-identical to moe_forward over the whole batch.
  *
- * Cancellation: the caller sets `cancel` before it sends RESET or TERM, so a load stops at the
- * next layer boundary. A waiting step reads the pipe itself: STEP_ABORT ends it with
- * STEP_FAILED, another STEP is answered ERR_BUSY, RESET and TERM end it unanswered, and anything
- * else is stashed for the main loop to handle after the step.
+ * Cancellation: the caller counts up `cancel` before it sends RESET or TERM (the executor counts
+ * down as it handles them), so a load stops at the next layer boundary while one is pending. A
+ * waiting step reads the pipe itself: STEP_ABORT ends it with STEP_FAILED, another STEP is answered
+ * ERR_BUSY, RESET and TERM end it unanswered, and anything else is stashed for the main loop to
+ * handle after the step.
  */
 #include "worker/exec.h"
 
@@ -50,7 +51,7 @@ struct exec_actor {
     bool started;
     gemm_pool *pool; /* handed to the thread */
     gemm_impl impl;
-    atomic_bool cancel;
+    atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
 };
 
 typedef struct exec_state {
@@ -260,7 +261,7 @@ static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
     exec_send_loading(&p, 0);
     int rc = 0;
     for (int l = 0; l < st->n_layers && rc == 0; l++) {
-        if (atomic_load(&st->actor->cancel)) {
+        if (atomic_load(&st->actor->cancel) > 0) {
             rc = 1;
             break;
         }
@@ -943,7 +944,7 @@ static void exec_handle(exec_state *st, wire_msg *m)
         exec_session_cmd(st, m);
         break;
     case EXEC_CMD_RESET:
-        atomic_store(&st->actor->cancel, false);
+        atomic_fetch_sub(&st->actor->cancel, 1);
         exec_drop_session(st);
         exec_send(st, EXEC_EVT_RESET_DONE, NULL, NULL, 0);
         break;
@@ -1060,7 +1061,7 @@ void *exec_pipe(exec_actor *a)
 int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err)
 {
     if (cmd == EXEC_CMD_RESET || cmd == EXEC_CMD_TERM)
-        atomic_store(&a->cancel, true);
+        atomic_fetch_add(&a->cancel, 1);
     return wire_send(a->pipe, NULL, 0, cmd, NULL, NULL, 0, false, err);
 }
 
