@@ -182,6 +182,9 @@ void gemm_weight_free(gemm_weight **self_p)
     free(w->fscale);
     free(w->bscale);
     free(w->nanrows);
+    free(w->lo_off);
+    free(w->lo_ent);
+    free(w->int_safe);
     free(w);
     *self_p = NULL;
 }

@@ -69,10 +69,7 @@
 
 /* ---- tables ---- */
 
-static int16_t mx_hi[256], mx_lo[256]; /* e4m3 code -> hi (units 2^-6) / lo (units 2^-9) */
-static int16_t mxs_hi[256];            /* small-M kernel: hi in units 2^-5 */
-static int8_t mxs_lo[256];             /* small-M kernel: lo (units 2^-9) when not hi */
-static double f8_act[256];             /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
+static double f8_act[256]; /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static int e4m3_nan(uint8_t c)
@@ -84,18 +81,7 @@ static void tables_init(void)
 {
     for (int c = 0; c < 256; c++) {
         float v = e4m3_nan((uint8_t)c) ? 0.0f : fmt_e4m3_to_f32((uint8_t)c);
-        float u = v * 64.0f; /* exact */
-        if (u == truncf(u)) {
-            mx_hi[c] = (int16_t)u;
-            mx_lo[c] = 0;
-        } else {
-            mx_hi[c] = 0;
-            mx_lo[c] = (int16_t)(v * 512.0f);
-        }
         f8_act[c] = (double)v * 0x1p1000;
-        float u5 = v * 32.0f;
-        mxs_hi[c] = u5 == truncf(u5) ? (int16_t)u5 : 0;
-        mxs_lo[c] = u5 == truncf(u5) ? 0 : (int8_t)(v * 512.0f);
     }
 }
 
@@ -143,6 +129,63 @@ int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scal
     return 0;
 }
 
+/* The integer FP8 path's weight parts (see "FP8 x FP8, many tokens"): W = w * 64 for
+ * |w| >= 2^-3 (exponent field e >= 4), else 0 — exactly what f8i_panel computes, NaN codes
+ * included; and WL = w * 512 for the |w| < 2^-3 values. */
+static int32_t f8_W(uint8_t c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    int32_t v = e >= 4 ? (8 + m) << (e - 4) : 0;
+    return (c & 0x80) ? -v : v;
+}
+
+static int32_t f8_WL(uint8_t c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    int32_t v = e >= 4 ? 0 : e == 0 ? m : (8 + m) << (e - 1);
+    return (c & 0x80) ? -v : v;
+}
+
+/* Largest sum over a row's 128 k of |W| for which 128-term int32 sums of A * W cannot
+ * overflow: |A| <= 1792, so sum |A * W| <= 1792 * sum |W| <= 2^31 - 1. */
+#define F8_SAFE_WSUM 1198372
+
+static int f8_pack_int(gemm_weight *w, const uint8_t *src, ep_err *err)
+{
+    int N = w->N, K = w->K, KB = K / 128;
+    size_t nb = (size_t)(N / 8) * KB, nlo = 0;
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        nlo += f8_WL(src[i]) != 0;
+    w->lo_off = malloc((nb + 1) * sizeof(uint32_t));
+    w->lo_ent = malloc((nlo ? nlo : 1) * sizeof(uint32_t));
+    w->int_safe = malloc(nb);
+    if (!w->lo_off || !w->lo_ent || !w->int_safe || nlo > UINT32_MAX)
+        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
+    w->bytes += (nb + 1) * sizeof(uint32_t) + nlo * sizeof(uint32_t) + nb;
+    uint32_t e = 0;
+    for (int o = 0; o < N / 8; o++)
+        for (int kb = 0; kb < KB; kb++) {
+            size_t i = (size_t)o * KB + kb;
+            w->lo_off[i] = e;
+            int safe = 1;
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *row = src + (size_t)(8 * o + r) * K + 128 * kb;
+                int64_t sum = 0;
+                for (int k = 0; k < 128; k++) {
+                    int32_t W = f8_W(row[k]), WL = f8_WL(row[k]);
+                    sum += W < 0 ? -W : W;
+                    if (WL)
+                        w->lo_ent[e++] =
+                            (uint32_t)k | (uint32_t)r << 8 | (uint32_t)(uint16_t)WL << 16;
+                }
+                safe &= sum <= F8_SAFE_WSUM;
+            }
+            w->int_safe[i] = (uint8_t)safe;
+        }
+    w->lo_off[nb] = e;
+    return 0;
+}
+
 int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
     int N = w->N, K = w->K, KB = K / 128;
@@ -159,6 +202,8 @@ int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
                     dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] = v;
                 }
         }
+    if (f8_pack_int(w, src, err) < 0)
+        return -1;
     if (!any_nan)
         return 0;
     size_t nr = (size_t)(N / 8) * KB;
@@ -200,6 +245,67 @@ static inline __m256 nan_lanes(__m256 p, unsigned bits)
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
     return _mm256_or_ps(p, _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_set1_epi32(0x7FC00000))));
+}
+
+/* Splitting e4m3 activations exactly into a "hi" and a "lo" part by exponent field e:
+ *   hi = (8+m) * 2^(e-E0)               for e >= E0 (the value in units of 2^(E0-10))
+ *   lo = value * 2^9 = (8+m) * 2^(e-1)  for 1 <= e < E0, m for e = 0 (units of 2^-9)
+ * each signed, so that value = hi * 2^(E0-10) + lo * 2^-9 with one of them zero; NaN codes
+ * give hi = lo = 0 and set their lane in nan. The powers of two come from nibble tables. */
+typedef struct e4m3_split {
+    __m256i hlo, hhi, llo; /* low / high byte of the hi power, the lo power, by e */
+} e4m3_split;
+
+static e4m3_split split_luts(int E0)
+{
+    uint8_t hlo[32], hhi[32], llo[32];
+    for (int i = 0; i < 32; i++) {
+        int e = i & 15;
+        unsigned ph = e >= E0 ? 1u << (e - E0) : 0, pl = e >= E0 ? 0 : e == 0 ? 1 : 1u << (e - 1);
+        hlo[i] = (uint8_t)(ph & 0xFF);
+        hhi[i] = (uint8_t)(ph >> 8);
+        llo[i] = (uint8_t)pl;
+    }
+    e4m3_split L;
+    L.hlo = _mm256_loadu_si256((const __m256i *)hlo);
+    L.hhi = _mm256_loadu_si256((const __m256i *)hhi);
+    L.llo = _mm256_loadu_si256((const __m256i *)llo);
+    return L;
+}
+
+/* v: 16 e4m3 codes sign-extended to int16 */
+static inline void split16(__m256i v, const e4m3_split *L, __m256i *hi, __m256i *lo, __m256i *nan)
+{
+    __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 3), _mm256_set1_epi16(15));
+    __m256i idx = _mm256_or_si256(e, _mm256_set1_epi16((short)0x8000)); /* high byte -> 0 */
+    __m256i m = _mm256_and_si256(v, _mm256_set1_epi16(7));
+    __m256i ph = _mm256_or_si256(_mm256_shuffle_epi8(L->hlo, idx),
+                                 _mm256_slli_epi16(_mm256_shuffle_epi8(L->hhi, idx), 8));
+    __m256i pl = _mm256_shuffle_epi8(L->llo, idx);
+    __m256i mh = _mm256_or_si256(m, _mm256_set1_epi16(8));
+    __m256i ml = _mm256_or_si256(
+        m, _mm256_and_si256(_mm256_cmpgt_epi16(e, _mm256_setzero_si256()), _mm256_set1_epi16(8)));
+    *nan =
+        _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
+    *hi = _mm256_andnot_si256(*nan, _mm256_sign_epi16(_mm256_mullo_epi16(mh, ph), v));
+    *lo = _mm256_sign_epi16(_mm256_mullo_epi16(ml, pl), v);
+}
+
+/* 32 codes at p -> two sign-extended int16 vectors (codes 0-15, 16-31) */
+static inline void codes32(const uint8_t *p, __m256i *v0, __m256i *v1)
+{
+    *v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    *v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+}
+
+/* sum of the 16 int16 lanes of a and b */
+static inline int32_t hsum16x2(__m256i a, __m256i b)
+{
+    __m256i s = _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
 }
 
 /* ---- FP8 x MXFP4 ---- */
@@ -548,82 +654,211 @@ static inline __attribute__((always_inline)) void f8_direct(const int T, const u
     }
 }
 
-/* Decode one 128-block of an octet into panel[128][8] doubles (w * 2^-1016). */
-static void f8_panel(const uint8_t *p, double *panel)
+/* ---- FP8 x FP8, many tokens: exact int32 sums with vpmaddwd ----
+ *
+ * Doubles give half the multiply rate of fp32, so with enough tokens to amortise a decoded
+ * panel the common case is done in integers instead. Split activations and weights by size:
+ *   A  = a * 4    when |a| >= 2     (every such e4m3 value is a multiple of 2^-2; |A| <= 1792)
+ *   AL = a * 512  when |a| <  2     (|AL| <= 960)
+ *   W  = w * 64   when |w| >= 2^-3  (a multiple of 2^-6; |W| <= 28672)
+ *   WL = w * 512  when |w| <  2^-3  (|WL| <= 60)
+ * so that, exactly, sum(a * w) = T1 * 2^-8 + T2 * 2^-11 + T3 * 2^-15 + T4 * 2^-18 with
+ *   T1 = sum(A * W)   dense, vpmaddwd on int16 pairs into int32;
+ *   T2 = sum(A * WL)  over the few |w| < 2^-3 (a list per weight block, made at pack time);
+ *   T3 = sum(AL * W)  over the few |a| < 2 (a list per token block, made per call);
+ *   T4 = sum(AL * WL) over the same weight list.
+ * T1 cannot overflow int32 when 1792 * sum_k |W_k| < 2^31 for every row of the block
+ * (int_safe, decided at pack time; typical blocks satisfy it about twice over); otherwise the
+ * block is summed in four int32 parts of 32 k (each |part| <= 32 * 1792 * 30720 < 2^31) added
+ * in double. T3 is accumulated in int32 over at most 64 list entries at a time (64 * 960 *
+ * 30720 < 2^31), T2 + T4 in int64. All parts meet in double, where every partial sum is a
+ * multiple of 2^-18 below 2^25 — exact — and P = fp32(sum) rounds once. A block whose lists
+ * are empty and whose T1 fits int32 skips the doubles: P = fp32(T1) * 2^-8. */
+
+typedef struct f8i_tok {
+    const uint32_t *ap; /* (A_2j, A_2j+1) int16 pairs */
+    const int16_t *al;  /* AL per k */
+    const uint8_t *ent; /* per 128-block: the k with AL != 0, cnt[b] of them at ent + 128 b */
+    const uint8_t *cnt;
+    const float *sa; /* per 128-block: a_scale, or NaN when the block has a NaN code */
+    float *out;
+} f8i_tok;
+
+/* 16 sign-extended e4m3 codes (as int16) -> W = (8+m) * 2^(e-4) (0 for e < 4), signed. The
+ * power of two comes from two nibble tables (its low and high byte). */
+static inline __m256i f8i_w16(__m256i v)
 {
+    const __m256i plo = _mm256_setr_epi8(0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, (char)128, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, (char)128, 0, 0, 0, 0);
+    const __m256i phi = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8);
+    __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 3), _mm256_set1_epi16(15));
+    __m256i pw = _mm256_or_si256(_mm256_shuffle_epi8(plo, e),
+                                 _mm256_slli_epi16(_mm256_shuffle_epi8(phi, e), 8));
+    __m256i mant = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi16(7)), _mm256_set1_epi16(8));
+    return _mm256_sign_epi16(_mm256_mullo_epi16(mant, pw), v);
+}
+
+/* One (octet, 128-block) of packed FP8 weights -> Wp[j] = W of rows 0-7 at k-pair (2j, 2j+1),
+ * as vpmaddwd wants them. A chunk's bytes 0-15 hold rows 0,1 (low 8) and 4,5; bytes 16-31
+ * rows 2,3 and 6,7, each row's 4 k at stride 2 (see the FP8 layout). */
+static void f8i_panel(const uint8_t *p, __m256i *Wp)
+{
+    const __m256i gather = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0,
+                                            1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
     for (int j = 0; j < 32; j++) {
-        F8_DECODE_BEGIN(p + 32 * j)
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
-        {
-            _mm256_store_pd(panel + 8 * (4 * j + i), f8_q(i, 0));
-            _mm256_store_pd(panel + 8 * (4 * j + i) + 4, f8_q(i, 1));
-        }
+        __m256i v0 = f8i_w16(_mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(p + 32 * j))));
+        __m256i v1 =
+            f8i_w16(_mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(p + 32 * j + 16))));
+        v0 = _mm256_shuffle_epi8(v0, gather);
+        v1 = _mm256_shuffle_epi8(v1, gather);
+        _mm256_store_si256(Wp + 2 * j, _mm256_unpacklo_epi64(v0, v1));
+        _mm256_store_si256(Wp + 2 * j + 1, _mm256_unpackhi_epi64(v0, v1));
     }
 }
 
-/* One decoded 128-block against T tokens. */
-static inline __attribute__((always_inline)) void f8_panel_kernel(const int T, const double *panel,
-                                                                  int kb, const f8_tok *tk,
-                                                                  float wsc, unsigned nanb)
+#define F8I_MAC(t)                                                                                 \
+    if (T > t)                                                                                     \
+        S##t = _mm256_add_epi32(S##t, _mm256_madd_epi16(w_, _mm256_set1_epi32((int)ap##t[j])));
+#define F8I_PTR(t) const uint32_t *ap##t = tk[T > t ? t : 0].ap + 64 * kb;
+#define F8I_STORE(t)                                                                               \
+    if (T > t)                                                                                     \
+        t1[t] = S##t;
+
+/* t1[t] = T1 of k-pairs [j0, j1) of block kb for T tokens */
+static inline __attribute__((always_inline)) void
+f8i_kernel(const int T, const __m256i *Wp, int j0, int j1, int kb, const f8i_tok *tk, __m256i *t1)
 {
-    __m256d A[12];
-    _Pragma("GCC unroll 16") for (int i = 0; i < 2 * T; i++) A[i] = _mm256_setzero_pd();
-    const double *a[6];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) a[t] = tk[t].a + 128 * kb;
-    for (int k = 0; k < 128; k++) {
-        __m256d w0 = _mm256_load_pd(panel + 8 * k), w1 = _mm256_load_pd(panel + 8 * k + 4);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-        {
-            __m256d b = _mm256_broadcast_sd(a[t] + k);
-            A[2 * t] = _mm256_fmadd_pd(w0, b, A[2 * t]);
-            A[2 * t + 1] = _mm256_fmadd_pd(w1, b, A[2 * t + 1]);
+    MX_FOR_T(F8I_PTR)
+    __m256i S0 = _mm256_setzero_si256(), S1 = S0, S2 = S0, S3 = S0, S4 = S0, S5 = S0;
+    for (int j = j0; j < j1; j++) {
+        __m256i w_ = _mm256_load_si256(Wp + j);
+        MX_FOR_T(F8I_MAC)
+    }
+    MX_FOR_T(F8I_STORE)
+}
+
+#define F8I_KERNEL_T(n)                                                                            \
+    static __attribute__((noinline)) void f8i_kernel_##n(const __m256i *Wp, int j0, int j1,        \
+                                                         int kb, const f8i_tok *tk, __m256i *t1)   \
+    {                                                                                              \
+        f8i_kernel(n, Wp, j0, j1, kb, tk, t1);                                                     \
+    }
+F8I_KERNEL_T(1)
+F8I_KERNEL_T(2)
+F8I_KERNEL_T(3)
+F8I_KERNEL_T(4)
+F8I_KERNEL_T(5)
+F8I_KERNEL_T(6)
+
+typedef void (*f8i_fn)(const __m256i *Wp, int j0, int j1, int kb, const f8i_tok *tk, __m256i *t1);
+static const f8i_fn f8i_kernels[7] = {NULL,         f8i_kernel_1, f8i_kernel_2, f8i_kernel_3,
+                                      f8i_kernel_4, f8i_kernel_5, f8i_kernel_6};
+
+/* The |w| < 2^-3 weights of one panel as vpmaddwd vectors: lov[i] holds WL at (row r, k & 1)
+ * of k-pair loj[i], zero elsewhere; only the k-pairs that have such a weight get a vector. */
+typedef struct f8i_lo {
+    __m256i lov[64];
+    int loj[64];
+    int n;
+} f8i_lo;
+
+static void f8i_lo_build(const uint32_t *lo, int nlo, f8i_lo *L)
+{
+    L->n = 0;
+    for (int i = 0; i < nlo; i++) {
+        uint32_t e = lo[i];
+        int k = (int)(e & 127), r = (int)((e >> 8) & 7), j = k / 2, x = 0;
+        while (x < L->n && L->loj[x] != j)
+            x++;
+        if (x == L->n) {
+            L->lov[x] = _mm256_setzero_si256();
+            L->loj[x] = j;
+            L->n++;
+        }
+        int16_t *lanes = (int16_t *)&L->lov[x];
+        lanes[2 * r + (k & 1)] = (int16_t)(e >> 16);
+    }
+}
+
+static inline __m256d lo4_pd(__m256i x)
+{
+    return _mm256_cvtepi32_pd(_mm256_castsi256_si128(x));
+}
+
+static inline __m256d hi4_pd(__m256i x)
+{
+    return _mm256_cvtepi32_pd(_mm256_extracti128_si256(x, 1));
+}
+
+/* The exact block sum of one token (T1 given as int32, or in double when the block was summed
+ * in parts) plus T2..T4, rounded once; then out += P * (sa * ws). F collects T2 * 16 + T3
+ * (units 2^-15), G collects T4 (units 2^-18). */
+static inline __attribute__((always_inline)) void f8i_finish(const f8i_tok *tk, int kb,
+                                                             const __m256i *Wp, const f8i_lo *L,
+                                                             const __m256i *t1, const double *t1d,
+                                                             float wsc, unsigned nanb)
+{
+    const uint32_t *ap = tk->ap + 64 * kb;
+    const int16_t *al = tk->al + 128 * kb;
+    __m256i F = _mm256_setzero_si256(), G = F;
+    for (int i = 0; i < L->n; i++) {
+        uint32_t alp;
+        memcpy(&alp, al + 2 * L->loj[i], sizeof alp);
+        F = _mm256_add_epi32(F,
+                             _mm256_madd_epi16(L->lov[i], _mm256_set1_epi32((int)ap[L->loj[i]])));
+        G = _mm256_add_epi32(G, _mm256_madd_epi16(L->lov[i], _mm256_set1_epi32((int)alp)));
+    }
+    F = _mm256_slli_epi32(F, 4);
+    int na = tk->cnt[kb];
+    const uint8_t *ent = tk->ent + 128 * kb;
+    __m256d d0 = _mm256_setzero_pd(), d1 = d0;
+    for (int i0 = 0; i0 < na; i0 += 64) { /* T3; F stays below 2^31 for 64 entries */
+        for (int i = i0; i < na && i < i0 + 64; i++) {
+            int k = ent[i];
+            uint32_t v = (uint16_t)al[k], pair = (k & 1) ? v << 16 : v;
+            F = _mm256_add_epi32(
+                F, _mm256_madd_epi16(_mm256_load_si256(Wp + k / 2), _mm256_set1_epi32((int)pair)));
+        }
+        if (i0 + 64 < na) { /* more than 64: move F to double and go on */
+            d0 = _mm256_fmadd_pd(lo4_pd(F), _mm256_set1_pd(0x1p-15), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(F), _mm256_set1_pd(0x1p-15), d1);
+            F = _mm256_setzero_si256();
         }
     }
-    f8_epilogue(T, A, _mm256_set1_pd(0x1p16), tk, kb, wsc, nanb);
+    __m256 p;
+    int fz = _mm256_testz_si256(F, F), gz = _mm256_testz_si256(G, G);
+    if (t1 && fz && gz && na <= 64) {
+        p = _mm256_mul_ps(_mm256_cvtepi32_ps(*t1), _mm256_set1_ps(0x1p-8f));
+    } else {
+        if (t1) {
+            d0 = _mm256_fmadd_pd(lo4_pd(*t1), _mm256_set1_pd(0x1p-8), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(*t1), _mm256_set1_pd(0x1p-8), d1);
+        } else {
+            d0 = _mm256_add_pd(d0, _mm256_loadu_pd(t1d));
+            d1 = _mm256_add_pd(d1, _mm256_loadu_pd(t1d + 4));
+        }
+        d0 = _mm256_fmadd_pd(lo4_pd(F), _mm256_set1_pd(0x1p-15), d0);
+        d1 = _mm256_fmadd_pd(hi4_pd(F), _mm256_set1_pd(0x1p-15), d1);
+        if (!gz) {
+            d0 = _mm256_fmadd_pd(lo4_pd(G), _mm256_set1_pd(0x1p-18), d0);
+            d1 = _mm256_fmadd_pd(hi4_pd(G), _mm256_set1_pd(0x1p-18), d1);
+        }
+        p = _mm256_set_m128(_mm256_cvtpd_ps(d1), _mm256_cvtpd_ps(d0));
+    }
+    if (__builtin_expect(nanb != 0, 0))
+        p = nan_lanes(p, nanb);
+    p = _mm256_mul_ps(p, _mm256_set1_ps(tk->sa[kb] * wsc));
+    _mm256_storeu_ps(tk->out, _mm256_add_ps(_mm256_loadu_ps(tk->out), p));
 }
 
 static void f8_direct_any(int T, const uint8_t *wd, int nkb, const f8_tok *tk, const float *wsc,
                           const uint8_t *nanr)
 {
-    switch (T) {
-    case 1:
+    if (T == 1)
         f8_direct(1, wd, nkb, tk, wsc, nanr);
-        break;
-    case 2:
+    else
         f8_direct(2, wd, nkb, tk, wsc, nanr);
-        break;
-    case 3:
-        f8_direct(3, wd, nkb, tk, wsc, nanr);
-        break;
-    default:
-        f8_direct(4, wd, nkb, tk, wsc, nanr);
-        break;
-    }
-}
-
-static void f8_panel_any(int T, const double *panel, int kb, const f8_tok *tk, float wsc,
-                         unsigned nanb)
-{
-    switch (T) {
-    case 1:
-        f8_panel_kernel(1, panel, kb, tk, wsc, nanb);
-        break;
-    case 2:
-        f8_panel_kernel(2, panel, kb, tk, wsc, nanb);
-        break;
-    case 3:
-        f8_panel_kernel(3, panel, kb, tk, wsc, nanb);
-        break;
-    case 4:
-        f8_panel_kernel(4, panel, kb, tk, wsc, nanb);
-        break;
-    case 5:
-        f8_panel_kernel(5, panel, kb, tk, wsc, nanb);
-        break;
-    default:
-        f8_panel_kernel(6, panel, kb, tk, wsc, nanb);
-        break;
-    }
 }
 
 /* ---- tiles: preprocessed activations for mt tokens x kn columns ---- */
@@ -646,9 +881,36 @@ static size_t mx_token_bytes(int kn)
     return 2 * round64((size_t)kn * 2) + 3 * round64(nb * 4) + round64(nb);
 }
 
-static size_t f8_token_bytes(int kn)
+/* FP8 tiles: doubles for the decode path (few tokens), integers for the many-token path */
+static size_t f8_token_bytes(int kn, int ipath)
 {
+    if (ipath)
+        return round64((size_t)kn * 2) * 2 + round64((size_t)kn) + round64((size_t)kn / 128) +
+               round64((size_t)kn / 128 * 4);
     return round64((size_t)kn * 8) + round64((size_t)kn / 128 * 4);
+}
+
+typedef struct f8i_tile {
+    uint32_t *ap;
+    int16_t *al;
+    uint8_t *ent, *cnt;
+    float *sa;
+} f8i_tile;
+
+static f8i_tile f8i_tile_at(uint8_t *base, int kn, int t)
+{
+    uint8_t *p = base + (size_t)t * f8_token_bytes(kn, 1);
+    f8i_tile r;
+    r.ap = (uint32_t *)p;
+    p += round64((size_t)kn * 2);
+    r.al = (int16_t *)p;
+    p += round64((size_t)kn * 2);
+    r.ent = p;
+    p += round64((size_t)kn);
+    r.cnt = p;
+    p += round64((size_t)kn / 128);
+    r.sa = (float *)p;
+    return r;
 }
 
 typedef struct mx_tile {
@@ -681,21 +943,23 @@ static void mx_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
 {
     int K = c->w->K, KB = K / 128;
     const uint8_t *a = c->a + (size_t)m * K + k0;
+    const e4m3_split L = split_luts(4); /* hi: |a| >= 2^-3 in units of 2^-6 */
     for (int b = 0; b < kn / 32; b++) {
-        int32_t shi = 0, slo = 0, nan = 0, need = 0;
-        for (int j = 0; j < 16; j++) {
-            uint8_t c0 = a[32 * b + 2 * j], c1 = a[32 * b + 2 * j + 1];
-            int16_t h0 = mx_hi[c0], h1 = mx_hi[c1], l0 = mx_lo[c0], l1 = mx_lo[c1];
-            d.hi[16 * b + j] = (uint16_t)h0 | (uint32_t)(uint16_t)h1 << 16;
-            d.lo[16 * b + j] = (uint16_t)l0 | (uint32_t)(uint16_t)l1 << 16;
-            shi += h0 + h1;
-            slo += l0 + l1;
-            need |= l0 | l1;
-            nan |= e4m3_nan(c0) | e4m3_nan(c1);
-        }
+        __m256i v0, v1, h0, h1, l0, l1, n0, n1;
+        codes32(a + 32 * b, &v0, &v1);
+        split16(v0, &L, &h0, &l0, &n0);
+        split16(v1, &L, &h1, &l1, &n1);
+        _mm256_store_si256((__m256i *)(d.hi + 16 * b), h0);
+        _mm256_store_si256((__m256i *)(d.hi + 16 * b + 8), h1);
+        _mm256_store_si256((__m256i *)(d.lo + 16 * b), l0);
+        _mm256_store_si256((__m256i *)(d.lo + 16 * b + 8), l1);
+        /* hi is widened before it is summed (32 * 28672 > 2^15); lo pairs fit int16 */
+        int32_t shi = hsum16x2(h0, _mm256_setzero_si256()) + hsum16x2(h1, _mm256_setzero_si256());
+        int32_t slo = hsum16x2(l0, l1);
         d.chi[b] = -12 * shi;
         d.clo[b] = -12 * slo;
-        d.need[b] = need != 0;
+        d.need[b] = !_mm256_testz_si256(_mm256_or_si256(l0, l1), _mm256_or_si256(l0, l1));
+        int nan = !_mm256_testz_si256(_mm256_or_si256(n0, n1), _mm256_or_si256(n0, n1));
         d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
     }
 }
@@ -707,25 +971,31 @@ static void mxs_prep(const gemm_call *c, int m, int k0, int kn, mx_tile d)
     int K = c->w->K, KB = K / 128;
     const uint8_t *a = c->a + (size_t)m * K + k0;
     int8_t *d0 = (int8_t *)d.hi, *d1 = d0 + kn, *lo = (int8_t *)d.lo;
+    const e4m3_split L = split_luts(5); /* hi: |a| >= 2^-2 in units of 2^-5 */
+    const __m256i perm = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0,
+                                          2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    const __m256i m127 = _mm256_set1_epi16(127);
     for (int b = 0; b < kn / 32; b++) {
-        int32_t shi = 0, slo = 0, nan = 0, need = 0;
-        for (int j = 0; j < 32; j++) {
-            uint8_t code = a[32 * b + j];
-            int r = j & 7;
-            int pos = 32 * b + (j & ~7) + (r == 1 ? 2 : r == 2 ? 1 : r == 5 ? 6 : r == 6 ? 5 : r);
-            int16_t h = mxs_hi[code];
-            int8_t l = mxs_lo[code];
-            d0[pos] = (int8_t)(h & 127);
-            d1[pos] = (int8_t)(h >> 7);
-            lo[pos] = l;
-            shi += h;
-            slo += l;
-            need |= l;
-            nan |= e4m3_nan(code);
-        }
+        __m256i v0, v1, h0, h1, l0, l1, n0, n1;
+        codes32(a + 32 * b, &v0, &v1);
+        split16(v0, &L, &h0, &l0, &n0);
+        split16(v1, &L, &h1, &l1, &n1);
+        /* words -> bytes in k order (packs interleaves the 128-bit lanes), then the 0 2 1 3
+         * order within each 4 */
+#define MXS_PACK(x0, x1)                                                                           \
+    _mm256_shuffle_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(x0, x1), 0xD8), perm)
+        _mm256_storeu_si256((__m256i *)(d0 + 32 * b),
+                            MXS_PACK(_mm256_and_si256(h0, m127), _mm256_and_si256(h1, m127)));
+        _mm256_storeu_si256((__m256i *)(d1 + 32 * b),
+                            MXS_PACK(_mm256_srai_epi16(h0, 7), _mm256_srai_epi16(h1, 7)));
+        _mm256_storeu_si256((__m256i *)(lo + 32 * b), MXS_PACK(l0, l1));
+#undef MXS_PACK
+        int32_t shi = hsum16x2(h0, _mm256_setzero_si256()) + hsum16x2(h1, _mm256_setzero_si256());
+        int32_t slo = hsum16x2(l0, l1);
         d.chi[b] = -12 * shi;
         d.clo[b] = -12 * slo;
-        d.need[b] = need != 0;
+        d.need[b] = !_mm256_testz_si256(_mm256_or_si256(l0, l1), _mm256_or_si256(l0, l1));
+        int nan = !_mm256_testz_si256(_mm256_or_si256(n0, n1), _mm256_or_si256(n0, n1));
         d.sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + (k0 / 32 + b) / 4];
     }
 }
@@ -801,78 +1071,153 @@ static void f8_prep(const gemm_call *c, int m, int k0, int kn, double *ad, float
     }
 }
 
-static void f8_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, uint8_t *base)
+static void f8i_prep(const gemm_call *c, int m, int k0, int kn, f8i_tile d)
 {
-    size_t tb = f8_token_bytes(kn);
+    int K = c->w->K, KB = K / 128;
+    const uint8_t *a = c->a + (size_t)m * K + k0;
+    int16_t *A = (int16_t *)d.ap;
+    const e4m3_split L = split_luts(8); /* A: |a| >= 2 in units of 2^-2 */
+    for (int b = 0; b < kn / 128; b++) {
+        int n = 0;
+        __m256i nan = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            int k = 128 * b + 32 * q;
+            __m256i v[2], h[2], l[2], nn[2];
+            codes32(a + k, &v[0], &v[1]);
+            for (int x = 0; x < 2; x++) {
+                split16(v[x], &L, &h[x], &l[x], &nn[x]);
+                _mm256_store_si256((__m256i *)(A + k + 16 * x), h[x]);
+                _mm256_store_si256((__m256i *)(d.al + k + 16 * x), l[x]);
+                nan = _mm256_or_si256(nan, nn[x]);
+                /* the k with AL != 0: two mask bits per int16 lane */
+                uint32_t nz = ~(uint32_t)_mm256_movemask_epi8(
+                    _mm256_cmpeq_epi16(l[x], _mm256_setzero_si256()));
+                while (nz) {
+                    int bit = __builtin_ctz(nz);
+                    d.ent[128 * b + n++] = (uint8_t)(32 * q + 16 * x + bit / 2);
+                    nz &= ~(3u << bit);
+                }
+            }
+        }
+        d.cnt[b] = (uint8_t)n; /* n <= 128 */
+        d.sa[b] = _mm256_testz_si256(nan, nan) ? c->a_scale[(size_t)m * KB + k0 / 128 + b] : NAN;
+    }
+}
+
+static void f8_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, uint8_t *base,
+                         int ipath)
+{
+    size_t tb = f8_token_bytes(kn, ipath);
     for (int t = 0; t < mt; t++) {
+        if (ipath) {
+            f8i_prep(c, m0 + t, k0, kn, f8i_tile_at(base, kn, t));
+            continue;
+        }
         double *ad = (double *)(base + (size_t)t * tb);
         f8_prep(c, m0 + t, k0, kn, ad, (float *)(base + (size_t)t * tb + round64((size_t)kn * 8)));
     }
 }
 
-static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
-                        uint8_t *base)
+/* Many tokens: for each 128-block, for each octet, build the int16 panel once and run it
+ * against every token of the tile. */
+static void f8i_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                         uint8_t *base)
 {
     const gemm_weight *w = c->w;
     int N = w->N, K = w->K, KB = K / 128, nkb = kn / 128;
-    size_t tb = f8_token_bytes(kn);
-    f8_tok all[F8_TILE_T] = {{0}};
-    int direct = mt <= F8_DIRECT_MAX;
-    int tmax = direct ? F8_DIRECT_T : F8_TILE_T;
-    int ng = (mt + tmax - 1) / tmax;
-    _Alignas(32) double panel[128 * 8];
+    int ng = (mt + F8_TILE_T - 1) / F8_TILE_T;
+    _Alignas(32) __m256i Wp[64];
+    _Alignas(32) f8i_lo L;
+    _Alignas(32) __m256i t1[F8_TILE_T];
+    _Alignas(32) double t1d[F8_TILE_T][8];
+    for (int kb = 0; kb < nkb; kb++) {
+        for (int o = ro0; o < ro1; o++) {
+            size_t bi = (size_t)o * KB + k0 / 128 + kb;
+            f8i_panel(w->data + (size_t)o * K * 8 + (size_t)(k0 + 128 * kb) * 8, Wp);
+            int safe = w->int_safe[bi];
+            f8i_lo_build(w->lo_ent + w->lo_off[bi], (int)(w->lo_off[bi + 1] - w->lo_off[bi]), &L);
+            float wsc = w->fscale[(size_t)(o / 16) * KB + k0 / 128 + kb];
+            unsigned nanb = w->nanrows ? w->nanrows[bi] : 0;
+            for (int g = 0, t0 = 0; g < ng; g++) {
+                int T = mt / ng + (g < mt % ng);
+                f8i_tok tk[F8_TILE_T];
+                for (int t = 0; t < T; t++) {
+                    f8i_tile d = f8i_tile_at(base, kn, t0 + t);
+                    tk[t] = (f8i_tok){d.ap,  d.al, d.ent,
+                                      d.cnt, d.sa, c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
+                }
+                if (safe) {
+                    f8i_kernels[T](Wp, 0, 64, kb, tk, t1);
+                    for (int t = 0; t < T; t++)
+                        f8i_finish(&tk[t], kb, Wp, &L, &t1[t], NULL, wsc, nanb);
+                } else {
+                    memset(t1d, 0, sizeof t1d);
+                    for (int part = 0; part < 4; part++) {
+                        f8i_kernels[T](Wp, 16 * part, 16 * part + 16, kb, tk, t1);
+                        for (int t = 0; t < T; t++) {
+                            __m256i x = t1[t];
+                            __m256d lo4 = _mm256_cvtepi32_pd(_mm256_castsi256_si128(x));
+                            __m256d hi4 = _mm256_cvtepi32_pd(_mm256_extracti128_si256(x, 1));
+                            _mm256_storeu_pd(t1d[t], _mm256_fmadd_pd(lo4, _mm256_set1_pd(0x1p-8),
+                                                                     _mm256_loadu_pd(t1d[t])));
+                            _mm256_storeu_pd(t1d[t] + 4,
+                                             _mm256_fmadd_pd(hi4, _mm256_set1_pd(0x1p-8),
+                                                             _mm256_loadu_pd(t1d[t] + 4)));
+                        }
+                    }
+                    for (int t = 0; t < T; t++)
+                        f8i_finish(&tk[t], kb, Wp, &L, NULL, t1d[t], wsc, nanb);
+                }
+                t0 += T;
+            }
+        }
+    }
+}
+
+static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                        uint8_t *base, int ipath)
+{
+    if (ipath) {
+        f8i_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
+        return;
+    }
+    const gemm_weight *w = c->w;
+    int N = w->N, K = w->K, KB = K / 128, nkb = kn / 128;
+    size_t tb = f8_token_bytes(kn, 0);
+    f8_tok all[F8_DIRECT_T] = {{0}};
+    int ng = (mt + F8_DIRECT_T - 1) / F8_DIRECT_T;
     for (int o = ro0; o < ro1; o++) {
         const uint8_t *wd = w->data + (size_t)o * K * 8 + (size_t)k0 * 8;
         const float *wsc = w->fscale + (size_t)(o / 16) * KB + k0 / 128;
         const uint8_t *nanr = w->nanrows ? w->nanrows + (size_t)o * KB + k0 / 128 : NULL;
-        if (direct) {
-            for (int g = 0, t0 = 0; g < ng; g++) {
-                int T = mt / ng + (g < mt % ng);
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-                {
-                    uint8_t *p = base + (size_t)(t0 + t) * tb;
-                    all[t] =
-                        (f8_tok){(const double *)p, (const float *)(p + round64((size_t)kn * 8)),
-                                 c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
-                }
-                f8_direct_any(T, wd, nkb, all, wsc, nanr);
-                t0 += T;
+        for (int g = 0, t0 = 0; g < ng; g++) {
+            int T = mt / ng + (g < mt % ng);
+            for (int t = 0; t < T; t++) {
+                uint8_t *p = base + (size_t)(t0 + t) * tb;
+                all[t] = (f8_tok){(const double *)p, (const float *)(p + round64((size_t)kn * 8)),
+                                  c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
             }
-            continue;
-        }
-        for (int kb = 0; kb < nkb; kb++) {
-            f8_panel(wd + (size_t)kb * 1024, panel);
-            for (int g = 0, t0 = 0; g < ng; g++) {
-                int T = mt / ng + (g < mt % ng);
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-                {
-                    uint8_t *p = base + (size_t)(t0 + t) * tb;
-                    all[t] =
-                        (f8_tok){(const double *)p, (const float *)(p + round64((size_t)kn * 8)),
-                                 c->out + (size_t)(m0 + t0 + t) * N + 8 * o};
-                }
-                f8_panel_any(T, panel, kb, all, wsc[kb], nanr ? nanr[kb] : 0);
-                t0 += T;
-            }
+            f8_direct_any(T, wd, nkb, all, wsc, nanr);
+            t0 += T;
         }
     }
 }
 
 /* ---- driver ---- */
 
-static void tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, void *base)
+static void tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, void *base, int ipath)
 {
     if (c->w->kind == GEMM_KIND_FP8)
-        f8_tile_prep(c, m0, mt, k0, kn, base);
+        f8_tile_prep(c, m0, mt, k0, kn, base, ipath);
     else
         mx_tile_prep(c, m0, mt, k0, kn, base);
 }
 
 static void tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
-                     void *base)
+                     void *base, int ipath)
 {
     if (c->w->kind == GEMM_KIND_FP8)
-        f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
+        f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, base, ipath);
     else
         mx_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
 }
@@ -890,18 +1235,20 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
     const gemm_weight *w = c->w;
     int M = c->M, K = w->K, octets = w->N / 8;
     int fp8 = w->kind == GEMM_KIND_FP8;
+    /* FP8 with more tokens than the decode path handles well: the integer path */
+    int ipath = fp8 && M > F8_DIRECT_MAX;
     /* Tiles: the whole K when a micro-tile of tokens fits the scratch (weights then stream
      * once, sequentially, per tile of tokens); otherwise the largest multiple of 128 that
      * does. As many tokens per tile as fit. Every thread computes the same plan. */
     int want = M < 6 ? M : 6;
     int kc = K;
     for (;;) {
-        size_t tb = fp8 ? f8_token_bytes(kc) : mx_token_bytes(kc);
+        size_t tb = fp8 ? f8_token_bytes(kc, ipath) : mx_token_bytes(kc);
         if (tb * (size_t)want <= cap || kc == 128)
             break;
         kc = (kc / 2 + 127) / 128 * 128;
     }
-    size_t tb = fp8 ? f8_token_bytes(kc) : mx_token_bytes(kc);
+    size_t tb = fp8 ? f8_token_bytes(kc, ipath) : mx_token_bytes(kc);
     int mc = (int)(cap / tb);
     if (mc > M)
         mc = M;
@@ -921,8 +1268,8 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
             zero_out(c, m0, mt, ro0, ro1);
             for (int k0 = 0; k0 < K; k0 += kc) {
                 int kn = K - k0 < kc ? K - k0 : kc;
-                tile_prep(c, m0, mt, k0, kn, scratch);
-                tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch);
+                tile_prep(c, m0, mt, k0, kn, scratch, ipath);
+                tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch, ipath);
             }
         }
         return;
@@ -943,10 +1290,10 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
         int ro0 = (int)(item % nch) * chunk, ro1 = ro0 + chunk < octets ? ro0 + chunk : octets;
         int m0 = (int)tile * mc, mt = M - m0 < mc ? M - m0 : mc;
         if (tile != prepared) {
-            tile_prep(c, m0, mt, 0, K, scratch);
+            tile_prep(c, m0, mt, 0, K, scratch, ipath);
             prepared = tile;
         }
         zero_out(c, m0, mt, ro0, ro1);
-        tile_run(c, ro0, ro1, m0, mt, 0, K, scratch);
+        tile_run(c, ro0, ro1, m0, mt, 0, K, scratch, ipath);
     }
 }

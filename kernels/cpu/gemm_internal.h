@@ -43,6 +43,11 @@ struct gemm_weight {
     uint8_t *nanrows;
     /* AVX2 MXFP4 only: some e8m0 code is 0 or 255 (needs the slow scale decode). */
     int scale_special;
+    /* AVX2 FP8 only, for the integer path (gemm_avx2.c): per (octet, 128-block) the list of
+     * weights with |w| < 2^-3 (entries lo_ent[lo_off[i] .. lo_off[i+1]), each k | row << 8 |
+     * (w * 512) << 16) and whether the block's int32 sums cannot overflow (int_safe). */
+    uint32_t *lo_off, *lo_ent;
+    uint8_t *int_safe;
     size_t bytes; /* everything above, struct included */
 };
 

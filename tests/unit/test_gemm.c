@@ -424,6 +424,30 @@ TEST(nan_codes_and_special_scales)
     }
 }
 
+/* Largest magnitudes everywhere (codes near +-448, mostly one sign): the FP8 block sums reach
+ * 128 * 448^2 ~ 2^24.6, past what an int32 sum of (a*4) * (w*64) can hold, so an
+ * implementation that sums in integers must split or widen; and enough tokens to take the
+ * many-token paths. */
+TEST(largest_magnitudes)
+{
+    for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
+        problem p = make(kind, 13, 256, 512, ACT_UNIFORM, 1);
+        for (int i = 0; i < 13 * 512; i++)
+            p.a[i] = (uint8_t)(0x78 + rnd() % 7) | (rnd() % 16 == 0 ? 0x80 : 0);
+        if (kind == GEMM_KIND_FP8) {
+            for (int i = 0; i < 256 * 512; i++)
+                p.w[i] = (uint8_t)(0x78 + rnd() % 7) | (rnd() % 16 == 0 ? 0x80 : 0);
+            model_fp8(p.M, p.N, p.K, p.a, p.as, p.w, p.ws, p.want);
+        } else {
+            for (int i = 0; i < 256 * 256; i++)
+                p.w[i] = 0x77; /* 6, 6 */
+            model_mxfp4(p.M, p.N, p.K, p.a, p.as, p.w, p.wsb, p.want);
+        }
+        check_problem(&p, NULL, "largest magnitudes");
+        unmake(&p);
+    }
+}
+
 /* Scales that overflow and underflow fp32 in the epilogue: inf, subnormal products. */
 TEST(extreme_scales)
 {
@@ -594,6 +618,7 @@ int main(void)
     RUN(mxfp4_equals_float64_model);
     RUN(block_sum_is_exact_then_rounded_once);
     RUN(nan_codes_and_special_scales);
+    RUN(largest_magnitudes);
     RUN(extreme_scales);
     RUN(results_independent_of_batch_order_and_threads);
     RUN(avx2_tiling_small_scratch_and_long_k);
