@@ -311,8 +311,7 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
         w->done = true;
     } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE ||
                code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
-               (code == EPMOE__ERROR_CODE__ERR_BAD_REQUEST &&
-                strstr(text, "send REGISTER first") != NULL)) {
+               code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
         /* the coordinator does not (or no longer) count us as registered: start over, after
          * the backoff (an ERR_DUPLICATE clears only once the old registration expires) */
         char why[EP_ERR_MSG_MAX];
