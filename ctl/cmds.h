@@ -40,6 +40,8 @@ typedef int (*cmd_fn)(const cmd_ctx *ctx, int argc, char **argv);
 /* offline tools */
 int cmd_mkmodel(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_inspect(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_mkinput(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_diff(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_forward(const cmd_ctx *ctx, int argc, char **argv);
 
 /* admin RPC to the coordinator (ctl/cmd_admin.c) */

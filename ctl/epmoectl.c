@@ -22,6 +22,8 @@ static const struct {
 } ctl_cmds[] = {
     {"mkmodel", cmd_mkmodel, "write a synthetic DeepSeek V4 checkpoint"},
     {"inspect", cmd_inspect, "show a checkpoint's resolved config and check its tensors"},
+    {"mkinput", cmd_mkinput, "write a random forward input (hidden_states, input_ids) for a model"},
+    {"diff", cmd_diff, "compare two forward outputs tensor by tensor (bit-identical?)"},
     {"forward", cmd_forward, "run one MoE layer (on the cluster, or --local in this process)"},
     {"status", cmd_status, "the cluster's state and workers (--wait-ready waits for ready)"},
     {"workers", cmd_workers, "every worker with everything the coordinator knows about it"},

@@ -302,7 +302,7 @@ TEST(silent_worker_dies_and_comes_back)
     CHECK_EQ(u->n_errors, 0);
     it_worker_send(u, EPMOE__MSG_TYPE__MSG_LOADING, &ld.base);
     it_pump(t, 200);
-    CHECK_EQ(u->last_error_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_EQ(u->last_error_code, EPMOE__ERROR_CODE__ERR_NOT_REGISTERED);
     CHECK_STR_HAS(u->last_error, "send REGISTER first");
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);

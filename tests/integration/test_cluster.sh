@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# test_cluster.sh — the whole system as operators run it: a real epmoe-coordinator and 1, 2, 3
+# and 4 real epmoe-worker processes on tcp loopback, driven by epmoectl.
+#
+# Proves, for both expert dtypes, a hash layer, a score layer and the MTP layer, and 1, 7, 64
+# and 300 tokens (fewer tokens than workers included): the cluster's `forward` output file is
+# byte-identical to `forward --local` in one process (out, topk_ids, topk_weights); with bf16
+# dispatch too; concurrent forwards from several clients each get their own right answer; a
+# worker whose name is not in the spec is refused (exit 78); malformed ZeroMQ messages to the
+# coordinator's two sockets are answered with an Error and to each worker's data endpoint are
+# dropped, and the cluster goes on serving bit-identical results; shutdown stops every daemon
+# with exit 0.
+#
+#   test_cluster.sh CTL_DIR COORDINATOR WORKER ZMQ_POKE
+set -u
+CTL=$1/epmoectl
+COORD=$2
+WORKER=$3
+POKE=$4
+TMP=$(mktemp -d /tmp/epmoe_cluster_XXXXXX)
+PIDS=()
+fails=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*"
+    fails=$((fails + 1))
+}
+
+ok() { echo "ok   $*"; }
+
+# N free tcp ports on 127.0.0.1 (bound to port 0 and released; the race is harmless here)
+free_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# start_cluster NAME MODEL P DISPATCH: writes $TMP/NAME.yaml, starts the daemons, waits for
+# ready; sets ADMIN, LISTEN, DATA (array) and CPIDS (coordinator then workers)
+start_cluster() {
+    local name=$1 model=$2 p=$3 dispatch=$4
+    read -r -a ports <<<"$(free_ports $((p + 2)))"
+    LISTEN="tcp://127.0.0.1:${ports[0]}"
+    ADMIN="tcp://127.0.0.1:${ports[1]}"
+    DATA=()
+    local spec=$TMP/$name.yaml
+    {
+        echo "cluster: {name: $name}"
+        echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: 200, liveness: 10}"
+        echo "model: {path: $model}"
+        echo "expert_parallel: {placement: contiguous, dispatch: $dispatch}"
+        echo "nodes:"
+        echo "  - name: local"
+        echo "    workers:"
+        for ((r = 0; r < p; r++)); do
+            DATA+=("tcp://127.0.0.1:${ports[$((r + 2))]}")
+            echo "      - {name: w$r, device: cpu, data: \"${DATA[$r]}\"}"
+        done
+    } >"$spec"
+    CPIDS=()
+    "$COORD" --cluster "$spec" >"$TMP/$name.coord.log" 2>&1 &
+    CPIDS+=($!)
+    PIDS+=($!)
+    for ((r = 0; r < p; r++)); do
+        "$WORKER" --coordinator "$LISTEN" --name "w$r" --threads 1 >"$TMP/$name.w$r.log" 2>&1 &
+        CPIDS+=($!)
+        PIDS+=($!)
+    done
+    if ! "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 120 >"$TMP/$name.status" 2>&1; then
+        fail "$name: cluster not ready"
+        cat "$TMP/$name.status" "$TMP/$name.coord.log" "$TMP/$name".w*.log | tail -40
+        return 1
+    fi
+}
+
+# stop_cluster NAME: admin shutdown, every daemon must exit 0 within 20 s
+stop_cluster() {
+    local name=$1
+    "$CTL" --coordinator "$ADMIN" shutdown >/dev/null 2>&1 || fail "$name: shutdown verb"
+    for pid in "${CPIDS[@]}"; do
+        local waited=0
+        while kill -0 "$pid" 2>/dev/null && [ $waited -lt 200 ]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            fail "$name: pid $pid still running 20 s after shutdown"
+            kill -9 "$pid"
+        fi
+        wait "$pid"
+        local rc=$?
+        [ $rc -eq 0 ] || fail "$name: pid $pid exited $rc after shutdown"
+    done
+}
+
+# the reference: forward --local, once per (model, layer, tokens)
+local_ref() {
+    local model=$1 layer=$2 t=$3 ref=$TMP/ref_$(basename "$1")_${2}_$3.st
+    if [ ! -f "$ref" ]; then
+        "$CTL" forward --local --model "$model" --layer "$layer" --input "$TMP/in_$t.st" \
+            --output "$ref" >/dev/null || echo "FAIL: forward --local $model $layer T=$t" >&2
+    fi
+    echo "$ref"
+}
+
+# check_forwards NAME MODEL: every layer kind and token count through the cluster
+check_forwards() {
+    local name=$1 model=$2 n=0 bad=0
+    for layer in 0 1 mtp.0; do
+        for t in 1 7 64 300; do
+            local out=$TMP/$name.$layer.$t.st ref
+            ref=$(local_ref "$model" "$layer" "$t")
+            if ! "$CTL" --coordinator "$ADMIN" forward --layer "$layer" --input "$TMP/in_$t.st" \
+                --output "$out" >"$TMP/$name.fwd.log" 2>&1; then
+                fail "$name: forward layer $layer T=$t: $(cat "$TMP/$name.fwd.log")"
+                bad=$((bad + 1))
+            elif ! cmp -s "$out" "$ref"; then
+                fail "$name: layer $layer T=$t differs from forward --local"
+                "$CTL" diff "$out" "$ref"
+                bad=$((bad + 1))
+            fi
+            n=$((n + 1))
+        done
+    done
+    [ $bad -eq 0 ] && ok "$name: $n forwards (layers 0 hash, 1 score, mtp.0; T 1 7 64 300) bit-identical to --local"
+}
+
+# ---- models and inputs ----
+for dt in fp4 fp8; do
+    "$CTL" mkmodel --out "$TMP/$dt" --expert-dtype "$dt" --experts 12 --layers 2 --hash-layers 1 \
+        --mtp 1 --seed 7 >/dev/null || { fail "mkmodel $dt"; exit 1; }
+done
+for t in 1 7 64 300; do
+    "$CTL" mkinput --model "$TMP/fp4" --tokens "$t" --seed "$t" --out "$TMP/in_$t.st" >/dev/null ||
+        fail "mkinput $t"
+done
+
+# ---- 1..4 workers, both dtypes ----
+for dt in fp4 fp8; do
+    for p in 1 2 3 4; do
+        start_cluster "$dt-p$p" "$TMP/$dt" "$p" fp8 || continue
+        check_forwards "$dt-p$p" "$TMP/$dt"
+        stop_cluster "$dt-p$p"
+    done
+done
+
+# ---- bf16 dispatch ----
+if start_cluster bf16-p3 "$TMP/fp4" 3 bf16; then
+    check_forwards bf16-p3 "$TMP/fp4"
+    stop_cluster bf16-p3
+fi
+
+# ---- one long-lived 4-worker cluster: concurrency, intruders, garbage ----
+if start_cluster live "$TMP/fp8" 4 fp8; then
+    # concurrent clients, each with its own layer and input
+    cpids=()
+    i=0
+    for layer in 0 1 mtp.0 0 1 mtp.0; do
+        t=$([ $((i % 2)) -eq 0 ] && echo 64 || echo 300)
+        "$CTL" --coordinator "$ADMIN" forward --layer "$layer" --input "$TMP/in_$t.st" \
+            --output "$TMP/conc$i.st" >"$TMP/conc$i.log" 2>&1 &
+        cpids+=("$!:$layer:$t:$i")
+        i=$((i + 1))
+    done
+    cbad=0
+    for e in "${cpids[@]}"; do
+        IFS=: read -r pid layer t i <<<"$e"
+        if ! wait "$pid"; then
+            fail "concurrent forward $i: $(cat "$TMP/conc$i.log")"
+            cbad=1
+        elif ! cmp -s "$TMP/conc$i.st" "$(local_ref "$TMP/fp8" "$layer" "$t")"; then
+            fail "concurrent forward $i (layer $layer, T $t) differs from --local"
+            cbad=1
+        fi
+    done
+    [ $cbad -eq 0 ] && ok "6 concurrent forwards from separate clients, each bit-identical"
+
+    # a worker whose name is not in the spec is refused and exits 78
+    "$WORKER" --coordinator "$LISTEN" --name intruder >"$TMP/intruder.log" 2>&1
+    rc=$?
+    if [ $rc -eq 78 ] && grep -q "not in cluster spec" "$TMP/intruder.log"; then
+        ok "worker \"intruder\" refused: exit 78, $(grep -o 'worker "intruder" is not in cluster spec[^(]*' "$TMP/intruder.log" | head -1)"
+    else
+        fail "intruder worker: exit $rc; log: $(tail -3 "$TMP/intruder.log")"
+    fi
+
+    # malformed messages: the coordinator answers each with an Error (type 1) on both sockets
+    kinds="badversion notype badtype nobody garbage unknown junk toomany register_empty"
+    for sock in "$LISTEN" "$ADMIN"; do
+        for k in $kinds; do
+            r=$("$POKE" "$sock" dealer "$k")
+            [[ "$r" == "reply: type 1"* ]] || fail "poke $sock $k: $r"
+        done
+    done
+    ok "coordinator answered 18 malformed messages with Error replies"
+    # the same through the shell's own TCP: bytes that are not even ZMTP
+    exec 3<>"/dev/tcp/127.0.0.1/${ADMIN##*:}" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && exec 3>&-
+    # and each worker's data endpoint drops them
+    for d in "${DATA[@]}"; do
+        for k in $kinds; do "$POKE" "$d" push "$k" >/dev/null; done
+    done
+    sleep 0.5
+    for ((r = 0; r < 4; r++)); do
+        kill -0 "${CPIDS[$((r + 1))]}" 2>/dev/null || fail "worker w$r died after garbage"
+        grep -q "data plane: dropped a message" "$TMP/live.w$r.log" ||
+            fail "worker w$r logged no dropped data-plane message"
+    done
+    kill -0 "${CPIDS[0]}" 2>/dev/null || fail "coordinator died after garbage"
+    "$CTL" --coordinator "$ADMIN" -o json status >"$TMP/after.json" 2>&1 &&
+        grep -q '"state": "ready"' "$TMP/after.json" || fail "not ready after garbage: $(cat "$TMP/after.json")"
+    check_forwards after-garbage "$TMP/fp8"
+    stop_cluster live
+fi
+
+if [ $fails -ne 0 ]; then
+    echo "$fails failure(s)"
+    exit 1
+fi
+echo "all ok"

@@ -1,0 +1,614 @@
+/*
+ * test_transport.c — the ZeroMQ data plane (worker/transport.h) over tcp loopback.
+ *
+ * Proves: P = 2, 3, 4 transports, one thread each, exchange DISPATCH and COMBINE for several
+ * steps in every format (fp8 with e8m0 scales, fp8 with f32 scales, bf16), including empty
+ * messages, and every array arrives bit for bit as sent (the receiver regenerates the expected
+ * content from the same seed, never from what it received); a message for a step not started yet
+ * is kept until taken; messages of finished steps are dropped; garbage frames and malformed
+ * bodies (bad counts, payload size mismatch, pair_row out of range, unowned expert, wrong epoch,
+ * own rank as source, wrong type) are each dropped with a reason naming the fault, and a later
+ * well-formed step still completes.
+ */
+#include <pthread.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/limits.h"
+#include "common/wire.h"
+#include "test.h"
+#include "worker/transport.h"
+
+#define H     256
+#define E     16
+#define EPOCH 7
+
+static void *zctx;
+
+/* ---- deterministic content --------------------------------------------------------------------
+ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void rng_fill(uint64_t *s, void *p, size_t n)
+{
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (uint8_t)rng_next(s);
+}
+
+static int owner_of(int e, int P)
+{
+    return e * P / E;
+}
+
+static tp_format step_format(uint64_t step, bool *e8m0)
+{
+    *e8m0 = step % 3 == 0;
+    return step % 3 == 2 ? TP_FMT_BF16 : TP_FMT_FP8;
+}
+
+/* The shape of the dispatch src sends dst in step; s is left where the contents start. */
+static void gen_shape(tp_msg *m, uint64_t step, int src, int dst, uint64_t *s)
+{
+    *s = step * 1000003u + (uint64_t)src * 1009u + (uint64_t)dst;
+    memset(m, 0, sizeof *m);
+    m->kind = TP_DISPATCH;
+    m->step_id = step;
+    m->layer = (uint32_t)(step % 5);
+    m->format = step_format(step, &m->scales_e8m0);
+    m->n_rows = (step + (uint64_t)src + (uint64_t)dst) % 4 == 0 ? 0 : (int)(rng_next(s) % 40);
+    m->n_pairs = m->n_rows ? m->n_rows + (int)(rng_next(s) % (uint64_t)m->n_rows) : 0;
+}
+
+/* The contents of that dispatch, into m's allocated arrays. */
+static void gen_fill(tp_msg *m, uint64_t step, int src, int dst, int P)
+{
+    uint64_t s;
+    tp_msg shape;
+    gen_shape(&shape, step, src, dst, &s);
+    size_t rows = (size_t)m->n_rows;
+    if (m->format == TP_FMT_FP8) {
+        rng_fill(&s, m->codes, rows * H);
+        rng_fill(&s, m->scales, rows * (H / 128) * (m->scales_e8m0 ? 1 : 4));
+    } else {
+        rng_fill(&s, m->hidden, rows * H * 2);
+    }
+    int first = -1, n_own = 0;
+    for (int e = 0; e < E; e++)
+        if (owner_of(e, P) == dst) {
+            if (first < 0)
+                first = e;
+            n_own++;
+        }
+    for (int p = 0; p < m->n_pairs; p++) {
+        m->pair_row[p] = (uint32_t)(rng_next(&s) % rows);
+        m->pair_expert[p] = (uint32_t)(first + (int)(rng_next(&s) % (uint64_t)n_own));
+        rng_fill(&s, &m->pair_weight[p], 4);
+    }
+}
+
+static void gen_combine(tp_msg *m, uint64_t step, int src, int dst, int n_pairs, bool fill)
+{
+    if (!fill) {
+        memset(m, 0, sizeof *m);
+        m->kind = TP_COMBINE;
+        m->step_id = step;
+        m->n_pairs = n_pairs;
+        return;
+    }
+    uint64_t s = step * 7777u + (uint64_t)src * 31u + (uint64_t)dst + 99u;
+    rng_fill(&s, m->out, (size_t)n_pairs * H * 2);
+}
+
+static int make_dispatch(tp_msg *m, uint64_t step, int src, int dst, int P)
+{
+    uint64_t s;
+    gen_shape(m, step, src, dst, &s);
+    if (tp_msg_alloc(m, H, NULL) != 0)
+        return -1;
+    gen_fill(m, step, src, dst, P);
+    return 0;
+}
+
+static int make_combine(tp_msg *m, uint64_t step, int src, int dst, int n_pairs)
+{
+    gen_combine(m, step, src, dst, n_pairs, false);
+    if (tp_msg_alloc(m, H, NULL) != 0)
+        return -1;
+    gen_combine(m, step, src, dst, n_pairs, true);
+    return 0;
+}
+
+static bool same_bytes(const void *a, const void *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n) == 0;
+}
+
+/* got equals what src would have sent dst, field by field and bit by bit. */
+static bool dispatch_matches(const tp_msg *got, int dst, int P)
+{
+    tp_msg want;
+    if (make_dispatch(&want, got->step_id, got->src_rank, dst, P) != 0)
+        return false;
+    size_t rows = (size_t)want.n_rows, pairs = (size_t)want.n_pairs;
+    bool ok = got->kind == TP_DISPATCH && got->epoch == EPOCH && got->layer == want.layer &&
+              got->n_rows == want.n_rows && got->n_pairs == want.n_pairs &&
+              got->format == want.format && got->scales_e8m0 == want.scales_e8m0;
+    if (ok && want.format == TP_FMT_FP8)
+        ok = same_bytes(got->codes, want.codes, rows * H) &&
+             same_bytes(got->scales, want.scales, rows * (H / 128) * (want.scales_e8m0 ? 1 : 4));
+    if (ok && want.format == TP_FMT_BF16)
+        ok = same_bytes(got->hidden, want.hidden, rows * H * 2);
+    ok = ok && same_bytes(got->pair_row, want.pair_row, pairs * 4) &&
+         same_bytes(got->pair_expert, want.pair_expert, pairs * 4) &&
+         same_bytes(got->pair_weight, want.pair_weight, pairs * 4);
+    tp_msg_release(&want);
+    return ok;
+}
+
+static bool combine_matches(const tp_msg *got, int dst, int expect_pairs)
+{
+    tp_msg want;
+    if (got->n_pairs != expect_pairs ||
+        make_combine(&want, got->step_id, got->src_rank, dst, expect_pairs) != 0)
+        return false;
+    bool ok =
+        got->kind == TP_COMBINE && same_bytes(got->out, want.out, (size_t)expect_pairs * H * 2);
+    tp_msg_release(&want);
+    return ok;
+}
+
+/* ---- a world of P transports ------------------------------------------------------------------
+ */
+
+static uint32_t owners[E];
+
+static void world_open(tp_transport **tp, int P)
+{
+    for (int e = 0; e < E; e++)
+        owners[e] = (uint32_t)owner_of(e, P);
+    const char *eps[8];
+    for (int r = 0; r < P; r++) {
+        tp_config cfg = {.rank = r,
+                         .world_size = P,
+                         .epoch = EPOCH,
+                         .hidden = H,
+                         .n_experts = E,
+                         .expert_owner = owners,
+                         .bind_endpoint = "tcp://127.0.0.1:*"};
+        ep_err err = {{0}};
+        tp[r] = tp_create(zctx, &cfg, &err);
+        if (tp[r] == NULL)
+            printf("  tp_create: %s\n", err.msg);
+        CHECK(tp[r] != NULL);
+        eps[r] = tp[r] ? tp_endpoint(tp[r]) : "";
+        CHECK_STR_HAS(eps[r], "tcp://127.0.0.1:");
+    }
+    for (int r = 0; r < P; r++) {
+        ep_err err;
+        CHECK(tp[r] && tp_connect(tp[r], eps, &err) == 0);
+    }
+}
+
+static void world_close(tp_transport **tp, int P)
+{
+    for (int r = 0; r < P; r++) {
+        tp_destroy(&tp[r]);
+        CHECK(tp[r] == NULL);
+    }
+}
+
+/* Wait up to 5 s for a kept message of step; 1 when one was taken. */
+static int wait_take(tp_transport *tp, uint64_t step, tp_msg *out)
+{
+    for (int i = 0; i < 500; i++) {
+        if (tp_take(tp, step, out))
+            return 1;
+        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp);
+    }
+    return 0;
+}
+
+/* Wait up to 5 s until tp has dropped n messages in all. */
+static bool wait_dropped(tp_transport *tp, uint64_t n)
+{
+    for (int i = 0; i < 500 && tp_dropped(tp) < n; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp);
+    }
+    return tp_dropped(tp) >= n;
+}
+
+/* ---- one rank's steps, on its own thread ------------------------------------------------------
+ */
+
+typedef struct rank_ctx {
+    tp_transport *tp;
+    int rank, P, steps;
+    char fail[256]; /* first failure, "" when none */
+    uint64_t bytes;
+} rank_ctx;
+
+static int run_step(rank_ctx *c, uint64_t step)
+{
+    int P = c->P, sent_pairs[8] = {0}, got_d = 0, got_c = 0;
+    ep_err err;
+    for (int dst = 0; dst < P; dst++) {
+        if (dst == c->rank)
+            continue;
+        tp_msg m;
+        if (make_dispatch(&m, step, c->rank, dst, P) != 0)
+            return snprintf(c->fail, sizeof c->fail, "alloc"), -1;
+        sent_pairs[dst] = m.n_pairs;
+        c->bytes += tp_msg_bytes(&m, H);
+        if (tp_send(c->tp, dst, &m, &err) != 0)
+            return snprintf(c->fail, sizeof c->fail, "send: %s", err.msg), -1;
+    }
+    while (got_d < P - 1 || got_c < P - 1) {
+        tp_msg m;
+        if (!wait_take(c->tp, step, &m))
+            return snprintf(c->fail, sizeof c->fail, "step %llu: timeout (%d dispatch, %d combine)",
+                            (unsigned long long)step, got_d, got_c),
+                   -1;
+        if (m.kind == TP_DISPATCH) {
+            got_d++;
+            if (!dispatch_matches(&m, c->rank, P))
+                snprintf(c->fail, sizeof c->fail, "step %llu: dispatch from %d differs",
+                         (unsigned long long)step, m.src_rank);
+            tp_msg r;
+            if (make_combine(&r, step, c->rank, m.src_rank, m.n_pairs) != 0 ||
+                tp_send(c->tp, m.src_rank, &r, &err) != 0)
+                snprintf(c->fail, sizeof c->fail, "combine send failed");
+        } else {
+            got_c++;
+            if (!combine_matches(&m, c->rank, sent_pairs[m.src_rank]))
+                snprintf(c->fail, sizeof c->fail, "step %llu: combine from %d differs",
+                         (unsigned long long)step, m.src_rank);
+        }
+        tp_msg_release(&m);
+    }
+    tp_finish(c->tp, step);
+    return c->fail[0] ? -1 : 0;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *c = arg;
+    for (int s = 1; s <= c->steps; s++)
+        if (run_step(c, (uint64_t)s) != 0)
+            break;
+    return NULL;
+}
+
+static void run_world(int P, int steps)
+{
+    tp_transport *tp[8] = {0};
+    world_open(tp, P);
+    rank_ctx ctx[8];
+    pthread_t th[8];
+    for (int r = 0; r < P; r++) {
+        ctx[r] = (rank_ctx){.tp = tp[r], .rank = r, .P = P, .steps = steps};
+        pthread_create(&th[r], NULL, rank_main, &ctx[r]);
+    }
+    for (int r = 0; r < P; r++) {
+        pthread_join(th[r], NULL);
+        if (ctx[r].fail[0])
+            printf("  P=%d rank %d: %s\n", P, r, ctx[r].fail);
+        CHECK(ctx[r].fail[0] == '\0');
+        CHECK(ctx[r].bytes > 0);
+        CHECK_EQ(tp_dropped(tp[r]), 0);
+        CHECK_EQ(tp_pending(tp[r]), 0);
+    }
+    world_close(tp, P);
+}
+
+TEST(round_trip_two_ranks_all_formats)
+{
+    run_world(2, 6);
+}
+
+TEST(round_trip_three_ranks_all_formats)
+{
+    run_world(3, 6);
+}
+
+TEST(round_trip_four_ranks_all_formats)
+{
+    run_world(4, 9);
+}
+
+TEST(empty_messages_round_trip)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    tp_msg m = {.kind = TP_DISPATCH, .step_id = 4, .format = TP_FMT_FP8, .scales_e8m0 = true};
+    ep_err err;
+    CHECK(tp_msg_alloc(&m, H, &err) == 0);
+    CHECK_EQ(tp_msg_bytes(&m, H), 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(m.buf == NULL && m.codes == NULL); /* handed to ZeroMQ */
+    tp_msg got;
+    CHECK(wait_take(tp[1], 4, &got));
+    CHECK_EQ(got.kind, TP_DISPATCH);
+    CHECK_EQ(got.n_rows, 0);
+    CHECK_EQ(got.n_pairs, 0);
+    CHECK_EQ(got.src_rank, 0);
+    tp_msg_release(&got);
+    tp_msg c = {.kind = TP_COMBINE, .step_id = 4};
+    CHECK(tp_msg_alloc(&c, H, &err) == 0);
+    CHECK(tp_send(tp[1], 0, &c, &err) == 0);
+    CHECK(wait_take(tp[0], 4, &got));
+    CHECK_EQ(got.kind, TP_COMBINE);
+    CHECK_EQ(got.n_pairs, 0);
+    tp_msg_release(&got);
+    world_close(tp, 2);
+}
+
+TEST(future_steps_are_kept_and_finished_steps_dropped)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    tp_msg m;
+    /* rank 0 is ahead: it sends step 5 while rank 1 is still at step 4 */
+    CHECK(make_dispatch(&m, 5, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(make_dispatch(&m, 4, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    tp_msg got;
+    CHECK(wait_take(tp[1], 4, &got));
+    CHECK_EQ(got.step_id, 4);
+    tp_msg_release(&got);
+    tp_finish(tp[1], 4);
+    CHECK_EQ(tp_pending(tp[1]), 1); /* step 5's message survives the end of step 4 */
+    CHECK(tp_take(tp[1], 5, &got) == 1);
+    CHECK(dispatch_matches(&got, 1, 2));
+    tp_msg_release(&got);
+    tp_finish(tp[1], 5);
+    /* late messages of finished steps (an aborted step's stragglers) are dropped */
+    uint64_t d0 = tp_dropped(tp[1]);
+    CHECK(make_dispatch(&m, 3, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_dropped(tp[1], d0 + 1));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "finished step 3");
+    /* tp_finish also discards what was kept for the finished step */
+    CHECK(make_dispatch(&m, 6, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    for (int i = 0; i < 500 && tp_pending(tp[1]) == 0; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp[1]);
+    }
+    CHECK_EQ(tp_pending(tp[1]), 1);
+    tp_finish(tp[1], 6);
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK(tp_take(tp[1], 6, &got) == 0);
+    world_close(tp, 2);
+}
+
+/* ---- hostile input ----------------------------------------------------------------------------
+ */
+
+static void send_frames(void *s, const void *const *f, const size_t *l, int n)
+{
+    for (int i = 0; i < n; i++)
+        zmq_send(s, f[i], l[i], i + 1 < n ? ZMQ_SNDMORE : 0);
+}
+
+/* Send a DISPATCH with the given body and payload sizes (contents zero unless set). */
+static void send_dispatch(void *s, const Epmoe__Dispatch *d, const size_t *len, int n,
+                          const uint32_t *rows, const uint32_t *experts)
+{
+    static uint8_t zero[1 << 16];
+    wire_payload p[8];
+    for (int i = 0; i < n; i++)
+        p[i] = (wire_payload){.data = zero, .len = len[i]};
+    if (rows && n >= 3)
+        p[n - 3].data = rows;
+    if (experts && n >= 2)
+        p[n - 2].data = experts;
+    CHECK(wire_send(s, NULL, 0, EPMOE__MSG_TYPE__MSG_DISPATCH, &d->base, p, n, false, NULL) == 0);
+}
+
+static Epmoe__Dispatch good_body(uint64_t step, int n_rows, int n_pairs)
+{
+    Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
+    d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
+    d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+    d.step_id = step;
+    d.epoch = EPOCH;
+    d.src_rank = 0;
+    d.n_rows = (uint32_t)n_rows;
+    d.n_pairs = (uint32_t)n_pairs;
+    d.format = EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
+    d.scales_e8m0 = 1;
+    return d;
+}
+
+TEST(garbage_and_malformed_messages_are_dropped)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    /* a stranger that speaks raw ZeroMQ to rank 1's data endpoint */
+    void *raw = zmq_socket(zctx, ZMQ_PUSH);
+    CHECK(zmq_connect(raw, tp_endpoint(tp[1])) == 0);
+    uint64_t dropped = 0;
+    const uint8_t t_disp[2] = {60, 0}, t_step[2] = {17, 0};
+#define EXPECT_DROP(needle)                                                                        \
+    do {                                                                                           \
+        dropped++;                                                                                 \
+        CHECK(wait_dropped(tp[1], dropped));                                                       \
+        CHECK_STR_HAS(tp_last_drop(tp[1]), needle);                                                \
+    } while (0)
+    {
+        const void *f[] = {"hello"};
+        size_t l[] = {5};
+        send_frames(raw, f, l, 1);
+        EXPECT_DROP("not an epmoe message");
+    }
+    {
+        const void *f[] = {"EPMOE1", t_disp,
+                           "\x0a\x7f"
+                           "abc"};
+        size_t l[] = {6, 2, 5};
+        send_frames(raw, f, l, 3);
+        EXPECT_DROP("not a valid Dispatch");
+    }
+    {
+        const void *f[] = {"EPMOE1", t_step, ""};
+        size_t l[] = {6, 2, 0};
+        send_frames(raw, f, l, 3);
+        EXPECT_DROP("MSG_STEP is not a data-plane message");
+    }
+    const size_t H8 = H, SC = H / 128;
+    uint32_t rows_ok[2] = {0, 1}, rows_bad[2] = {0, 2};
+    uint32_t exp_ok[2] = {8, 15}, exp_bad[2] = {8, 3}, exp_range[2] = {8, 16};
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        d.has_n_rows = 0;
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("n_rows, n_pairs or format missing");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8 - 1, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("codes payload has 511 bytes, expected 512");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        d.scales_e8m0 = 0; /* f32 scales: 4 bytes each */
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("scales payload has 4 bytes, expected 16");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8, 2 * SC, 8, 8};
+        send_dispatch(raw, &d, l, 4, rows_ok, exp_ok);
+        EXPECT_DROP("4 payloads, expected 5");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_bad, exp_ok);
+        EXPECT_DROP("pair_row[1] = 2, expected < n_rows 2");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_bad);
+        EXPECT_DROP("pair_expert[1] = 3 is not an expert of rank 1");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_range);
+        EXPECT_DROP("pair_expert[1] = 16 is not an expert");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 200);
+        size_t l[] = {2 * H8, 2 * SC, 800, 800, 800};
+        send_dispatch(raw, &d, l, 5, NULL, NULL);
+        EXPECT_DROP("n_pairs <= n_rows * 64");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        d.epoch = EPOCH + 1;
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("epoch 8, expected 7");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        d.src_rank = 1;
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("src_rank 1 is not a peer");
+    }
+    {
+        Epmoe__Combine c = EPMOE__COMBINE__INIT;
+        c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.step_id = 1;
+        c.epoch = EPOCH;
+        c.n_pairs = 3;
+        static uint8_t out[3 * H * 2];
+        wire_payload p = {.data = out, .len = sizeof out - 2};
+        CHECK(wire_send(raw, NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, &p, 1, false, NULL) ==
+              0);
+        EXPECT_DROP("out payload has 1534 bytes, expected 1536");
+    }
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    /* the well-formed exchange still works, with garbage interleaved mid-step */
+    tp_msg m;
+    ep_err err;
+    CHECK(make_dispatch(&m, 9, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    const void *f[] = {"EPMOE1"};
+    size_t l[] = {6};
+    send_frames(raw, f, l, 1);
+    EXPECT_DROP("type frame missing");
+    tp_msg got;
+    CHECK(wait_take(tp[1], 9, &got));
+    CHECK(dispatch_matches(&got, 1, 2));
+    tp_msg_release(&got);
+    zmq_close(raw);
+    world_close(tp, 2);
+#undef EXPECT_DROP
+}
+
+TEST(send_to_self_or_unknown_rank_fails)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    tp_msg m = {.kind = TP_COMBINE, .step_id = 1, .n_pairs = 1};
+    ep_err err = {{0}};
+    CHECK(tp_msg_alloc(&m, H, &err) == 0);
+    CHECK(tp_send(tp[0], 0, &m, &err) != 0);
+    CHECK_STR_HAS(err.msg, "no connection to rank 0");
+    CHECK(m.buf == NULL); /* released on failure too */
+    CHECK(tp_msg_alloc(&m, H, &err) == 0);
+    CHECK(tp_send(tp[0], 5, &m, &err) != 0);
+    CHECK_STR_HAS(err.msg, "rank 5");
+    world_close(tp, 2);
+}
+
+TEST(bind_failure_names_the_endpoint)
+{
+    tp_config cfg = {.rank = 0,
+                     .world_size = 1,
+                     .epoch = 1,
+                     .hidden = H,
+                     .n_experts = E,
+                     .expert_owner = owners,
+                     .bind_endpoint = "tcp://300.1.1.1:5"};
+    ep_err err = {{0}};
+    CHECK(tp_create(zctx, &cfg, &err) == NULL);
+    CHECK_STR_HAS(err.msg, "cannot bind tcp://300.1.1.1:5");
+}
+
+int main(void)
+{
+    zctx = zmq_ctx_new();
+    RUN(round_trip_two_ranks_all_formats);
+    RUN(round_trip_three_ranks_all_formats);
+    RUN(round_trip_four_ranks_all_formats);
+    RUN(empty_messages_round_trip);
+    RUN(future_steps_are_kept_and_finished_steps_dropped);
+    RUN(garbage_and_malformed_messages_are_dropped);
+    RUN(send_to_self_or_unknown_rank_fails);
+    RUN(bind_failure_names_the_endpoint);
+    zmq_ctx_term(zctx);
+    return test_report();
+}

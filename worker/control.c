@@ -1,0 +1,685 @@
+/*
+ * control.c — the worker's main thread (see control.h).
+ *
+ * One loop, one owner per socket: the DEALER and the executor pipe are only touched here. The
+ * executor's answers after a RESET belong to the old session until it acknowledges the RESET
+ * (EXEC_EVT_RESET_DONE), so they are discarded until then (resets_pending).
+ */
+#include "worker/control.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/model_msg.h"
+#include "common/sdnotify.h"
+#include "common/wire.h"
+
+#ifndef EPMOE_VERSION_STRING
+#define EPMOE_VERSION_STRING "unknown"
+#endif
+
+typedef enum wctl_state {
+    WCTL_REGISTERING,
+    WCTL_WELCOMED,
+    WCTL_LOADING,
+    WCTL_READY,
+    WCTL_LOAD_FAILED,
+    WCTL_BACKOFF,
+} wctl_state;
+
+static const char *const wctl_state_names[] = {"registering", "welcomed",    "loading",
+                                               "ready",       "load-failed", "backoff"};
+
+typedef struct wctl {
+    const wctl_options *opt;
+    void *zctx;
+    void *dealer; /* NULL while backing off */
+    exec_actor *exec;
+    int sigfd;
+    wctl_state state;
+    int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
+    uint64_t epoch;
+    int rank, world_size;
+    int heartbeat_ms, liveness;
+    int64_t last_heard, next_heartbeat, reconnect_at, next_watchdog;
+    int backoff_ms;
+    int64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
+    bool done;
+    int exit_code;
+} wctl;
+
+static int64_t wctl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *wctl_code_name(int code)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
+    return v ? v->name : "ERR_?";
+}
+
+static void wctl_set_state(wctl *w, wctl_state s, const char *detail)
+{
+    w->state = s;
+    sdn_notifyf("STATUS=%s%s%s", wctl_state_names[s], detail ? ": " : "", detail ? detail : "");
+    log_debug(LOG_SUB_NET, "state %s%s%s", wctl_state_names[s], detail ? ": " : "",
+              detail ? detail : "");
+}
+
+/* ---- WELCOME validation -----------------------------------------------------------------------
+ */
+
+static int wctl_check_peers(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+{
+    if (w->n_peers != w->world_size)
+        return ep_err_set(err, "WELCOME: %zu peers, expected one per rank (world_size %u)",
+                          w->n_peers, w->world_size);
+    for (size_t i = 0; i < w->n_peers; i++) {
+        const Epmoe__Peer *p = w->peers[i];
+        if (!p->has_rank || p->rank >= w->world_size)
+            return ep_err_set(err, "WELCOME: peers[%zu].rank missing or not below world_size %u", i,
+                              w->world_size);
+        if (s->peer_endpoint[p->rank] != NULL)
+            return ep_err_set(err, "WELCOME: rank %u appears twice in peers", p->rank);
+        if (p->data_endpoint == NULL || p->data_endpoint[0] == '\0' ||
+            strlen(p->data_endpoint) >= EP_MAX_PATH)
+            return ep_err_set(err, "WELCOME: peers[%zu] (rank %u) has no usable data_endpoint", i,
+                              p->rank);
+        char fallback[32];
+        snprintf(fallback, sizeof fallback, "rank%u", p->rank);
+        const char *name =
+            p->name && p->name[0] && strlen(p->name) < EP_MAX_NAME ? p->name : fallback;
+        s->peer_endpoint[p->rank] = strdup(p->data_endpoint);
+        s->peer_name[p->rank] = strdup(name);
+        if (!s->peer_endpoint[p->rank] || !s->peer_name[p->rank])
+            return ep_err_set(err, "out of memory");
+    }
+    return 0; /* n_peers == world_size and no rank twice: every rank is covered */
+}
+
+static int wctl_check_strings(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+{
+    if (w->model_path == NULL || w->model_path[0] == '\0' ||
+        strlen(w->model_path) >= sizeof s->model_path)
+        return ep_err_set(err, "WELCOME: model_path missing or longer than %d bytes", EP_MAX_PATH);
+    if (w->data_endpoint == NULL || w->data_endpoint[0] == '\0' ||
+        strlen(w->data_endpoint) >= sizeof s->data_endpoint)
+        return ep_err_set(err, "WELCOME: data_endpoint missing or longer than %d bytes",
+                          EP_MAX_PATH);
+    snprintf(s->model_path, sizeof s->model_path, "%s", w->model_path);
+    snprintf(s->data_endpoint, sizeof s->data_endpoint, "%s", w->data_endpoint);
+    return 0;
+}
+
+static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
+{
+    if (!w->has_rank || !w->has_world_size || !w->has_epoch || !w->has_config_hash ||
+        w->config == NULL || !w->has_heartbeat_ms || !w->has_liveness)
+        return ep_err_set(err, "WELCOME: rank, world_size, epoch, config, config_hash, "
+                               "heartbeat_ms and liveness are required");
+    if (w->world_size < 1 || w->world_size > EP_MAX_WORKERS)
+        return ep_err_set(err, "WELCOME: world_size %u, expected 1..%d", w->world_size,
+                          EP_MAX_WORKERS);
+    if (w->rank >= w->world_size)
+        return ep_err_set(err, "WELCOME: rank %u, expected < world_size %u", w->rank,
+                          w->world_size);
+    if (w->heartbeat_ms < WCTL_MIN_HEARTBEAT_MS || w->heartbeat_ms > WCTL_MAX_HEARTBEAT_MS)
+        return ep_err_set(err, "WELCOME: heartbeat_ms %u, expected %d..%d", w->heartbeat_ms,
+                          WCTL_MIN_HEARTBEAT_MS, WCTL_MAX_HEARTBEAT_MS);
+    if (w->liveness < 1 || w->liveness > WCTL_MAX_LIVENESS)
+        return ep_err_set(err, "WELCOME: liveness %u, expected 1..%d", w->liveness,
+                          WCTL_MAX_LIVENESS);
+    if (w->has_dispatch && w->dispatch != EPMOE__DISPATCH_FORMAT__DISPATCH_FP8 &&
+        w->dispatch != EPMOE__DISPATCH_FORMAT__DISPATCH_BF16)
+        return ep_err_set(err, "WELCOME: dispatch %d, expected DISPATCH_FP8 or DISPATCH_BF16",
+                          (int)w->dispatch);
+    if (w->has_step_timeout_ms && w->step_timeout_ms == 0)
+        return ep_err_set(err, "WELCOME: step_timeout_ms 0, expected > 0");
+    return 0;
+}
+
+exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
+{
+    mc_config c;
+    if (wctl_check_scalars(w, err) != 0)
+        return NULL;
+    if (mmsg_to_config(w->config, &c, err) != 0) {
+        ep_err_prefix(err, "WELCOME: config");
+        return NULL;
+    }
+    if (w->n_expert_owner != (size_t)c.n_routed_experts) {
+        ep_err_set(err, "WELCOME: expert_owner has %zu entries, expected n_routed_experts %d",
+                   w->n_expert_owner, c.n_routed_experts);
+        return NULL;
+    }
+    for (size_t e = 0; e < w->n_expert_owner; e++)
+        if (w->expert_owner[e] >= w->world_size) {
+            ep_err_set(err, "WELCOME: expert_owner[%zu] = %u, expected < world_size %u", e,
+                       w->expert_owner[e], w->world_size);
+            return NULL;
+        }
+    exec_session *s = exec_session_new(c.n_routed_experts, (int)w->world_size);
+    if (s == NULL) {
+        ep_err_set(err, "out of memory");
+        return NULL;
+    }
+    if (wctl_check_peers(w, s, err) != 0 || wctl_check_strings(w, s, err) != 0) {
+        exec_session_free(&s);
+        return NULL;
+    }
+    s->config = c;
+    s->config_hash = mc_hash(&c);
+    s->rank = (int)w->rank;
+    s->epoch = w->epoch;
+    memcpy(s->expert_owner, w->expert_owner, w->n_expert_owner * sizeof *w->expert_owner);
+    s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
+    s->step_timeout_ms =
+        w->has_step_timeout_ms
+            ? (int)(w->step_timeout_ms > 86400000u ? 86400000u : w->step_timeout_ms)
+            : EXEC_DEFAULT_STEP_TIMEOUT_MS;
+    return s;
+}
+
+/* ---- the coordinator link ---------------------------------------------------------------------
+ */
+
+static void wctl_send(wctl *w, uint16_t type, const ProtobufCMessage *body)
+{
+    ep_err err;
+    if (w->dealer && wire_send(w->dealer, NULL, 0, type, body, NULL, 0, true, &err) != 0)
+        log_warn("to the coordinator: %s", err.msg);
+}
+
+/* Move m's frames to sock (zero-copy). The first frame does not wait: a full queue to an absent
+ * coordinator drops the message instead of blocking the loop. */
+static void wctl_relay(wire_msg *m, void *sock, bool dontwait)
+{
+    for (int i = 0; i < m->n_frames; i++) {
+        int flags = (i + 1 < m->n_frames ? ZMQ_SNDMORE : 0) | (dontwait ? ZMQ_DONTWAIT : 0);
+        if (zmq_msg_send(&m->frames[i], sock, flags) < 0) {
+            log_warn("relaying %s: %s", wire_type_name(m->type), zmq_strerror(zmq_errno()));
+            return;
+        }
+    }
+}
+
+static void wctl_send_register(wctl *w)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char *caps[2] = {"cpu", "avx2"};
+    Epmoe__Register r = EPMOE__REGISTER__INIT;
+    r.name = (char *)w->opt->name;
+    r.device = (char *)w->opt->device;
+    r.n_capabilities = gemm_impl_best() == GEMM_IMPL_AVX2 ? 2 : 1;
+    r.capabilities = caps;
+    r.hostname = host;
+    r.has_pid = 1;
+    r.pid = (uint32_t)getpid();
+    r.version = EPMOE_VERSION_STRING;
+    wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
+}
+
+static int wctl_connect(wctl *w, ep_err *err)
+{
+    void *d = zmq_socket(w->zctx, ZMQ_DEALER);
+    if (d == NULL)
+        return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
+    int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
+    int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
+    if (wire_socket_defaults(d, EP_MAX_DATA_MSG, err) != 0 ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
+        zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
+        zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {
+        if (!err->msg[0])
+            ep_err_set(err, "DEALER options: %s", zmq_strerror(zmq_errno()));
+        zmq_close(d);
+        return -1;
+    }
+    if (zmq_connect(d, w->opt->coordinator) != 0) {
+        ep_err_set(err, "cannot connect to the coordinator at %s: %s", w->opt->coordinator,
+                   zmq_strerror(zmq_errno()));
+        zmq_close(d);
+        return -1;
+    }
+    w->dealer = d;
+    w->last_heard = wctl_now_ms();
+    wctl_send_register(w);
+    char detail[EP_MAX_PATH + 32];
+    snprintf(detail, sizeof detail, "registering with %s", w->opt->coordinator);
+    wctl_set_state(w, WCTL_REGISTERING, detail);
+    return 0;
+}
+
+static void wctl_exec_reset(wctl *w)
+{
+    ep_err err;
+    if (exec_send_cmd(w->exec, EXEC_CMD_RESET, &err) == 0)
+        w->resets_pending++;
+    else
+        log_error("executor: %s", err.msg);
+}
+
+/* The coordinator went silent (or refused us for now): forget everything, retry later. */
+static void wctl_backoff(wctl *w, const char *why)
+{
+    log_warn("%s: dropping state, registering again in %d ms", why, w->backoff_ms);
+    wctl_exec_reset(w);
+    if (w->dealer)
+        zmq_close(w->dealer);
+    w->dealer = NULL;
+    w->reconnect_at = wctl_now_ms() + w->backoff_ms;
+    w->backoff_ms =
+        w->backoff_ms * 2 > WCTL_BACKOFF_MAX_MS ? WCTL_BACKOFF_MAX_MS : w->backoff_ms * 2;
+    wctl_set_state(w, WCTL_BACKOFF, why);
+}
+
+/* ---- coordinator messages ---------------------------------------------------------------------
+ */
+
+static void wctl_on_error(wctl *w, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__Error *e = (Epmoe__Error *)wire_unpack(&epmoe__error__descriptor, m, &err);
+    if (e == NULL) {
+        log_warn("coordinator: %s", err.msg);
+        return;
+    }
+    int code = e->has_code ? (int)e->code : 0;
+    const char *text = e->message ? e->message : "";
+    if (code == EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER ||
+        code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH) {
+        log_error("the coordinator refuses worker %s: %s: %s — fix the cluster spec or the "
+                  "binary, then restart",
+                  w->opt->name, wctl_code_name(code), text);
+        sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
+        w->exit_code = WCTL_EXIT_CONFIG;
+        w->done = true;
+    } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE ||
+               code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
+               code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
+        /* the coordinator does not (or no longer) count us as registered: start over, after
+         * the backoff (an ERR_DUPLICATE clears only once the old registration expires) */
+        char why[EP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
+        wctl_backoff(w, why);
+    } else {
+        log_warn("coordinator: %s: %s (in reply to %s)", wctl_code_name(code), text,
+                 e->has_in_reply_to ? wire_type_name((uint16_t)e->in_reply_to) : "?");
+    }
+    wire_free_unpacked(&e->base);
+}
+
+static void wctl_on_welcome(wctl *w, const wire_msg *m)
+{
+    ep_err err = {{0}};
+    Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
+    exec_session *s = wm ? wctl_welcome_parse(wm, &err) : NULL;
+    if (s == NULL) {
+        log_error("invalid WELCOME: %s", err.msg);
+        if (w->dealer)
+            wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                            EPMOE__MSG_TYPE__MSG_WELCOME, "worker %s: %s", w->opt->name, err.msg);
+        wire_free_unpacked(wm ? &wm->base : NULL);
+        return;
+    }
+    if (wm->config_hash != s->config_hash)
+        log_warn("WELCOME: the coordinator's config hash %016llx differs from ours %016llx",
+                 (unsigned long long)wm->config_hash, (unsigned long long)s->config_hash);
+    if (wm->device && strcmp(wm->device, w->opt->device) != 0)
+        log_warn("WELCOME: the cluster spec assigns device %s, this worker runs on %s", wm->device,
+                 w->opt->device);
+    w->rank = s->rank;
+    w->world_size = s->world_size;
+    w->epoch = s->epoch;
+    w->heartbeat_ms = (int)wm->heartbeat_ms;
+    w->liveness = (int)wm->liveness;
+    uint64_t hash = s->config_hash;
+    wctl_exec_reset(w);
+    if (exec_send_session(w->exec, &s, &err) != 0)
+        log_error("executor: %s", err.msg);
+    Epmoe__ConfigAck ack = EPMOE__CONFIG_ACK__INIT;
+    ack.has_config_hash = ack.has_epoch = 1;
+    ack.config_hash = hash;
+    ack.epoch = w->epoch;
+    wctl_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &ack.base);
+    w->next_heartbeat = wctl_now_ms() + w->heartbeat_ms;
+    char detail[128];
+    snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
+             (unsigned long long)w->epoch);
+    log_info("welcomed: %s, config hash %016llx", detail, (unsigned long long)hash);
+    wctl_set_state(w, WCTL_WELCOMED, detail);
+    wire_free_unpacked(&wm->base);
+}
+
+static void wctl_on_load(wctl *w, wire_msg *m)
+{
+    ep_err err;
+    Epmoe__Load *l = (Epmoe__Load *)wire_unpack(&epmoe__load__descriptor, m, &err);
+    uint16_t LOAD = EPMOE__MSG_TYPE__MSG_LOAD;
+    if (l == NULL) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, LOAD, "%s", err.msg);
+        return;
+    }
+    bool epoch_ok = !l->has_epoch || l->epoch == w->epoch;
+    wire_free_unpacked(&l->base);
+    if (w->state == WCTL_LOADING) {
+        log_info("LOAD while loading: ignored");
+        return;
+    }
+    if (w->state != WCTL_WELCOMED && w->state != WCTL_LOAD_FAILED && w->state != WCTL_READY) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, LOAD,
+                        "worker %s: LOAD in state %s", w->opt->name, wctl_state_names[w->state]);
+        return;
+    }
+    if (!epoch_ok) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, LOAD,
+                        "worker %s: LOAD for another epoch (this worker is at epoch %llu)",
+                        w->opt->name, (unsigned long long)w->epoch);
+        return;
+    }
+    wctl_relay(m, exec_pipe(w->exec), false);
+    wctl_set_state(w, WCTL_LOADING, "loading the shard");
+}
+
+static void wctl_on_step(wctl *w, wire_msg *m)
+{
+    if (w->state == WCTL_READY) {
+        wctl_relay(m, exec_pipe(w->exec), false);
+        return;
+    }
+    ep_err err;
+    Epmoe__Step *s = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, m, &err);
+    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
+    char text[256];
+    snprintf(text, sizeof text, "worker %s is %s, not ready", w->opt->name,
+             wctl_state_names[w->state]);
+    f.has_step_id = s && s->has_step_id;
+    f.step_id = s ? s->step_id : 0;
+    f.has_code = 1;
+    f.code = EPMOE__ERROR_CODE__ERR_NOT_READY;
+    f.message = text;
+    wctl_send(w, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base);
+    wire_free_unpacked(s ? &s->base : NULL);
+}
+
+static void wctl_on_shutdown(wctl *w, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__Shutdown *s = (Epmoe__Shutdown *)wire_unpack(&epmoe__shutdown__descriptor, m, &err);
+    log_info("SHUTDOWN from the coordinator%s%s", s && s->reason ? ": " : "",
+             s && s->reason ? s->reason : "");
+    wire_free_unpacked(s ? &s->base : NULL);
+    w->exit_code = WCTL_EXIT_OK;
+    w->done = true;
+}
+
+static void wctl_on_coordinator(wctl *w, wire_msg *m)
+{
+    log_debug(LOG_SUB_NET, "from the coordinator: %s", wire_type_name(m->type));
+    switch (m->type) {
+    case EPMOE__MSG_TYPE__MSG_ERROR:
+        wctl_on_error(w, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_WELCOME:
+        wctl_on_welcome(w, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_LOAD:
+        wctl_on_load(w, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_STEP:
+        wctl_on_step(w, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
+        if (w->state == WCTL_READY)
+            wctl_relay(m, exec_pipe(w->exec), false);
+        break;
+    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
+        break;
+    case EPMOE__MSG_TYPE__MSG_SHUTDOWN:
+        wctl_on_shutdown(w, m);
+        break;
+    default:
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE, m->type,
+                        "worker %s does not handle %s", w->opt->name, wire_type_name(m->type));
+    }
+}
+
+static void wctl_read_dealer(wctl *w)
+{
+    while (w->dealer && !w->done) {
+        wire_msg m;
+        ep_err err;
+        wire_rc rc =
+            wire_recv(w->dealer, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+        if (rc == WIRE_AGAIN)
+            return;
+        w->last_heard = wctl_now_ms(); /* any message is a sign of life */
+        w->backoff_ms = WCTL_BACKOFF_INIT_MS;
+        if (rc == WIRE_ERR) {
+            log_warn("from the coordinator: %s", err.msg);
+            wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, 0,
+                            "worker %s: %s", w->opt->name, err.msg);
+            continue;
+        }
+        wctl_on_coordinator(w, &m);
+        wire_msg_close(&m);
+    }
+}
+
+/* ---- executor messages ------------------------------------------------------------------------
+ */
+
+static void wctl_on_exec(wctl *w, wire_msg *m)
+{
+    if (m->type == EXEC_EVT_RESET_DONE) {
+        if (w->resets_pending > 0)
+            w->resets_pending--;
+        return;
+    }
+    if (w->resets_pending > 0) {
+        log_debug(LOG_SUB_NET, "discarding %s of a previous session", wire_type_name(m->type));
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_READY && w->state == WCTL_LOADING) {
+        char detail[128];
+        snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
+                 (unsigned long long)w->epoch);
+        wctl_set_state(w, WCTL_READY, detail);
+        sdn_notify("READY=1");
+        log_info("ready: %s", detail);
+    } else if (m->type == EPMOE__MSG_TYPE__MSG_ERROR && w->state == WCTL_LOADING) {
+        wctl_set_state(w, WCTL_LOAD_FAILED, "see the log");
+    }
+    if (w->dealer)
+        wctl_relay(m, w->dealer, true);
+}
+
+static void wctl_read_exec(wctl *w)
+{
+    for (;;) {
+        wire_msg m;
+        ep_err err;
+        wire_rc rc = wire_recv(exec_pipe(w->exec), false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG,
+                               ZMQ_DONTWAIT, &m, &err);
+        if (rc == WIRE_AGAIN)
+            return;
+        if (rc == WIRE_ERR) {
+            log_error("executor pipe: %s", err.msg);
+            continue;
+        }
+        wctl_on_exec(w, &m);
+        wire_msg_close(&m);
+    }
+}
+
+/* ---- signals and timers -----------------------------------------------------------------------
+ */
+
+static int wctl_signals(wctl *w, ep_err *err)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    /* blocked before any thread starts, so every thread inherits the mask and the signals
+     * reach only the signalfd */
+    if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
+        return ep_err_set(err, "pthread_sigmask failed");
+    signal(SIGPIPE, SIG_IGN);
+    w->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (w->sigfd < 0)
+        return ep_err_errno(err, "signalfd");
+    return 0;
+}
+
+static void wctl_read_signals(wctl *w)
+{
+    struct signalfd_siginfo si;
+    while (read(w->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGHUP) {
+            log_info("SIGHUP: nothing to reload in a worker (ignored)");
+            continue;
+        }
+        log_info("%s: stopping", strsignal((int)si.ssi_signo));
+        w->exit_code = WCTL_EXIT_OK;
+        w->done = true;
+    }
+}
+
+static bool wctl_welcomed(const wctl *w)
+{
+    return w->dealer && w->state != WCTL_REGISTERING && w->state != WCTL_BACKOFF;
+}
+
+static void wctl_timers(wctl *w)
+{
+    int64_t now = wctl_now_ms();
+    if (w->state == WCTL_BACKOFF) {
+        ep_err err = {{0}};
+        if (now >= w->reconnect_at && wctl_connect(w, &err) != 0) {
+            log_error("%s", err.msg);
+            wctl_backoff(w, "reconnect failed");
+        }
+    } else if (now - w->last_heard > (int64_t)w->heartbeat_ms * w->liveness) {
+        char why[128];
+        snprintf(why, sizeof why, "coordinator silent for %lld ms",
+                 (long long)(now - w->last_heard));
+        wctl_backoff(w, why);
+    } else if (wctl_welcomed(w) && now >= w->next_heartbeat) {
+        Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
+        hb.has_epoch = 1;
+        hb.epoch = w->epoch;
+        wctl_send(w, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
+        w->next_heartbeat = now + w->heartbeat_ms;
+    }
+    if (w->watchdog_ms && now >= w->next_watchdog) {
+        sdn_notify("WATCHDOG=1"); /* the loop is alive: it got here within one poll timeout */
+        w->next_watchdog = now + w->watchdog_ms;
+    }
+}
+
+static long wctl_poll_timeout(const wctl *w)
+{
+    int64_t now = wctl_now_ms(), next = now + 1000;
+    if (w->state == WCTL_BACKOFF && w->reconnect_at < next)
+        next = w->reconnect_at;
+    if (w->state != WCTL_BACKOFF) {
+        int64_t expiry = w->last_heard + (int64_t)w->heartbeat_ms * w->liveness + 1;
+        if (expiry < next)
+            next = expiry;
+        if (wctl_welcomed(w) && w->next_heartbeat < next)
+            next = w->next_heartbeat;
+    }
+    if (w->watchdog_ms && w->next_watchdog < next)
+        next = w->next_watchdog;
+    return next > now ? (long)(next - now) : 0;
+}
+
+static void wctl_loop(wctl *w)
+{
+    while (!w->done) {
+        zmq_pollitem_t it[3] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
+                                {.socket = exec_pipe(w->exec), .events = ZMQ_POLLIN},
+                                {.socket = w->dealer, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(it, w->dealer ? 3 : 2, wctl_poll_timeout(w));
+        if (n < 0 && zmq_errno() != EINTR) {
+            log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            w->exit_code = WCTL_EXIT_SOFTWARE;
+            break;
+        }
+        if (n > 0 && it[0].revents)
+            wctl_read_signals(w);
+        if (n > 0 && it[1].revents)
+            wctl_read_exec(w);
+        if (n > 0 && w->dealer && it[2].revents)
+            wctl_read_dealer(w);
+        if (!w->done)
+            wctl_timers(w);
+    }
+}
+
+int wctl_run(const wctl_options *opt)
+{
+    wctl w = {.opt = opt,
+              .sigfd = -1,
+              .heartbeat_ms = WCTL_DEFAULT_HEARTBEAT_MS,
+              .liveness = WCTL_DEFAULT_LIVENESS,
+              .backoff_ms = WCTL_BACKOFF_INIT_MS,
+              .exit_code = WCTL_EXIT_OK};
+    ep_err err = {{0}};
+    if (wctl_signals(&w, &err) != 0)
+        goto fail_signals;
+    w.zctx = zmq_ctx_new();
+    if (w.zctx == NULL) {
+        ep_err_set(&err, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        goto fail_ctx;
+    }
+    /* two I/O threads: the data plane's sends and receives overlap (bench_a2a: about twice the
+     * throughput of one at 64 tokens per rank, docs/performance.md) */
+    zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, WCTL_IO_THREADS);
+    exec_options eo = {.threads = opt->threads, .impl = opt->impl};
+    w.exec = exec_start(w.zctx, &eo, &err);
+    if (w.exec == NULL)
+        goto fail_exec;
+    if (wctl_connect(&w, &err) != 0)
+        goto fail_connect;
+    uint64_t wd = sdn_watchdog_usec();
+    w.watchdog_ms = (int64_t)(wd / 2000);
+    w.next_watchdog = wctl_now_ms();
+    log_info("worker %s (%s, %s) registering with %s", opt->name, opt->device,
+             exec_backend_name(opt->impl), opt->coordinator);
+    wctl_loop(&w);
+    sdn_notify("STOPPING=1");
+    exec_stop(&w.exec);
+    if (w.dealer)
+        zmq_close(w.dealer);
+    zmq_ctx_term(w.zctx);
+    close(w.sigfd);
+    return w.exit_code;
+
+fail_connect:
+    exec_stop(&w.exec);
+fail_exec:
+    zmq_ctx_term(w.zctx);
+fail_ctx:
+    close(w.sigfd);
+fail_signals:
+    log_error("cannot start: %s", err.msg);
+    return WCTL_EXIT_SOFTWARE;
+}

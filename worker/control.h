@@ -1,0 +1,71 @@
+/*
+ * control.h — the worker's main thread: the coordinator link and the worker lifecycle
+ * (prefix wctl_).
+ *
+ * The main thread owns the DEALER to the coordinator (routing id = the worker's name, set
+ * before connect), the executor's pipe (worker/exec.h) and a signalfd, all in one zmq_poll
+ * loop whose timeout never exceeds one second. Lifecycle (docs/protocol.md, docs/operations.md):
+ *
+ *   registering --WELCOME--> welcomed --LOAD--> loading --READY--> ready
+ *                                                      \--Error--> load-failed (LOAD retries)
+ *   any state, coordinator silent for liveness x heartbeat_ms --> backoff: the executor drops
+ *   its state, the DEALER is closed, and after 1, 2, 4 ... 32 s (Paranoid Pirate) it is
+ *   reopened and REGISTER sent again.
+ *
+ * The WELCOME is validated field by field before anything is acknowledged; CONFIG_ACK carries
+ * this worker's own mc_hash of the config it rebuilt. LOAD, STEP and STEP_ABORT are relayed to
+ * the executor verbatim and its answers relayed back verbatim; a STEP when not ready is answered
+ * STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed, and any
+ * message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST} ("declared dead"),
+ * Error{ERR_DUPLICATE} and Error{ERR_BAD_REQUEST, "... send REGISTER first"} (the coordinator
+ * restarted) also lead to backoff and a new REGISTER.
+ *
+ * Exit: SHUTDOWN from the coordinator, SIGTERM or SIGINT -> 0 (the executor is stopped first);
+ * Error{ERR_UNKNOWN_WORKER} or Error{ERR_CONFIG_HASH} -> 78 (EX_CONFIG: an operator must fix
+ * the cluster spec or the binary); a failure to start -> 70. SIGHUP is logged and ignored.
+ * systemd: STATUS= on every state change, READY=1 once the shard is loaded and READY sent,
+ * WATCHDOG=1 from the loop every half WatchdogSec when enabled.
+ */
+#ifndef EPMOE_CONTROL_H
+#define EPMOE_CONTROL_H
+
+#include "common/error.h"
+#include "epmoe.pb-c.h"
+#include "kernels/gemm.h"
+#include "worker/exec.h"
+
+/* Heartbeat settings before the first WELCOME (zguide Paranoid Pirate values). */
+#define WCTL_DEFAULT_HEARTBEAT_MS 1000
+#define WCTL_DEFAULT_LIVENESS     3
+/* Bounds accepted from WELCOME: faster than 10 ms is a typo; liveness above 100 hides death. */
+#define WCTL_MIN_HEARTBEAT_MS 10
+#define WCTL_MAX_HEARTBEAT_MS 600000
+#define WCTL_MAX_LIVENESS     100
+/* Reconnect backoff: doubles from the first value up to the second. */
+#define WCTL_BACKOFF_INIT_MS 1000
+#define WCTL_BACKOFF_MAX_MS  32000
+
+/* ZeroMQ I/O threads of the worker's context (control and data plane). */
+#define WCTL_IO_THREADS 2
+
+enum { WCTL_EXIT_OK = 0, WCTL_EXIT_SOFTWARE = 70, WCTL_EXIT_CONFIG = 78 };
+
+typedef struct wctl_options {
+    const char *coordinator; /* ZeroMQ endpoint of coordinator.listen */
+    const char *name;        /* worker name of the cluster spec; the DEALER's routing id */
+    const char *device;      /* "cpu" */
+    int threads;             /* GEMM threads (<= 0: one per online CPU) */
+    gemm_impl impl;          /* GEMM_IMPL_AUTO */
+} wctl_options;
+
+/* Run the worker until it is told to stop; returns the process exit code (above). */
+int wctl_run(const wctl_options *opt);
+
+/* Validate a WELCOME and build the executor's session: presence of every field it needs,
+ * 1 <= world_size <= EP_MAX_WORKERS, rank < world_size, the config (mmsg_to_config), one
+ * expert_owner entry per routed expert each < world_size, peers covering every rank exactly
+ * once with a data endpoint, model_path and data_endpoint present, heartbeat_ms and liveness
+ * within bounds. Errors name the field and what was expected. */
+exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err);
+
+#endif

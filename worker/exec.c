@@ -1,0 +1,1097 @@
+/*
+ * exec.c — the step executor thread (see exec.h).
+ *
+ * The thread owns: its end of the pipe, the gemm_pool, the session, one moe_layer per MoE layer
+ * and the data-plane transport. Its loop polls the pipe and the data plane's PULL (so messages
+ * of a fast peer are read and kept between steps) and handles one pipe message at a time.
+ *
+ * A step (docs/protocol.md):
+ *   route + quantize own tokens -> one DISPATCH per peer (distinct rows in ascending token
+ *   order; pairs in token order, then slot order) -> own pairs and the shared expert computed
+ *   locally -> answer each peer's DISPATCH with a COMBINE, scatter each COMBINE into the
+ *   [token, slot] expert outputs -> moe_combine -> STEP_DONE.
+ * Every number a token's output depends on is computed by the same moe_* kernels on the same
+ * inputs as moe_forward would (the FP8 codes and scales travel exactly: e8m0 only when the
+ * config's act_ue8m0 makes every scale a power of two, and bf16 dispatch is re-quantized by the
+ * receiver with the same moe_quant), and moe_combine fixes the summation order, so the result
+ * is bit-identical to moe_forward over the whole batch.
+ *
+ * Cancellation: the caller counts up `cancel` before it sends RESET or TERM (the executor counts
+ * down as it handles them), so a load stops at the next layer boundary while one is pending. A
+ * waiting step reads the pipe itself: STEP_ABORT ends it with STEP_FAILED, another STEP is answered
+ * ERR_BUSY, RESET and TERM end it unanswered, and anything else is stashed for the main loop to
+ * handle after the step.
+ */
+#include "worker/exec.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "common/wire.h"
+#include "kernels/formats.h"
+#include "kernels/moe.h"
+
+/* LOADING messages per second at most. */
+#define EXEC_PROGRESS_INTERVAL_S 0.1
+/* Pipe messages put aside while a step waits (a LOAD or SESSION the main loop must see next). */
+#define EXEC_MAX_STASH 8
+
+struct exec_actor {
+    void *zctx;
+    void *pipe; /* the caller's end */
+    char endpoint[64];
+    pthread_t thread;
+    bool started;
+    gemm_pool *pool; /* handed to the thread */
+    gemm_impl impl;
+    atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
+};
+
+typedef struct exec_state {
+    exec_actor *actor;
+    void *pipe; /* the thread's end */
+    gemm_pool *pool;
+    gemm_impl impl;
+    exec_session *session;
+    moe_layer **layers;
+    int n_layers;
+    tp_transport *tp;
+    bool ready;
+    bool have_last;
+    uint64_t last_step;
+    bool stop;
+    wire_msg stash[EXEC_MAX_STASH];
+    int n_stash;
+} exec_state;
+
+static double exec_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- sessions ---------------------------------------------------------------------------------
+ */
+
+exec_session *exec_session_new(int n_experts, int world_size)
+{
+    exec_session *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->world_size = world_size;
+    s->expert_owner = calloc((size_t)n_experts, sizeof *s->expert_owner);
+    s->peer_endpoint = calloc((size_t)world_size, sizeof *s->peer_endpoint);
+    s->peer_name = calloc((size_t)world_size, sizeof *s->peer_name);
+    if (s->expert_owner == NULL || s->peer_endpoint == NULL || s->peer_name == NULL)
+        exec_session_free(&s);
+    return s;
+}
+
+void exec_session_free(exec_session **self_p)
+{
+    exec_session *s = *self_p;
+    if (s == NULL)
+        return;
+    for (int r = 0; r < s->world_size; r++) {
+        if (s->peer_endpoint)
+            free(s->peer_endpoint[r]);
+        if (s->peer_name)
+            free(s->peer_name[r]);
+    }
+    free(s->peer_endpoint);
+    free(s->peer_name);
+    free(s->expert_owner);
+    free(s);
+    *self_p = NULL;
+}
+
+const char *exec_backend_name(gemm_impl impl)
+{
+    if (impl == GEMM_IMPL_AUTO)
+        impl = gemm_impl_best();
+    return impl == GEMM_IMPL_AVX2 ? "cpu-avx2" : "cpu-ref";
+}
+
+/* ---- replies ----------------------------------------------------------------------------------
+ */
+
+static void exec_send(exec_state *st, uint16_t type, const ProtobufCMessage *body,
+                      const wire_payload *pl, int n)
+{
+    ep_err err;
+    if (wire_send(st->pipe, NULL, 0, type, body, pl, n, false, &err) != 0)
+        log_error("executor: %s", err.msg);
+}
+
+static void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt,
+                       ...) __attribute__((format(printf, 4, 5)));
+
+static void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt,
+                       ...)
+{
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    Epmoe__Error e = EPMOE__ERROR__INIT;
+    e.has_code = e.has_in_reply_to = 1;
+    e.code = code;
+    e.in_reply_to = in_reply_to;
+    e.message = text;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
+}
+
+static void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
+                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
+                             const char *fmt, ...)
+{
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    log_warn("step %llu failed: %s", (unsigned long long)step_id, text);
+    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
+    f.has_step_id = has_id;
+    f.step_id = step_id;
+    f.has_code = 1;
+    f.code = code;
+    f.message = text;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
+}
+
+/* ---- state ------------------------------------------------------------------------------------
+ */
+
+static void exec_unload(exec_state *st)
+{
+    for (int i = 0; i < st->n_layers; i++)
+        moe_layer_free(&st->layers[i]);
+    free(st->layers);
+    st->layers = NULL;
+    st->n_layers = 0;
+    tp_destroy(&st->tp);
+    st->ready = false;
+    st->have_last = false;
+}
+
+static void exec_drop_session(exec_state *st)
+{
+    exec_unload(st);
+    exec_session_free(&st->session);
+}
+
+/* ---- loading ----------------------------------------------------------------------------------
+ */
+
+typedef struct exec_progress {
+    exec_state *st;
+    uint64_t base, total;
+    int layers_done, layers_total;
+    double last;
+} exec_progress;
+
+static void exec_send_loading(exec_progress *p, uint64_t done)
+{
+    Epmoe__Loading m = EPMOE__LOADING__INIT;
+    m.has_epoch = m.has_bytes_done = m.has_bytes_total = 1;
+    m.has_layers_done = m.has_layers_total = 1;
+    m.epoch = p->st->session->epoch;
+    m.bytes_done = done;
+    m.bytes_total = p->total;
+    m.layers_done = (uint32_t)p->layers_done;
+    m.layers_total = (uint32_t)p->layers_total;
+    exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
+    p->last = exec_now();
+}
+
+static void exec_on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    (void)total;
+    exec_progress *p = ctx;
+    if (exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S)
+        exec_send_loading(p, p->base + done);
+}
+
+static int exec_open_data_plane(exec_state *st, ep_err *err)
+{
+    exec_session *s = st->session;
+    tp_config cfg = {.rank = s->rank,
+                     .world_size = s->world_size,
+                     .epoch = s->epoch,
+                     .hidden = s->config.hidden_size,
+                     .n_experts = s->config.n_routed_experts,
+                     .expert_owner = s->expert_owner,
+                     .bind_endpoint = s->data_endpoint};
+    st->tp = tp_create(st->actor->zctx, &cfg, err);
+    if (st->tp == NULL)
+        return -1;
+    return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
+}
+
+/* Load every layer; 1 when cancelled (RESET or TERM pending), -1 on error. */
+static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
+{
+    exec_session *s = st->session;
+    const mc_config *c = &s->config;
+    int E = c->n_routed_experts;
+    uint8_t *owned = calloc((size_t)E, 1);
+    st->n_layers = mc_num_layers(c);
+    st->layers = calloc((size_t)st->n_layers, sizeof *st->layers);
+    if (owned == NULL || st->layers == NULL) {
+        free(owned);
+        return ep_err_set(err, "out of memory");
+    }
+    for (int e = 0; e < E; e++)
+        owned[e] = s->expert_owner[e] == (uint32_t)s->rank;
+    exec_progress p = {.st = st, .layers_total = st->n_layers};
+    for (int l = 0; l < st->n_layers; l++)
+        p.total += moe_layer_load_bytes(m, c, l, owned);
+    exec_send_loading(&p, 0);
+    int rc = 0;
+    for (int l = 0; l < st->n_layers && rc == 0; l++) {
+        if (atomic_load(&st->actor->cancel) > 0) {
+            rc = 1;
+            break;
+        }
+        st->layers[l] = moe_layer_load(m, c, l, owned, st->impl, exec_on_progress, &p, err);
+        if (st->layers[l] == NULL)
+            rc = -1;
+        p.base += moe_layer_load_bytes(m, c, l, owned);
+        p.layers_done = l + 1;
+    }
+    if (rc == 0)
+        exec_send_loading(&p, p.total);
+    free(owned);
+    return rc;
+}
+
+static void exec_send_ready(exec_state *st)
+{
+    exec_session *s = st->session;
+    uint64_t bytes = 0;
+    for (int l = 0; l < st->n_layers; l++)
+        bytes += moe_layer_bytes(st->layers[l]);
+    uint32_t owned = 0;
+    for (int e = 0; e < s->config.n_routed_experts; e++)
+        owned += s->expert_owner[e] == (uint32_t)s->rank;
+    Epmoe__Ready r = EPMOE__READY__INIT;
+    r.has_epoch = r.has_config_hash = r.has_bytes_loaded = r.has_n_experts = 1;
+    r.epoch = s->epoch;
+    r.config_hash = s->config_hash;
+    r.bytes_loaded = bytes;
+    r.n_experts = owned;
+    r.backend = (char *)exec_backend_name(st->impl);
+    exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
+}
+
+static void exec_load(exec_state *st)
+{
+    const uint16_t LOAD = EPMOE__MSG_TYPE__MSG_LOAD;
+    if (st->session == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, LOAD, "LOAD before WELCOME");
+        return;
+    }
+    exec_unload(st);
+    double t0 = exec_now();
+    ep_err err = {{0}};
+    st_model *m = NULL;
+    int rc = exec_open_data_plane(st, &err);
+    if (rc == 0 && (m = st_model_open(st->session->model_path, &err)) == NULL)
+        rc = -1;
+    if (rc == 0)
+        rc = exec_load_layers(st, m, &err);
+    st_model_close(&m);
+    if (rc != 0) {
+        exec_unload(st);
+        if (rc > 0) {
+            log_info("load abandoned (reset or shutdown)");
+            return;
+        }
+        log_error("load failed: %s", err.msg);
+        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, LOAD, "%s", err.msg);
+        return;
+    }
+    st->ready = true;
+    log_info("loaded %d layers from %s in %.2f s; data plane at %s", st->n_layers,
+             st->session->model_path, exec_now() - t0, tp_endpoint(st->tp));
+    exec_send_ready(st);
+}
+
+/* ---- one step ---------------------------------------------------------------------------------
+ */
+
+typedef struct exec_step_s {
+    exec_state *st;
+    const moe_layer *layer;
+    uint64_t step_id;
+    int T, k, H, P, rank;
+    uint16_t *x;  /* [T, H] aligned copy of the payload */
+    int64_t *ids; /* [T] or NULL */
+    uint16_t *xn;
+    int32_t *topk_ids;
+    float *topk_w;
+    uint8_t *q;
+    float *qs;
+    uint16_t *shared;
+    uint16_t *eo;       /* [T, k, H] expert output per slot */
+    int *n_pairs_to;    /* [P] pairs sent to each rank (own rank: computed locally) */
+    uint32_t **slot_to; /* [P][n_pairs_to]: t*k + j of each pair, in wire order */
+    uint8_t *heard_d;   /* [P] */
+    uint8_t *heard_c;   /* [P] */
+    int need_d, need_c;
+    uint32_t *expert_tokens; /* [E] */
+    uint64_t dispatch_bytes, combine_bytes;
+    double compute_s;
+    bool aborted;   /* by STEP_ABORT (answered) */
+    bool abandoned; /* by RESET or TERM (not answered) */
+    ep_err err;
+    Epmoe__ErrorCode code;
+} exec_step_s;
+
+static void exec_step_free(exec_step_s *s)
+{
+    free(s->x);
+    free(s->ids);
+    free(s->xn);
+    free(s->topk_ids);
+    free(s->topk_w);
+    free(s->q);
+    free(s->qs);
+    free(s->shared);
+    free(s->eo);
+    if (s->slot_to)
+        for (int r = 0; r < s->P; r++)
+            free(s->slot_to[r]);
+    free(s->slot_to);
+    free(s->n_pairs_to);
+    free(s->heard_d);
+    free(s->heard_c);
+    free(s->expert_tokens);
+}
+
+static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    char text[EP_ERR_MSG_MAX]; /* the arguments may include s->err.msg itself */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    memcpy(s->err.msg, text, sizeof text);
+    s->code = code;
+    return -1;
+}
+
+static void *exec_alloc(size_t n)
+{
+    return aligned_alloc(64, n ? (n + 63) / 64 * 64 : 64);
+}
+
+static int exec_step_alloc(exec_step_s *s, int E)
+{
+    size_t T = (size_t)s->T, H = (size_t)s->H, k = (size_t)s->k;
+    s->x = exec_alloc(T * H * 2);
+    s->xn = exec_alloc(T * H * 2);
+    s->topk_ids = malloc(T * k * sizeof *s->topk_ids + 1);
+    s->topk_w = malloc(T * k * sizeof *s->topk_w + 1);
+    s->q = exec_alloc(T * H);
+    s->qs = exec_alloc(T * (H / EP_FP8_BLOCK) * sizeof(float));
+    s->shared = exec_alloc(T * H * 2);
+    s->eo = exec_alloc(T * k * H * 2);
+    s->n_pairs_to = calloc((size_t)s->P, sizeof *s->n_pairs_to);
+    s->slot_to = calloc((size_t)s->P, sizeof *s->slot_to);
+    s->heard_d = calloc((size_t)s->P, 1);
+    s->heard_c = calloc((size_t)s->P, 1);
+    s->expert_tokens = calloc((size_t)E, sizeof *s->expert_tokens);
+    if (!s->x || !s->xn || !s->topk_ids || !s->topk_w || !s->q || !s->qs || !s->shared || !s->eo ||
+        !s->n_pairs_to || !s->slot_to || !s->heard_d || !s->heard_c || !s->expert_tokens)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "out of memory for a step of %d tokens", s->T);
+    memset(s->eo, 0, T * k * H * 2);
+    return 0;
+}
+
+/* Validate STEP against the session and copy its payloads (aligned). */
+static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_msg *m)
+{
+    exec_state *st = s->st;
+    const Epmoe__ErrorCode BAD = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens)
+        return exec_fail(s, BAD, "STEP %llu: epoch, layer or n_tokens missing",
+                         (unsigned long long)s->step_id);
+    if (req->epoch != st->session->epoch)
+        return exec_fail(s, BAD, "STEP %llu: epoch %llu, this worker is at epoch %llu",
+                         (unsigned long long)s->step_id, (unsigned long long)req->epoch,
+                         (unsigned long long)st->session->epoch);
+    if (st->have_last && s->step_id <= st->last_step)
+        return exec_fail(s, BAD, "STEP %llu: step ids must increase (last was %llu)",
+                         (unsigned long long)s->step_id, (unsigned long long)st->last_step);
+    if (req->layer >= (uint32_t)st->n_layers)
+        return exec_fail(s, BAD, "STEP %llu: layer %u outside [0, %d)",
+                         (unsigned long long)s->step_id, req->layer, st->n_layers);
+    if (req->n_tokens > EP_MAX_TOKENS)
+        return exec_fail(s, BAD, "STEP %llu: %u tokens, at most %d", (unsigned long long)s->step_id,
+                         req->n_tokens, EP_MAX_TOKENS);
+    bool has_ids = req->has_has_ids && req->has_ids;
+    size_t T = req->n_tokens, H = (size_t)st->session->config.hidden_size;
+    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
+        (has_ids && m->payload_len[1] != T * 8))
+        return exec_fail(s, BAD,
+                         "STEP %llu: payloads of %d frames (%zu, %zu bytes), expected hidden "
+                         "bf16 [%zu, %zu]%s",
+                         (unsigned long long)s->step_id, m->n_payloads, m->payload_len[0],
+                         m->n_payloads > 1 ? m->payload_len[1] : 0, T, H,
+                         has_ids ? " and ids int64" : "");
+    if (mc_layer_is_hash(&st->session->config, (int)req->layer) && !has_ids)
+        return exec_fail(s, BAD, "STEP %llu: layer %u is hash-routed: token ids are required",
+                         (unsigned long long)s->step_id, req->layer);
+    s->layer = st->layers[req->layer];
+    s->T = (int)T;
+    if (exec_step_alloc(s, st->session->config.n_routed_experts) != 0)
+        return -1;
+    if (T)
+        memcpy(s->x, m->payload[0], T * H * 2);
+    if (has_ids) {
+        s->ids = malloc(T * 8 + 1);
+        if (s->ids == NULL)
+            return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+        if (T)
+            memcpy(s->ids, m->payload[1], T * 8);
+    }
+    return 0;
+}
+
+static int exec_owner(const exec_step_s *s, int32_t e)
+{
+    return (int)s->st->session->expert_owner[e];
+}
+
+/* Count each destination's pairs and record their [token, slot] in wire order. */
+static int exec_plan_pairs(exec_step_s *s)
+{
+    int Tk = s->T * s->k;
+    for (int i = 0; i < Tk; i++)
+        if (s->topk_ids[i] >= 0)
+            s->n_pairs_to[exec_owner(s, s->topk_ids[i])]++;
+    for (int r = 0; r < s->P; r++) {
+        s->slot_to[r] = malloc((size_t)s->n_pairs_to[r] * sizeof **s->slot_to + 1);
+        if (s->slot_to[r] == NULL)
+            return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+    }
+    int *fill = calloc((size_t)s->P, sizeof *fill);
+    if (fill == NULL)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+    for (int i = 0; i < Tk; i++)
+        if (s->topk_ids[i] >= 0) {
+            int r = exec_owner(s, s->topk_ids[i]);
+            s->slot_to[r][fill[r]++] = (uint32_t)i;
+        }
+    free(fill);
+    return 0;
+}
+
+static void exec_tick(exec_step_s *s, double t0)
+{
+    s->compute_s += exec_now() - t0;
+}
+
+/* The e8m0 code of a power-of-two scale; fails when the scale is not one. */
+static int exec_e8m0(exec_step_s *s, float v, int t, uint8_t *out)
+{
+    uint8_t c = fmt_e8m0_ceil(v);
+    if (fmt_e8m0_to_f32(c) != v)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "token %d: activation scale %g is not a power of two (e8m0 dispatch)", t,
+                         (double)v);
+    *out = c;
+    return 0;
+}
+
+/* Fill the DISPATCH for rank r (shape already set, arrays allocated). */
+static int exec_fill_dispatch(exec_step_s *s, int r, tp_msg *d)
+{
+    size_t H = (size_t)s->H, SC = H / EP_FP8_BLOCK;
+    int row = -1, last_t = -1;
+    for (int p = 0; p < d->n_pairs; p++) {
+        uint32_t slot = s->slot_to[r][p];
+        int t = (int)slot / s->k;
+        if (t != last_t) {
+            row++;
+            last_t = t;
+            if (d->format == TP_FMT_BF16) {
+                memcpy(d->hidden + (size_t)row * H, s->xn + (size_t)t * H, H * 2);
+            } else {
+                memcpy(d->codes + (size_t)row * H, s->q + (size_t)t * H, H);
+                const float *qs = s->qs + (size_t)t * SC;
+                if (!d->scales_e8m0)
+                    memcpy((float *)d->scales + (size_t)row * SC, qs, SC * 4);
+                else
+                    for (size_t b = 0; b < SC; b++)
+                        if (exec_e8m0(s, qs[b], t, (uint8_t *)d->scales + (size_t)row * SC + b))
+                            return -1;
+            }
+        }
+        d->pair_row[p] = (uint32_t)row;
+        d->pair_expert[p] = (uint32_t)s->topk_ids[slot];
+        d->pair_weight[p] = s->topk_w[slot];
+    }
+    return 0;
+}
+
+static int exec_count_rows(const exec_step_s *s, int r)
+{
+    int rows = 0, last_t = -1;
+    for (int p = 0; p < s->n_pairs_to[r]; p++) {
+        int t = (int)s->slot_to[r][p] / s->k;
+        rows += t != last_t;
+        last_t = t;
+    }
+    return rows;
+}
+
+static int exec_send_dispatches(exec_step_s *s)
+{
+    exec_session *ses = s->st->session;
+    for (int r = 0; r < s->P; r++) {
+        if (r == s->rank)
+            continue;
+        tp_msg d = {.kind = TP_DISPATCH,
+                    .step_id = s->step_id,
+                    .layer = (uint32_t)moe_layer_index(s->layer),
+                    .n_rows = exec_count_rows(s, r),
+                    .n_pairs = s->n_pairs_to[r],
+                    .format = ses->dispatch,
+                    .scales_e8m0 = ses->dispatch == TP_FMT_FP8 && ses->config.act_ue8m0};
+        if (tp_msg_alloc(&d, s->H, &s->err) != 0)
+            return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to rank %d (%s): %s",
+                             r, ses->peer_name[r], s->err.msg);
+        if (exec_fill_dispatch(s, r, &d) != 0) {
+            tp_msg_release(&d);
+            return -1;
+        }
+        s->dispatch_bytes += tp_msg_bytes(&d, s->H);
+        if (tp_send(s->st->tp, r, &d, &s->err) != 0)
+            return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to %s: %s",
+                             ses->peer_name[r], s->err.msg);
+    }
+    return 0;
+}
+
+/* Scatter n rows of out (bf16 [n, H]) into eo at the slots given. */
+static void exec_scatter(exec_step_s *s, const uint32_t *slots, int n, const uint16_t *out)
+{
+    size_t H = (size_t)s->H;
+    for (int p = 0; p < n; p++)
+        memcpy(s->eo + (size_t)slots[p] * H, out + (size_t)p * H, H * 2);
+}
+
+/* Own pairs and the shared expert, on own tokens. */
+static int exec_local(exec_step_s *s)
+{
+    int n = s->n_pairs_to[s->rank];
+    uint32_t *row = malloc((size_t)n * 4 + 1), *ex = malloc((size_t)n * 4 + 1);
+    float *w = malloc((size_t)n * 4 + 1);
+    uint16_t *out = exec_alloc((size_t)n * (size_t)s->H * 2);
+    int rc = 0;
+    if (!row || !ex || !w || !out) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+        goto done;
+    }
+    for (int p = 0; p < n; p++) {
+        uint32_t slot = s->slot_to[s->rank][p];
+        row[p] = slot / (uint32_t)s->k;
+        ex[p] = (uint32_t)s->topk_ids[slot];
+        w[p] = s->topk_w[slot];
+        s->expert_tokens[ex[p]]++;
+    }
+    double t0 = exec_now();
+    if (n && moe_experts(s->layer, s->T, s->q, s->qs, n, row, ex, w, out, s->st->pool, &s->err)) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "local experts: %s", s->err.msg);
+        goto done;
+    }
+    exec_scatter(s, s->slot_to[s->rank], n, out);
+    if (s->T && moe_shared(s->layer, s->T, s->q, s->qs, s->shared, s->st->pool, &s->err)) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "shared expert: %s", s->err.msg);
+        goto done;
+    }
+    exec_tick(s, t0);
+done:
+    free(row);
+    free(ex);
+    free(w);
+    free(out);
+    return rc;
+}
+
+/* Answer a peer's DISPATCH with its COMBINE. Malformed-for-this-step messages are dropped. */
+static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
+{
+    exec_session *ses = s->st->session;
+    int src = d->src_rank;
+    if (d->layer != (uint32_t)moe_layer_index(s->layer) || s->heard_d[src]) {
+        log_warn("step %llu: dropped a DISPATCH from rank %d (%s): %s",
+                 (unsigned long long)s->step_id, src, ses->peer_name[src],
+                 s->heard_d[src] ? "duplicate" : "layer differs from the step's");
+        return 0;
+    }
+    size_t H = (size_t)s->H, SC = H / EP_FP8_BLOCK, rows = (size_t)d->n_rows;
+    uint8_t *q = d->codes, *qbuf = NULL;
+    float *qs = d->scales, *qsbuf = NULL;
+    tp_msg c = {.kind = TP_COMBINE, .step_id = s->step_id, .n_pairs = d->n_pairs};
+    int rc = 0;
+    if (d->format == TP_FMT_BF16)
+        q = qbuf = exec_alloc(rows * H);
+    if (d->format == TP_FMT_BF16 || d->scales_e8m0)
+        qs = qsbuf = exec_alloc(rows * SC * 4);
+    if ((d->format == TP_FMT_BF16 && !qbuf) || (qs == NULL && rows) ||
+        tp_msg_alloc(&c, s->H, &s->err) != 0) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+        goto done;
+    }
+    double t0 = exec_now();
+    if (d->format == TP_FMT_BF16 && rows)
+        moe_quant(s->layer, d->n_rows, d->hidden, q, qs);
+    else if (d->scales_e8m0)
+        for (size_t i = 0; i < rows * SC; i++)
+            qs[i] = fmt_e8m0_to_f32(((const uint8_t *)d->scales)[i]);
+    if (d->n_pairs && moe_experts(s->layer, d->n_rows, q, qs, d->n_pairs, d->pair_row,
+                                  d->pair_expert, d->pair_weight, c.out, s->st->pool, &s->err)) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "experts for rank %d (%s): %s", src,
+                       ses->peer_name[src], s->err.msg);
+        goto done;
+    }
+    exec_tick(s, t0);
+    for (int p = 0; p < d->n_pairs; p++)
+        s->expert_tokens[d->pair_expert[p]]++;
+    s->combine_bytes += tp_msg_bytes(&c, s->H);
+    if (tp_send(s->st->tp, src, &c, &s->err) != 0) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "COMBINE to %s: %s",
+                       ses->peer_name[src], s->err.msg);
+        goto done;
+    }
+    s->heard_d[src] = 1;
+    s->need_d--;
+done:
+    tp_msg_release(&c);
+    free(qbuf);
+    free(qsbuf);
+    return rc;
+}
+
+static void exec_on_combine(exec_step_s *s, const tp_msg *c)
+{
+    int src = c->src_rank;
+    const char *name = s->st->session->peer_name[src];
+    if (s->heard_c[src]) {
+        log_warn("step %llu: dropped a duplicate COMBINE from rank %d (%s)",
+                 (unsigned long long)s->step_id, src, name);
+        return;
+    }
+    if (c->n_pairs != s->n_pairs_to[src]) {
+        log_warn("step %llu: dropped a COMBINE from rank %d (%s) with %d pairs, %d were sent",
+                 (unsigned long long)s->step_id, src, name, c->n_pairs, s->n_pairs_to[src]);
+        return;
+    }
+    exec_scatter(s, s->slot_to[src], c->n_pairs, c->out);
+    s->heard_c[src] = 1;
+    s->need_c--;
+}
+
+/* Handle what the data plane holds for this step. */
+static int exec_drain(exec_step_s *s)
+{
+    tp_msg m;
+    while (tp_take(s->st->tp, s->step_id, &m)) {
+        int rc = 0;
+        if (m.kind == TP_DISPATCH)
+            rc = exec_on_dispatch(s, &m);
+        else
+            exec_on_combine(s, &m);
+        tp_msg_release(&m);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The peers a step still waits for, for the timeout message. */
+static void exec_missing(const exec_step_s *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < s->P && n < cap; r++) {
+        if (r == s->rank || (s->heard_d[r] && s->heard_c[r]))
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s): %s%s%s", n ? ", " : "", r,
+                              s->st->session->peer_name[r], s->heard_d[r] ? "" : "DISPATCH",
+                              !s->heard_d[r] && !s->heard_c[r] ? " and " : "",
+                              s->heard_c[r] ? "" : "COMBINE");
+    }
+}
+
+static void exec_stash(exec_state *st, wire_msg *m)
+{
+    if (st->n_stash == EXEC_MAX_STASH) {
+        log_error("executor: dropped %s (stash full)", wire_type_name(m->type));
+        wire_msg_close(m);
+        return;
+    }
+    st->stash[st->n_stash++] = *m;
+}
+
+/* One pipe message during a step. Returns -1 when the step must end. */
+static int exec_step_pipe(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    wire_msg m;
+    ep_err err;
+    wire_rc rc =
+        wire_recv(st->pipe, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+    if (rc != WIRE_OK)
+        return 0;
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP_ABORT) {
+        Epmoe__StepAbort *a =
+            (Epmoe__StepAbort *)wire_unpack(&epmoe__step_abort__descriptor, &m, &err);
+        bool ours = a && a->has_step_id && a->step_id == s->step_id;
+        wire_free_unpacked(a ? &a->base : NULL);
+        wire_msg_close(&m);
+        if (!ours)
+            return 0;
+        s->aborted = true;
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "step %llu aborted by the coordinator", (unsigned long long)s->step_id);
+    }
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP) {
+        Epmoe__Step *o = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, &m, &err);
+        exec_step_failed(st, o && o->has_step_id, o ? o->step_id : 0, EPMOE__ERROR_CODE__ERR_BUSY,
+                         "step %llu is still running", (unsigned long long)s->step_id);
+        wire_free_unpacked(o ? &o->base : NULL);
+        wire_msg_close(&m);
+        return 0;
+    }
+    /* RESET and TERM end the step unanswered (the caller discards the old session's answers);
+     * anything else waits in the stash until the step is over. */
+    bool end = m.type == EXEC_CMD_RESET || m.type == EXEC_CMD_TERM;
+    exec_stash(st, &m);
+    if (!end)
+        return 0;
+    s->abandoned = true;
+    return -1;
+}
+
+/* Wait for every peer's DISPATCH and COMBINE, answering as they come. */
+static int exec_wait_peers(exec_step_s *s, double deadline)
+{
+    exec_state *st = s->st;
+    while (s->need_d > 0 || s->need_c > 0) {
+        if (exec_drain(s) != 0)
+            return -1;
+        if (s->need_d == 0 && s->need_c == 0)
+            break;
+        double left = deadline - exec_now();
+        if (left <= 0) {
+            char who[EP_ERR_MSG_MAX / 2];
+            exec_missing(s, who, sizeof who);
+            return exec_fail(s, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                             "step %llu timed out after %d ms waiting for %s",
+                             (unsigned long long)s->step_id, st->session->step_timeout_ms, who);
+        }
+        zmq_pollitem_t it[2] = {{.socket = st->pipe, .events = ZMQ_POLLIN},
+                                {.socket = tp_socket(st->tp), .events = ZMQ_POLLIN}};
+        long ms = (long)(left * 1000) + 1;
+        if (zmq_poll(it, 2, ms > 1000 ? 1000 : ms) < 0)
+            continue; /* EINTR */
+        if (it[1].revents)
+            tp_pump(st->tp);
+        if (it[0].revents && exec_step_pipe(s) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void exec_send_done(exec_step_s *s)
+{
+    size_t T = (size_t)s->T, H = (size_t)s->H, k = (size_t)s->k;
+    uint16_t *out = malloc(T * H * 2 + 1);
+    if (out == NULL) {
+        exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "out of memory for the output");
+        return;
+    }
+    double t0 = exec_now();
+    moe_combine(s->T, s->k, s->H, s->topk_ids, s->eo, s->shared, out);
+    exec_tick(s, t0);
+    exec_session *ses = s->st->session;
+    int E = ses->config.n_routed_experts, n_owned = 0;
+    uint32_t *counts = malloc((size_t)E * sizeof *counts);
+    for (int e = 0; counts && e < E; e++)
+        if (ses->expert_owner[e] == (uint32_t)s->rank)
+            counts[n_owned++] = s->expert_tokens[e];
+    Epmoe__StepDone d = EPMOE__STEP_DONE__INIT;
+    d.has_step_id = d.has_n_tokens = d.has_dispatch_bytes = d.has_combine_bytes = 1;
+    d.has_compute_seconds = 1;
+    d.step_id = s->step_id;
+    d.n_tokens = (uint32_t)s->T;
+    d.dispatch_bytes = s->dispatch_bytes;
+    d.combine_bytes = s->combine_bytes;
+    d.compute_seconds = s->compute_s;
+    d.n_expert_tokens = counts ? (size_t)n_owned : 0;
+    d.expert_tokens = counts;
+    wire_payload pl[3] = {
+        {.data = out, .len = T * H * 2, .free_fn = wire_free_malloc},
+        {.data = s->topk_ids, .len = T * k * 4, .free_fn = wire_free_malloc},
+        {.data = s->topk_w, .len = T * k * 4, .free_fn = wire_free_malloc},
+    };
+    s->topk_ids = NULL; /* owned by the message now */
+    s->topk_w = NULL;
+    exec_send(s->st, EPMOE__MSG_TYPE__MSG_STEP_DONE, &d.base, pl, 3);
+    free(counts);
+}
+
+/* Route, dispatch, compute, wait, combine. */
+static int exec_step_run(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    double deadline = exec_now() + st->session->step_timeout_ms / 1000.0;
+    double t0 = exec_now();
+    if (s->T && moe_route(s->layer, s->T, s->x, s->ids, s->xn, s->topk_ids, s->topk_w, &s->err))
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
+                         (unsigned long long)s->step_id, s->err.msg);
+    if (s->T)
+        moe_quant(s->layer, s->T, s->xn, s->q, s->qs);
+    exec_tick(s, t0);
+    if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0 || exec_local(s) != 0)
+        return -1;
+    return exec_wait_peers(s, deadline);
+}
+
+static void exec_step(exec_state *st, wire_msg *m)
+{
+    ep_err err;
+    Epmoe__Step *req = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, m, &err);
+    if (req == NULL || !req->has_step_id) {
+        exec_step_failed(st, false, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s",
+                         req ? "STEP without step_id" : err.msg);
+        wire_free_unpacked(req ? &req->base : NULL);
+        return;
+    }
+    exec_step_s s = {.st = st, .step_id = req->step_id, .code = EPMOE__ERROR_CODE__ERR_NONE};
+    if (!st->ready) {
+        exec_step_failed(st, true, s.step_id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                         "STEP %llu: the shard is not loaded", (unsigned long long)s.step_id);
+        wire_free_unpacked(&req->base);
+        return;
+    }
+    const mc_config *c = &st->session->config;
+    s.k = c->num_experts_per_tok;
+    s.H = c->hidden_size;
+    s.P = st->session->world_size;
+    s.rank = st->session->rank;
+    s.need_d = s.need_c = s.P - 1;
+    int rc = exec_step_parse(&s, req, m);
+    wire_free_unpacked(&req->base);
+    if (rc != 0) {
+        exec_step_failed(st, true, s.step_id, s.code, "%s", s.err.msg);
+        exec_step_free(&s);
+        return;
+    }
+    log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s.step_id,
+              moe_layer_index(s.layer), s.T);
+    rc = exec_step_run(&s);
+    if (rc == 0)
+        exec_send_done(&s);
+    else if (!s.abandoned)
+        exec_step_failed(st, true, s.step_id, s.code, "%s", s.err.msg);
+    tp_finish(st->tp, s.step_id);
+    st->have_last = true;
+    st->last_step = s.step_id;
+    exec_step_free(&s);
+}
+
+/* ---- the thread -------------------------------------------------------------------------------
+ */
+
+static void exec_session_cmd(exec_state *st, const wire_msg *m)
+{
+    exec_session *s = NULL;
+    if (m->body_len != sizeof s) {
+        log_error("executor: SESSION body of %zu bytes", m->body_len);
+        return;
+    }
+    memcpy(&s, m->body, sizeof s);
+    exec_drop_session(st);
+    st->session = s;
+}
+
+static void exec_handle(exec_state *st, wire_msg *m)
+{
+    switch (m->type) {
+    case EXEC_CMD_SESSION:
+        exec_session_cmd(st, m);
+        break;
+    case EXEC_CMD_RESET:
+        atomic_fetch_sub(&st->actor->cancel, 1);
+        exec_drop_session(st);
+        exec_send(st, EXEC_EVT_RESET_DONE, NULL, NULL, 0);
+        break;
+    case EXEC_CMD_TERM:
+        st->stop = true;
+        break;
+    case EPMOE__MSG_TYPE__MSG_LOAD:
+        exec_load(st);
+        break;
+    case EPMOE__MSG_TYPE__MSG_STEP:
+        exec_step(st, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
+        log_debug(LOG_SUB_STEP, "STEP_ABORT for a step not running: ignored");
+        break;
+    default:
+        log_warn("executor: unexpected %s on the pipe", wire_type_name(m->type));
+    }
+}
+
+static void exec_loop(exec_state *st)
+{
+    while (!st->stop) {
+        if (st->n_stash > 0) {
+            wire_msg m = st->stash[0];
+            memmove(&st->stash[0], &st->stash[1], (size_t)(--st->n_stash) * sizeof m);
+            exec_handle(st, &m);
+            wire_msg_close(&m);
+            continue;
+        }
+        zmq_pollitem_t it[2] = {
+            {.socket = st->pipe, .events = ZMQ_POLLIN},
+            {.socket = st->tp ? tp_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
+        if (zmq_poll(it, st->tp ? 2 : 1, 1000) <= 0)
+            continue;
+        if (st->tp && it[1].revents)
+            tp_pump(st->tp);
+        if (!it[0].revents)
+            continue;
+        wire_msg m;
+        ep_err err;
+        wire_rc rc =
+            wire_recv(st->pipe, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+        if (rc == WIRE_ERR)
+            log_error("executor: %s", err.msg);
+        if (rc != WIRE_OK)
+            continue;
+        exec_handle(st, &m);
+        wire_msg_close(&m);
+    }
+}
+
+static void *exec_main(void *arg)
+{
+    exec_actor *a = arg;
+    exec_state st = {.actor = a, .pool = a->pool, .impl = a->impl};
+    st.pipe = zmq_socket(a->zctx, ZMQ_PAIR);
+    int linger = 0;
+    zmq_setsockopt(st.pipe, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(st.pipe, a->endpoint) == 0) {
+        exec_send(&st, EXEC_EVT_RESET_DONE, NULL, NULL, 0); /* "started" */
+        exec_loop(&st);
+    }
+    exec_drop_session(&st);
+    for (int i = 0; i < st.n_stash; i++)
+        wire_msg_close(&st.stash[i]);
+    zmq_close(st.pipe);
+    return NULL;
+}
+
+exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err)
+{
+    exec_actor *a = calloc(1, sizeof *a);
+    if (a == NULL) {
+        ep_err_set(err, "executor: out of memory");
+        return NULL;
+    }
+    a->zctx = zctx;
+    a->impl = opt->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : opt->impl;
+    snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%p", (void *)a);
+    a->pool = gemm_pool_create(opt->threads, err);
+    if (a->pool == NULL)
+        goto fail;
+    a->pipe = zmq_socket(zctx, ZMQ_PAIR);
+    int linger = 0;
+    if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_bind(a->pipe, a->endpoint) != 0) {
+        ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if (pthread_create(&a->thread, NULL, exec_main, a) != 0) {
+        ep_err_set(err, "executor: cannot start its thread");
+        goto fail;
+    }
+    a->started = true;
+    /* wait for the thread's "started" signal, like zactor_new */
+    wire_msg m;
+    if (wire_recv(a->pipe, false, 64, 0, 0, &m, err) != WIRE_OK) {
+        exec_stop(&a);
+        return NULL;
+    }
+    wire_msg_close(&m);
+    return a;
+fail:
+    exec_stop(&a);
+    return NULL;
+}
+
+void *exec_pipe(exec_actor *a)
+{
+    return a->pipe;
+}
+
+int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err)
+{
+    if (cmd == EXEC_CMD_RESET || cmd == EXEC_CMD_TERM)
+        atomic_fetch_add(&a->cancel, 1);
+    return wire_send(a->pipe, NULL, 0, cmd, NULL, NULL, 0, false, err);
+}
+
+int exec_send_session(exec_actor *a, exec_session **s_p, ep_err *err)
+{
+    exec_session *s = *s_p;
+    *s_p = NULL;
+    if (zmq_send(a->pipe, WIRE_VERSION, strlen(WIRE_VERSION), ZMQ_SNDMORE) < 0)
+        goto fail;
+    uint8_t tb[2] = {(uint8_t)(EXEC_CMD_SESSION & 0xFF), (uint8_t)(EXEC_CMD_SESSION >> 8)};
+    if (zmq_send(a->pipe, tb, 2, ZMQ_SNDMORE) < 0 || zmq_send(a->pipe, &s, sizeof s, 0) < 0)
+        goto fail;
+    return 0;
+fail:
+    exec_session_free(&s);
+    return ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
+}
+
+void exec_stop(exec_actor **self_p)
+{
+    exec_actor *a = *self_p;
+    if (a == NULL)
+        return;
+    if (a->started) {
+        exec_send_cmd(a, EXEC_CMD_TERM, NULL);
+        pthread_join(a->thread, NULL);
+    }
+    if (a->pipe)
+        zmq_close(a->pipe);
+    gemm_pool_destroy(&a->pool);
+    free(a);
+    *self_p = NULL;
+}

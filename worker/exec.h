@@ -1,0 +1,92 @@
+/*
+ * exec.h — the step executor of a worker: a thread that owns the model shard, the GEMM pool and
+ * the data plane, and runs MoE steps with its peers (prefix exec_).
+ *
+ * Actor model (czmq zactor): exec_start creates the thread and an inproc PAIR pipe; the caller
+ * keeps exec_pipe() and is its only user, the thread owns everything else. Both directions
+ * speak wire.h framing: the caller relays the coordinator's LOAD, STEP and STEP_ABORT messages
+ * verbatim, plus the internal commands below; the executor answers with protocol messages
+ * (LOADING, READY, Error, STEP_DONE, STEP_FAILED) that the caller relays to the coordinator
+ * verbatim, plus EXEC_EVT_RESET_DONE.
+ *
+ *   EXEC_CMD_SESSION  body: an exec_session pointer (ownership passes): the placement to work
+ *                     under from now on. Frees any loaded state first.
+ *   EXEC_CMD_RESET    drop the session and everything loaded; answered by EXEC_EVT_RESET_DONE,
+ *                     so the caller can discard answers that belonged to the old session.
+ *   EXEC_CMD_TERM     leave the thread (exec_stop sends it).
+ *   LOAD              bind the data plane, connect to the peers, load every MoE layer (main
+ *                     and MTP) with the experts this rank owns; LOADING progress (at most ~10
+ *                     per second) then READY, or Error{ERR_LOAD_FAILED} naming the cause (the
+ *                     executor stays up, not ready).
+ *   STEP              route, dispatch, experts, combine (docs/protocol.md "Forward steps");
+ *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}.
+ *   STEP_ABORT        abandon that step if running (STEP_FAILED); otherwise ignored.
+ *
+ * While a step waits for its peers the executor also watches the pipe, so STEP_ABORT, RESET and
+ * TERM interrupt it; a step that outlives step_timeout_ms fails naming the peers not heard from.
+ * A step's output is bit-identical to moe_forward over the whole batch in one process.
+ */
+#ifndef EPMOE_EXEC_H
+#define EPMOE_EXEC_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/limits.h"
+#include "common/model_config.h"
+#include "kernels/gemm.h"
+#include "worker/transport.h"
+
+/* Internal message types on the pipe, above every MsgType of epmoe.proto. */
+enum {
+    EXEC_CMD_SESSION = 1000,
+    EXEC_CMD_RESET = 1001,
+    EXEC_CMD_TERM = 1002,
+    EXEC_EVT_RESET_DONE = 1100,
+};
+
+/* Default when WELCOME carries no step_timeout_ms. */
+#define EXEC_DEFAULT_STEP_TIMEOUT_MS 60000
+
+/* The validated WELCOME an executor works under (built by wctl_welcome_parse). */
+typedef struct exec_session {
+    mc_config config;
+    uint64_t config_hash; /* mc_hash(&config): this worker's own */
+    int rank, world_size;
+    uint64_t epoch;
+    char model_path[EP_MAX_PATH];
+    char data_endpoint[EP_MAX_PATH]; /* where to bind */
+    uint32_t *expert_owner;          /* [n_routed_experts] */
+    char **peer_endpoint;            /* [world_size], by rank */
+    char **peer_name;                /* [world_size], by rank */
+    tp_format dispatch;
+    int step_timeout_ms;
+} exec_session;
+
+/* An empty session with its tables allocated (E experts, P ranks); NULL when out of memory. */
+exec_session *exec_session_new(int n_experts, int world_size);
+void exec_session_free(exec_session **self_p);
+
+typedef struct exec_options {
+    int threads;    /* GEMM pool threads; <= 0: one per online CPU */
+    gemm_impl impl; /* GEMM_IMPL_AUTO: the best this CPU has */
+} exec_options;
+
+typedef struct exec_actor exec_actor;
+
+/* Start the executor thread in zctx; returns once the thread runs and its pipe is connected. */
+exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err);
+/* Send TERM and join the thread (a load in progress stops at the next layer). */
+void exec_stop(exec_actor **self_p);
+/* The caller's end of the pipe (poll it for ZMQ_POLLIN; only the creating thread uses it). */
+void *exec_pipe(exec_actor *a);
+
+/* Send a command without a body (EXEC_CMD_RESET, EXEC_CMD_TERM). */
+int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err);
+/* Hand a session to the executor (EXEC_CMD_SESSION); *s_p is taken and NULLed, even on failure. */
+int exec_send_session(exec_actor *a, exec_session **s_p, ep_err *err);
+
+/* "cpu-avx2" or "cpu-ref": what READY reports as the backend. */
+const char *exec_backend_name(gemm_impl impl);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * epmoe-worker — one worker daemon per device: registers with the coordinator, loads its expert
+ * shard, and runs MoE steps with its peers (docs/operations.md "epmoe-worker").
+ *
+ * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]
+ * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage, 70 cannot start, 78 refused by
+ * the coordinator (unknown worker name or config hash mismatch: fix the spec or the binary).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "worker/control.h"
+
+#define WORKER_EXIT_USAGE 64
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]\n"
+            "\n"
+            "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
+            "                          e.g. tcp://10.0.0.1:7400 (default $EPMOE_COORDINATOR)\n"
+            "  --name NAME             this worker's name in the cluster spec\n"
+            "  --threads N             expert GEMM threads (default: one per online CPU)\n"
+            "  --device cpu            the device to run on (this build: cpu)\n"
+            "\n"
+            "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
+            "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
+            "  (unknown worker name or config hash mismatch)\n"
+            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs), EPMOE_GEMM=ref\n");
+}
+
+static int parse_threads(const char *v, int *out)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096)
+        return -1;
+    *out = (int)n;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("epmoe-worker");
+    wctl_options opt = {.coordinator = getenv("EPMOE_COORDINATOR"), .device = "cpu"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "epmoe-worker: %s needs a value (see --help)\n", a);
+            return WORKER_EXIT_USAGE;
+        }
+        const char *v = argv[++i];
+        if (strcmp(a, "--coordinator") == 0) {
+            opt.coordinator = v;
+        } else if (strcmp(a, "--name") == 0) {
+            opt.name = v;
+        } else if (strcmp(a, "--device") == 0) {
+            opt.device = v;
+        } else if (strcmp(a, "--threads") == 0) {
+            if (parse_threads(v, &opt.threads) != 0) {
+                fprintf(stderr, "epmoe-worker: --threads %s: expected 1..4096\n", v);
+                return WORKER_EXIT_USAGE;
+            }
+        } else {
+            fprintf(stderr, "epmoe-worker: unknown option %s (see --help)\n", a);
+            return WORKER_EXIT_USAGE;
+        }
+    }
+    if (opt.coordinator == NULL || opt.coordinator[0] == '\0' || opt.name == NULL ||
+        opt.name[0] == '\0') {
+        fprintf(stderr, "epmoe-worker: --coordinator and --name are required (see --help)\n");
+        return WORKER_EXIT_USAGE;
+    }
+    if (strlen(opt.name) >= EP_MAX_NAME) {
+        fprintf(stderr, "epmoe-worker: --name is longer than %d bytes\n", EP_MAX_NAME - 1);
+        return WORKER_EXIT_USAGE;
+    }
+    if (strcmp(opt.device, "cpu") != 0) {
+        fprintf(stderr, "epmoe-worker: --device %s: this build runs on cpu only\n", opt.device);
+        return WORKER_EXIT_USAGE;
+    }
+    return wctl_run(&opt);
+}

@@ -1,0 +1,686 @@
+/*
+ * transport_zmq.c — the data plane over ZeroMQ PUSH/PULL (see transport.h).
+ *
+ * Outgoing: one block per message holds every payload array at 64-byte aligned offsets; each
+ * payload frame is a zero-copy slice of it and holds one reference, so the block is freed by
+ * ZeroMQ's I/O thread when the last frame has gone out (hence the atomic count).
+ * Incoming: the wire_msg (its frames) is kept whole and the tp_msg arrays point into it;
+ * ZeroMQ gives no alignment guarantee for frame data (small frames live inside zmq_msg_t,
+ * others may be slices of a shared receive buffer), so a misaligned array is copied once.
+ */
+#include "worker/transport.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/wire.h"
+
+/* A data-plane body is a handful of varints (< 64 bytes); anything longer is not ours. */
+#define TP_MAX_BODY 1024
+/* Alignment of every array in a block: a cache line, enough for any vector load. */
+#define TP_ALIGN 64
+/* How long tp_create waits for an endpoint still held (EADDRINUSE) before failing. */
+#define TP_BIND_RETRY_MS      2000
+#define TP_BIND_RETRY_STEP_MS 10
+/* Drop reasons logged per second at most; the rest are counted and summarised. */
+#define TP_LOG_PER_SEC 10
+
+struct tp_buf {
+    atomic_int refs; /* outgoing: payload frames ZeroMQ has not freed yet */
+    wire_msg *in;    /* incoming: the frames the arrays point into */
+    uint8_t *data;   /* outgoing payloads, or incoming arrays copied for alignment */
+};
+
+struct tp_transport {
+    void *zctx;
+    void *pull;
+    void **push; /* [world_size], NULL for own rank and before tp_connect */
+    int rank, world_size, hidden, n_experts;
+    uint64_t epoch;
+    uint8_t *owned; /* [E]: expert_owner[e] == rank */
+    char endpoint[EP_MAX_PATH];
+    tp_msg *pending; /* arrival order */
+    int n_pending, cap_pending;
+    bool have_finished;
+    uint64_t finished_upto;
+    uint64_t dropped;
+    char last_drop[EP_ERR_MSG_MAX];
+    time_t log_sec;
+    int log_count, log_suppressed;
+};
+
+/* ---- blocks ---------------------------------------------------------------------------------- */
+
+static size_t tp_round(size_t n)
+{
+    return (n + TP_ALIGN - 1) / TP_ALIGN * TP_ALIGN;
+}
+
+static void tp_buf_free(struct tp_buf *b)
+{
+    if (b->in) {
+        wire_msg_close(b->in);
+        free(b->in);
+    }
+    free(b->data);
+    free(b);
+}
+
+/* ZeroMQ's free_fn for payload frames: runs on the I/O thread. */
+static void tp_buf_unref(void *data, void *hint)
+{
+    (void)data;
+    struct tp_buf *b = hint;
+    if (atomic_fetch_sub(&b->refs, 1) == 1)
+        tp_buf_free(b);
+}
+
+/* The payload arrays of m in wire order, with their sizes. Returns the count (<= 5). */
+static int tp_layout(const tp_msg *m, int hidden, void ***ptr, size_t *len)
+{
+    size_t H = (size_t)hidden, rows = (size_t)m->n_rows, pairs = (size_t)m->n_pairs;
+    int n = 0;
+    if (m->kind == TP_COMBINE) {
+        ptr[n] = (void **)&((tp_msg *)m)->out;
+        len[n++] = pairs * H * 2;
+        return n;
+    }
+    tp_msg *w = (tp_msg *)m;
+    if (m->format == TP_FMT_FP8) {
+        ptr[n] = (void **)&w->codes;
+        len[n++] = rows * H;
+        ptr[n] = (void **)&w->scales;
+        len[n++] = rows * (H / EP_FP8_BLOCK) * (m->scales_e8m0 ? 1 : 4);
+    } else {
+        ptr[n] = (void **)&w->hidden;
+        len[n++] = rows * H * 2;
+    }
+    ptr[n] = (void **)&w->pair_row;
+    len[n++] = pairs * 4;
+    ptr[n] = (void **)&w->pair_expert;
+    len[n++] = pairs * 4;
+    ptr[n] = (void **)&w->pair_weight;
+    len[n++] = pairs * 4;
+    return n;
+}
+
+size_t tp_msg_bytes(const tp_msg *m, int hidden)
+{
+    void **ptr[5];
+    size_t len[5], total = 0;
+    int n = tp_layout(m, hidden, ptr, len);
+    for (int i = 0; i < n; i++)
+        total += len[i];
+    return total;
+}
+
+int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
+{
+    if (m->n_rows < 0 || m->n_rows > EP_MAX_TOKENS || m->n_pairs < 0 ||
+        m->n_pairs > EP_MAX_TOKENS * MC_MAX_TOPK)
+        return ep_err_set(err, "data-plane message of %d rows and %d pairs exceeds the limits",
+                          m->n_rows, m->n_pairs);
+    void **ptr[5];
+    size_t len[5], total = 0;
+    int n = tp_layout(m, hidden, ptr, len);
+    for (int i = 0; i < n; i++)
+        total += tp_round(len[i]);
+    if (total > EP_MAX_DATA_MSG)
+        return ep_err_set(err, "data-plane message of %zu bytes exceeds EP_MAX_DATA_MSG (%u)",
+                          total, EP_MAX_DATA_MSG);
+    struct tp_buf *b = calloc(1, sizeof *b);
+    uint8_t *data = aligned_alloc(TP_ALIGN, total ? total : TP_ALIGN);
+    if (b == NULL || data == NULL) {
+        free(b);
+        free(data);
+        return ep_err_set(err, "out of memory for a data-plane message of %zu bytes", total);
+    }
+    b->data = data;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        *ptr[i] = data + off;
+        off += tp_round(len[i]);
+    }
+    m->buf = b;
+    return 0;
+}
+
+static void tp_msg_clear_arrays(tp_msg *m)
+{
+    m->codes = NULL;
+    m->scales = NULL;
+    m->hidden = NULL;
+    m->pair_row = NULL;
+    m->pair_expert = NULL;
+    m->pair_weight = NULL;
+    m->out = NULL;
+    m->buf = NULL;
+}
+
+void tp_msg_release(tp_msg *m)
+{
+    if (m == NULL)
+        return;
+    if (m->buf)
+        tp_buf_free(m->buf);
+    tp_msg_clear_arrays(m);
+}
+
+/* ---- create, connect, destroy -----------------------------------------------------------------
+ */
+
+/* Bind, retrying while the address is still held: a transport of the previous epoch bound
+ * the same endpoint, and ZeroMQ releases a listener asynchronously after zmq_close. */
+static int tp_bind(void *sock, const char *endpoint)
+{
+    for (int waited = 0;; waited += TP_BIND_RETRY_STEP_MS) {
+        if (zmq_bind(sock, endpoint) == 0)
+            return 0;
+        if (zmq_errno() != EADDRINUSE || waited >= TP_BIND_RETRY_MS)
+            return -1;
+        struct timespec ts = {0, TP_BIND_RETRY_STEP_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+{
+    if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
+        cfg->rank >= cfg->world_size || cfg->hidden <= 0 || cfg->hidden % EP_FP8_BLOCK != 0 ||
+        cfg->n_experts < 1 || cfg->n_experts > MC_MAX_EXPERTS) {
+        ep_err_set(err, "transport: rank %d of %d, H %d, E %d out of range", cfg->rank,
+                   cfg->world_size, cfg->hidden, cfg->n_experts);
+        return NULL;
+    }
+    tp_transport *tp = calloc(1, sizeof *tp);
+    if (tp == NULL)
+        goto fail_alloc;
+    tp->zctx = zctx;
+    tp->rank = cfg->rank;
+    tp->world_size = cfg->world_size;
+    tp->hidden = cfg->hidden;
+    tp->n_experts = cfg->n_experts;
+    tp->epoch = cfg->epoch;
+    tp->cap_pending = TP_PENDING_PER_PEER * cfg->world_size;
+    tp->push = calloc((size_t)cfg->world_size, sizeof *tp->push);
+    tp->owned = calloc((size_t)cfg->n_experts, 1);
+    tp->pending = calloc((size_t)tp->cap_pending, sizeof *tp->pending);
+    if (tp->push == NULL || tp->owned == NULL || tp->pending == NULL)
+        goto fail_alloc;
+    for (int e = 0; e < cfg->n_experts; e++)
+        tp->owned[e] = cfg->expert_owner[e] == (uint32_t)cfg->rank;
+    tp->pull = zmq_socket(zctx, ZMQ_PULL);
+    if (tp->pull == NULL) {
+        ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
+        goto fail_socket;
+    }
+    if (wire_socket_defaults(tp->pull, EP_MAX_DATA_MSG, err) != 0)
+        goto fail_bind;
+    if (tp_bind(tp->pull, cfg->bind_endpoint) != 0) {
+        ep_err_set(err, "data plane: cannot bind %s: %s", cfg->bind_endpoint,
+                   zmq_strerror(zmq_errno()));
+        goto fail_bind;
+    }
+    size_t sz = sizeof tp->endpoint;
+    if (zmq_getsockopt(tp->pull, ZMQ_LAST_ENDPOINT, tp->endpoint, &sz) != 0)
+        snprintf(tp->endpoint, sizeof tp->endpoint, "%s", cfg->bind_endpoint);
+    return tp;
+
+fail_bind:
+    zmq_close(tp->pull);
+    tp->pull = NULL;
+fail_socket:
+    tp_destroy(&tp);
+    return NULL;
+fail_alloc:
+    ep_err_set(err, "transport: out of memory");
+    tp_destroy(&tp);
+    return NULL;
+}
+
+int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
+{
+    for (int r = 0; r < tp->world_size; r++) {
+        if (r == tp->rank || tp->push[r] != NULL)
+            continue;
+        void *s = zmq_socket(tp->zctx, ZMQ_PUSH);
+        if (s == NULL)
+            return ep_err_set(err, "data plane: zmq_socket(PUSH): %s", zmq_strerror(zmq_errno()));
+        if (wire_socket_defaults(s, EP_MAX_DATA_MSG, err) != 0) {
+            zmq_close(s);
+            return -1;
+        }
+        if (zmq_connect(s, endpoints[r]) != 0) {
+            ep_err_set(err, "data plane: cannot connect to rank %d at %s: %s", r, endpoints[r],
+                       zmq_strerror(zmq_errno()));
+            zmq_close(s);
+            return -1;
+        }
+        tp->push[r] = s;
+    }
+    return 0;
+}
+
+void tp_destroy(tp_transport **self_p)
+{
+    tp_transport *tp = *self_p;
+    if (tp == NULL)
+        return;
+    for (int i = 0; i < tp->n_pending; i++)
+        tp_msg_release(&tp->pending[i]);
+    if (tp->push)
+        for (int r = 0; r < tp->world_size; r++)
+            if (tp->push[r])
+                zmq_close(tp->push[r]);
+    if (tp->pull) {
+        if (tp->endpoint[0])
+            zmq_unbind(tp->pull, tp->endpoint); /* starts releasing the port now */
+        zmq_close(tp->pull);
+    }
+    free(tp->push);
+    free(tp->owned);
+    free(tp->pending);
+    free(tp);
+    *self_p = NULL;
+}
+
+const char *tp_endpoint(const tp_transport *tp)
+{
+    return tp->endpoint;
+}
+
+void *tp_socket(tp_transport *tp)
+{
+    return tp->pull;
+}
+
+uint64_t tp_dropped(const tp_transport *tp)
+{
+    return tp->dropped;
+}
+
+const char *tp_last_drop(const tp_transport *tp)
+{
+    return tp->last_drop;
+}
+
+int tp_pending(const tp_transport *tp)
+{
+    return tp->n_pending;
+}
+
+/* ---- sending -------------------------------------------------------------------------------- */
+
+int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
+{
+    struct tp_buf *b = m->buf;
+    if (b == NULL || dst < 0 || dst >= tp->world_size || tp->push[dst] == NULL) {
+        tp_msg_release(m);
+        return ep_err_set(err, "data plane: no connection to rank %d (or message not allocated)",
+                          dst);
+    }
+    void **ptr[5];
+    size_t len[5];
+    int n = tp_layout(m, tp->hidden, ptr, len);
+    wire_payload pl[5];
+    for (int i = 0; i < n; i++)
+        pl[i] = (wire_payload){.data = *ptr[i], .len = len[i], .free_fn = tp_buf_unref, .hint = b};
+    atomic_store(&b->refs, n);
+    tp_msg_clear_arrays(m); /* the frames own the block from here on */
+    int rc;
+    if (m->kind == TP_DISPATCH) {
+        Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
+        d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
+        d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+        d.step_id = m->step_id;
+        d.epoch = tp->epoch;
+        d.layer = m->layer;
+        d.src_rank = (uint32_t)tp->rank;
+        d.n_rows = (uint32_t)m->n_rows;
+        d.n_pairs = (uint32_t)m->n_pairs;
+        d.format = (Epmoe__DispatchFormat)m->format;
+        d.scales_e8m0 = m->format == TP_FMT_FP8 && m->scales_e8m0;
+        rc = wire_send(tp->push[dst], NULL, 0, EPMOE__MSG_TYPE__MSG_DISPATCH, &d.base, pl, n, true,
+                       err);
+    } else {
+        Epmoe__Combine c = EPMOE__COMBINE__INIT;
+        c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.step_id = m->step_id;
+        c.epoch = tp->epoch;
+        c.src_rank = (uint32_t)tp->rank;
+        c.n_pairs = (uint32_t)m->n_pairs;
+        rc = wire_send(tp->push[dst], NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, pl, n, true,
+                       err);
+    }
+    if (rc != 0)
+        ep_err_prefix(err, "data plane: to rank %d", dst);
+    return rc;
+}
+
+/* ---- receiving ------------------------------------------------------------------------------ */
+
+static void tp_drop(tp_transport *tp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void tp_drop(tp_transport *tp, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tp->last_drop, sizeof tp->last_drop, fmt, ap);
+    va_end(ap);
+    tp->dropped++;
+    time_t now = time(NULL);
+    if (now != tp->log_sec) {
+        if (tp->log_suppressed)
+            log_warn("data plane: %d more messages dropped", tp->log_suppressed);
+        tp->log_sec = now;
+        tp->log_count = 0;
+        tp->log_suppressed = 0;
+    }
+    if (tp->log_count++ < TP_LOG_PER_SEC)
+        log_warn("data plane: dropped a message: %s", tp->last_drop);
+    else
+        tp->log_suppressed++;
+}
+
+/* Payload i must hold exactly want bytes. */
+static int tp_want(const wire_msg *wm, int i, size_t want, const char *what, ep_err *err)
+{
+    if (wm->payload_len[i] != want)
+        return ep_err_set(err, "%s payload has %zu bytes, expected %zu", what, wm->payload_len[i],
+                          want);
+    return 0;
+}
+
+/* Point *dst at payload i, copying it into the aligned area at *spare when misaligned. */
+static void tp_view(const wire_msg *wm, int i, size_t align, void **dst, uint8_t **spare)
+{
+    const uint8_t *p = wm->payload[i];
+    size_t n = wm->payload_len[i];
+    if (n == 0 || (uintptr_t)p % align == 0) {
+        *dst = (void *)p;
+        return;
+    }
+    memcpy(*spare, p, n);
+    *dst = *spare;
+    *spare += tp_round(n);
+}
+
+/* Bytes needed to copy the misaligned payloads among [0, n). */
+static size_t tp_spare_size(const wire_msg *wm, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (wm->payload_len[i] && (uintptr_t)wm->payload[i] % 4 != 0)
+            total += tp_round(wm->payload_len[i]);
+    return total;
+}
+
+static int tp_common_fields(const tp_transport *tp, bool has_src, uint32_t src, bool has_epoch,
+                            uint64_t epoch, bool has_step, ep_err *err)
+{
+    if (!has_step || !has_epoch || !has_src)
+        return ep_err_set(err, "step_id, epoch or src_rank missing");
+    if (epoch != tp->epoch)
+        return ep_err_set(err, "epoch %llu, expected %llu", (unsigned long long)epoch,
+                          (unsigned long long)tp->epoch);
+    if (src >= (uint32_t)tp->world_size || src == (uint32_t)tp->rank)
+        return ep_err_set(err, "src_rank %u is not a peer (world of %d, own rank %d)", src,
+                          tp->world_size, tp->rank);
+    return 0;
+}
+
+static int tp_check_dispatch_sizes(const tp_transport *tp, const Epmoe__Dispatch *d,
+                                   const wire_msg *wm, ep_err *err)
+{
+    size_t H = (size_t)tp->hidden, rows = d->n_rows, pairs = d->n_pairs;
+    bool fp8 = d->format == EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
+    int want = fp8 ? 5 : 4, i = 0;
+    if (wm->n_payloads != want)
+        return ep_err_set(err, "%d payloads, expected %d for format %s", wm->n_payloads, want,
+                          fp8 ? "fp8" : "bf16");
+    if (fp8) {
+        size_t sb = (d->has_scales_e8m0 && d->scales_e8m0) ? 1 : 4;
+        if (tp_want(wm, i++, rows * H, "codes", err) ||
+            tp_want(wm, i++, rows * (H / EP_FP8_BLOCK) * sb, "scales", err))
+            return -1;
+    } else if (tp_want(wm, i++, rows * H * 2, "hidden", err)) {
+        return -1;
+    }
+    if (tp_want(wm, i++, pairs * 4, "pair_row", err) ||
+        tp_want(wm, i++, pairs * 4, "pair_expert", err) ||
+        tp_want(wm, i++, pairs * 4, "pair_weight", err))
+        return -1;
+    return 0;
+}
+
+static int tp_check_pairs(const tp_transport *tp, const tp_msg *m, ep_err *err)
+{
+    for (int p = 0; p < m->n_pairs; p++) {
+        if (m->pair_row[p] >= (uint32_t)m->n_rows)
+            return ep_err_set(err, "pair_row[%d] = %u, expected < n_rows %d", p, m->pair_row[p],
+                              m->n_rows);
+        uint32_t e = m->pair_expert[p];
+        if (e >= (uint32_t)tp->n_experts || !tp->owned[e])
+            return ep_err_set(err, "pair_expert[%d] = %u is not an expert of rank %d", p, e,
+                              tp->rank);
+    }
+    return 0;
+}
+
+/* Validate a DISPATCH and fill m (views into wm; b receives copies for alignment). */
+static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
+{
+    Epmoe__Dispatch *d = (Epmoe__Dispatch *)wire_unpack(&epmoe__dispatch__descriptor, wm, err);
+    if (d == NULL)
+        return -1;
+    int rc = -1;
+    if (tp_common_fields(tp, d->has_src_rank, d->src_rank, d->has_epoch, d->epoch, d->has_step_id,
+                         err) != 0)
+        goto done;
+    if (!d->has_layer || !d->has_n_rows || !d->has_n_pairs || !d->has_format) {
+        ep_err_set(err, "layer, n_rows, n_pairs or format missing");
+        goto done;
+    }
+    if (d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_FP8 &&
+        d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_BF16) {
+        ep_err_set(err, "unknown dispatch format %d", (int)d->format);
+        goto done;
+    }
+    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * MC_MAX_TOPK) {
+        ep_err_set(err, "n_rows %u, n_pairs %u: expected n_rows <= %d, n_pairs <= n_rows * %d",
+                   d->n_rows, d->n_pairs, EP_MAX_TOKENS, MC_MAX_TOPK);
+        goto done;
+    }
+    if (tp_check_dispatch_sizes(tp, d, wm, err) != 0)
+        goto done;
+    *m = (tp_msg){.kind = TP_DISPATCH,
+                  .step_id = d->step_id,
+                  .epoch = d->epoch,
+                  .layer = d->layer,
+                  .src_rank = (int)d->src_rank,
+                  .n_rows = (int)d->n_rows,
+                  .n_pairs = (int)d->n_pairs,
+                  .format = (tp_format)d->format,
+                  .scales_e8m0 = d->has_scales_e8m0 && d->scales_e8m0};
+    rc = 0;
+done:
+    wire_free_unpacked(&d->base);
+    return rc == 0 ? 0 : ep_err_prefix(err, "MSG_DISPATCH");
+}
+
+static int tp_parse_combine(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
+{
+    Epmoe__Combine *c = (Epmoe__Combine *)wire_unpack(&epmoe__combine__descriptor, wm, err);
+    if (c == NULL)
+        return -1;
+    int rc = -1;
+    if (tp_common_fields(tp, c->has_src_rank, c->src_rank, c->has_epoch, c->epoch, c->has_step_id,
+                         err) != 0)
+        goto done;
+    if (!c->has_n_pairs || c->n_pairs > (uint32_t)EP_MAX_TOKENS * MC_MAX_TOPK) {
+        ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * MC_MAX_TOPK);
+        goto done;
+    }
+    if (wm->n_payloads != 1) {
+        ep_err_set(err, "%d payloads, expected 1 (out)", wm->n_payloads);
+        goto done;
+    }
+    if (tp_want(wm, 0, (size_t)c->n_pairs * (size_t)tp->hidden * 2, "out", err) != 0)
+        goto done;
+    *m = (tp_msg){.kind = TP_COMBINE,
+                  .step_id = c->step_id,
+                  .epoch = c->epoch,
+                  .src_rank = (int)c->src_rank,
+                  .n_pairs = (int)c->n_pairs};
+    rc = 0;
+done:
+    wire_free_unpacked(&c->base);
+    return rc == 0 ? 0 : ep_err_prefix(err, "MSG_COMBINE");
+}
+
+/* Point m's arrays at wm's payloads (aligned) and hand wm to m. */
+static int tp_attach(tp_msg *m, wire_msg *wm, ep_err *err)
+{
+    struct tp_buf *b = calloc(1, sizeof *b);
+    size_t spare_len = tp_spare_size(wm, wm->n_payloads);
+    if (b == NULL || (spare_len && (b->data = aligned_alloc(TP_ALIGN, spare_len)) == NULL)) {
+        free(b);
+        return ep_err_set(err, "out of memory receiving a message");
+    }
+    uint8_t *spare = b->data;
+    int i = 0;
+    if (m->kind == TP_COMBINE) {
+        tp_view(wm, i++, 2, (void **)&m->out, &spare);
+    } else {
+        if (m->format == TP_FMT_FP8) {
+            tp_view(wm, i++, 1, (void **)&m->codes, &spare);
+            tp_view(wm, i++, 4, &m->scales, &spare);
+        } else {
+            tp_view(wm, i++, 2, (void **)&m->hidden, &spare);
+        }
+        tp_view(wm, i++, 4, (void **)&m->pair_row, &spare);
+        tp_view(wm, i++, 4, (void **)&m->pair_expert, &spare);
+        tp_view(wm, i++, 4, (void **)&m->pair_weight, &spare);
+    }
+    b->in = wm;
+    m->buf = b;
+    return 0;
+}
+
+static const char *tp_kind_name(tp_kind k)
+{
+    return k == TP_DISPATCH ? "DISPATCH" : "COMBINE";
+}
+
+/* Validate wm; on success *m owns it. On failure the caller still owns wm. */
+static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
+{
+    int rc;
+    if (wm->type == EPMOE__MSG_TYPE__MSG_DISPATCH)
+        rc = tp_parse_dispatch(tp, wm, m, err);
+    else if (wm->type == EPMOE__MSG_TYPE__MSG_COMBINE)
+        rc = tp_parse_combine(tp, wm, m, err);
+    else
+        return ep_err_set(err, "%s is not a data-plane message", wire_type_name(wm->type));
+    if (rc != 0)
+        return -1;
+    if (tp_attach(m, wm, err) != 0)
+        return -1;
+    if (m->kind == TP_DISPATCH && tp_check_pairs(tp, m, err) != 0) {
+        m->buf->in = NULL; /* wm stays the caller's */
+        tp_msg_release(m);
+        return ep_err_prefix(err, "DISPATCH of step %llu from rank %d",
+                             (unsigned long long)m->step_id, m->src_rank);
+    }
+    return 0;
+}
+
+static void tp_keep(tp_transport *tp, tp_msg *m)
+{
+    if (tp->have_finished && m->step_id <= tp->finished_upto) {
+        tp_drop(tp, "%s of finished step %llu from rank %d", tp_kind_name(m->kind),
+                (unsigned long long)m->step_id, m->src_rank);
+        tp_msg_release(m);
+        return;
+    }
+    if (tp->n_pending == tp->cap_pending) {
+        tp_drop(tp, "%s of step %llu from rank %d: %d messages already pending",
+                tp_kind_name(m->kind), (unsigned long long)m->step_id, m->src_rank, tp->n_pending);
+        tp_msg_release(m);
+        return;
+    }
+    log_debug(LOG_SUB_DATA, "%s step %llu from rank %d: %d rows, %d pairs", tp_kind_name(m->kind),
+              (unsigned long long)m->step_id, m->src_rank, m->n_rows, m->n_pairs);
+    tp->pending[tp->n_pending++] = *m;
+}
+
+/* One message: 1 kept, 0 dropped, -1 nothing to read. */
+static int tp_recv_one(tp_transport *tp)
+{
+    wire_msg *wm = malloc(sizeof *wm);
+    if (wm == NULL)
+        return -1;
+    ep_err err;
+    wire_rc rc = wire_recv(tp->pull, false, TP_MAX_BODY, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, wm, &err);
+    if (rc != WIRE_OK) {
+        free(wm);
+        if (rc == WIRE_AGAIN)
+            return -1;
+        tp_drop(tp, "%s", err.msg);
+        return 0;
+    }
+    tp_msg m = {0};
+    if (tp_accept(tp, wm, &m, &err) != 0) {
+        wire_msg_close(wm);
+        free(wm);
+        tp_drop(tp, "%s", err.msg);
+        return 0;
+    }
+    int before = tp->n_pending;
+    tp_keep(tp, &m);
+    return tp->n_pending > before;
+}
+
+int tp_pump(tp_transport *tp)
+{
+    int kept = 0, rc;
+    while ((rc = tp_recv_one(tp)) >= 0)
+        kept += rc;
+    return kept;
+}
+
+int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out)
+{
+    for (int i = 0; i < tp->n_pending; i++) {
+        if (tp->pending[i].step_id != step_id)
+            continue;
+        *out = tp->pending[i];
+        memmove(&tp->pending[i], &tp->pending[i + 1],
+                (size_t)(tp->n_pending - i - 1) * sizeof *tp->pending);
+        tp->n_pending--;
+        return 1;
+    }
+    return 0;
+}
+
+void tp_finish(tp_transport *tp, uint64_t step_id)
+{
+    if (!tp->have_finished || step_id > tp->finished_upto)
+        tp->finished_upto = step_id;
+    tp->have_finished = true;
+    int j = 0;
+    for (int i = 0; i < tp->n_pending; i++) {
+        if (tp->pending[i].step_id <= tp->finished_upto)
+            tp_msg_release(&tp->pending[i]);
+        else
+            tp->pending[j++] = tp->pending[i];
+    }
+    tp->n_pending = j;
+}
