@@ -310,6 +310,12 @@ static inline int32_t hsum16x2(__m256i a, __m256i b)
 
 /* ---- FP8 x MXFP4 ---- */
 
+/* Bytes ahead of the current block that the kernels prefetch: with two threads streaming
+ * weights the hardware prefetcher alone leaves 10-25 % of the bandwidth unused. */
+#ifndef MX_PREFETCH
+#define MX_PREFETCH 8192
+#endif
+
 /* One token's preprocessed activations for one K chunk (see mx_prep). */
 typedef struct mx_tok {
     const uint32_t *hi, *lo;  /* (a_2j, a_2j+1) int16 pairs */
@@ -373,6 +379,11 @@ static inline __attribute__((always_inline)) void mx_kernel(const int T, const i
     MX_FOR_T(MX_PTRS)
     for (int b = 0; b < nb; b++) {
         const uint8_t *wp = wd + 128 * b;
+        /* weights stream from memory once: fetch ahead of the hardware prefetcher */
+        _mm_prefetch((const char *)(wp + MX_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wp + MX_PREFETCH + 64), _MM_HINT_T0);
+        if ((b & 7) == 0)
+            _mm_prefetch((const char *)(ws + 8 * b + MX_PREFETCH / 16), _MM_HINT_T0);
         __m256i S0, S1, S2, S3, S4, S5;
 #define MX_INIT_HI(t) S##t = _mm256_set1_epi32(k##t->chi[b]);
         MX_FOR_T(MX_INIT_HI)
@@ -463,6 +474,11 @@ static inline __attribute__((always_inline)) void mxs_kernel(const int T, const 
     const mxs_tok *k0 = &tk[0], *k1 = &tk[T > 1 ? 1 : 0];
     for (int b = 0; b < nb; b++) {
         const uint8_t *wp = wd + 128 * b;
+        /* weights stream from memory once: fetch ahead of the hardware prefetcher */
+        _mm_prefetch((const char *)(wp + MX_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wp + MX_PREFETCH + 64), _MM_HINT_T0);
+        if ((b & 7) == 0)
+            _mm_prefetch((const char *)(ws + 8 * b + MX_PREFETCH / 16), _MM_HINT_T0);
         const int8_t *a0 = k0->d0 + 32 * b, *c0 = k0->d1 + 32 * b;
         const int8_t *a1 = k1->d0 + 32 * b, *c1 = k1->d1 + 32 * b;
         __m256i I0 = _mm256_set1_epi32(k0->chi[b]), I1 = _mm256_set1_epi32(k1->chi[b]);
@@ -625,6 +641,8 @@ static inline __attribute__((always_inline)) void f8_direct(const int T, const u
         _Pragma("GCC unroll 16") for (int i = 0; i < 2 * T * KS; i++) A[i] = _mm256_setzero_pd();
         const uint8_t *p = wd + (size_t)kb * 1024;
         for (int j = 0; j < 32; j++) {
+            if ((j & 1) == 0)
+                _mm_prefetch((const char *)(p + 32 * j + MX_PREFETCH), _MM_HINT_T0);
             F8_DECODE_BEGIN(p + 32 * j)
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
             {
@@ -1278,7 +1296,7 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
      * a shared counter, so a thread the OS holds back costs little, and each output element
      * is still computed by one thread alone. A thread prepares a token tile the first time it
      * takes an item from it. */
-    int chunk = octets / (8 * nthreads);
+    int chunk = octets / (4 * nthreads);
     chunk = chunk < 1 ? 1 : chunk > 32 ? 32 : chunk;
     long nch = (octets + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
     long prepared = -1;
