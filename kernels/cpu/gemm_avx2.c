@@ -1318,8 +1318,10 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
      * a shared counter, so a thread the OS holds back costs little, and each output element
      * is still computed by one thread alone. A thread prepares a token tile the first time it
      * takes an item from it. */
+    /* four items per thread and token tile: long enough streams for the prefetchers
+     * (shorter chunks measured 5-20 % slower in decode), short enough to balance */
     int chunk = octets / (4 * nthreads);
-    chunk = chunk < 1 ? 1 : chunk > 32 ? 32 : chunk;
+    chunk = chunk < 1 ? 1 : chunk;
     long nch = (octets + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
     long prepared = -1;
     for (;;) {
