@@ -52,7 +52,8 @@ int gemm_weight_k(const gemm_weight *w);
 size_t gemm_weight_bytes(const gemm_weight *w); /* memory held */
 
 /* A fixed pool of worker threads used to split a GEMM over N (and over batched calls).
- * nthreads <= 0 means one per online CPU. */
+ * nthreads <= 0 means one per online CPU. A pool runs one gemm_run at a time: calls that
+ * share a pool must not overlap (calls with pool NULL may run concurrently). */
 gemm_pool *gemm_pool_create(int nthreads, ep_err *err);
 void gemm_pool_destroy(gemm_pool **self_p);
 int gemm_pool_size(const gemm_pool *p);

@@ -3,60 +3,81 @@
  * when cpuid reports both). Results equal gemm_ref.c bit for bit; tests/unit/test_gemm.c
  * proves it against an independent float64 model.
  *
- * Both kernels vectorise across output rows: a ymm register holds 8 rows (or 4 for doubles) of
- * one column k, so a block partial P lands in the lanes of its rows with no horizontal sums,
- * and the per-block epilogue is lane-wise fp32 arithmetic in exactly the order of gemm.h.
+ * Every kernel vectorises across output rows: a ymm register holds 8 rows (4 for doubles) of
+ * one k, so a block partial P lands in the lanes of its rows with no horizontal sums, and the
+ * per-block epilogue is lane-wise fp32 arithmetic in exactly the order of gemm.h. Each P is
+ * the exact block sum rounded once; the sections below give the argument for each path.
  *
- * ---- FP8 x MXFP4: exact integer block sums with vpmaddwd ----
+ *   MXFP4, one token        vpmaddubsw on two 7-bit activation digits       (mxs_kernel)
+ *   MXFP4, two or more      vpmaddwd on int16 activations, <= 6 tokens/tile (mx_kernel)
+ *   FP8, up to 5 tokens     exact double FMAs, weights decoded on the fly   (f8_direct)
+ *   FP8, 6 or more          int32 sums with vpmaddwd + sparse corrections   (f8i_*)
+ * The weights are decoded in registers from the packed layout, except in the many-token FP8
+ * path, which decodes each (octet, 128-block) once per token tile into an int16 panel.
  *
- * In units of 2^-9 an e4m3 value is an integer of up to 18 bits — too wide for int16 — but
- * split each activation into a "hi" part (values that are multiples of 2^-6: every |a| >= 2^-3
- * and some smaller ones) and a "lo" part (the rest, all |a| < 2^-3):
- *   hi in units of 2^-6 is an integer with |hi| <= 448 * 64 = 28672 (fits int16);
- *   lo in units of 2^-9 is an integer with |lo| < 2^-3 * 512 = 64.
- * A weight w (e2m1) is stored as the unsigned byte w' = 2w + 12 in [0, 24] (so that decoding
- * needs no sign extension), and sum(a * 2w) = sum(a * w') - 12 * sum(a); the correction
- * -12 * sum(a) depends on the token only and is the accumulator's starting value.
- * vpmaddwd multiplies int16 pairs into int32 exactly; with |a| <= 28672, w' <= 24 and 32 terms
- * the running sum stays within +-33.1M, far inside int32. So
+ * ---- activations: an exact hi/lo split by exponent ----
+ * An e4m3 value (8+m) * 2^(e-10) (m * 2^-9 for e = 0) is split, for a threshold E0, into
+ *   hi = (8+m) * 2^(e-E0)           when e >= E0: the value in units of 2^(E0-10), an integer
+ *   lo = value * 2^9                when e < E0:  |lo| < 2^(E0-1), an integer
+ * so that value = hi * 2^(E0-10) + lo * 2^-9 exactly, one of the two being zero (split16).
+ *
+ * ---- FP8 x MXFP4 with vpmaddwd (two or more tokens) ----
+ * E0 = 4: |hi| <= 14 * 2^11 = 28672 fits int16; |lo| <= 15 * 4 = 60. A weight w (e2m1) is
+ * decoded to the unsigned byte w' = 2w + 12 in [0, 24] (no sign extension needed), and
+ * sum(a * 2w) = sum(a * w') - 12 * sum(a): the correction depends on the token only and is the
+ * accumulator's starting value. vpmaddwd multiplies int16 pairs into int32 exactly; with
+ * |hi| <= 28672, w' <= 24 and 32 terms the running sum stays within +-33.1M. So
  *   S_hi = sum(hi * 2w)  exactly, in units of 2^-7,
  *   S_lo = sum(lo * 2w)  exactly, in units of 2^-10 (only when some lo is non-zero),
  *   S    = 8 * S_hi + S_lo, |S| <= 32 * 6 * 448 * 2^10 < 2^27, exact in int32,
  * and P = fp32(S) * unit: vcvtdq2ps rounds once to nearest even, the unit is a power of two
- * and |P| is 0 or >= 2^-10, so the scaling is exact: P is the exact block sum rounded once.
- * Typical activation blocks have no lo values (lo needs |a| < amax/1792 after quantization),
- * so the lo pass runs only for blocks where some token of the micro-tile needs it.
- * Then acc = acc + (P * a_scale) * 2^(S-127), three separate fp32 operations per lane.
+ * and |P| is 0 or >= 2^-10, so the scaling is exact. Quantized activation blocks rarely have
+ * lo values (|a| < 2^-3 = amax / 1792 or less), so the lo pass runs only for blocks where some
+ * token of the micro-tile needs it. Then acc = acc + (P * a_scale) * 2^(S-127), three
+ * separate fp32 operations per lane.
  *
- * ---- FP8 x FP8: exact double accumulation ----
- *
+ * ---- FP8 x FP8 with doubles (up to 5 tokens) ----
  * e4m3 x e4m3 products have <= 8 significant bits, but a 128-term sum needs up to 43 bits
- * (units of 2^-18 up to 128 * 448^2 < 2^25), more than fp32 has and more than int32 can hold.
+ * (units of 2^-18 up to 128 * 448^2 < 2^25), more than fp32 has and more than int32 holds.
  * A double holds every partial sum exactly, so an FMA that adds an exact product to an exact
- * partial sum rounds nothing. The weight is decoded without arithmetic into the double with
- * bit pattern sign<<63 | (e4m3 magnitude bits)<<49, whose value is w * 2^-1016 (e4m3 subnormals
- * become double subnormals, still exact); activations are pre-scaled to a * 2^1000 (exact, no
- * overflow since |a| < 2^9). Products are a*w*2^-16 — exact, and every partial sum is a multiple
- * of 2^-34 below 2^9: 43 bits, exact in a double. At the block end P = fp32(acc * 2^16), one
- * rounding (vcvtpd2ps, nearest even). Then acc32 = acc32 + P * (a_scale * w_scale).
+ * partial sum rounds nothing, in any order. The weight is decoded without arithmetic into the
+ * double with bit pattern sign<<63 | (e4m3 magnitude bits)<<49, whose value is w * 2^-1016
+ * (e4m3 subnormals become double subnormals, still exact); activations are pre-scaled to
+ * a * 2^1000 (exact, no overflow since |a| < 2^9). Products are a*w*2^-16 — exact — and every
+ * partial sum is a multiple of 2^-34 below 2^9: 43 bits, exact in a double. At the block end
+ * P = fp32(acc * 2^16), one rounding (vcvtpd2ps, nearest even). Then
+ * acc32 = acc32 + P * (a_scale * w_scale).
+ *
+ * ---- FP8 x FP8 in integers (6 or more tokens) ----
+ * See the section "FP8 x FP8, many tokens" below: the common case A * W is summed in int32
+ * with vpmaddwd at twice the double rate, the rare small values are exact sparse corrections.
  *
  * ---- NaN codes ----
  * e4m3 NaN codes (0x7F, 0xFF) decode to ordinary numbers here, so they are handled beside the
  * sums: an activation block containing one gets a NaN activation scale (P * NaN = NaN, as the
  * reference's NaN P gives); FP8 weight rows with one in a block are OR-ed with a NaN pattern in
  * that block's P (nanrows, recorded at pack time). NaN results are NaN; their sign and payload
- * are not part of the contract.
+ * are not part of the contract. e8m0 codes 0 and 255 decode as fmt_e8m0_to_f32 does.
  *
  * ---- packed layouts ----
  * MXFP4: data [N/8][K/32][128 bytes], bscale [N/8][K/32][8 e8m0 codes].
  *   The 128 bytes of (octet o, block c) are 4 chunks q of 32 bytes; byte b of chunk q holds,
  *   for row 8o + b/4, t = (b>>1)&1, p = b&1: low nibble = k 32c + 8q + 2p + t, high nibble =
  *   k 32c + 8q + 4 + 2p + t. Masking and shifting a chunk then yields four int16 vectors, each
- *   8 rows x 1 k-pair (k, k+1) — the layout vpmaddwd wants against a broadcast (a_k, a_k+1).
+ *   8 rows x 1 k-pair (k, k+1) — the layout vpmaddwd wants against a broadcast (a_k, a_k+1);
+ *   vpmaddubsw takes the bytes as they are, each 16-bit lane pairing k and k+2 of one row.
  * FP8: data [N/8][K/4][32 bytes]: chunk j of octet o holds k 4j..4j+3 of its 8 rows, row r at
- *   k 4j+i in byte 16*((r>>1)&1) + 8*((r>>2)&1) + 2i + (r&1), the order in which the unpack
- *   tree below lays 32 bytes into eight 4-double vectors (i = 0..3, rows 0-3 and 4-7).
- *   nanrows [N/8][K/128] when any NaN code exists.
+ *   k 4j+i in byte 16*((r>>1)&1) + 8*((r>>2)&1) + 2i + (r&1): one byte interleave and one
+ *   pshufb per vector lay 32 bytes into eight 4-double vectors (f8_q), and the int16 panel
+ *   build gathers k-pairs of rows with one pshufb and one 64-bit interleave (f8i_panel).
+ *   Beside it: nanrows [N/8][K/128] when any NaN code exists; for the integer path the lists
+ *   of |w| < 2^-3 weights and the per-block overflow flags (gemm_internal.h).
+ *
+ * ---- threads ----
+ * gemm_avx2_run is called by every thread of the pool. The work items are (token tile, chunk
+ * of octets), taken from a shared counter; each output element is computed by one thread, so
+ * no result depends on the split. Weights stream from memory once per token tile, with
+ * software prefetching ahead of the hardware prefetcher.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -310,6 +331,12 @@ static inline int32_t hsum16x2(__m256i a, __m256i b)
 
 /* ---- FP8 x MXFP4 ---- */
 
+/* Bytes ahead of the current block that the kernels prefetch: with two threads streaming
+ * weights the hardware prefetcher alone left 10-40 % of the read bandwidth unused. */
+#ifndef GEMM_PREFETCH
+#define GEMM_PREFETCH 8192
+#endif
+
 /* One token's preprocessed activations for one K chunk (see mx_prep). */
 typedef struct mx_tok {
     const uint32_t *hi, *lo;  /* (a_2j, a_2j+1) int16 pairs */
@@ -373,6 +400,11 @@ static inline __attribute__((always_inline)) void mx_kernel(const int T, const i
     MX_FOR_T(MX_PTRS)
     for (int b = 0; b < nb; b++) {
         const uint8_t *wp = wd + 128 * b;
+        /* weights stream from memory once: fetch ahead of the hardware prefetcher */
+        _mm_prefetch((const char *)(wp + GEMM_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wp + GEMM_PREFETCH + 64), _MM_HINT_T0);
+        if ((b & 7) == 0)
+            _mm_prefetch((const char *)(ws + 8 * b + GEMM_PREFETCH / 16), _MM_HINT_T0);
         __m256i S0, S1, S2, S3, S4, S5;
 #define MX_INIT_HI(t) S##t = _mm256_set1_epi32(k##t->chi[b]);
         MX_FOR_T(MX_INIT_HI)
@@ -463,14 +495,19 @@ static inline __attribute__((always_inline)) void mxs_kernel(const int T, const 
     const mxs_tok *k0 = &tk[0], *k1 = &tk[T > 1 ? 1 : 0];
     for (int b = 0; b < nb; b++) {
         const uint8_t *wp = wd + 128 * b;
+        /* weights stream from memory once: fetch ahead of the hardware prefetcher */
+        _mm_prefetch((const char *)(wp + GEMM_PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wp + GEMM_PREFETCH + 64), _MM_HINT_T0);
+        if ((b & 7) == 0)
+            _mm_prefetch((const char *)(ws + 8 * b + GEMM_PREFETCH / 16), _MM_HINT_T0);
         const int8_t *a0 = k0->d0 + 32 * b, *c0 = k0->d1 + 32 * b;
         const int8_t *a1 = k1->d0 + 32 * b, *c1 = k1->d1 + 32 * b;
         __m256i I0 = _mm256_set1_epi32(k0->chi[b]), I1 = _mm256_set1_epi32(k1->chi[b]);
-        _Pragma("GCC unroll 2") for (int g = 0; g < 2; g++)
-        {
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
             __m256i A0 = _mm256_setzero_si256(), B0 = A0, A1 = A0, B1 = A0;
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-            {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
                 int q = 2 * g + h;
                 MXS_DECODE(wp + 32 * q)
                 MXS_STEP(A0, h == 0, a0, q);
@@ -549,17 +586,16 @@ MX_KERNEL_T(4, 1)
 MX_KERNEL_T(5, 1)
 MX_KERNEL_T(6, 1)
 MXS_KERNEL_T(1, 0)
-MXS_KERNEL_T(2, 0)
 MXS_KERNEL_T(1, 1)
-MXS_KERNEL_T(2, 1)
 
 /* [spec][T] */
 static const mx_fn mx_kernels[2][7] = {{NULL, mx_kernel_1_0, mx_kernel_2_0, mx_kernel_3_0,
                                         mx_kernel_4_0, mx_kernel_5_0, mx_kernel_6_0},
                                        {NULL, mx_kernel_1_1, mx_kernel_2_1, mx_kernel_3_1,
                                         mx_kernel_4_1, mx_kernel_5_1, mx_kernel_6_1}};
-static const mx_fn mxs_kernels[2][3] = {{NULL, mxs_kernel_1_0, mxs_kernel_2_0},
-                                        {NULL, mxs_kernel_1_1, mxs_kernel_2_1}};
+/* [spec]; only the one-token instantiation is used: with two tokens this kernel spills and the
+ * vpmaddwd kernel is faster */
+static const mx_fn mxs_kernels[2] = {mxs_kernel_1_0, mxs_kernel_1_1};
 
 /* ---- FP8 x FP8 ---- */
 
@@ -598,8 +634,8 @@ static inline __attribute__((always_inline)) void f8_epilogue(const int T, __m25
                                                               __m256d scale, const f8_tok *tk,
                                                               int kbl, float wsc, unsigned nanb)
 {
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-    {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
         __m128 p0 = _mm256_cvtpd_ps(_mm256_mul_pd(A[2 * t], scale));
         __m128 p1 = _mm256_cvtpd_ps(_mm256_mul_pd(A[2 * t + 1], scale));
         __m256 p = _mm256_set_m128(p1, p0);
@@ -622,16 +658,20 @@ static inline __attribute__((always_inline)) void f8_direct(const int T, const u
     const int KS = T == 1 ? 4 : T == 2 ? 2 : 1;
     for (int kb = 0; kb < nkb; kb++) {
         __m256d A[8], B[8]; /* A[2*(t*KS+s)+h]: token t, k-split s, half h */
-        _Pragma("GCC unroll 16") for (int i = 0; i < 2 * T * KS; i++) A[i] = _mm256_setzero_pd();
+#pragma GCC unroll 16
+        for (int i = 0; i < 2 * T * KS; i++)
+            A[i] = _mm256_setzero_pd();
         const uint8_t *p = wd + (size_t)kb * 1024;
         for (int j = 0; j < 32; j++) {
+            if ((j & 1) == 0)
+                _mm_prefetch((const char *)(p + 32 * j + GEMM_PREFETCH), _MM_HINT_T0);
             F8_DECODE_BEGIN(p + 32 * j)
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
-            {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
                 __m256d q0 = f8_q(i, 0), q1 = f8_q(i, 1);
                 int k = 128 * kb + 4 * j + i, sp = i % KS;
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-                {
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
                     __m256d b = _mm256_broadcast_sd(tk[t].a + k);
                     int x = 2 * (t * KS + sp);
                     A[x] = _mm256_fmadd_pd(q0, b, A[x]);
@@ -639,11 +679,11 @@ static inline __attribute__((always_inline)) void f8_direct(const int T, const u
                 }
             }
         }
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-        {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
             __m256d h0 = A[2 * t * KS], h1 = A[2 * t * KS + 1];
-            _Pragma("GCC unroll 4") for (int sp = 1; sp < KS; sp++)
-            {
+#pragma GCC unroll 4
+            for (int sp = 1; sp < KS; sp++) {
                 h0 = _mm256_add_pd(h0, A[2 * (t * KS + sp)]);
                 h1 = _mm256_add_pd(h1, A[2 * (t * KS + sp) + 1]);
             }
@@ -1035,7 +1075,7 @@ static void mx_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
                                   d.need,
                                   c->out + (size_t)(m0 + t) * N + 8 * o};
             }
-            mxs_kernels[spec][mt](wd, ws, kn / 32, tk);
+            mxs_kernels[spec](wd, ws, kn / 32, tk);
             continue;
         }
         for (int g = 0, t0 = 0; g < ng; g++) {
@@ -1278,8 +1318,10 @@ void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthr
      * a shared counter, so a thread the OS holds back costs little, and each output element
      * is still computed by one thread alone. A thread prepares a token tile the first time it
      * takes an item from it. */
-    int chunk = octets / (8 * nthreads);
-    chunk = chunk < 1 ? 1 : chunk > 32 ? 32 : chunk;
+    /* four items per thread and token tile: long enough streams for the prefetchers
+     * (shorter chunks measured 5-20 % slower in decode), short enough to balance */
+    int chunk = octets / (4 * nthreads);
+    chunk = chunk < 1 ? 1 : chunk;
     long nch = (octets + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
     long prepared = -1;
     for (;;) {

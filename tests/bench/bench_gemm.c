@@ -235,8 +235,10 @@ static void bench_decode(int fp8, gemm_pool *pool)
         for (int e = 1; e < E; e++)
             ex[e] = pack_one(fp8, N, K, w, wsf, wsb);
         size_t total = wb * (size_t)E;
+        /* non-zero data: untouched or all-zero pages could be served from a shared zero page */
         float *buf = aligned_alloc(64, total / 64 * 64 + 64);
-        memset(buf, 0, total / 64 * 64 + 64);
+        for (size_t i = 0; i < (total / 64 * 64 + 64) / sizeof(float); i++)
+            buf[i] = (float)(i & 1023);
         uint8_t *a = malloc((size_t)8 * K);
         float *as = malloc((size_t)8 * (K / 128) * sizeof(float));
         float *out = malloc((size_t)8 * N * sizeof(float));
