@@ -29,6 +29,7 @@
 #include "common/model_msg.h"
 #include "ctl/cmds.h"
 #include "ctl/rpc.h"
+#include "ctl/show.h"
 
 /* ---- output helpers ---- */
 
@@ -492,18 +493,6 @@ static const char config_usage[] =
     "sizes, expert_dtype (given in config.json or assumed), scale_e8m0, act_ue8m0 and the\n"
     "config hash the workers acknowledge.\n";
 
-/* The shortest decimal that reads back as f (1e-06, not 9.99999997e-07), as inspect prints. */
-static double short_float(float f)
-{
-    char buf[32];
-    for (int prec = 1; prec < 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
-        if ((float)strtod(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
 {
     json_t *o = json_object();
@@ -516,16 +505,7 @@ static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const ch
     json_object_set_new(o, "scale_e8m0", json_boolean(c->scale_e8m0));
     json_object_set_new(o, "act_ue8m0", json_boolean(c->act_ue8m0));
     json_object_set_new(o, "config_hash", json_string(hash));
-    json_t *k = json_pack(
-        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:b,s:s}", "hidden_size", c->hidden_size,
-        "moe_intermediate_size", c->moe_intermediate_size, "n_routed_experts", c->n_routed_experts,
-        "n_shared_experts", c->n_shared_experts, "num_experts_per_tok", c->num_experts_per_tok,
-        "num_hidden_layers", c->num_hidden_layers, "num_hash_layers", c->num_hash_layers,
-        "num_nextn_predict_layers", c->num_nextn_predict_layers, "vocab_size", c->vocab_size,
-        "routed_scaling_factor", short_float(c->routed_scaling_factor), "swiglu_limit",
-        short_float(c->swiglu_limit), "rms_norm_eps", short_float(c->rms_norm_eps),
-        "norm_topk_prob", c->norm_topk_prob, "hash", hash);
-    json_object_set_new(o, "config", k);
+    json_object_set_new(o, "config", show_config_json(c));
     json_print(o);
 }
 
@@ -533,21 +513,10 @@ static void config_table(const Epmoe__AdminReply *r, const mc_config *c, const c
 {
     printf("cluster       %s (epoch %" PRIu64 ")\n", r->cluster ? r->cluster : "-", r->epoch);
     printf("model         %s\n", r->model_path ? r->model_path : "-");
-    printf("expert_dtype  %s (%s)\n", mc_dtype_name(c->expert_dtype),
-           c->expert_dtype_given ? "given in config.json"
-                                 : "assumed: config.json has no expert_dtype");
-    printf("scales        FP8-linear weight scales %s (scale_e8m0 %s); activation scales %s "
-           "(act_ue8m0 %s)\n",
-           c->scale_e8m0 ? "E8M0" : "F32", c->scale_e8m0 ? "true" : "false",
-           c->act_ue8m0 ? "UE8M0 powers of two" : "F32", c->act_ue8m0 ? "true" : "false");
-    printf("sizes         H %d, I %d, experts %d (+%d shared), top-%d\n", c->hidden_size,
-           c->moe_intermediate_size, c->n_routed_experts, c->n_shared_experts,
-           c->num_experts_per_tok);
-    printf("layers        %d main (%d hash-routed), %d MTP; vocab %d\n", c->num_hidden_layers,
-           c->num_hash_layers, c->num_nextn_predict_layers, c->vocab_size);
+    show_config_text(c);
     printf("routing       scaling %g, swiglu_limit %g, rms_norm_eps %g, norm_topk_prob %s\n",
-           short_float(c->routed_scaling_factor), short_float(c->swiglu_limit),
-           short_float(c->rms_norm_eps), c->norm_topk_prob ? "true" : "false");
+           show_short_float(c->routed_scaling_factor), show_short_float(c->swiglu_limit),
+           show_short_float(c->rms_norm_eps), c->norm_topk_prob ? "true" : "false");
     printf("config hash   %s\n", hash);
 }
 

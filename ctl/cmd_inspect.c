@@ -26,6 +26,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "ctl/cmds.h"
+#include "ctl/show.h"
 
 typedef struct in_args {
     const char *model;
@@ -212,33 +213,6 @@ static int build_report(const st_model *m, const mc_config *c, in_report *r)
 
 /* ---- output ----------------------------------------------------------------------------- */
 
-/* The shortest decimal that reads back as f, as a JSON real: 1e-06, not 9.99999997e-07. */
-static double short_float(float f)
-{
-    char buf[32];
-    for (int prec = 1; prec < 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
-        if ((float)strtod(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
-static json_t *config_object(const mc_config *c)
-{
-    char hash[24];
-    snprintf(hash, sizeof hash, "%016" PRIx64, mc_hash(c));
-    return json_pack(
-        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:b,s:s}", "hidden_size", c->hidden_size,
-        "moe_intermediate_size", c->moe_intermediate_size, "n_routed_experts", c->n_routed_experts,
-        "n_shared_experts", c->n_shared_experts, "num_experts_per_tok", c->num_experts_per_tok,
-        "num_hidden_layers", c->num_hidden_layers, "num_hash_layers", c->num_hash_layers,
-        "num_nextn_predict_layers", c->num_nextn_predict_layers, "vocab_size", c->vocab_size,
-        "routed_scaling_factor", short_float(c->routed_scaling_factor), "swiglu_limit",
-        short_float(c->swiglu_limit), "rms_norm_eps", short_float(c->rms_norm_eps),
-        "norm_topk_prob", c->norm_topk_prob, "hash", hash);
-}
-
 static int print_json(const char *dir, const mc_config *c, const in_report *r, const char *check)
 {
     json_t *layers = json_array();
@@ -256,7 +230,7 @@ static int print_json(const char *dir, const mc_config *c, const in_report *r, c
         "{s:i,s:s,s:s,s:b,s:b,s:b,s:o,s:o,s:{s:i,s:I},s:i,s:I,s:i,s:{s:b,s:s?}}", "schema", 1,
         "model", dir, "expert_dtype", mc_dtype_name(c->expert_dtype), "expert_dtype_given",
         c->expert_dtype_given, "scale_e8m0", c->scale_e8m0, "act_ue8m0", c->act_ue8m0, "config",
-        config_object(c), "layers", layers, "other", "tensors", r->other_tensors, "bytes",
+        show_config_json(c), "layers", layers, "other", "tensors", r->other_tensors, "bytes",
         (json_int_t)r->other_bytes, "tensors", r->tensors, "bytes", (json_int_t)r->bytes, "files",
         r->files, "check", "ok", check == NULL, "error", check);
     if (root == NULL) {
@@ -272,18 +246,7 @@ static int print_json(const char *dir, const mc_config *c, const in_report *r, c
 static void print_table(const char *dir, const mc_config *c, const in_report *r, const char *check)
 {
     printf("model         %s\n", dir);
-    printf("expert_dtype  %s (%s)\n", mc_dtype_name(c->expert_dtype),
-           c->expert_dtype_given ? "given in config.json"
-                                 : "assumed: config.json has no expert_dtype");
-    printf("scales        FP8-linear weight scales %s (scale_e8m0 %s); activation scales %s "
-           "(act_ue8m0 %s)\n",
-           c->scale_e8m0 ? "E8M0" : "F32", c->scale_e8m0 ? "true" : "false",
-           c->act_ue8m0 ? "UE8M0 powers of two" : "F32", c->act_ue8m0 ? "true" : "false");
-    printf("sizes         H %d, I %d, experts %d (+%d shared), top-%d\n", c->hidden_size,
-           c->moe_intermediate_size, c->n_routed_experts, c->n_shared_experts,
-           c->num_experts_per_tok);
-    printf("layers        %d main (%d hash-routed), %d MTP; vocab %d\n", c->num_hidden_layers,
-           c->num_hash_layers, c->num_nextn_predict_layers, c->vocab_size);
+    show_config_text(c);
     printf("config hash   %016" PRIx64 "\n\n", mc_hash(c));
     printf("%-10s %-6s %-36s %-36s %8s %14s\n", "LAYER", "KIND", "ROUTED EXPERTS", "SHARED EXPERT",
            "TENSORS", "BYTES");

@@ -1,0 +1,24 @@
+/*
+ * show.h — how epmoectl shows a resolved model config, in text and JSON (prefix show_).
+ *
+ * `inspect` (from config.json) and `config` (from the coordinator's broadcast) describe the same
+ * mc_config; both print it through here so the two read the same and their JSON "config"
+ * objects have one schema.
+ */
+#ifndef EPMOE_CTL_SHOW_H
+#define EPMOE_CTL_SHOW_H
+
+#include <jansson.h>
+
+#include "common/model_config.h"
+
+/* The shortest decimal that reads back as f, so JSON shows 1e-06, not 9.99999997e-07. */
+double show_short_float(float f);
+
+/* {"hidden_size", ..., "norm_topk_prob", "hash"}: every resolved field plus mc_hash in hex. */
+json_t *show_config_json(const mc_config *c);
+
+/* The expert_dtype, scales, sizes and layers lines of the text output (aligned at column 14). */
+void show_config_text(const mc_config *c);
+
+#endif
