@@ -182,6 +182,25 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
            run_s, load_s);
 }
 
+/* The layer named by --layer (its canonical name in name) and the validated input; an epmoectl
+ * exit code. Shared by the local and the cluster path so both accept and refuse the same. */
+static int fwd_prepare(const mc_config *c, const fwd_args *a, int *layer, char *name, size_t cap,
+                       fwdio_input *in)
+{
+    ep_err err = {{0}};
+    if (ck_layer_parse(c, a->layer, layer, &err) < 0) {
+        fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
+        return CMD_USAGE;
+    }
+    int nl = ck_layer_prefix(c, *layer, name, cap);
+    if (nl > 0)
+        name[nl - 1] = '\0'; /* "layers.3." -> "layers.3" */
+    int rc = fwdio_read(a->input, c, *layer, in, &err);
+    if (rc != CMD_OK)
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+    return rc;
+}
+
 static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
 {
     mc_config c;
@@ -190,20 +209,10 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         return rc;
     ep_err err = {{0}};
     int layer;
-    if (ck_layer_parse(&c, a->layer, &layer, &err) < 0) {
-        fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
-        return CMD_USAGE;
-    }
     char name[EP_MAX_NAME];
-    int nl = ck_layer_prefix(&c, layer, name, sizeof name);
-    if (nl > 0)
-        name[nl - 1] = '\0'; /* "layers.3." -> "layers.3" */
-
     fwdio_input in;
-    if ((rc = fwdio_read(a->input, &c, layer, &in, &err)) != CMD_OK) {
-        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+    if ((rc = fwd_prepare(&c, a, &layer, name, sizeof name, &in)) != CMD_OK)
         return rc;
-    }
     st_model *m = NULL;
     moe_layer *l = NULL;
     gemm_pool *pool = NULL;
@@ -325,19 +334,10 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
         return rc;
     ep_err err = {{0}};
     int layer;
-    if (ck_layer_parse(&c, a->layer, &layer, &err) < 0) {
-        fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
-        return CMD_USAGE;
-    }
     char name[EP_MAX_NAME];
-    int nl = ck_layer_prefix(&c, layer, name, sizeof name);
-    if (nl > 0)
-        name[nl - 1] = '\0';
     fwdio_input in;
-    if ((rc = fwdio_read(a->input, &c, layer, &in, &err)) != CMD_OK) {
-        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+    if ((rc = fwd_prepare(&c, a, &layer, name, sizeof name, &in)) != CMD_OK)
         return rc;
-    }
     /* ids travel only where the layer uses them: the coordinator refuses them elsewhere */
     bool hash = mc_layer_is_hash(&c, layer);
     Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
