@@ -35,13 +35,13 @@
 
 /* Model dimensions accepted from config.json (V4 Flash: H 4096, I 2048, E 256, k 6). The bounds
  * keep every [T, H] and [E, ...] product inside 64-bit arithmetic with a wide margin. */
-#define MC_MAX_HIDDEN 65536
-#define MC_MAX_INTER 65536
+#define MC_MAX_HIDDEN  65536
+#define MC_MAX_INTER   65536
 #define MC_MAX_EXPERTS 4096
-#define MC_MAX_TOPK 64
-#define MC_MAX_LAYERS 1024
-#define MC_MAX_MTP 16
-#define MC_MAX_VOCAB (1 << 24)
+#define MC_MAX_TOPK    64
+#define MC_MAX_LAYERS  1024
+#define MC_MAX_MTP     16
+#define MC_MAX_VOCAB   (1 << 24)
 
 /* FP8 block size of every FP8 linear (spec §3.7) and activation quantization group (§5.2). */
 #define EP_FP8_BLOCK 128

@@ -78,7 +78,7 @@ void st_close(st_file **self_p);
 
 const char *st_file_path(const st_file *f);
 int st_count(const st_file *f);
-const st_tensor *st_at(const st_file *f, int i); /* in order of data offset */
+const st_tensor *st_at(const st_file *f, int i);              /* in order of data offset */
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL when absent */
 
 /* ---- a checkpoint directory (sharded or not) ---- */

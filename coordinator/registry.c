@@ -509,8 +509,8 @@ void reg_on_message(coord *c, const wire_msg *m)
         m->type != EPMOE__MSG_TYPE__MSG_ERROR && m->type != EPMOE__MSG_TYPE__MSG_HEARTBEAT;
     if (w == NULL) {
         if (answer)
-            wire_send_error(c->wsock, m->ident, m->ident_len,
-                            EPMOE__ERROR_CODE__ERR_NOT_REGISTERED, m->type,
+            wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_NOT_REGISTERED,
+                            m->type,
                             "%s from a connection that has not registered: send REGISTER first",
                             wire_type_name(m->type));
         else

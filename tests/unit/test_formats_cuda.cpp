@@ -54,7 +54,8 @@ static int compare_at(uint32_t u, long *printed)
 static void sweep(uint64_t begin, uint64_t end, unsigned shift, long *bad, long *printed)
 {
     for (uint64_t i = begin; i < end; i++) {
-        uint32_t u = (uint32_t)(i << shift) | (shift ? ((uint32_t)i * 2654435761u) >> (32 - shift) : 0);
+        uint32_t u =
+            (uint32_t)(i << shift) | (shift ? ((uint32_t)i * 2654435761u) >> (32 - shift) : 0);
         *bad += compare_at(u, printed) != 0;
     }
 }
@@ -82,8 +83,8 @@ static long boundaries(long *printed)
             bad += compare_at((u + (uint32_t)d) ^ 0x80000000u, printed) != 0;
         }
     }
-    for (uint32_t u : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0u,
-                       0x80000000u})
+    for (uint32_t u :
+         {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0u, 0x80000000u})
         bad += compare_at(u, printed) != 0;
     return bad;
 }
