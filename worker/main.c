@@ -22,7 +22,8 @@ static void usage(FILE *out)
             "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]\n"
             "\n"
             "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
-            "                          e.g. tcp://10.0.0.1:7400 (default $EPMOE_COORDINATOR)\n"
+            "                          e.g. tcp://10.0.0.1:7400\n"
+            "                          (default $EPMOE_COORDINATOR_LISTEN)\n"
             "  --name NAME             this worker's name in the cluster spec\n"
             "  --threads N             expert GEMM threads (default: one per online CPU)\n"
             "  --device cpu            the device to run on (this build: cpu)\n"
@@ -46,7 +47,7 @@ static int parse_threads(const char *v, int *out)
 int main(int argc, char **argv)
 {
     log_init("epmoe-worker");
-    wctl_options opt = {.coordinator = getenv("EPMOE_COORDINATOR"), .device = "cpu"};
+    wctl_options opt = {.coordinator = getenv("EPMOE_COORDINATOR_LISTEN"), .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
