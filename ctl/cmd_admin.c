@@ -85,6 +85,15 @@ static json_t *jstr(const char *s)
     return s ? json_string(s) : json_null();
 }
 
+/* The head of every verb's -o json object: {"schema": 1, "cluster": ...}. */
+static json_t *reply_json(const Epmoe__AdminReply *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "schema", json_integer(1));
+    json_object_set_new(o, "cluster", jstr(r->cluster));
+    return o;
+}
+
 static void json_print(json_t *o)
 {
     json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
@@ -269,9 +278,7 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
     char hash[24];
     snprintf(hash, sizeof hash, "%016" PRIx64, r->config_hash);
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *o = json_object();
-        json_object_set_new(o, "schema", json_integer(1));
-        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
         json_object_set_new(o, "config_hash", json_string(hash));
@@ -389,9 +396,7 @@ int cmd_workers(const cmd_ctx *gctx, int argc, char **argv)
         return rc;
     const Epmoe__AdminReply *r = rr.reply;
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *o = json_object();
-        json_object_set_new(o, "schema", json_integer(1));
-        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
         json_object_set_new(o, "workers", workers_json(r));
@@ -445,9 +450,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
     }
     char *ranges = malloc(65536);
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *o = json_object(), *a = json_array();
-        json_object_set_new(o, "schema", json_integer(1));
-        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_t *o = reply_json(r), *a = json_array();
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
         json_object_set_new(o, "placement", jstr(r->placement));
         json_object_set_new(o, "layer", jstr(r->layer));
@@ -495,9 +498,7 @@ static const char config_usage[] =
 
 static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "schema", json_integer(1));
-    json_object_set_new(o, "cluster", jstr(r->cluster));
+    json_t *o = reply_json(r);
     json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
     json_object_set_new(o, "model", jstr(r->model_path));
     json_object_set_new(o, "expert_dtype", json_string(mc_dtype_name(c->expert_dtype)));
@@ -576,9 +577,7 @@ int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
         return rc;
     const Epmoe__AdminReply *r = rr.reply;
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *o = json_object();
-        json_object_set_new(o, "schema", json_integer(1));
-        json_object_set_new(o, "cluster", jstr(r->cluster));
+        json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_print(o);
     } else {
