@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "common/limits.h"
+
 void mmsg_from_config(const mc_config *c, Epmoe__ModelConfig *out)
 {
     epmoe__model_config__init(out);
@@ -95,4 +97,14 @@ int mmsg_to_config(const Epmoe__ModelConfig *m, mc_config *out, ep_err *err)
         return -1;
     *out = c;
     return 0;
+}
+
+int64_t mmsg_max_frame(const mc_config *c)
+{
+    int64_t T = EP_MAX_TOKENS, max = EP_MAX_CTRL_MSG;
+    int64_t sizes[3] = {T * c->hidden_size * 2, T * 8, T * c->num_experts_per_tok * 4};
+    for (int i = 0; i < 3; i++)
+        if (sizes[i] > max)
+            max = sizes[i];
+    return max;
 }

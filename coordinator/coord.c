@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -128,6 +129,17 @@ static int coord_signals(coord *c, ep_err *err)
     return 0;
 }
 
+/* A session id no earlier run of any coordinator is likely to have had: data-plane messages
+ * of a previous run can never pass for this one's. */
+static int coord_random_session(uint64_t *out, ep_err *err)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        return ep_err_errno(err, "getrandom (the session id)");
+    *out = v;
+    return 0;
+}
+
 coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_table *plan,
                     ep_err *err)
 {
@@ -141,6 +153,8 @@ coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_t
     c->cfg = cfg;
     c->config_hash = mc_hash(cfg);
     c->plan = plan;
+    if (coord_random_session(&c->session, err) != 0)
+        goto fail;
     c->sigfd = -1;
     c->state = COORD_FORMING;
     if (coord_signals(c, err) != 0)

@@ -45,6 +45,7 @@ typedef struct coord {
     const spec_cluster *spec; /* borrowed from main, outlives the daemon */
     const mc_config *cfg;
     uint64_t config_hash; /* mc_hash(cfg) */
+    uint64_t session;     /* random per start: WELCOME, STEP and the data plane carry it */
     const plan_table *plan;
     void *zctx;
     void *wsock; /* ROUTER coordinator.listen (workers) */

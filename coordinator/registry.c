@@ -209,6 +209,8 @@ static void reg_send_welcome(coord *c, reg_worker *w)
     m.step_timeout_ms = (uint32_t)c->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
     m.device = (char *)sw->device;
+    m.has_session = 1;
+    m.session = c->session;
     reg_send(c, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
 }
 

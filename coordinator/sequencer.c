@@ -417,6 +417,8 @@ static int seq_send_step(coord *c, int r, ep_err *err)
     m.n_tokens = (uint32_t)n;
     m.has_has_ids = 1;
     m.has_ids = rq->has_ids;
+    m.has_session = 1;
+    m.session = c->session;
     wire_payload p[2] = {
         {.data = rq->msg->payload[0] + b * H * 2, .len = n * H * 2},
         {.data = rq->has_ids ? rq->msg->payload[1] + b * 8 : NULL, .len = n * 8},

@@ -16,6 +16,7 @@
  * the filled struct. The first error wins; nothing partial is returned.
  */
 #include "coordinator/spec.h"
+#include "common/rfile.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1034,11 +1035,9 @@ spec_cluster *spec_parse(const char *text, size_t len, const char *file, ep_err 
  * all. */
 static char *spec_read(const char *path, size_t *len, ep_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        ep_err_errno(err, "%s: cannot open cluster spec", path);
+    FILE *f = rf_open(path, "cluster spec", err);
+    if (f == NULL)
         return NULL;
-    }
     char *buf = malloc((size_t)SPEC_MAX_BYTES + 1);
     size_t n = buf ? fread(buf, 1, (size_t)SPEC_MAX_BYTES + 1, f) : 0;
     int failed = buf == NULL || ferror(f);

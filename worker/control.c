@@ -42,7 +42,10 @@ static const char *const wctl_state_names[] = {"registering", "welcomed",    "lo
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
-    void *dealer; /* NULL while backing off */
+    void *dealer;    /* NULL while backing off */
+    void *mon;       /* the DEALER's handshake monitor (security only) */
+    auth_zap *zap;   /* security: admits the peers WELCOME names to the data endpoint */
+    int64_t max_msg; /* ZMQ_MAXMSGSIZE for the next DEALER */
     exec_actor *exec;
     int sigfd;
     wctl_state state;
@@ -82,8 +85,21 @@ static void wctl_set_state(wctl *w, wctl_state s, const char *detail)
 /* ---- WELCOME validation -----------------------------------------------------------------------
  */
 
-static int wctl_check_peers(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+static int wctl_check_peer_key(const Epmoe__Peer *p, exec_session *s, ep_err *err)
 {
+    if (!p->has_public_key || p->public_key.len != AUTH_KEY_BYTES)
+        return ep_err_set(err,
+                          "WELCOME: peer rank %u has no 32-byte public_key, but this worker uses "
+                          "security (--key): is the cluster spec's security: section missing?",
+                          p->rank);
+    memcpy(s->peer_key[p->rank], p->public_key.data, AUTH_KEY_BYTES);
+    return 0;
+}
+
+static int wctl_check_peers(const Epmoe__Welcome *w, bool secure, exec_session *s, ep_err *err)
+{
+    if (secure && (s->peer_key = calloc(w->n_peers ? w->n_peers : 1, sizeof *s->peer_key)) == NULL)
+        return ep_err_set(err, "out of memory");
     if (w->n_peers != w->world_size)
         return ep_err_set(err, "WELCOME: %zu peers, expected one per rank (world_size %u)",
                           w->n_peers, w->world_size);
@@ -106,6 +122,8 @@ static int wctl_check_peers(const Epmoe__Welcome *w, exec_session *s, ep_err *er
         s->peer_name[p->rank] = strdup(name);
         if (!s->peer_endpoint[p->rank] || !s->peer_name[p->rank])
             return ep_err_set(err, "out of memory");
+        if (secure && wctl_check_peer_key(p, s, err) != 0)
+            return -1;
     }
     return 0; /* n_peers == world_size and no rank twice: every rank is covered */
 }
@@ -124,12 +142,41 @@ static int wctl_check_strings(const Epmoe__Welcome *w, exec_session *s, ep_err *
     return 0;
 }
 
+/* The coordinator's checkpoint fingerprint. */
+static int wctl_check_checkpoint(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+{
+    if (w->n_checkpoint > ST_MAX_SHARDS)
+        return ep_err_set(err, "WELCOME: %zu checkpoint files, at most %d", w->n_checkpoint,
+                          ST_MAX_SHARDS);
+    if (w->n_checkpoint == 0)
+        return 0;
+    s->checkpoint = calloc(w->n_checkpoint, sizeof *s->checkpoint);
+    if (s->checkpoint == NULL)
+        return ep_err_set(err, "out of memory");
+    for (size_t i = 0; i < w->n_checkpoint; i++) {
+        const Epmoe__CheckpointFile *f = w->checkpoint[i];
+        if (f->name == NULL || f->name[0] == '\0' || strlen(f->name) >= EP_MAX_NAME ||
+            !f->has_size || !f->has_mtime_ns || !f->has_header_hash)
+            return ep_err_set(err,
+                              "WELCOME: checkpoint[%zu] needs a name (< %d bytes), size, "
+                              "mtime_ns and header_hash",
+                              i, EP_MAX_NAME);
+        st_file_print *p = &s->checkpoint[i];
+        snprintf(p->name, sizeof p->name, "%s", f->name);
+        p->size = f->size;
+        p->mtime_ns = f->mtime_ns;
+        p->header_hash = f->header_hash;
+    }
+    s->n_checkpoint = (int)w->n_checkpoint;
+    return 0;
+}
+
 static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
 {
     if (!w->has_rank || !w->has_world_size || !w->has_epoch || !w->has_config_hash ||
-        w->config == NULL || !w->has_heartbeat_ms || !w->has_liveness)
+        w->config == NULL || !w->has_heartbeat_ms || !w->has_liveness || !w->has_session)
         return ep_err_set(err, "WELCOME: rank, world_size, epoch, config, config_hash, "
-                               "heartbeat_ms and liveness are required");
+                               "heartbeat_ms, liveness and session are required");
     if (w->world_size < 1 || w->world_size > EP_MAX_WORKERS)
         return ep_err_set(err, "WELCOME: world_size %u, expected 1..%d", w->world_size,
                           EP_MAX_WORKERS);
@@ -151,7 +198,7 @@ static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
     return 0;
 }
 
-exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
+exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *err)
 {
     mc_config c;
     if (wctl_check_scalars(w, err) != 0)
@@ -176,7 +223,8 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
         ep_err_set(err, "out of memory");
         return NULL;
     }
-    if (wctl_check_peers(w, s, err) != 0 || wctl_check_strings(w, s, err) != 0) {
+    if (wctl_check_peers(w, secure, s, err) != 0 || wctl_check_strings(w, s, err) != 0 ||
+        wctl_check_checkpoint(w, s, err) != 0) {
         exec_session_free(&s);
         return NULL;
     }
@@ -184,6 +232,7 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
     s->config_hash = mc_hash(&c);
     s->rank = (int)w->rank;
     s->epoch = w->epoch;
+    s->session = w->session;
     memcpy(s->expert_owner, w->expert_owner, w->n_expert_owner * sizeof *w->expert_owner);
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
     s->step_timeout_ms =
@@ -233,6 +282,17 @@ static void wctl_send_register(wctl *w)
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
+/* Close d and its monitor (the monitor first: it watches d). */
+static void wctl_close_dealer_with(wctl *w, void *d)
+{
+    if (w->mon) {
+        zmq_socket_monitor(d, NULL, 0);
+        zmq_close(w->mon);
+        w->mon = NULL;
+    }
+    zmq_close(d);
+}
+
 static int wctl_connect(wctl *w, ep_err *err)
 {
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
@@ -240,7 +300,8 @@ static int wctl_connect(wctl *w, ep_err *err)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
-    if (wire_socket_defaults(d, EP_MAX_DATA_MSG, err) != 0 ||
+    if (wire_socket_defaults(d, w->max_msg, err) != 0 ||
+        (w->opt->key && auth_client(d, w->opt->key, w->opt->coordinator_key, err) != 0) ||
         zmq_setsockopt(d, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
@@ -250,10 +311,14 @@ static int wctl_connect(wctl *w, ep_err *err)
         zmq_close(d);
         return -1;
     }
+    if (w->opt->key && (w->mon = auth_monitor(w->zctx, d, err)) == NULL) {
+        zmq_close(d);
+        return -1;
+    }
     if (zmq_connect(d, w->opt->coordinator) != 0) {
         ep_err_set(err, "cannot connect to the coordinator at %s: %s", w->opt->coordinator,
                    zmq_strerror(zmq_errno()));
-        zmq_close(d);
+        wctl_close_dealer_with(w, d);
         return -1;
     }
     w->dealer = d;
@@ -280,7 +345,7 @@ static void wctl_backoff(wctl *w, const char *why)
     log_warn("%s: dropping state, registering again in %d ms", why, w->backoff_ms);
     wctl_exec_reset(w);
     if (w->dealer)
-        zmq_close(w->dealer);
+        wctl_close_dealer_with(w, w->dealer);
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
     w->backoff_ms =
@@ -302,18 +367,18 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
     int code = e->has_code ? (int)e->code : 0;
     const char *text = e->message ? e->message : "";
     if (code == EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER ||
-        code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH) {
-        log_error("the coordinator refuses worker %s: %s: %s — fix the cluster spec or the "
-                  "binary, then restart",
+        code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH || code == EPMOE__ERROR_CODE__ERR_REFUSED ||
+        code == EPMOE__ERROR_CODE__ERR_DUPLICATE) {
+        log_error("the coordinator refuses worker %s: %s: %s — fix the cluster spec, the "
+                  "command line or the binary (or stop the other process), then restart",
                   w->opt->name, wctl_code_name(code), text);
         sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
         w->exit_code = WCTL_EXIT_CONFIG;
         w->done = true;
-    } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE ||
-               code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
+    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
                code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
         /* the coordinator does not (or no longer) count us as registered: start over, after
-         * the backoff (an ERR_DUPLICATE clears only once the old registration expires) */
+         * the backoff */
         char why[EP_ERR_MSG_MAX];
         snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
         wctl_backoff(w, why);
@@ -324,11 +389,27 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
     wire_free_unpacked(&e->base);
 }
 
+/* Admit exactly the session's peers to the data endpoint, each key as its worker's name. */
+static int wctl_admit_peers(wctl *w, const exec_session *s, ep_err *err)
+{
+    auth_list *l = auth_list_new();
+    if (l == NULL)
+        return ep_err_set(err, "out of memory");
+    for (int r = 0; r < s->world_size; r++)
+        if (r != s->rank && auth_list_add(l, s->peer_key[r], s->peer_name[r], err) != 0) {
+            auth_list_free(&l);
+            return ep_err_prefix(err, "WELCOME: peers");
+        }
+    return auth_zap_allow(w->zap, AUTH_DOMAIN_DATA, l, err);
+}
+
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
 {
     ep_err err = {{0}};
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
-    exec_session *s = wm ? wctl_welcome_parse(wm, &err) : NULL;
+    exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
+    if (s != NULL && w->zap != NULL && wctl_admit_peers(w, s, &err) != 0)
+        exec_session_free(&s);
     if (s == NULL) {
         log_error("invalid WELCOME: %s", err.msg);
         if (w->dealer)
@@ -348,6 +429,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     w->epoch = s->epoch;
     w->heartbeat_ms = (int)wm->heartbeat_ms;
     w->liveness = (int)wm->liveness;
+    w->max_msg = mmsg_max_frame(&s->config); /* for the next connection */
     uint64_t hash = s->config_hash;
     wctl_exec_reset(w);
     if (exec_send_session(w->exec, &s, &err) != 0)
@@ -478,6 +560,25 @@ static void wctl_read_dealer(wctl *w)
         }
         wctl_on_coordinator(w, &m);
         wire_msg_close(&m);
+    }
+}
+
+/* A handshake the coordinator refused: our key is not in its allow-list, or it is not the
+ * server we hold a key for. Retrying cannot help. */
+static void wctl_read_monitor(wctl *w)
+{
+    char why[512];
+    int rc;
+    while (w->mon && (rc = auth_monitor_read(w->mon, why, sizeof why)) >= 0) {
+        if (rc == 0)
+            continue;
+        log_error("worker %s: %s — check --key and --coordinator-key against the cluster spec's "
+                  "security: section, then restart",
+                  w->opt->name, why);
+        sdn_notifyf("STATUS=refused by the coordinator: %s", why);
+        w->exit_code = WCTL_EXIT_CONFIG;
+        w->done = true;
+        return;
     }
 }
 
@@ -614,10 +715,11 @@ static long wctl_poll_timeout(const wctl *w)
 static void wctl_loop(wctl *w)
 {
     while (!w->done) {
-        zmq_pollitem_t it[3] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
+        zmq_pollitem_t it[4] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
                                 {.socket = exec_pipe(w->exec), .events = ZMQ_POLLIN},
-                                {.socket = w->dealer, .events = ZMQ_POLLIN}};
-        int n = zmq_poll(it, w->dealer ? 3 : 2, wctl_poll_timeout(w));
+                                {.socket = w->dealer, .events = ZMQ_POLLIN},
+                                {.socket = w->mon, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(it, w->dealer ? (w->mon ? 4 : 3) : 2, wctl_poll_timeout(w));
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             w->exit_code = WCTL_EXIT_SOFTWARE;
@@ -629,6 +731,8 @@ static void wctl_loop(wctl *w)
             wctl_read_exec(w);
         if (n > 0 && w->dealer && it[2].revents)
             wctl_read_dealer(w);
+        if (n > 0 && w->dealer && w->mon && it[3].revents)
+            wctl_read_monitor(w);
         if (!w->done)
             wctl_timers(w);
     }
@@ -638,6 +742,7 @@ int wctl_run(const wctl_options *opt)
 {
     wctl w = {.opt = opt,
               .sigfd = -1,
+              .max_msg = EP_MAX_DATA_MSG,
               .heartbeat_ms = WCTL_DEFAULT_HEARTBEAT_MS,
               .liveness = WCTL_DEFAULT_LIVENESS,
               .backoff_ms = WCTL_BACKOFF_INIT_MS,
@@ -653,7 +758,10 @@ int wctl_run(const wctl_options *opt)
     /* two I/O threads: the data plane's sends and receives overlap (bench_a2a: about twice the
      * throughput of one at 64 tokens per rank, docs/performance.md) */
     zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, WCTL_IO_THREADS);
-    exec_options eo = {.threads = opt->threads, .impl = opt->impl};
+    /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
+    if (opt->key && (w.zap = auth_zap_start(w.zctx, &err)) == NULL)
+        goto fail_exec;
+    exec_options eo = {.threads = opt->threads, .impl = opt->impl, .key = opt->key};
     w.exec = exec_start(w.zctx, &eo, &err);
     if (w.exec == NULL)
         goto fail_exec;
@@ -668,7 +776,8 @@ int wctl_run(const wctl_options *opt)
     sdn_notify("STOPPING=1");
     exec_stop(&w.exec);
     if (w.dealer)
-        zmq_close(w.dealer);
+        wctl_close_dealer_with(&w, w.dealer);
+    auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);
     return w.exit_code;
@@ -676,6 +785,7 @@ int wctl_run(const wctl_options *opt)
 fail_connect:
     exec_stop(&w.exec);
 fail_exec:
+    auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
 fail_ctx:
     close(w.sigfd);

@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/wire.h"
@@ -45,13 +46,16 @@
 
 struct exec_actor {
     void *zctx;
-    void *pipe; /* the caller's end */
+    void *pipe;        /* the caller's end */
+    void *thread_pipe; /* the thread's end, handed over at pthread_create */
     char endpoint[64];
     pthread_t thread;
     bool started;
     gemm_pool *pool; /* handed to the thread */
     gemm_impl impl;
     atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
+    bool secure;
+    auth_keypair key; /* with security */
 };
 
 typedef struct exec_state {
@@ -109,6 +113,8 @@ void exec_session_free(exec_session **self_p)
     free(s->peer_endpoint);
     free(s->peer_name);
     free(s->expert_owner);
+    free(s->peer_key);
+    free(s->checkpoint);
     free(s);
     *self_p = NULL;
 }
@@ -229,11 +235,20 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     exec_session *s = st->session;
     tp_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
+                     .session = s->session,
                      .epoch = s->epoch,
                      .hidden = s->config.hidden_size,
                      .n_experts = s->config.n_routed_experts,
+                     .topk = s->config.num_experts_per_tok,
                      .expert_owner = s->expert_owner,
                      .bind_endpoint = s->data_endpoint};
+    if (st->actor->secure && s->peer_key == NULL)
+        return ep_err_set(err, "this worker has a key (--key) but WELCOME gave no peer keys");
+    if (st->actor->secure) {
+        cfg.key = &st->actor->key;
+        cfg.peer_key = (const uint8_t(*)[AUTH_KEY_BYTES])s->peer_key;
+        cfg.peer_name = (const char *const *)s->peer_name;
+    }
     st->tp = tp_create(st->actor->zctx, &cfg, err);
     if (st->tp == NULL)
         return -1;
@@ -309,6 +324,10 @@ static void exec_load(exec_state *st)
     st_model *m = NULL;
     int rc = exec_open_data_plane(st, &err);
     if (rc == 0 && (m = st_model_open(st->session->model_path, &err)) == NULL)
+        rc = -1;
+    /* the files opened are the files loaded: compare those with the coordinator's */
+    if (rc == 0 && st->session->n_checkpoint > 0 &&
+        st_model_check_prints(m, st->session->checkpoint, st->session->n_checkpoint, &err) != 0)
         rc = -1;
     if (rc == 0)
         rc = exec_load_layers(st, m, &err);
@@ -430,9 +449,14 @@ static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_ms
 {
     exec_state *st = s->st;
     const Epmoe__ErrorCode BAD = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
-    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens)
-        return exec_fail(s, BAD, "STEP %llu: epoch, layer or n_tokens missing",
+    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens || !req->has_session)
+        return exec_fail(s, BAD, "STEP %llu: session, epoch, layer or n_tokens missing",
                          (unsigned long long)s->step_id);
+    if (req->session != st->session->session)
+        return exec_fail(s, BAD,
+                         "STEP %llu: session %016llx, this worker was welcomed into %016llx",
+                         (unsigned long long)s->step_id, (unsigned long long)req->session,
+                         (unsigned long long)st->session->session);
     if (req->epoch != st->session->epoch)
         return exec_fail(s, BAD, "STEP %llu: epoch %llu, this worker is at epoch %llu",
                          (unsigned long long)s->step_id, (unsigned long long)req->epoch,
@@ -465,6 +489,9 @@ static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_ms
         return -1;
     if (T)
         memcpy(s->x, m->payload[0], T * H * 2);
+    if (ck_check_input(s->x, (int)T, (int)H, 0, &s->err) != 0)
+        return exec_fail(s, BAD, "STEP %llu: %s (token counted in this worker's chunk)",
+                         (unsigned long long)s->step_id, s->err.msg);
     if (has_ids) {
         s->ids = malloc(T * 8 + 1);
         if (s->ids == NULL)
@@ -584,6 +611,7 @@ static int exec_send_dispatches(exec_step_s *s)
             return -1;
         }
         s->dispatch_bytes += tp_msg_bytes(&d, s->H);
+        tp_grant(s->st->tp, s->step_id, r, d.n_pairs); /* before its answer can arrive */
         if (tp_send(s->st->tp, r, &d, &s->err) != 0)
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to %s: %s",
                              ses->peer_name[r], s->err.msg);
@@ -750,7 +778,7 @@ static void exec_stash(exec_state *st, wire_msg *m)
         wire_msg_close(m);
         return;
     }
-    st->stash[st->n_stash++] = *m;
+    wire_msg_move(&st->stash[st->n_stash++], m);
 }
 
 /* One pipe message during a step. Returns -1 when the step must end. */
@@ -911,6 +939,10 @@ static void exec_step(exec_state *st, wire_msg *m)
     }
     log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s.step_id,
               moe_layer_index(s.layer), s.T);
+    /* the coordinator settled every earlier step before it started this one: what the data
+     * plane still holds for them is stale (a restarted worker's peers' queued DISPATCHes) */
+    if (s.step_id > 0)
+        tp_finish(st->tp, s.step_id - 1);
     rc = exec_step_run(&s);
     if (rc == 0)
         exec_send_done(&s);
@@ -969,8 +1001,11 @@ static void exec_loop(exec_state *st)
 {
     while (!st->stop) {
         if (st->n_stash > 0) {
-            wire_msg m = st->stash[0];
-            memmove(&st->stash[0], &st->stash[1], (size_t)(--st->n_stash) * sizeof m);
+            wire_msg m;
+            wire_msg_move(&m, &st->stash[0]);
+            for (int i = 1; i < st->n_stash; i++)
+                wire_msg_move(&st->stash[i - 1], &st->stash[i]);
+            st->n_stash--;
             exec_handle(st, &m);
             wire_msg_close(&m);
             continue;
@@ -1000,19 +1035,31 @@ static void exec_loop(exec_state *st)
 static void *exec_main(void *arg)
 {
     exec_actor *a = arg;
-    exec_state st = {.actor = a, .pool = a->pool, .impl = a->impl};
-    st.pipe = zmq_socket(a->zctx, ZMQ_PAIR);
-    int linger = 0;
-    zmq_setsockopt(st.pipe, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_connect(st.pipe, a->endpoint) == 0) {
-        exec_send(&st, EXEC_EVT_RESET_DONE, NULL, NULL, 0); /* "started" */
-        exec_loop(&st);
-    }
+    exec_state st = {.actor = a, .pool = a->pool, .impl = a->impl, .pipe = a->thread_pipe};
+    exec_loop(&st);
     exec_drop_session(&st);
     for (int i = 0; i < st.n_stash; i++)
         wire_msg_close(&st.stash[i]);
     zmq_close(st.pipe);
     return NULL;
+}
+
+/* Both ends of the pipe, made here so that a failure is an error of exec_start rather than a
+ * thread that never reports back (the thread gets its end with the thread's creation, which
+ * orders every access). */
+static int exec_pipe_pair(exec_actor *a, ep_err *err)
+{
+    int linger = 0;
+    a->pipe = zmq_socket(a->zctx, ZMQ_PAIR);
+    if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_bind(a->pipe, a->endpoint) != 0)
+        return ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
+    a->thread_pipe = zmq_socket(a->zctx, ZMQ_PAIR);
+    if (a->thread_pipe == NULL ||
+        zmq_setsockopt(a->thread_pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(a->thread_pipe, a->endpoint) != 0)
+        return ep_err_set(err, "executor pipe (the thread's end): %s", zmq_strerror(zmq_errno()));
+    return 0;
 }
 
 exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err)
@@ -1024,29 +1071,19 @@ exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err)
     }
     a->zctx = zctx;
     a->impl = opt->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : opt->impl;
+    if (opt->key) {
+        a->secure = true;
+        a->key = *opt->key;
+    }
     snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%p", (void *)a);
     a->pool = gemm_pool_create(opt->threads, err);
-    if (a->pool == NULL)
+    if (a->pool == NULL || exec_pipe_pair(a, err) != 0)
         goto fail;
-    a->pipe = zmq_socket(zctx, ZMQ_PAIR);
-    int linger = 0;
-    if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(a->pipe, a->endpoint) != 0) {
-        ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
-        goto fail;
-    }
     if (pthread_create(&a->thread, NULL, exec_main, a) != 0) {
         ep_err_set(err, "executor: cannot start its thread");
         goto fail;
     }
     a->started = true;
-    /* wait for the thread's "started" signal, like zactor_new */
-    wire_msg m;
-    if (wire_recv(a->pipe, false, 64, 0, 0, &m, err) != WIRE_OK) {
-        exec_stop(&a);
-        return NULL;
-    }
-    wire_msg_close(&m);
     return a;
 fail:
     exec_stop(&a);
@@ -1091,7 +1128,10 @@ void exec_stop(exec_actor **self_p)
     }
     if (a->pipe)
         zmq_close(a->pipe);
+    if (!a->started && a->thread_pipe)
+        zmq_close(a->thread_pipe); /* a started thread closes its own end */
     gemm_pool_destroy(&a->pool);
+    explicit_bzero(&a->key, sizeof a->key);
     free(a);
     *self_p = NULL;
 }

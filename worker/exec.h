@@ -14,12 +14,15 @@
  *   EXEC_CMD_RESET    drop the session and everything loaded; answered by EXEC_EVT_RESET_DONE,
  *                     so the caller can discard answers that belonged to the old session.
  *   EXEC_CMD_TERM     leave the thread (exec_stop sends it).
- *   LOAD              bind the data plane, connect to the peers, load every MoE layer (main
+ *   LOAD              bind the data plane, connect to the peers, open the checkpoint and check
+ *                     its files against the session's fingerprint, load every MoE layer (main
  *                     and MTP) with the experts this rank owns; LOADING progress (at most ~10
  *                     per second) then READY, or Error{ERR_LOAD_FAILED} naming the cause (the
  *                     executor stays up, not ready).
  *   STEP              route, dispatch, experts, combine (docs/protocol.md "Forward steps");
- *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}.
+ *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}. A
+ *                     STEP must carry the session; its hidden states must be finite (a NaN or
+ *                     Inf is ERR_BAD_REQUEST naming the token and channel).
  *   STEP_ABORT        abandon that step if running (STEP_FAILED); otherwise ignored.
  *
  * While a step waits for its peers the executor also watches the pipe, so STEP_ABORT, RESET and
@@ -31,8 +34,10 @@
 
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/error.h"
 #include "common/limits.h"
+#include "common/safetensors.h"
 #include "common/model_config.h"
 #include "kernels/gemm.h"
 #include "worker/transport.h"
@@ -61,6 +66,10 @@ typedef struct exec_session {
     char **peer_name;                /* [world_size], by rank */
     tp_format dispatch;
     int step_timeout_ms;
+    uint64_t session;                    /* WELCOME.session: STEP and the data plane carry it */
+    uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security, else NULL */
+    st_file_print *checkpoint;           /* the coordinator's fingerprint (n_checkpoint files) */
+    int n_checkpoint;
 } exec_session;
 
 /* An empty session with its tables allocated (E experts, P ranks); NULL when out of memory. */
@@ -68,13 +77,15 @@ exec_session *exec_session_new(int n_experts, int world_size);
 void exec_session_free(exec_session **self_p);
 
 typedef struct exec_options {
-    int threads;    /* GEMM pool threads; <= 0: one per online CPU */
-    gemm_impl impl; /* GEMM_IMPL_AUTO: the best this CPU has */
+    int threads;             /* GEMM pool threads; <= 0: one per online CPU */
+    gemm_impl impl;          /* GEMM_IMPL_AUTO: the best this CPU has */
+    const auth_keypair *key; /* security: this worker's key pair (copied), else NULL */
 } exec_options;
 
 typedef struct exec_actor exec_actor;
 
-/* Start the executor thread in zctx; returns once the thread runs and its pipe is connected. */
+/* Start the executor thread in zctx; returns once the thread runs and its pipe is connected,
+ * or with an error when the thread could not set its pipe up (never waits for ever). */
 exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err);
 /* Send TERM and join the thread (a load in progress stops at the next layer). */
 void exec_stop(exec_actor **self_p);

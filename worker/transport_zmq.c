@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/wire.h"
@@ -38,16 +39,29 @@ struct tp_buf {
     uint8_t *data;   /* outgoing payloads, or incoming arrays copied for alignment */
 };
 
+/* What one peer holds in this worker: at most one DISPATCH, and a COMBINE only if granted. */
+typedef struct tp_peer {
+    tp_msg dispatch, combine;
+    bool has_dispatch, has_combine;
+    bool granted; /* a COMBINE of grant_pairs rows for grant_step may come */
+    uint64_t grant_step;
+    int grant_pairs;
+} tp_peer;
+
 struct tp_transport {
     void *zctx;
     void *pull;
     void **push; /* [world_size], NULL for own rank and before tp_connect */
-    int rank, world_size, hidden, n_experts;
-    uint64_t epoch;
+    int rank, world_size, hidden, n_experts, topk;
+    uint64_t session, epoch;
     uint8_t *owned; /* [E]: expert_owner[e] == rank */
     char endpoint[EP_MAX_PATH];
-    tp_msg *pending; /* arrival order */
-    int n_pending, cap_pending;
+    bool secure;
+    auth_keypair key;
+    uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security */
+    char **peer_name;                    /* [world_size] with security: expected user ids */
+    tp_peer *peer;                       /* [world_size] */
+    int n_pending;
     bool have_finished;
     uint64_t finished_upto;
     uint64_t dropped;
@@ -190,13 +204,56 @@ static int tp_bind(void *sock, const char *endpoint)
     }
 }
 
+int64_t tp_max_frame(int hidden, int topk)
+{
+    int64_t T = EP_MAX_TOKENS, H = hidden, k = topk;
+    int64_t max = T * H * 2; /* bf16 rows; fp8 codes and scales are smaller */
+    if (T * k * H * 2 > max)
+        max = T * k * H * 2; /* a COMBINE answering the largest DISPATCH */
+    if (T * k * 4 > max)
+        max = T * k * 4;
+    return max > (int64_t)EP_MAX_DATA_MSG ? (int64_t)EP_MAX_DATA_MSG : max;
+}
+
+/* Copy the security part of cfg. */
+static int tp_copy_security(tp_transport *tp, const tp_config *cfg)
+{
+    if (cfg->key == NULL)
+        return 0;
+    tp->secure = true;
+    tp->key = *cfg->key;
+    size_t P = (size_t)cfg->world_size;
+    tp->peer_key = calloc(P, sizeof *tp->peer_key);
+    tp->peer_name = calloc(P, sizeof *tp->peer_name);
+    if (tp->peer_key == NULL || tp->peer_name == NULL)
+        return -1;
+    memcpy(tp->peer_key, cfg->peer_key, P * sizeof *tp->peer_key);
+    for (size_t r = 0; r < P; r++)
+        if ((tp->peer_name[r] = strdup(cfg->peer_name[r])) == NULL)
+            return -1;
+    return 0;
+}
+
+static int tp_pull_options(tp_transport *tp, ep_err *err)
+{
+    int hwm = TP_RCVHWM;
+    if (wire_socket_defaults(tp->pull, tp_max_frame(tp->hidden, tp->topk), err) != 0)
+        return -1;
+    if (zmq_setsockopt(tp->pull, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
+        return ep_err_set(err, "data plane: RCVHWM: %s", zmq_strerror(zmq_errno()));
+    if (tp->secure && auth_server(tp->pull, &tp->key, AUTH_DOMAIN_DATA, err) != 0)
+        return ep_err_prefix(err, "data plane");
+    return 0;
+}
+
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
 {
     if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->hidden <= 0 || cfg->hidden % EP_FP8_BLOCK != 0 ||
-        cfg->n_experts < 1 || cfg->n_experts > MC_MAX_EXPERTS) {
-        ep_err_set(err, "transport: rank %d of %d, H %d, E %d out of range", cfg->rank,
-                   cfg->world_size, cfg->hidden, cfg->n_experts);
+        cfg->hidden > MC_MAX_HIDDEN || cfg->n_experts < 1 || cfg->n_experts > MC_MAX_EXPERTS ||
+        cfg->topk < 1 || cfg->topk > MC_MAX_TOPK) {
+        ep_err_set(err, "transport: rank %d of %d, H %d, E %d, k %d out of range", cfg->rank,
+                   cfg->world_size, cfg->hidden, cfg->n_experts, cfg->topk);
         return NULL;
     }
     tp_transport *tp = calloc(1, sizeof *tp);
@@ -207,12 +264,13 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
     tp->world_size = cfg->world_size;
     tp->hidden = cfg->hidden;
     tp->n_experts = cfg->n_experts;
+    tp->topk = cfg->topk;
+    tp->session = cfg->session;
     tp->epoch = cfg->epoch;
-    tp->cap_pending = TP_PENDING_PER_PEER * cfg->world_size;
     tp->push = calloc((size_t)cfg->world_size, sizeof *tp->push);
     tp->owned = calloc((size_t)cfg->n_experts, 1);
-    tp->pending = calloc((size_t)tp->cap_pending, sizeof *tp->pending);
-    if (tp->push == NULL || tp->owned == NULL || tp->pending == NULL)
+    tp->peer = calloc((size_t)cfg->world_size, sizeof *tp->peer);
+    if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp_copy_security(tp, cfg) != 0)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
         tp->owned[e] = cfg->expert_owner[e] == (uint32_t)cfg->rank;
@@ -221,7 +279,7 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
         ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
         goto fail_socket;
     }
-    if (wire_socket_defaults(tp->pull, EP_MAX_DATA_MSG, err) != 0)
+    if (tp_pull_options(tp, err) != 0)
         goto fail_bind;
     if (tp_bind(tp->pull, cfg->bind_endpoint) != 0) {
         ep_err_set(err, "data plane: cannot bind %s: %s", cfg->bind_endpoint,
@@ -253,9 +311,11 @@ int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
         void *s = zmq_socket(tp->zctx, ZMQ_PUSH);
         if (s == NULL)
             return ep_err_set(err, "data plane: zmq_socket(PUSH): %s", zmq_strerror(zmq_errno()));
-        if (wire_socket_defaults(s, EP_MAX_DATA_MSG, err) != 0) {
+        /* a PUSH receives nothing: the smallest bound libzmq takes */
+        if (wire_socket_defaults(s, TP_MAX_BODY, err) != 0 ||
+            (tp->secure && auth_client(s, &tp->key, tp->peer_key[r], err) != 0)) {
             zmq_close(s);
-            return -1;
+            return ep_err_prefix(err, "data plane: to rank %d", r);
         }
         if (zmq_connect(s, endpoints[r]) != 0) {
             ep_err_set(err, "data plane: cannot connect to rank %d at %s: %s", r, endpoints[r],
@@ -273,8 +333,8 @@ void tp_destroy(tp_transport **self_p)
     tp_transport *tp = *self_p;
     if (tp == NULL)
         return;
-    for (int i = 0; i < tp->n_pending; i++)
-        tp_msg_release(&tp->pending[i]);
+    if (tp->peer)
+        tp_finish(tp, UINT64_MAX); /* releases everything kept */
     if (tp->push)
         for (int r = 0; r < tp->world_size; r++)
             if (tp->push[r])
@@ -284,9 +344,15 @@ void tp_destroy(tp_transport **self_p)
             zmq_unbind(tp->pull, tp->endpoint); /* starts releasing the port now */
         zmq_close(tp->pull);
     }
+    if (tp->peer_name)
+        for (int r = 0; r < tp->world_size; r++)
+            free(tp->peer_name[r]);
+    free(tp->peer_name);
+    free(tp->peer_key);
+    explicit_bzero(&tp->key, sizeof tp->key);
     free(tp->push);
     free(tp->owned);
-    free(tp->pending);
+    free(tp->peer);
     free(tp);
     *self_p = NULL;
 }
@@ -339,6 +405,8 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
         Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
         d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
         d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+        d.has_session = 1;
+        d.session = tp->session;
         d.step_id = m->step_id;
         d.epoch = tp->epoch;
         d.layer = m->layer;
@@ -352,6 +420,8 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
     } else {
         Epmoe__Combine c = EPMOE__COMBINE__INIT;
         c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.has_session = 1;
+        c.session = tp->session;
         c.step_id = m->step_id;
         c.epoch = tp->epoch;
         c.src_rank = (uint32_t)tp->rank;
@@ -422,17 +492,33 @@ static size_t tp_spare_size(const wire_msg *wm, int n)
     return total;
 }
 
-static int tp_common_fields(const tp_transport *tp, bool has_src, uint32_t src, bool has_epoch,
-                            uint64_t epoch, bool has_step, ep_err *err)
+/* The fields every data-plane body has, checked against this transport. */
+typedef struct tp_head {
+    bool has_session, has_epoch, has_src, has_step;
+    uint64_t session, epoch;
+    uint32_t src;
+} tp_head;
+
+static int tp_common_fields(const tp_transport *tp, const tp_head *h, const wire_msg *wm,
+                            ep_err *err)
 {
-    if (!has_step || !has_epoch || !has_src)
-        return ep_err_set(err, "step_id, epoch or src_rank missing");
-    if (epoch != tp->epoch)
-        return ep_err_set(err, "epoch %llu, expected %llu", (unsigned long long)epoch,
+    if (!h->has_step || !h->has_epoch || !h->has_src || !h->has_session)
+        return ep_err_set(err, "session, step_id, epoch or src_rank missing");
+    if (h->session != tp->session)
+        return ep_err_set(err, "session %016llx is not this cluster's (a stale or forged message)",
+                          (unsigned long long)h->session);
+    if (h->epoch != tp->epoch)
+        return ep_err_set(err, "epoch %llu, expected %llu", (unsigned long long)h->epoch,
                           (unsigned long long)tp->epoch);
-    if (src >= (uint32_t)tp->world_size || src == (uint32_t)tp->rank)
-        return ep_err_set(err, "src_rank %u is not a peer (world of %d, own rank %d)", src,
+    if (h->src >= (uint32_t)tp->world_size || h->src == (uint32_t)tp->rank)
+        return ep_err_set(err, "src_rank %u is not a peer (world of %d, own rank %d)", h->src,
                           tp->world_size, tp->rank);
+    if (tp->secure) {
+        const char *uid = wire_user_id(wm);
+        if (uid == NULL || strcmp(uid, tp->peer_name[h->src]) != 0)
+            return ep_err_set(err, "claims rank %u (%s) but comes with the key of %s", h->src,
+                              tp->peer_name[h->src], uid ? uid : "nobody");
+    }
     return 0;
 }
 
@@ -481,8 +567,9 @@ static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep
     if (d == NULL)
         return -1;
     int rc = -1;
-    if (tp_common_fields(tp, d->has_src_rank, d->src_rank, d->has_epoch, d->epoch, d->has_step_id,
-                         err) != 0)
+    tp_head h = {d->has_session, d->has_epoch, d->has_src_rank, d->has_step_id,
+                 d->session,     d->epoch,     d->src_rank};
+    if (tp_common_fields(tp, &h, wm, err) != 0)
         goto done;
     if (!d->has_layer || !d->has_n_rows || !d->has_n_pairs || !d->has_format) {
         ep_err_set(err, "layer, n_rows, n_pairs or format missing");
@@ -493,9 +580,9 @@ static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep
         ep_err_set(err, "unknown dispatch format %d", (int)d->format);
         goto done;
     }
-    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * MC_MAX_TOPK) {
+    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * (uint64_t)tp->topk) {
         ep_err_set(err, "n_rows %u, n_pairs %u: expected n_rows <= %d, n_pairs <= n_rows * %d",
-                   d->n_rows, d->n_pairs, EP_MAX_TOKENS, MC_MAX_TOPK);
+                   d->n_rows, d->n_pairs, EP_MAX_TOKENS, tp->topk);
         goto done;
     }
     if (tp_check_dispatch_sizes(tp, d, wm, err) != 0)
@@ -521,11 +608,12 @@ static int tp_parse_combine(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_
     if (c == NULL)
         return -1;
     int rc = -1;
-    if (tp_common_fields(tp, c->has_src_rank, c->src_rank, c->has_epoch, c->epoch, c->has_step_id,
-                         err) != 0)
+    tp_head h = {c->has_session, c->has_epoch, c->has_src_rank, c->has_step_id,
+                 c->session,     c->epoch,     c->src_rank};
+    if (tp_common_fields(tp, &h, wm, err) != 0)
         goto done;
-    if (!c->has_n_pairs || c->n_pairs > (uint32_t)EP_MAX_TOKENS * MC_MAX_TOPK) {
-        ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * MC_MAX_TOPK);
+    if (!c->has_n_pairs || c->n_pairs > (uint32_t)EP_MAX_TOKENS * (uint32_t)tp->topk) {
+        ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * tp->topk);
         goto done;
     }
     if (wm->n_payloads != 1) {
@@ -602,23 +690,59 @@ static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
     return 0;
 }
 
-static void tp_keep(tp_transport *tp, tp_msg *m)
+static void tp_reject(tp_transport *tp, tp_msg *m, const char *why)
 {
+    tp_drop(tp, "%s of step %llu from rank %d: %s", tp_kind_name(m->kind),
+            (unsigned long long)m->step_id, m->src_rank, why);
+    tp_msg_release(m);
+}
+
+/* Keep m in its peer's slot if the peer may hold it (transport.h), else drop it. Returns
+ * whether it was kept. */
+static bool tp_keep(tp_transport *tp, tp_msg *m)
+{
+    tp_peer *p = &tp->peer[m->src_rank];
+    char why[160];
     if (tp->have_finished && m->step_id <= tp->finished_upto) {
-        tp_drop(tp, "%s of finished step %llu from rank %d", tp_kind_name(m->kind),
-                (unsigned long long)m->step_id, m->src_rank);
-        tp_msg_release(m);
-        return;
+        tp_reject(tp, m, "that step is finished");
+        return false;
     }
-    if (tp->n_pending == tp->cap_pending) {
-        tp_drop(tp, "%s of step %llu from rank %d: %d messages already pending",
-                tp_kind_name(m->kind), (unsigned long long)m->step_id, m->src_rank, tp->n_pending);
-        tp_msg_release(m);
-        return;
+    if (m->kind == TP_COMBINE) {
+        if (!p->granted || p->grant_step != m->step_id || p->grant_pairs != m->n_pairs) {
+            if (p->granted && p->grant_step == m->step_id)
+                snprintf(why, sizeof why, "%d pairs, %d were dispatched", m->n_pairs,
+                         p->grant_pairs);
+            else
+                snprintf(why, sizeof why, "no DISPATCH of that step went to that rank");
+            tp_reject(tp, m, why);
+            return false;
+        }
+        p->granted = false; /* one COMBINE per grant */
+        p->combine = *m;
+        p->has_combine = true;
+    } else {
+        if (tp->have_finished && m->step_id - tp->finished_upto > TP_STEP_WINDOW) {
+            snprintf(why, sizeof why, "more than %d steps beyond the last finished one (%llu)",
+                     TP_STEP_WINDOW, (unsigned long long)tp->finished_upto);
+            tp_reject(tp, m, why);
+            return false;
+        }
+        if (p->has_dispatch && p->dispatch.step_id == m->step_id) {
+            tp_reject(tp, m, "a duplicate (one DISPATCH per step and peer)");
+            return false;
+        }
+        if (p->has_dispatch) {
+            /* the peer moved on: what it sent before belongs to a step that was settled */
+            tp_reject(tp, &p->dispatch, "replaced by a newer one from the same peer");
+            tp->n_pending--;
+        }
+        p->dispatch = *m;
+        p->has_dispatch = true;
     }
+    tp->n_pending++;
     log_debug(LOG_SUB_DATA, "%s step %llu from rank %d: %d rows, %d pairs", tp_kind_name(m->kind),
               (unsigned long long)m->step_id, m->src_rank, m->n_rows, m->n_pairs);
-    tp->pending[tp->n_pending++] = *m;
+    return true;
 }
 
 /* One message: 1 kept, 0 dropped, -1 nothing to read. */
@@ -643,9 +767,7 @@ static int tp_recv_one(tp_transport *tp)
         tp_drop(tp, "%s", err.msg);
         return 0;
     }
-    int before = tp->n_pending;
-    tp_keep(tp, &m);
-    return tp->n_pending > before;
+    return tp_keep(tp, &m) ? 1 : 0;
 }
 
 int tp_pump(tp_transport *tp)
@@ -656,14 +778,29 @@ int tp_pump(tp_transport *tp)
     return kept;
 }
 
+void tp_grant(tp_transport *tp, uint64_t step_id, int peer, int n_pairs)
+{
+    if (peer < 0 || peer >= tp->world_size || peer == tp->rank)
+        return;
+    tp_peer *p = &tp->peer[peer];
+    p->granted = true;
+    p->grant_step = step_id;
+    p->grant_pairs = n_pairs;
+}
+
 int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out)
 {
-    for (int i = 0; i < tp->n_pending; i++) {
-        if (tp->pending[i].step_id != step_id)
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch && p->dispatch.step_id == step_id) {
+            *out = p->dispatch;
+            p->has_dispatch = false;
+        } else if (p->has_combine && p->combine.step_id == step_id) {
+            *out = p->combine;
+            p->has_combine = false;
+        } else {
             continue;
-        *out = tp->pending[i];
-        memmove(&tp->pending[i], &tp->pending[i + 1],
-                (size_t)(tp->n_pending - i - 1) * sizeof *tp->pending);
+        }
         tp->n_pending--;
         return 1;
     }
@@ -675,12 +812,19 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
     if (!tp->have_finished || step_id > tp->finished_upto)
         tp->finished_upto = step_id;
     tp->have_finished = true;
-    int j = 0;
-    for (int i = 0; i < tp->n_pending; i++) {
-        if (tp->pending[i].step_id <= tp->finished_upto)
-            tp_msg_release(&tp->pending[i]);
-        else
-            tp->pending[j++] = tp->pending[i];
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch && p->dispatch.step_id <= tp->finished_upto) {
+            tp_msg_release(&p->dispatch);
+            p->has_dispatch = false;
+            tp->n_pending--;
+        }
+        if (p->has_combine && p->combine.step_id <= tp->finished_upto) {
+            tp_msg_release(&p->combine);
+            p->has_combine = false;
+            tp->n_pending--;
+        }
+        if (p->granted && p->grant_step <= tp->finished_upto)
+            p->granted = false;
     }
-    tp->n_pending = j;
 }

@@ -333,6 +333,7 @@ typedef struct cluster {
     uint32_t owner[64];
     uint64_t epoch;
     uint64_t step_id;
+    uint64_t session;
 } cluster;
 
 typedef struct welcome_opts {
@@ -349,6 +350,7 @@ static int cluster_register(cluster *cl, int P)
     memset(cl, 0, sizeof *cl);
     fc_open(&cl->f);
     cl->P = P;
+    cl->session = 0xC0FFEE0000000000ull ^ (uint64_t)getpid() << 8 ^ (uint64_t)P;
     for (int r = 0; r < P; r++) {
         snprintf(cl->name[r], sizeof cl->name[r], "w%d", r);
         snprintf(cl->data_ep[r], sizeof cl->data_ep[r], "tcp://127.0.0.1:%d", free_port());
@@ -433,6 +435,8 @@ static void send_welcome(cluster *cl, int r, const fixture *fx, const welcome_op
     w.step_timeout_ms = (uint32_t)(o->step_timeout_ms ? o->step_timeout_ms : 30000);
     w.data_endpoint = cl->data_ep[r];
     w.device = "cpu";
+    w.has_session = 1;
+    w.session = cl->session;
     fc_send(&cl->f, cl->name[r], EPMOE__MSG_TYPE__MSG_WELCOME, &w.base, NULL, 0);
 }
 
@@ -574,6 +578,8 @@ static void send_step(cluster *cl, int r, const fixture *fx, int layer, int T, b
     s.layer = (uint32_t)layer;
     s.n_tokens = (uint32_t)(t1 - t0);
     s.has_ids = with_ids;
+    s.has_session = 1;
+    s.session = cl->session;
     wire_payload pl[2] = {{.data = fx->x + (size_t)t0 * H, .len = (size_t)(t1 - t0) * H * 2},
                           {.data = fx->ids + t0, .len = (size_t)(t1 - t0) * 8}};
     fc_send(&cl->f, cl->name[r], EPMOE__MSG_TYPE__MSG_STEP, &s.base, pl, with_ids ? 2 : 1);
