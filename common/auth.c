@@ -559,8 +559,10 @@ int auth_client(void *sock, const auth_keypair *kp, const uint8_t server[AUTH_KE
 
 void *auth_monitor(void *zctx, void *sock, ep_err *err)
 {
+    /* a number, not the socket's address: libzmq may still hold a closed socket's name */
+    static atomic_uint seq;
     char ep[64];
-    snprintf(ep, sizeof ep, "inproc://epmoe-monitor-%p", sock);
+    snprintf(ep, sizeof ep, "inproc://epmoe-monitor-%u", atomic_fetch_add(&seq, 1));
     int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
     if (zmq_socket_monitor(sock, ep, events) != 0) {

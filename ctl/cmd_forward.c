@@ -326,12 +326,18 @@ static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char
            (unsigned long long)f->dispatch_bytes, (unsigned long long)f->combine_bytes);
 }
 
-static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
+static int fwd_cluster(const cmd_ctx *gctx, const fwd_args *a)
 {
+    /* the config request and the forward share one deadline: --timeout is the command's */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    lctx.deadline_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + gctx->timeout_ms;
     mc_config c;
     int rc = fwd_cluster_config(ctx, &c);
     if (rc != CMD_OK)
         return rc;
+    lctx.max_msg = mmsg_max_frame(&c); /* the reply carries [T, H] for this model */
     ep_err err = {{0}};
     int layer;
     char name[EP_MAX_NAME];

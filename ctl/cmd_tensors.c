@@ -208,6 +208,16 @@ static int diff_tensor(const st_tensor *a, const st_tensor *b, diff_stat *d, ep_
     return 0;
 }
 
+/* One tensor's entry. JSON has no Inf or NaN: an infinite largest difference (one side NaN or
+ * Inf) is the string "inf", so the tensor is never left out. */
+static json_t *diff_json(const diff_stat *d)
+{
+    json_t *max = isfinite(d->max_abs) ? json_real(d->max_abs) : json_string("inf");
+    return json_pack("{s:s, s:b, s:I, s:I, s:o}", "name", d->name, "identical", d->identical,
+                     "elements", (json_int_t)d->numel, "differ", (json_int_t)d->differ, "max_abs",
+                     max);
+}
+
 int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
 {
     if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
@@ -241,10 +251,7 @@ int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
         }
         if (!ds[i].identical)
             rc = CMD_FAILED;
-        json_array_append_new(arr, json_pack("{s:s, s:b, s:I, s:I, s:f}", "name", ds[i].name,
-                                             "identical", ds[i].identical, "elements",
-                                             (json_int_t)ds[i].numel, "differ",
-                                             (json_int_t)ds[i].differ, "max_abs", ds[i].max_abs));
+        json_array_append_new(arr, diff_json(&ds[i]));
     }
     if (rc == CMD_OK && st_count(b) != n) {
         rc = CMD_DATAERR;

@@ -1075,7 +1075,10 @@ exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err)
         a->secure = true;
         a->key = *opt->key;
     }
-    snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%p", (void *)a);
+    /* a number, not the address: a new actor may get a stopped one's address while libzmq still
+     * holds that one's inproc name */
+    static atomic_uint seq;
+    snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%u", atomic_fetch_add(&seq, 1));
     a->pool = gemm_pool_create(opt->threads, err);
     if (a->pool == NULL || exec_pipe_pair(a, err) != 0)
         goto fail;

@@ -669,9 +669,12 @@ int it_wait_state(itest *t, const char *state, int ms)
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids)
 {
     for (int t = 0; t < T; t++) {
-        for (int h = 0; h < IT_H; h++)
-            hidden[(size_t)t * IT_H + h] =
+        for (int h = 0; h < IT_H; h++) {
+            uint16_t v =
                 (uint16_t)(((uint32_t)t * 7919u + (uint32_t)h * 31u + seed * 104729u) & 0x7FFF);
+            /* finite: an all-ones exponent (NaN, Inf) is refused as input (docs/numerics.md) */
+            hidden[(size_t)t * IT_H + h] = (v & 0x7F80u) == 0x7F80u ? (uint16_t)(v & ~0x0080u) : v;
+        }
         if (ids)
             ids[t] = (int64_t)(((uint32_t)t * 37u + seed) % IT_VOCAB);
     }

@@ -138,7 +138,7 @@ void it_pump(itest *t, int ms);
 /* Pump until STATUS says state (polling), or ms pass; 0 when reached. */
 int it_wait_state(itest *t, const char *state, int ms);
 
-/* FORWARD input for T tokens: hidden bf16 bits and (when layer is a hash layer) ids. */
+/* FORWARD input for T tokens: hidden bf16 bits (finite) and (when layer is a hash layer) ids. */
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids);
 /* Check a FORWARD reply against the fake workers' function (and the chunk rule of
  * docs/protocol.md for which rank got which token); 0, or -1 with why. */
