@@ -362,6 +362,30 @@ static const char *bad_value(const mc_config *c, st_dtype dt, const uint8_t *p, 
     }
 }
 
+/* Check n bytes of t's values that start at element first. */
+static int check_chunk(const mc_config *c, const st_tensor *t, const uint8_t *p, size_t n,
+                       uint64_t first, ep_err *err)
+{
+    size_t es = st_dtype_size(t->dtype);
+    if (es == 0 || t->dtype == ST_I8) /* packed e2m1: every code is a finite number */
+        return 0;
+    for (size_t b = 0; b + es <= n; b += es) {
+        char why[96], where[64];
+        const char *bad = bad_value(c, t->dtype, p + b, why, sizeof why);
+        if (bad != NULL)
+            return ep_err_set(err,
+                              "tensor \"%s\": %s is %s; epmoe refuses NaN, Inf and out-of-range "
+                              "values in weights (docs/numerics.md)",
+                              t->name, where_text(t, first + b / es, where, sizeof where), bad);
+    }
+    return 0;
+}
+
+int ck_check_value_bytes(const mc_config *c, const st_tensor *t, const void *bytes, ep_err *err)
+{
+    return check_chunk(c, t, bytes, (size_t)t->nbytes, 0, err);
+}
+
 int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err)
 {
     size_t es = st_dtype_size(t->dtype);
@@ -374,21 +398,9 @@ int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err)
     int rc = 0;
     for (uint64_t off = 0; off < t->nbytes && rc == 0; off += chunk) {
         size_t n = t->nbytes - off < chunk ? (size_t)(t->nbytes - off) : chunk;
-        if (st_tensor_read(t, off, buf, n, err) != 0) {
-            rc = -1;
-            break;
-        }
-        for (size_t b = 0; b < n; b += es) {
-            char why[96], where[64];
-            const char *bad = bad_value(c, t->dtype, buf + b, why, sizeof why);
-            if (bad != NULL) {
-                rc = ep_err_set(err,
-                                "tensor \"%s\": %s is %s; epmoe refuses NaN, Inf and out-of-range "
-                                "values in weights (docs/numerics.md)",
-                                t->name, where_text(t, (off + b) / es, where, sizeof where), bad);
-                break;
-            }
-        }
+        rc = st_tensor_read(t, off, buf, n, err);
+        if (rc == 0)
+            rc = check_chunk(c, t, buf, n, off / es, err);
     }
     free(buf);
     return rc;
@@ -421,8 +433,9 @@ static int check_table_values(ck_lookup_fn lookup, const void *ctx, const mc_con
     return 0;
 }
 
-int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
-                        int e_begin, int e_end, ep_err *err)
+/* Dtypes and shapes of the table (values: also every value). */
+static int check_layer(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                       int e_begin, int e_end, bool values, ep_err *err)
 {
     if (layer < 0 || layer >= mc_num_layers(c))
         return ep_err_set(err, "layer %d out of range: the model has %d MoE layers", layer,
@@ -443,7 +456,13 @@ int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c
     }
     if (r != CHECK_OK)
         return -1;
-    return check_table_values(lookup, ctx, c, layer, e_begin, e_end, err);
+    return values ? check_table_values(lookup, ctx, c, layer, e_begin, e_end, err) : 0;
+}
+
+int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                        int e_begin, int e_end, ep_err *err)
+{
+    return check_layer(lookup, ctx, c, layer, e_begin, e_end, true, err);
 }
 
 static const st_tensor *model_lookup(const void *ctx, const char *name)
@@ -455,6 +474,12 @@ int ck_check_layer(const st_model *m, const mc_config *c, int layer, int e_begin
                    ep_err *err)
 {
     return ck_check_layer_with(model_lookup, m, c, layer, e_begin, e_end, err);
+}
+
+int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
+                          ep_err *err)
+{
+    return check_layer(model_lookup, m, c, layer, e_begin, e_end, false, err);
 }
 
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err)

@@ -70,6 +70,10 @@ int ck_layer_tensor_count(const mc_config *c, int layer, int e_begin, int e_end)
  * so a checkpoint inspect passes is one every worker loads. */
 int ck_check_layer(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
                    ep_err *err);
+/* The same without the values: for a loader that checks the values in the bytes it has read
+ * (ck_check_value_bytes), so they are read once. */
+int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
+                          ep_err *err);
 /* Every layer, every expert. */
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
 
@@ -80,6 +84,8 @@ int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
  * truncated since it was opened fails with a message). The message names the tensor and the
  * element. */
 int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err);
+/* The same over t's bytes already in memory (t->nbytes of them). */
+int ck_check_value_bytes(const mc_config *c, const st_tensor *t, const void *bytes, ep_err *err);
 /* Inputs: hidden states x bf16 [T, H] must be finite. The message names the token (counted
  * from token_base, so a chunk reports its tokens' indices in the whole request) and the
  * channel. */

@@ -2,10 +2,11 @@
  * epmoe-worker — one worker daemon per device: registers with the coordinator, loads its expert
  * shard, and runs MoE steps with its peers (docs/operations.md "epmoe-worker").
  *
- * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]
+ * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu|cuda:N]
  *                     [--key FILE --coordinator-key FILE.pub]
  * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage (including an endpoint that is
- * not one, a key file that cannot be used), 70 cannot start, 78 refused by the coordinator.
+ * not one, a key file that cannot be used), 70 cannot start, 78 refused by the coordinator or
+ * a device this host or build cannot serve.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "kernels/moe_backend.h"
 #include "worker/control.h"
 
 #define WORKER_EXIT_USAGE 64
@@ -22,7 +24,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]\n"
+            "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device DEV]\n"
             "                    [--key FILE --coordinator-key FILE.pub]\n"
             "\n"
             "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
@@ -30,7 +32,7 @@ static void usage(FILE *out)
             "                          (default $EPMOE_COORDINATOR_LISTEN)\n"
             "  --name NAME             this worker's name in the cluster spec\n"
             "  --threads N             expert GEMM threads (default: one per online CPU)\n"
-            "  --device cpu            the device to run on (this build: cpu)\n"
+            "  --device DEV            the device to run on: cpu (default) or cuda:N\n"
             "  --key FILE              this worker's secret key (epmoectl keygen; mode 0600):\n"
             "                          CURVE on every socket, for a spec with security:\n"
             "  --coordinator-key FILE  the coordinator's public key (its .pub file)\n"
@@ -38,7 +40,7 @@ static void usage(FILE *out)
             "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
             "  (unknown worker name, config hash mismatch, device or key not the spec's, another\n"
-            "  live process with this name)\n"
+            "  live process with this name) or a device this host or build cannot serve\n"
             "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs), EPMOE_GEMM=ref\n");
 }
 
@@ -112,8 +114,10 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
         fprintf(stderr, "epmoe-worker: --name is longer than %d bytes\n", EP_MAX_NAME - 1);
         return WORKER_EXIT_USAGE;
     }
-    if (strcmp(o->device, "cpu") != 0) {
-        fprintf(stderr, "epmoe-worker: --device %s: this build runs on cpu only\n", o->device);
+    mb_device_kind kind;
+    int ordinal;
+    if (mb_parse_device(o->device, &kind, &ordinal, &err) < 0) {
+        fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
         return WORKER_EXIT_USAGE;
     }
     if ((a->key_path == NULL) != (a->coordinator_key_path == NULL)) {

@@ -12,7 +12,10 @@
  *  - a STEP without the session, or with another session's id, fails ERR_BAD_REQUEST; a STEP
  *    whose hidden states hold a NaN or an Inf fails ERR_BAD_REQUEST naming the token and channel;
  *  - LOAD refuses a checkpoint whose files differ from the session's fingerprint, naming the
- *    file and what differs (size, modification time).
+ *    file and what differs (size, modification time);
+ *  - a checkpoint file truncated after it was opened (a shard rewritten under a loading worker)
+ *    fails the layer's load with a message naming the file, where it now ends and the tensor;
+ *    before, the loader read the mapping past the file's end and the process died of SIGBUS.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -28,6 +31,7 @@
 #include "moe_gen.h"
 #include "test.h"
 #include "worker/exec.h"
+#include "worker/shard.h"
 
 #define SESSION 0xABCDEF0123456789ull
 #define WAIT_MS 30000
@@ -142,12 +146,21 @@ static int expect_failed(exec_actor *a, uint64_t id, char *buf, size_t cap)
 
 static void *the_ctx;
 
+/* An executor on a one-thread CPU backend. */
+static exec_actor *start_exec(void *ctx, ep_err *err)
+{
+    mb_options o = {.device = "cpu", .threads = 1};
+    mb_backend *be = mb_create(&o, err);
+    if (be == NULL)
+        return NULL;
+    return exec_start(ctx, &be, NULL, err);
+}
+
 /* A fresh executor with a two-rank session over the test model, loaded (READY). */
 static exec_actor *loaded_executor(void)
 {
-    exec_options o = {.threads = 1};
     ep_err err = {{0}};
-    exec_actor *a = exec_start(the_ctx, &o, &err);
+    exec_actor *a = start_exec(the_ctx, &err);
     if (a == NULL) {
         TEST_FAIL_AT("exec_start: %s", err.msg);
         return NULL;
@@ -176,11 +189,10 @@ TEST(exec_start_fails_instead_of_hanging)
     void *ctx = zmq_ctx_new();
     /* room for the caller's end of the pipe only */
     CHECK(zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 1) == 0);
-    exec_options o = {.threads = 1};
     ep_err err = {{0}};
     signal(SIGALRM, on_alarm);
     alarm(10);
-    exec_actor *a = exec_start(ctx, &o, &err);
+    exec_actor *a = start_exec(ctx, &err);
     alarm(0);
     CHECK(a == NULL);
     CHECK_STR_HAS(err.msg, "executor pipe");
@@ -266,10 +278,9 @@ TEST(load_refuses_files_that_differ_from_the_fingerprint)
     st_file_print p;
     st_model_print(m, 0, &p);
     st_model_close(&m);
-    exec_options o = {.threads = 1};
     static const char *const want[3] = {"bytes here", "modified", NULL};
     for (int i = 0; i < 3; i++) {
-        exec_actor *a = exec_start(the_ctx, &o, &err);
+        exec_actor *a = start_exec(the_ctx, &err);
         CHECK(a != NULL);
         if (a == NULL)
             return;
@@ -299,6 +310,46 @@ TEST(load_refuses_files_that_differ_from_the_fingerprint)
     }
 }
 
+TEST(a_checkpoint_truncated_while_loading_fails_with_a_message)
+{
+    if (!have_model)
+        SKIP("no model");
+    char dir[] = "/tmp/epmoe_test_exec_trunc_XXXXXX", src[160], dst[160];
+    CHECK(mkdtemp(dir) != NULL);
+    static const char *const files[2] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(src, sizeof src, "%s/%s", model_dir, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "cp %s %s", src, dst);
+        CHECK(system(cmd) == 0);
+    }
+    ep_err err = {{0}};
+    st_model *m = st_model_open(dir, &err);
+    CHECK(m != NULL);
+    /* the file shrinks to a third under the open model: its mapping now ends early */
+    struct stat sb;
+    CHECK(stat(dst, &sb) == 0);
+    CHECK(truncate(dst, sb.st_size / 3) == 0);
+    int faults = 0;
+    for (int l = 0; m && l < mc_num_layers(&cfg); l++) {
+        moe_layer *layer = shard_load_moe_layer(m, &cfg, l, NULL, GEMM_IMPL_AUTO, &err);
+        if (layer == NULL) {
+            faults++;
+            CHECK_STR_HAS(err.msg, "model.safetensors: the file ends at byte");
+            CHECK_STR_HAS(err.msg, "truncated or replaced while being read");
+            CHECK_STR_HAS(err.msg, ": tensor ");
+        }
+        moe_layer_free(&layer);
+    }
+    CHECK(faults >= 1); /* the layers past the new end fail, the process lives */
+    st_model_close(&m);
+    unlink(dst);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    unlink(dst);
+    rmdir(dir);
+}
+
 int main(void)
 {
     the_ctx = zmq_ctx_new();
@@ -316,6 +367,7 @@ int main(void)
     RUN(a_small_message_stashed_during_a_step_arrives_intact);
     RUN(steps_need_the_session_and_finite_hidden_states);
     RUN(load_refuses_files_that_differ_from_the_fingerprint);
+    RUN(a_checkpoint_truncated_while_loading_fails_with_a_message);
     char p[128];
     snprintf(p, sizeof p, "%s/config.json", model_dir);
     unlink(p);
