@@ -46,6 +46,9 @@ typedef enum spec_rejoin {
     SPEC_REJOIN_RESTORE = 0, /* a new epoch restores the spec's placement (default) */
     SPEC_REJOIN_STAY = 1     /* the placement stays; the worker waits as a spare */
 } spec_rejoin;
+/* Expert GEMMs of CUDA workers (kernels/moe_backend.h mb_gemm_mode): exact gives the CPU
+ * backend's bits; fast uses tensor cores within spec §7's tolerances. */
+typedef enum spec_gpu_gemm { SPEC_GPU_GEMM_EXACT = 0, SPEC_GPU_GEMM_FAST = 1 } spec_gpu_gemm;
 
 typedef struct spec_worker {
     char name[EP_MAX_NAME]; /* unique in the cluster */
@@ -80,6 +83,7 @@ typedef struct spec_cluster {
     spec_dispatch dispatch;
     spec_rejoin rejoin;
     int max_experts_per_worker; /* 0: no limit; else the most experts a failover may give one */
+    spec_gpu_gemm gpu_gemm;     /* default exact */
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;
@@ -113,5 +117,6 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" */
 const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
 const char *spec_rejoin_name(spec_rejoin r);       /* "restore" / "stay" */
+const char *spec_gpu_gemm_name(spec_gpu_gemm g);   /* "exact" / "fast" */
 
 #endif
