@@ -64,8 +64,10 @@ static exec_session *two_rank_session(const char *model_path)
     s->session = SESSION;
     snprintf(s->model_path, sizeof s->model_path, "%s", model_path);
     snprintf(s->data_endpoint, sizeof s->data_endpoint, "tcp://127.0.0.1:*");
+    uint32_t owner[64];
     for (int e = 0; e < cfg.n_routed_experts; e++)
-        s->expert_owner[e] = (uint32_t)(e * 2 / cfg.n_routed_experts);
+        owner[e] = (uint32_t)(e * 2 / cfg.n_routed_experts);
+    exec_set_placement(s, owner, NULL, 0); /* every rank a member */
     char ep[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", free_port());
     s->peer_endpoint[0] = strdup("tcp://127.0.0.1:1");
