@@ -296,6 +296,14 @@ int auth_list_add(auth_list *l, const uint8_t key[AUTH_KEY_BYTES], const char *n
     return 0;
 }
 
+int auth_list_merge(auth_list *l, const auth_list *from, ep_err *err)
+{
+    for (int i = 0; i < from->n; i++)
+        if (auth_list_add(l, from->e[i].key, from->e[i].name, err) != 0)
+            return -1;
+    return 0;
+}
+
 int auth_list_add_dir(auth_list *l, const char *dir, ep_err *err)
 {
     DIR *d = opendir(dir);

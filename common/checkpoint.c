@@ -406,16 +406,20 @@ int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err)
     return rc;
 }
 
-int ck_check_input(const uint16_t *x, int T, int H, int token_base, ep_err *err)
+int ck_check_input(const void *x, int T, int H, int token_base, ep_err *err)
 {
+    /* bytes, not uint16_t loads: a received frame promises no alignment */
+    const uint8_t *p = x;
     size_t n = (size_t)T * (size_t)H;
-    for (size_t i = 0; i < n; i++)
-        if ((x[i] & 0x7F80u) == 0x7F80u)
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        if ((v & 0x7F80u) == 0x7F80u)
             return ep_err_set(err,
                               "token %zu, channel %zu: the hidden state is %s (bf16 bits 0x%04x); "
                               "inputs must be finite (docs/numerics.md)",
                               (size_t)token_base + i / (size_t)H, i % (size_t)H,
-                              (x[i] & 0x7Fu) ? "NaN" : "Inf", x[i]);
+                              (v & 0x7Fu) ? "NaN" : "Inf", v);
+    }
     return 0;
 }
 

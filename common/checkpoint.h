@@ -86,10 +86,10 @@ int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
 int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err);
 /* The same over t's bytes already in memory (t->nbytes of them). */
 int ck_check_value_bytes(const mc_config *c, const st_tensor *t, const void *bytes, ep_err *err);
-/* Inputs: hidden states x bf16 [T, H] must be finite. The message names the token (counted
- * from token_base, so a chunk reports its tokens' indices in the whole request) and the
+/* Inputs: hidden states x bf16 [T, H] (any alignment) must be finite. The message names the token
+ * (counted from token_base, so a chunk reports its tokens' indices in the whole request) and the
  * channel. */
-int ck_check_input(const uint16_t *x, int T, int H, int token_base, ep_err *err);
+int ck_check_input(const void *x, int T, int H, int token_base, ep_err *err);
 
 /* The tensor named name, or NULL when absent; ctx is the lookup's own state (an st_model for
  * ck_check_layer, an in-memory table in tests). */

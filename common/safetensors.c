@@ -967,6 +967,22 @@ void st_model_close(st_model **self_p)
     *self_p = NULL;
 }
 
+bool st_model_has_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        found = strcmp(e->d_name, ST_INDEX_NAME) == 0 ||
+                (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0);
+    }
+    closedir(d);
+    return found;
+}
+
 int st_model_nfiles(const st_model *m)
 {
     return m->nfiles;

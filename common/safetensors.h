@@ -26,6 +26,7 @@
 #ifndef EPMOE_SAFETENSORS_H
 #define EPMOE_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,9 @@ typedef struct st_file_print {
     uint64_t header_hash;   /* FNV-1a 64 of the length prefix and the JSON header */
 } st_file_print;
 int st_model_nfiles(const st_model *m);
+/* Whether dir holds a checkpoint at all (an index or a *.safetensors file), as opposed to, say,
+ * a directory with a config.json only. */
+bool st_model_has_files(const char *dir);
 void st_model_print(const st_model *m, int i, st_file_print *out);
 /* The opened files against want[0..n): the same set of names, each with equal size, mtime and
  * header hash. The first difference fails, naming the file and both values. */

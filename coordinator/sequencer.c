@@ -29,6 +29,7 @@ typedef struct seq_request {
     int n_tokens;
     bool has_ids;
     int64_t queued_ms; /* when it was queued: it waits for a ready cluster step_timeout_ms */
+    uint64_t bytes;    /* its frames, counted in queued_bytes while it waits */
     struct seq_request *next;
 } seq_request;
 
@@ -58,6 +59,7 @@ struct seq_sequencer {
     int P;
     seq_request *head, *tail;
     int n_queued;
+    uint64_t queued_bytes; /* frames of the queued requests (EP_MAX_QUEUED_BYTES) */
     seq_step step;
     uint64_t last_step_id;
     uint64_t steps_done, steps_failed;
@@ -154,6 +156,15 @@ static const char *seq_layer_name(const mc_config *cfg, int layer, char *buf, si
 
 /* ---- admission ---- */
 
+/* What a request's frames hold. */
+static uint64_t seq_msg_bytes(const wire_msg *m)
+{
+    uint64_t n = m->body_len;
+    for (int i = 0; i < m->n_payloads; i++)
+        n += m->payload_len[i];
+    return n;
+}
+
 static int seq_check_ids(const mc_config *cfg, const uint8_t *p, int T, ep_err *err)
 {
     for (int t = 0; t < T; t++) {
@@ -194,6 +205,8 @@ static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__Ad
                           "hidden payload has %zu bytes, expected %zu (bf16 [n_tokens %d, "
                           "hidden_size %zu] x 2 bytes)",
                           m->payload_len[0], want, *T, H);
+    if (ck_check_input(m->payload[0], *T, (int)H, 0, err) != 0)
+        return -1;
     if (hash) {
         if (!(rq->has_has_ids && rq->has_ids) || m->n_payloads < 2)
             return ep_err_set(err,
@@ -256,6 +269,15 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
                   s->n_queued);
         goto reject;
     }
+    uint64_t bytes = seq_msg_bytes(m);
+    if (s->queued_bytes + bytes > EP_MAX_QUEUED_BYTES) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the %d queued forward requests hold %llu bytes; this one's %llu would pass "
+                  "EP_MAX_QUEUED_BYTES (%llu); retry later",
+                  s->n_queued, (unsigned long long)s->queued_bytes, (unsigned long long)bytes,
+                  (unsigned long long)EP_MAX_QUEUED_BYTES);
+        goto reject;
+    }
     r = calloc(1, sizeof *r);
     if (r == NULL) {
         adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
@@ -269,6 +291,8 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
     r->n_tokens = T;
     r->has_ids = mc_layer_is_hash(env->cfg, layer);
     r->queued_ms = env->now_ms;
+    r->bytes = bytes;
+    s->queued_bytes += bytes;
     if (s->tail)
         s->tail->next = r;
     else
@@ -498,6 +522,7 @@ static void seq_expire(seq_sequencer *s, const seq_env *env, ob_box *out)
         }
         *pp = r->next;
         s->n_queued--;
+        s->queued_bytes -= r->bytes;
         adm_error(out, r->msg->ident, r->msg->ident_len, r->id, EPMOE__ERROR_CODE__ERR_TIMEOUT,
                   "the request waited step_timeout_ms %d for cluster %s to be ready and never "
                   "ran (%s; workers not ready: %s)",
@@ -527,6 +552,7 @@ void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out)
         if (s->head == NULL)
             s->tail = NULL;
         s->n_queued--;
+        s->queued_bytes -= r->bytes;
         r->next = NULL;
         if (!env->ready) {
             seq_refuse_not_ready(env, r->msg->ident, r->msg->ident_len, r->id, out);
@@ -765,4 +791,5 @@ void seq_stop(seq_sequencer *s, ob_box *out)
     }
     s->tail = NULL;
     s->n_queued = 0;
+    s->queued_bytes = 0;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,6 +47,7 @@ typedef struct wctl {
     void *mon;       /* the DEALER's handshake monitor (security only) */
     auth_zap *zap;   /* security: admits the peers WELCOME names to the data endpoint */
     int64_t max_msg; /* ZMQ_MAXMSGSIZE for the next DEALER */
+    char ident[256]; /* the DEALER's routing id: "NAME#random", new for every connection */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
@@ -316,8 +318,21 @@ static void wctl_close_dealer_with(wctl *w, void *d)
     zmq_close(d);
 }
 
+/* A routing id of this connection's own: the name (cut to fit) and a random suffix. Two
+ * processes under one name then hold two connections, and the coordinator can tell the second
+ * one ERR_DUPLICATE while the first is connected (one routing id shared by both would have the
+ * second silently dropped, or with ROUTER_HANDOVER take the first one's place). */
+static void wctl_new_ident(wctl *w)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+        r = (uint64_t)wctl_now_ms() ^ (uint64_t)getpid() << 32;
+    snprintf(w->ident, sizeof w->ident, "%.200s#%016llx", w->opt->name, (unsigned long long)r);
+}
+
 static int wctl_connect(wctl *w, ep_err *err)
 {
+    wctl_new_ident(w);
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
     if (d == NULL)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
@@ -325,7 +340,7 @@ static int wctl_connect(wctl *w, ep_err *err)
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
     if (wire_socket_defaults(d, w->max_msg, err) != 0 ||
         (w->opt->key && auth_client(d, w->opt->key, w->opt->coordinator_key, err) != 0) ||
-        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->ident, strlen(w->ident)) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {

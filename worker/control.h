@@ -2,9 +2,10 @@
  * control.h — the worker's main thread: the coordinator link and the worker lifecycle
  * (prefix wctl_).
  *
- * The main thread owns the DEALER to the coordinator (routing id = the worker's name, set
- * before connect), the executor's pipe (worker/exec.h) and a signalfd, all in one zmq_poll
- * loop whose timeout never exceeds one second. Lifecycle (docs/protocol.md, docs/operations.md):
+ * The main thread owns the DEALER to the coordinator (routing id "NAME#random", new for every
+ * connection: the coordinator knows the worker by its REGISTER), the executor's pipe
+ * (worker/exec.h) and a signalfd, all in one zmq_poll loop whose timeout never exceeds one second.
+ * Lifecycle (docs/protocol.md, docs/operations.md):
  *
  *   registering --WELCOME--> welcomed --LOAD--> loading --READY--> ready
  *                                                      \--Error--> load-failed (LOAD retries)
@@ -58,7 +59,7 @@ enum { WCTL_EXIT_OK = 0, WCTL_EXIT_SOFTWARE = 70, WCTL_EXIT_CONFIG = 78 };
 
 typedef struct wctl_options {
     const char *coordinator; /* ZeroMQ endpoint of coordinator.listen */
-    const char *name;        /* worker name of the cluster spec; the DEALER's routing id */
+    const char *name;        /* worker name of the cluster spec (the DEALER's routing id prefix) */
     const char *device;      /* "cpu" or "cuda:N" */
     int threads;             /* GEMM threads (<= 0: one per online CPU) */
     gemm_impl impl;          /* GEMM_IMPL_AUTO */

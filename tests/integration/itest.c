@@ -310,10 +310,17 @@ it_worker *it_worker_new(itest *t, const char *name)
 
 void it_worker_reconnect(itest *t, it_worker *w)
 {
-    if (w->sock)
+    if (w->sock) {
         zmq_close(w->sock);
+        /* as a restarted process: its old connection is closed by the time it registers (the
+         * coordinator refuses a name whose other connection is still open) */
+        usleep(200000);
+    }
     w->sock = it_socket(t, ZMQ_DEALER);
-    zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, w->name, strlen(w->name));
+    /* a routing id of this connection's own, as epmoe-worker uses ("NAME#n") */
+    char ident[96];
+    snprintf(ident, sizeof ident, "%s#%d", w->name, ++w->n_connections);
+    zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, ident, strlen(ident));
     zmq_connect(w->sock, t->listen);
     w->welcomed = w->loaded = false;
     w->held_step = 0;

@@ -58,6 +58,7 @@ typedef enum it_behaviour {
 typedef struct it_worker {
     char name[64];
     void *sock;
+    int n_connections; /* its routing id is "name#n" for its n-th connection */
     it_behaviour behaviour;
     int64_t next_hb_ms;
     /* what it received */
@@ -141,7 +142,7 @@ int it_write_spec(itest *t);
 const char *it_worker_name(const itest *t, int rank);
 
 it_worker *it_worker_new(itest *t, const char *name);
-/* Close and reconnect with the same routing id (a restarted worker). */
+/* Close, wait 200 ms, and connect again with a new routing id (a restarted worker). */
 void it_worker_reconnect(itest *t, it_worker *w);
 int it_worker_send(it_worker *w, uint16_t type, const ProtobufCMessage *body);
 /* REGISTER .. READY; 0 when the worker reached READY. */

@@ -310,7 +310,7 @@ TEST(restart_mid_step_fails_it_and_recovers)
     it_pump(t, 100);
     CHECK(w->held_step != 0);
     uint64_t held = w->held_step;
-    /* a1 restarts (same routing id) while it holds the step */
+    /* a1 restarts (a new connection) while it holds the step */
     w->behaviour = IT_OK;
     it_worker_reconnect(t, w);
     Epmoe__Register reg = EPMOE__REGISTER__INIT;
@@ -320,9 +320,10 @@ TEST(restart_mid_step_fails_it_and_recovers)
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_WORKER_LOST);
     if (r && r->error) {
         char want[128];
+        /* the old connection closed first: lost when the coordinator notices that (a send
+         * fails) or when the new one registers, whichever comes first */
         snprintf(want, sizeof want,
-                 "worker a1 (rank 1) was lost during step %llu: the worker registered again",
-                 (unsigned long long)held);
+                 "worker a1 (rank 1) was lost during step %llu: ", (unsigned long long)held);
         CHECK_STR_HAS(r->error, want);
     }
     CHECK_EQ(it_worker_register(t, w), 0);

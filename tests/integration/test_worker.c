@@ -179,18 +179,61 @@ static int free_port(void)
 /* ---- the fake coordinator ---------------------------------------------------------------------
  */
 
+/* A worker connects with routing id "NAME#random" (new for every connection): the fake keeps the
+ * latest routing id of each name, and the tests address and recognise workers by name. */
+#define FC_MAX_NAMES 16
+
 typedef struct fc {
     void *router;
     char endpoint[128];
+    char name[FC_MAX_NAMES][64];
+    char ident[FC_MAX_NAMES][256];
+    int n_names;
 } fc;
+
+/* The name part of a routing id ("w0#1f2e..." -> "w0"). */
+static void fc_name_of(const uint8_t *ident, size_t len, char *name, size_t cap)
+{
+    size_t n = 0;
+    while (n < len && n + 1 < cap && ident[n] != '#')
+        name[n] = (char)ident[n], n++;
+    name[n] = '\0';
+}
+
+/* Remember the routing id a name spoke from last. */
+static void fc_learn(fc *f, const wire_msg *m)
+{
+    char name[64];
+    fc_name_of(m->ident, m->ident_len, name, sizeof name);
+    int i = 0;
+    while (i < f->n_names && strcmp(f->name[i], name) != 0)
+        i++;
+    if (i == FC_MAX_NAMES)
+        return;
+    if (i == f->n_names)
+        f->n_names++;
+    snprintf(f->name[i], sizeof f->name[i], "%s", name);
+    size_t n = m->ident_len < sizeof f->ident[i] - 1 ? m->ident_len : sizeof f->ident[i] - 1;
+    memcpy(f->ident[i], m->ident, n);
+    f->ident[i][n] = '\0';
+}
+
+/* The routing id of name (its latest connection), or name itself when never heard from. */
+static const char *fc_ident(const fc *f, const char *name)
+{
+    for (int i = 0; i < f->n_names; i++)
+        if (strcmp(f->name[i], name) == 0)
+            return f->ident[i];
+    return name;
+}
 
 static void fc_open(fc *f)
 {
+    memset(f, 0, sizeof *f);
     f->router = zmq_socket(zctx, ZMQ_ROUTER);
     int one = 1;
     wire_socket_defaults(f->router, EP_MAX_DATA_MSG, NULL);
     zmq_setsockopt(f->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(f->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     CHECK(zmq_bind(f->router, "tcp://127.0.0.1:*") == 0);
     size_t sz = sizeof f->endpoint;
     zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, f->endpoint, &sz);
@@ -205,7 +248,8 @@ static void fc_send(fc *f, const char *who, uint16_t type, const ProtobufCMessag
                     const wire_payload *pl, int n)
 {
     ep_err err = {{0}};
-    if (wire_send(f->router, (const uint8_t *)who, strlen(who), type, body, pl, n, true, &err))
+    const char *id = fc_ident(f, who);
+    if (wire_send(f->router, (const uint8_t *)id, strlen(id), type, body, pl, n, true, &err))
         TEST_FAIL_AT("sending %s to %s: %s", wire_type_name(type), who, err.msg);
 }
 
@@ -225,9 +269,8 @@ static int fc_recv(fc *f, double timeout_s, wire_msg *m, char *who, size_t cap)
             printf("  fake coordinator: %s\n", err.msg);
             continue;
         }
-        size_t n = m->ident_len < cap - 1 ? m->ident_len : cap - 1;
-        memcpy(who, m->ident, n);
-        who[n] = '\0';
+        fc_learn(f, m);
+        fc_name_of(m->ident, m->ident_len, who, cap);
         return 0;
     }
 }
