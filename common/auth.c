@@ -572,7 +572,7 @@ void *auth_monitor(void *zctx, void *sock, ep_err *err)
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://epmoe-monitor-%u", atomic_fetch_add(&seq, 1));
     int events = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED;
     if (zmq_socket_monitor(sock, ep, events) != 0) {
         ep_err_set(err, "zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
         return NULL;
@@ -590,37 +590,49 @@ void *auth_monitor(void *zctx, void *sock, ep_err *err)
     return mon;
 }
 
-int auth_monitor_read(void *mon, char *why, size_t cap)
+auth_event auth_monitor_read(void *mon, char *why, size_t cap)
 {
     zmq_msg_t head, addr;
     zmq_msg_init(&head);
     if (zmq_msg_recv(&head, mon, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&head);
-        return -1;
+        return AUTH_EV_NOTHING;
     }
     zmq_msg_init(&addr);
     char ep[256] = "?";
     if (zmq_msg_more(&head) && zmq_msg_recv(&addr, mon, 0) >= 0)
         auth_frame_text(&addr, ep, sizeof ep);
     zmq_msg_close(&addr);
-    int rc = 0;
+    auth_event rc = AUTH_EV_OTHER;
     if (zmq_msg_size(&head) == 6) {
         const uint8_t *d = zmq_msg_data(&head);
         uint16_t event = (uint16_t)(d[0] | d[1] << 8);
         uint32_t value =
             (uint32_t)d[2] | (uint32_t)d[3] << 8 | (uint32_t)d[4] << 16 | (uint32_t)d[5] << 24;
-        rc = 1;
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        rc = AUTH_EV_REFUSED;
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            rc = AUTH_EV_OK;
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             snprintf(why, cap, "%s refused this process's key (ZAP status %u)", ep, value);
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                 value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            snprintf(why, cap,
+                     "%s and this process disagree on security: one uses CURVE (a spec with "
+                     "security:, --key), the other does not",
+                     ep);
         else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
             snprintf(why, cap,
-                     "CURVE handshake with %s failed (protocol error %#x: is its public key the "
-                     "one given, and does it use security?)",
+                     "the handshake with %s failed (protocol error %#x: is its public key the "
+                     "one given?)",
                      ep, value);
-        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-            snprintf(why, cap, "CURVE handshake with %s failed (errno %u)", ep, value);
-        else
-            rc = 0;
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            snprintf(why, cap,
+                     "the handshake with %s keeps failing (%s): one side may use security: "
+                     "(CURVE) and the other not",
+                     ep, strerror((int)value));
+            rc = AUTH_EV_FAILED;
+        } else
+            rc = AUTH_EV_OTHER;
     }
     zmq_msg_close(&head);
     return rc;

@@ -100,8 +100,20 @@ int auth_client(void *sock, const auth_keypair *kp, const uint8_t server[AUTH_KE
 /* Watch sock's handshakes: returns a PAIR socket to poll for ZMQ_POLLIN (close it with
  * zmq_close before sock), or NULL with err. */
 void *auth_monitor(void *zctx, void *sock, ep_err *err);
-/* Read one event from a monitor: 1 when the server refused our key or our handshake (why
- * says which, naming the endpoint), 0 for any other event, -1 when nothing is waiting. */
-int auth_monitor_read(void *mon, char *why, size_t cap);
+
+typedef enum auth_event {
+    AUTH_EV_NOTHING = -1, /* nothing waiting */
+    AUTH_EV_OTHER = 0,
+    AUTH_EV_REFUSED = 1, /* the server refused our key, or the mechanisms differ: permanent */
+    AUTH_EV_FAILED = 2,  /* a handshake broke off without a reason: a restarting peer, or a
+                            CURVE server that hung up on a plain client; permanent only when it
+                            keeps happening (AUTH_FAILED_LIMIT in a row) */
+    AUTH_EV_OK = 3       /* a handshake succeeded */
+} auth_event;
+/* Handshakes in a row that broke off without a reason before that counts as a refusal. */
+#define AUTH_FAILED_LIMIT 5
+
+/* Read one event from a monitor; why (REFUSED, FAILED) says what, naming the endpoint. */
+auth_event auth_monitor_read(void *mon, char *why, size_t cap);
 
 #endif

@@ -710,7 +710,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     c->reg = reg_create(spec, err);
     if (c->reg == NULL)
         goto fail;
-    c->seq = seq_create(spec->n_workers, coord_first_id(1000000), err);
+    c->seq = seq_create(spec->n_workers, coord_first_id(1000000), EP_MAX_QUEUED_BYTES, err);
     if (c->seq == NULL)
         goto fail;
     c->zctx = zmq_ctx_new();

@@ -59,19 +59,21 @@ struct seq_sequencer {
     int P;
     seq_request *head, *tail;
     int n_queued;
-    uint64_t queued_bytes; /* frames of the queued requests (EP_MAX_QUEUED_BYTES) */
+    uint64_t queued_bytes;     /* frames of the queued requests */
+    uint64_t max_queued_bytes; /* seq_create's bound on them */
     seq_step step;
     uint64_t last_step_id;
     uint64_t steps_done, steps_failed;
 };
 
-seq_sequencer *seq_create(int n_ranks, uint64_t first_step, ep_err *err)
+seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err)
 {
     seq_sequencer *s = calloc(1, sizeof *s);
     if (s == NULL)
         goto fail;
     s->P = n_ranks;
     s->last_step_id = first_step - 1;
+    s->max_queued_bytes = max_queued_bytes;
     s->step.answer = calloc((size_t)n_ranks, 1);
     s->step.begin = calloc((size_t)n_ranks, sizeof(int));
     s->step.count = calloc((size_t)n_ranks, sizeof(int));
@@ -270,12 +272,12 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
         goto reject;
     }
     uint64_t bytes = seq_msg_bytes(m);
-    if (s->queued_bytes + bytes > EP_MAX_QUEUED_BYTES) {
+    if (s->queued_bytes + bytes > s->max_queued_bytes) {
         adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
                   "the %d queued forward requests hold %llu bytes; this one's %llu would pass "
-                  "EP_MAX_QUEUED_BYTES (%llu); retry later",
+                  "the bound of %llu (EP_MAX_QUEUED_BYTES); retry later",
                   s->n_queued, (unsigned long long)s->queued_bytes, (unsigned long long)bytes,
-                  (unsigned long long)EP_MAX_QUEUED_BYTES);
+                  (unsigned long long)s->max_queued_bytes);
         goto reject;
     }
     r = calloc(1, sizeof *r);

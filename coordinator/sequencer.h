@@ -55,8 +55,9 @@ typedef struct seq_env {
 typedef struct seq_sequencer seq_sequencer;
 
 /* first_step: the id of the first step (coord.c: the start time in microseconds, so ids keep
- * increasing across restarts). */
-seq_sequencer *seq_create(int n_ranks, uint64_t first_step, ep_err *err);
+ * increasing across restarts). max_queued_bytes: what the requests waiting may hold in all
+ * (coord.c: EP_MAX_QUEUED_BYTES); one more is refused with ERR_BUSY. */
+seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err);
 /* Free queued requests and the step record (no replies are sent: see seq_stop). */
 void seq_destroy(seq_sequencer **self_p);
 

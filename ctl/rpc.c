@@ -148,7 +148,7 @@ static int rpc_socket(const cmd_ctx *ctx, const rpc_keys *k, void *zctx, void **
     if (wire_socket_defaults(*sock, ctx->max_msg ? ctx->max_msg : (int64_t)EP_MAX_CTRL_MSG, err) !=
             0 ||
         (k->secure && auth_client(*sock, &k->kp, k->server, err) != 0) ||
-        (k->secure && (*mon = auth_monitor(zctx, *sock, err)) == NULL))
+        (*mon = auth_monitor(zctx, *sock, err)) == NULL)
         return CMD_SOFTWARE;
     if (zmq_connect(*sock, ctx->coordinator) != 0)
         return ep_err_set(err,
@@ -187,9 +187,10 @@ static int rpc_try_start(const cmd_ctx *ctx, const rpc_keys *k, void *zctx,
 }
 
 /* Wait on every try started until one answers or end passes. 1 = reply in out, 0 = time is up,
- * else a CMD_ code (the coordinator refused our key: CMD_NOPERM). */
-static int rpc_wait(const cmd_ctx *ctx, rpc_try *t, int n, uint64_t id, int64_t end, rpc_reply *out,
-                    ep_err *err)
+ * else a CMD_ code (the coordinator refused our key: CMD_NOPERM). *failed counts handshakes
+ * that broke off without a reason, in a row. */
+static int rpc_wait(const cmd_ctx *ctx, rpc_try *t, int n, uint64_t id, int64_t end, int *failed,
+                    rpc_reply *out, ep_err *err)
 {
     for (int64_t left = end - rpc_now_ms(); left > 0; left = end - rpc_now_ms()) {
         /* the sockets, then the monitors there are (a NULL socket would poll fd 0) */
@@ -204,8 +205,11 @@ static int rpc_wait(const cmd_ctx *ctx, rpc_try *t, int n, uint64_t id, int64_t 
             continue;
         for (int i = 0, k = n; i < n; i++) {
             char why[512];
-            if (t[i].mon && (it[k++].revents & ZMQ_POLLIN) &&
-                auth_monitor_read(t[i].mon, why, sizeof why) == 1)
+            auth_event ev = t[i].mon && (it[k++].revents & ZMQ_POLLIN)
+                                ? auth_monitor_read(t[i].mon, why, sizeof why)
+                                : AUTH_EV_NOTHING;
+            *failed = ev == AUTH_EV_OK ? 0 : *failed + (ev == AUTH_EV_FAILED);
+            if (ev == AUTH_EV_REFUSED || *failed >= AUTH_FAILED_LIMIT)
                 return ep_err_set(err, "%s: check --key and --server-key", why), CMD_NOPERM;
             int rc = (it[i].revents & ZMQ_POLLIN) ? rpc_take(ctx, t[i].sock, id, out, err) : 0;
             if (rc != 0)
@@ -230,13 +234,14 @@ int rpc_call(const cmd_ctx *ctx, Epmoe__AdminRequest *req, const wire_payload *p
     /* One deadline for the whole call (and the command's, when it set one): a retry is a fresh
      * connection that joins the earlier ones, which keep listening, never more time. */
     int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : rpc_now_ms() + ctx->timeout_ms;
-    int tries = idempotent ? 1 + RPC_RETRIES : 1, n = 0, rc = 0;
+    int tries = idempotent ? 1 + RPC_RETRIES : 1, n = 0, rc = 0, failed = 0;
     rpc_try t[1 + RPC_RETRIES] = {{0}};
     while (rc == 0 && n < tries && rpc_now_ms() < deadline) {
         if ((rc = rpc_try_start(ctx, &keys, zctx, req, payloads, n_payloads, &t[n++], err)) != 0)
             break;
         int64_t slice = (deadline - rpc_now_ms()) / (tries - n + 1);
-        rc = rpc_wait(ctx, t, n, req->id, n < tries ? rpc_now_ms() + slice : deadline, out, err);
+        rc = rpc_wait(ctx, t, n, req->id, n < tries ? rpc_now_ms() + slice : deadline, &failed, out,
+                      err);
     }
     for (int i = 0; i < n; i++)
         rpc_try_close(&t[i]);

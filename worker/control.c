@@ -43,11 +43,12 @@ static const char *const wctl_state_names[] = {"registering", "welcomed",    "lo
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
-    void *dealer;    /* NULL while backing off */
-    void *mon;       /* the DEALER's handshake monitor (security only) */
-    auth_zap *zap;   /* security: admits the peers WELCOME names to the data endpoint */
-    int64_t max_msg; /* ZMQ_MAXMSGSIZE for the next DEALER */
-    char ident[256]; /* the DEALER's routing id: "NAME#random", new for every connection */
+    void *dealer;          /* NULL while backing off */
+    void *mon;             /* the DEALER's handshake monitor (security only) */
+    auth_zap *zap;         /* security: admits the peers WELCOME names to the data endpoint */
+    int64_t max_msg;       /* ZMQ_MAXMSGSIZE for the next DEALER */
+    char ident[256];       /* the DEALER's routing id: "NAME#random", new for every connection */
+    int failed_handshakes; /* in a row, without a reason (auth_monitor_read) */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
@@ -349,7 +350,9 @@ static int wctl_connect(wctl *w, ep_err *err)
         zmq_close(d);
         return -1;
     }
-    if (w->opt->key && (w->mon = auth_monitor(w->zctx, d, err)) == NULL) {
+    /* also without a key: a coordinator that uses CURVE refuses the handshake, and that must
+     * end in a message and exit 78, not in endless silent retries */
+    if ((w->mon = auth_monitor(w->zctx, d, err)) == NULL) {
         zmq_close(d);
         return -1;
     }
@@ -633,16 +636,20 @@ static void wctl_read_dealer(wctl *w)
     }
 }
 
-/* A handshake the coordinator refused: our key is not in its allow-list, or it is not the
- * server we hold a key for. Retrying cannot help. */
+/* A handshake the coordinator refused: our key is not in its allow-list, it is not the server
+ * we hold a key for, or one side uses security and the other not. Retrying cannot help. */
 static void wctl_read_monitor(wctl *w)
 {
     char why[512];
-    int rc;
-    while (w->mon && (rc = auth_monitor_read(w->mon, why, sizeof why)) >= 0) {
-        if (rc == 0)
+    auth_event ev;
+    while (w->mon && (ev = auth_monitor_read(w->mon, why, sizeof why)) != AUTH_EV_NOTHING) {
+        if (ev == AUTH_EV_OK)
+            w->failed_handshakes = 0;
+        if (ev == AUTH_EV_FAILED)
+            w->failed_handshakes++;
+        if (ev != AUTH_EV_REFUSED && w->failed_handshakes < AUTH_FAILED_LIMIT)
             continue;
-        log_error("worker %s: %s — check --key and --coordinator-key against the cluster spec's "
+        log_error("worker %s: %s; check --key and --coordinator-key against the cluster spec's "
                   "security: section, then restart",
                   w->opt->name, why);
         sdn_notifyf("STATUS=refused by the coordinator: %s", why);

@@ -5,7 +5,11 @@
  * frame, a missing body, a body that does not decode, an unknown type, a message of the other
  * socket's kind and 3 MB of random junk each get an Error reply with the right code (the ROUTER
  * knows the sender), and the daemon keeps serving: a registered worker stays ready, STATUS and
- * a FORWARD work afterwards, and it still stops cleanly (exit 0, no leaks under ASan).
+ * a FORWARD work afterwards, and it still stops cleanly (exit 0, no leaks under ASan). A
+ * REGISTER whose name hides a NUL byte ("a0\0x", which used to register as a0) is refused as
+ * malformed naming the field; a 100 KB name is refused naming its length (it used to be
+ * reported as "REGISTER without a worker name"); a FORWARD of more frames than a socket's
+ * MAXMSGSIZE (the model's largest frame) admits never reaches the daemon, which serves on.
  *
  * Usage: test_coord_garbage PATH/epmoe-coordinator
  */
@@ -163,6 +167,63 @@ TEST(garbage_on_both_sockets_is_answered_and_survived)
     FINISH(t);
 }
 
+/* A REGISTER body with a name of n bytes (may hold NULs). */
+static size_t register_body(uint8_t *buf, const char *name, size_t n)
+{
+    size_t i = 0;
+    buf[i++] = 0x0a; /* field 1, length-delimited */
+    size_t v = n;
+    do {
+        buf[i++] = (uint8_t)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    memcpy(buf + i, name, n);
+    return i + n;
+}
+
+TEST(names_with_nul_bytes_or_of_100kb_are_refused_for_what_they_are)
+{
+    it_opts o;
+    it_default_opts(&o);
+    itest *t = it_start(coord_bin, &o);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    void *ws = raw_dealer(t, t->listen, "strange-names");
+    char msg[1024];
+    uint8_t tb[2] = {EPMOE__MSG_TYPE__MSG_REGISTER, 0};
+    static uint8_t body[100016];
+    size_t n = register_body(body, "a0\0x", 4);
+    frame nul[3] = {{"EPMOE1", 6}, {tb, 2}, {body, n}};
+    CHECK_EQ(send_raw_expect_error(t, ws, nul, 3, msg, sizeof msg),
+             EPMOE__ERROR_CODE__ERR_MALFORMED);
+    CHECK_STR_HAS(msg, "Register.name: string contains a NUL byte");
+    static char big[100000];
+    memset(big, 'a', sizeof big);
+    n = register_body(body, big, sizeof big);
+    frame longname[3] = {{"EPMOE1", 6}, {tb, 2}, {body, n}};
+    CHECK_EQ(send_raw_expect_error(t, ws, longname, 3, msg, sizeof msg),
+             EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_STR_HAS(msg, "REGISTER with a worker name of 100000 bytes");
+    /* nobody registered as a0 */
+    Epmoe__AdminReply *r = it_call(t, it_client_new(t), EPMOE__ADMIN_VERB__ADMIN_WORKERS, NULL);
+    CHECK(r && r->n_workers > 0 && strcmp(r->workers[0]->state, "absent") == 0);
+    zmq_close(ws);
+    /* a frame one byte above the model's largest (hidden bf16 [EP_MAX_TOKENS, H]): libzmq drops
+     * the connection before the daemon buffers or sees it, and the daemon serves on */
+    size_t over = (size_t)EP_MAX_TOKENS * IT_H * 2 + 1;
+    uint8_t *huge = calloc(1, over);
+    void *as = raw_dealer(t, t->admin, "too-big");
+    uint8_t ab[2] = {EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, 0};
+    frame toobig[4] = {{"EPMOE1", 6}, {ab, 2}, {"", 0}, {huge, over}};
+    CHECK_EQ(send_raw_expect_error(t, as, toobig, 4, msg, sizeof msg), -3); /* no answer */
+    free(huge);
+    zmq_close(as);
+    r = it_call(t, it_client_new(t), EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
+    CHECK(r && r->ok);
+    FINISH(t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -171,5 +232,6 @@ int main(int argc, char **argv)
     }
     coord_bin = argv[1];
     RUN(garbage_on_both_sockets_is_answered_and_survived);
+    RUN(names_with_nul_bytes_or_of_100kb_are_refused_for_what_they_are);
     return test_report();
 }
