@@ -47,6 +47,7 @@
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/transport.h"
 
@@ -82,6 +83,14 @@ typedef struct exec_session {
     st_file_print *checkpoint;           /* the coordinator's fingerprint (n_checkpoint files) */
     int n_checkpoint;
 } exec_session;
+
+/* Check a STEP against a session before anything is allocated (what a STEP_FAILED
+ * {ERR_BAD_REQUEST} says): step_id, session, epoch and layer present; the session's id and
+ * epoch; a step id above last_step (when have_last); layer < n_layers; n_tokens <=
+ * EP_MAX_TOKENS; the payloads' count and sizes (hidden bf16 [T, H], ids int64 [T] when has_ids);
+ * ids on a hash layer; finite hidden states. Pure: the executor and fuzz_step call it. */
+int exec_step_check(const exec_session *s, int n_layers, bool have_last, uint64_t last_step,
+                    const Epmoe__Step *req, const wire_msg *m, ep_err *err);
 
 /* An empty session with its tables allocated (E experts, P ranks); NULL when out of memory. */
 exec_session *exec_session_new(int n_experts, int world_size);

@@ -50,6 +50,7 @@
 
 #include "common/auth.h"
 #include "common/error.h"
+#include "common/wire.h"
 
 /* DISPATCH step ids accepted beyond the last finished step: the coordinator's ids may skip a
  * step this worker never received, never thousands. */
@@ -112,6 +113,12 @@ int64_t tp_max_frame(int hidden, int topk);
  * tp_max_frame, RCVHWM TP_RCVHWM, CURVE with security). Errors name the endpoint. */
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err);
 void tp_destroy(tp_transport **self_p);
+
+/* A transport without sockets, and a message handed to it as if tp_pump had read it (wm from
+ * malloc, taken): the validation, slots and grants on their own, for tests and fuzz_dataplane.
+ * tp_send, tp_socket and tp_pump must not be used on it. */
+tp_transport *tp_create_unbound(const tp_config *cfg, ep_err *err);
+void tp_deliver(tp_transport *tp, wire_msg *wm);
 
 /* The endpoint actually bound (ephemeral port resolved), for the peers to connect to. */
 const char *tp_endpoint(const tp_transport *tp);

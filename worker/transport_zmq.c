@@ -246,7 +246,8 @@ static int tp_pull_options(tp_transport *tp, ep_err *err)
     return 0;
 }
 
-tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+/* The transport's state from cfg, without sockets. */
+static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
 {
     if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->hidden <= 0 || cfg->hidden % EP_FP8_BLOCK != 0 ||
@@ -274,6 +275,23 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
         tp->owned[e] = cfg->expert_owner[e] == (uint32_t)cfg->rank;
+    return tp;
+fail_alloc:
+    ep_err_set(err, "transport: out of memory");
+    tp_destroy(&tp);
+    return NULL;
+}
+
+tp_transport *tp_create_unbound(const tp_config *cfg, ep_err *err)
+{
+    return tp_new(NULL, cfg, err);
+}
+
+tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+{
+    tp_transport *tp = tp_new(zctx, cfg, err);
+    if (tp == NULL)
+        return NULL;
     tp->pull = zmq_socket(zctx, ZMQ_PULL);
     if (tp->pull == NULL) {
         ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
@@ -295,10 +313,6 @@ fail_bind:
     zmq_close(tp->pull);
     tp->pull = NULL;
 fail_socket:
-    tp_destroy(&tp);
-    return NULL;
-fail_alloc:
-    ep_err_set(err, "transport: out of memory");
     tp_destroy(&tp);
     return NULL;
 }
@@ -745,6 +759,25 @@ static bool tp_keep(tp_transport *tp, tp_msg *m)
     return true;
 }
 
+/* Validate wm (heap-allocated, taken) and keep or drop it: 1 kept, 0 dropped. */
+static int tp_accept_or_drop(tp_transport *tp, wire_msg *wm)
+{
+    ep_err err;
+    tp_msg m = {0};
+    if (tp_accept(tp, wm, &m, &err) != 0) {
+        wire_msg_close(wm);
+        free(wm);
+        tp_drop(tp, "%s", err.msg);
+        return 0;
+    }
+    return tp_keep(tp, &m) ? 1 : 0;
+}
+
+void tp_deliver(tp_transport *tp, wire_msg *wm)
+{
+    tp_accept_or_drop(tp, wm);
+}
+
 /* One message: 1 kept, 0 dropped, -1 nothing to read. */
 static int tp_recv_one(tp_transport *tp)
 {
@@ -760,14 +793,7 @@ static int tp_recv_one(tp_transport *tp)
         tp_drop(tp, "%s", err.msg);
         return 0;
     }
-    tp_msg m = {0};
-    if (tp_accept(tp, wm, &m, &err) != 0) {
-        wire_msg_close(wm);
-        free(wm);
-        tp_drop(tp, "%s", err.msg);
-        return 0;
-    }
-    return tp_keep(tp, &m) ? 1 : 0;
+    return tp_accept_or_drop(tp, wm);
 }
 
 int tp_pump(tp_transport *tp)
