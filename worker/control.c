@@ -46,6 +46,7 @@ typedef struct wctl {
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
+    char ident[EP_MAX_NAME + 16]; /* the DEALER's routing id: NAME/random, one per process */
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -264,7 +265,7 @@ static int wctl_connect(wctl *w, ep_err *err)
     int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
     if (wire_socket_defaults(d, EP_MAX_DATA_MSG, err) != 0 ||
-        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->ident, strlen(w->ident)) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {
@@ -731,6 +732,13 @@ int wctl_run(const wctl_options *opt)
     }
     mb_device(be, &w.dev);
     snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
+    /* One routing id per process: a reconnect of this process (after the coordinator was silent)
+     * takes its connection over, while a second process under the same name (an operator's
+     * mistake) gets its own and is refused with ERR_DUPLICATE instead of hijacking ours. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(w.ident, sizeof w.ident, "%s/%08x", opt->name,
+             (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     w.exec = exec_start(w.zctx, &be, &err);
     if (w.exec == NULL)
         goto fail_exec;
