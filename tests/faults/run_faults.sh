@@ -166,6 +166,7 @@ fl_ctl shards | grep -qE "^0 +w0 +2 +0-1" || bad "the placement is not the spec'
 L0=$(($(wc -l <"$TMP/coord.log") + 1))
 t0=$(fl_now)
 kill -9 "$FL_COORD_PID"
+wait "$FL_COORD_PID" 2>/dev/null # gone, and its sockets with it, as before a service restart
 fl_start_coord
 ttr=-
 if ready_epoch 1 60 >/dev/null; then
