@@ -229,6 +229,16 @@ static bool wait_dropped(tp_transport *tp, uint64_t n)
     return tp_dropped(tp) >= n;
 }
 
+/* Wait up to 5 s until tp keeps a message. */
+static void wait_pending(tp_transport *tp)
+{
+    for (int i = 0; i < 500 && tp_pending(tp) == 0; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp);
+    }
+}
+
 /* ---- one rank's steps, on its own thread ------------------------------------------------------
  */
 
@@ -384,11 +394,7 @@ TEST(future_steps_are_kept_and_finished_steps_dropped)
     /* tp_finish also discards what was kept for the finished step */
     CHECK(make_dispatch(&m, 6, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    for (int i = 0; i < 500 && tp_pending(tp[1]) == 0; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp[1]);
-    }
+    wait_pending(tp[1]);
     CHECK_EQ(tp_pending(tp[1]), 1);
     tp_finish(tp[1], 6);
     CHECK_EQ(tp_pending(tp[1]), 0);
@@ -407,11 +413,7 @@ TEST(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch)
     /* kept for a step of the old epoch, then the epoch moves on: gone */
     CHECK(make_dispatch(&m, 7, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    for (int i = 0; i < 500 && tp_pending(tp[1]) == 0; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp[1]);
-    }
+    wait_pending(tp[1]);
     CHECK_EQ(tp_pending(tp[1]), 1);
     CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), 0);
     CHECK_EQ(tp_pending(tp[1]), 0);
