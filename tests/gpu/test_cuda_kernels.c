@@ -388,12 +388,15 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
     float *do1 = dput(NULL, (size_t)M * N * 4 * 2),
           *do3 = fused ? do1 + N : dput(NULL, (size_t)M * N * 4);
     int ld = fused ? 2 * N : N;
-    for (int mode = 0; mode < 2; mode++) {
+    /* mode 0: the exact kernels, 1: their plain reference (EPMOE_CUDA_EXACT=ref), 2: fast */
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 1)
+            setenv("EPMOE_CUDA_EXACT", "ref", 1);
         int max_rows = 0;
         for (int g = 0; g < c->n_groups; g++)
             max_rows = c->rows[g] > max_rows ? c->rows[g] : max_rows;
         cudev_gemm G = {.format = c->fp4 ? MB_W_MXFP4 : MB_W_FP8,
-                        .mode = mode ? MB_GEMM_FAST : MB_GEMM_EXACT,
+                        .mode = mode == 2 ? MB_GEMM_FAST : MB_GEMM_EXACT,
                         .N = N,
                         .K = K,
                         .M = M,
@@ -408,6 +411,7 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
                         .out2_f32 = do3,
                         .ld_out = ld};
         CHECK_EQ(D->gemm(dev, &G, &err), 0);
+        unsetenv("EPMOE_CUDA_EXACT");
         float *o = malloc((size_t)M * N * 4 * 2);
         if (fused) {
             dget(o, do1, (size_t)M * N * 4 * 2);
@@ -423,10 +427,12 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
         free(o);
         char what[128];
         snprintf(what, sizeof what, "%s %s gemm N=%d K=%d groups=%d pow2=%d nan=%d fused=%d lt=%s",
-                 mode ? "fast" : "exact", c->fp4 ? "mxfp4" : "fp8", N, K, c->n_groups, c->pow2,
-                 with_nan, fused,
+                 mode == 2 ? "fast"
+                 : mode    ? "exact-ref"
+                           : "exact",
+                 c->fp4 ? "mxfp4" : "fp8", N, K, c->n_groups, c->pow2, with_nan, fused,
                  getenv("EPMOE_CUDA_CUBLASLT") ? getenv("EPMOE_CUDA_CUBLASLT") : "1");
-        if (mode == 0) {
+        if (mode < 2) {
             CHECK(same_f32(ref, got, (size_t)2 * M * N, what));
         } else if (!with_nan) {
             double cd = calc_diff_f32(ref, got, (size_t)2 * M * N);
