@@ -109,6 +109,9 @@ away_and_back() {
 # heartbeat, within liveness x heartbeat); then start it again
 case_begin kill9_worker
 away_and_back 'kill -9 "${FL_WPID[2]}"' 0 'fl_start_worker 2' 0 30 "w2 was killed"
+# 8 experts over 3 survivors: two gain one expert each, keeping the two they had
+gained=$(grep -c "is ready in epoch ${ep:-0} (.*, 3 experts, 2 kept" "$TMP/coord.log")
+[ "$gained" -eq 2 ] || bad "$gained survivors kept 2 and gained 1 expert in epoch ${ep:-?}, expected 2"
 fl_ctl shards | grep -qE "^2 +w2 +2 +4-5" || bad "rejoin restore did not give w2 experts 4-5 back"
 case_end "$ttr" "$bound" "the survivors served in epoch ${ep:-?}, w2 rejoined"
 
