@@ -287,16 +287,17 @@ static void coord_send(coord *c, ob_msg *m)
         return;
     log_debug(LOG_SUB_NET, "%s to %s: %s", wire_type_name(m->type),
               m->to == OB_TO_ADMIN ? "an admin client" : "a worker", err.msg);
+    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection. Declared dead
+     * first, so that a step it was part of fails naming the loss and the epoch change. */
+    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
+        reg_registered(reg_worker_at(c->reg, rank)))
+        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP && m->to == OB_TO_RANK) {
         ob_event_add(&c->out, OB_EV_SEND_FAILED, m->rank, "%s", err.msg);
         ob_event *e = ob_last_event(&c->out);
         if (e != NULL)
             e->step_id = m->step_id;
     }
-    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection */
-    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
-        reg_registered(reg_worker_at(c->reg, rank)))
-        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
 }
 
 static void coord_flush(coord *c)
@@ -559,11 +560,12 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
     return 0;
 }
 
-/* Bind a ROUTER. No ROUTER_HANDOVER: a connection never takes another's routing id over (two
- * processes under one name each keep their own; the registry refuses the second). MAXMSGSIZE
- * is the largest frame this model can carry (a [EP_MAX_TOKENS, H] bf16 payload), so a peer
- * cannot make the daemon buffer more per frame; with security the socket is a CURVE server
- * whose ZAP domain names its allow-list. */
+/* Bind a ROUTER. ROUTER_HANDOVER lets a worker process that reconnects (one routing id per
+ * process, NAME/random) take its own old connection over; two processes never share a routing
+ * id, so one can never take the other's (the registry refuses the second with ERR_DUPLICATE).
+ * MAXMSGSIZE is the largest frame this model can carry (a [EP_MAX_TOKENS, H] bf16 payload), so
+ * a peer cannot make the daemon buffer more per frame; with security the socket is a CURVE
+ * server whose ZAP domain names its allow-list. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       const char *domain, ep_err *err)
 {
@@ -573,6 +575,7 @@ static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const 
     if (wire_socket_defaults(sock, mmsg_max_frame(&c->cfg), err) != 0 ||
         (c->spec->secure && auth_server(sock, &c->keys.coordinator, domain, err) != 0) ||
         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0) {
         if (err->msg[0] == '\0')
@@ -886,6 +889,18 @@ static void coord_facts_free(adm_facts *f)
     f->workers = NULL;
 }
 
+/* DRAIN and UNDRAIN answer the epoch that carries the change, and what happens. */
+static void coord_reply_epoch(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                              const char *text)
+{
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.has_epoch = 1;
+    rep.epoch = plan_last_epoch(c->pe);
+    rep.message = (char *)text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
 /* The rank of the worker a DRAIN/UNDRAIN names, or -1 after answering why not. */
 static int coord_verb_worker(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
                              const char *verb)
@@ -938,12 +953,7 @@ static void coord_on_drain(coord *c, const wire_msg *m, const Epmoe__AdminReques
              "worker %s is drained; it owns no experts from placement epoch %" PRIu64
              " on and can be stopped once that epoch is current",
              name, plan_last_epoch(c->pe));
-    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
-    rep.cluster = c->spec->name;
-    rep.has_epoch = 1;
-    rep.epoch = plan_last_epoch(c->pe);
-    rep.message = text;
-    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+    coord_reply_epoch(c, m, rq, text);
 }
 
 static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
@@ -957,18 +967,16 @@ static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequ
         coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false,
                      "worker %s undrained by an operator", name);
     }
+    const char *how = plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
+                          ? "it may own experts again"
+                      : !reg_can_own(c->reg, r) ? "it gets experts once it is registered and ready"
+                      : plan_rejoin(c->pe) == SPEC_REJOIN_STAY
+                          ? "it waits as a spare (rejoin: stay)"
+                          : "no expert moves";
     char text[EP_ERR_MSG_MAX];
     snprintf(text, sizeof text, "worker %s is not drained; %s (placement epoch %" PRIu64 ")", name,
-             plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
-                 ? "it may own experts again"
-                 : "it waits as a spare (rejoin: stay)",
-             plan_last_epoch(c->pe));
-    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
-    rep.cluster = c->spec->name;
-    rep.has_epoch = 1;
-    rep.epoch = plan_last_epoch(c->pe);
-    rep.message = text;
-    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+             how, plan_last_epoch(c->pe));
+    coord_reply_epoch(c, m, rq, text);
 }
 
 static void coord_on_reload(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)

@@ -29,9 +29,9 @@
  * that is still open (ERR_DUPLICATE: a second process under a live worker's name; the
  * coordinator asks coord.c whether the old routing id is still connected, so a restarted
  * process, whose old connection closed with it, is accepted at once). Workers use a routing id
- * of their own per connection ("NAME#random"), and the ROUTER has no ROUTER_HANDOVER: one
- * process can never take another's connection over. A REGISTER for a registered name from a
- * closed connection or the same one (a restart) starts the worker again at welcomed and
+ * of their own per process (NAME/random): a reconnect of the same process takes its own
+ * connection over (ROUTER_HANDOVER), another process never can. A REGISTER for a registered name
+ * from a closed connection or the same one (a restart) starts the worker again at welcomed and
  * reports it lost (OB_EV_LOST).
  *
  * Workers are found by the routing id they registered from; any message from a registered

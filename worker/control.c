@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,14 +43,15 @@ typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
     void *dealer;          /* NULL while backing off */
-    void *mon;             /* the DEALER's handshake monitor (security only) */
+    void *retired;         /* the DEALER given up at the last backoff, closed at the reconnect */
+    void *mon;             /* the DEALER's handshake monitor */
     auth_zap *zap;         /* security: admits the peers WELCOME names to the data endpoint */
     int64_t max_msg;       /* ZMQ_MAXMSGSIZE for the next DEALER */
-    char ident[256];       /* the DEALER's routing id: "NAME#random", new for every connection */
     int failed_handshakes; /* in a row, without a reason (auth_monitor_read) */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
+    char ident[EP_MAX_NAME + 16]; /* the DEALER's routing id: NAME/random, one per process */
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -308,32 +308,32 @@ static void wctl_send_register(wctl *w)
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
-/* Close d and its monitor (the monitor first: it watches d). */
-static void wctl_close_dealer_with(wctl *w, void *d)
+/* Stop watching d's handshakes. */
+static void wctl_stop_monitor(wctl *w, void *d)
 {
     if (w->mon) {
         zmq_socket_monitor(d, NULL, 0);
         zmq_close(w->mon);
         w->mon = NULL;
     }
-    zmq_close(d);
 }
 
-/* A routing id of this connection's own: the name (cut to fit) and a random suffix. Two
- * processes under one name then hold two connections, and the coordinator can tell the second
- * one ERR_DUPLICATE while the first is connected (one routing id shared by both would have the
- * second silently dropped, or with ROUTER_HANDOVER take the first one's place). */
-static void wctl_new_ident(wctl *w)
+/* Close d and its monitor (the monitor first: it watches d). */
+static void wctl_close_dealer_with(wctl *w, void *d)
 {
-    uint64_t r = 0;
-    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
-        r = (uint64_t)wctl_now_ms() ^ (uint64_t)getpid() << 32;
-    snprintf(w->ident, sizeof w->ident, "%.200s#%016llx", w->opt->name, (unsigned long long)r);
+    wctl_stop_monitor(w, d);
+    zmq_close(d);
 }
 
 static int wctl_connect(wctl *w, ep_err *err)
 {
-    wctl_new_ident(w);
+    /* The DEALER of the last backoff is closed only now, a backoff later: a worker that was
+     * frozen (SIGSTOP) or cut off sees its connections fail the moment it runs again, and
+     * closing a socket in that same instant can make libzmq 4.3 abort on a half-sent multipart
+     * message (session_base_t::clean_pipes); by now its I/O thread has cleaned up. */
+    if (w->retired)
+        zmq_close(w->retired);
+    w->retired = NULL;
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
     if (d == NULL)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
@@ -386,8 +386,11 @@ static void wctl_backoff(wctl *w, const char *why)
     log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms", why,
              w->backoff_ms);
     wctl_exec_reset(w);
-    if (w->dealer)
-        wctl_close_dealer_with(w, w->dealer);
+    /* Not closed now: see wctl_connect. Its monitor goes now (it watches this connection). */
+    if (w->retired)
+        zmq_close(w->retired);
+    wctl_stop_monitor(w, w->dealer);
+    w->retired = w->dealer;
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
     w->backoff_ms =
@@ -858,6 +861,14 @@ int wctl_run(const wctl_options *opt)
     }
     mb_device(be, &w.dev);
     snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
+    /* One routing id per process: a reconnect of this process (after the coordinator was silent)
+     * takes its connection over, while a second process under the same name (an operator's
+     * mistake) gets its own and is refused with ERR_DUPLICATE (while the first is connected)
+     * instead of hijacking ours. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(w.ident, sizeof w.ident, "%s/%08x", opt->name,
+             (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
     if (opt->key && (w.zap = auth_zap_start(w.zctx, &err)) == NULL) {
         mb_destroy(&be);
@@ -878,6 +889,8 @@ int wctl_run(const wctl_options *opt)
     exec_stop(&w.exec);
     if (w.dealer)
         wctl_close_dealer_with(&w, w.dealer);
+    if (w.retired)
+        zmq_close(w.retired);
     auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);

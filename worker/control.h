@@ -2,27 +2,32 @@
  * control.h — the worker's main thread: the coordinator link and the worker lifecycle
  * (prefix wctl_).
  *
- * The main thread owns the DEALER to the coordinator (routing id "NAME#random", new for every
- * connection: the coordinator knows the worker by its REGISTER), the executor's pipe
- * (worker/exec.h) and a signalfd, all in one zmq_poll loop whose timeout never exceeds one second.
- * Lifecycle (docs/protocol.md, docs/operations.md):
+ * The main thread owns the DEALER to the coordinator (routing id NAME/random, chosen once per
+ * process and set before connect: a reconnect of this process takes its connection over, a
+ * second process under the same name is refused with ERR_DUPLICATE while the first is
+ * connected), the executor's pipe (worker/exec.h) and a signalfd, all in one zmq_poll loop
+ * whose timeout never exceeds one second. Lifecycle (docs/protocol.md, docs/operations.md):
  *
  *   registering --WELCOME--> welcomed --LOAD--> loading --READY--> ready
  *                                                      \--Error--> load-failed (LOAD retries)
+ *   loading, ready, load-failed --EPOCH--> loading (the executor keeps the experts it still
+ *   owns and loads the gained ones) --READY of that epoch--> ready
  *   any state, coordinator silent for liveness x heartbeat_ms --> backoff: the executor drops
- *   its state, the DEALER is closed, and after 1, 2, 4 ... 32 s (Paranoid Pirate) it is
- *   reopened and REGISTER sent again.
+ *   its session and data plane (the loaded layers stay), the DEALER is closed, and after 1,
+ *   2, 4 ... 32 s (Paranoid Pirate) it is reopened and REGISTER sent again.
  *
  * The WELCOME is validated field by field before anything is acknowledged; CONFIG_ACK carries
- * this worker's own mc_hash of the config it rebuilt. LOAD, STEP and STEP_ABORT are relayed to
- * the executor verbatim and its answers relayed back verbatim; a STEP when not ready is answered
- * STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed, and any
- * message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST} ("declared dead")
- * and Error{ERR_NOT_REGISTERED, "... send REGISTER first"} (the coordinator restarted) also lead
- * to backoff and a new REGISTER.
+ * this worker's own mc_hash of the config it rebuilt. LOAD, EPOCH, STEP and STEP_ABORT are
+ * relayed to the executor verbatim and its answers relayed back verbatim; a STEP when not ready is
+ * answered STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed,
+ * and any message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST}
+ * ("declared dead") and Error{ERR_NOT_REGISTERED, "... send REGISTER first"} (the coordinator
+ * restarted) also lead to backoff and a new REGISTER.
  *
  * The DEALER's ZMQ_MAXMSGSIZE is EP_MAX_DATA_MSG until the first WELCOME names the model, then
- * the model's largest control frame (mmsg_max_frame) on every later connection.
+ * the model's largest control frame (mmsg_max_frame) on every later connection. A monitor
+ * watches its handshakes: a refused key, or a coordinator that uses CURVE when this worker does
+ * not (or the reverse), ends the worker with exit 78 and the reason.
  *
  * Exit: SHUTDOWN from the coordinator, SIGTERM or SIGINT -> 0 (the executor is stopped first);
  * Error{ERR_UNKNOWN_WORKER}, Error{ERR_CONFIG_HASH}, Error{ERR_REFUSED} (device or key does not

@@ -854,3 +854,35 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
             p->granted = false;
     }
 }
+
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+{
+    if (epoch <= tp->epoch)
+        return ep_err_set(err, "data plane: epoch %llu does not follow epoch %llu",
+                          (unsigned long long)epoch, (unsigned long long)tp->epoch);
+    tp->epoch = epoch;
+    for (int e = 0; e < tp->n_experts; e++)
+        tp->owned[e] = expert_owner[e] == (uint32_t)tp->rank;
+    /* nothing of the old epoch is kept or granted any more (the coordinator starts the new
+     * epoch's steps once every member has it, so nothing of the new one is in flight yet) */
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch)
+            tp_msg_release(&p->dispatch);
+        if (p->has_combine)
+            tp_msg_release(&p->combine);
+        *p = (tp_peer){0};
+    }
+    tp->n_pending = 0;
+    return 0;
+}
+
+uint64_t tp_epoch(const tp_transport *tp)
+{
+    return tp->epoch;
+}
+
+uint64_t tp_session(const tp_transport *tp)
+{
+    return tp->session;
+}

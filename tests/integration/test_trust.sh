@@ -286,11 +286,11 @@ PIDS+=($w1)
 export EPMOE_SERVER_KEY=$K/coordinator.pub
 EPMOE_KEY=$K/op1.key ready || fail "secure: not ready: $(cat "$TMP/st")"
 EPMOE_KEY=$K/op1.key forward_ok "secure" "$M" && ok "secure cluster: a forward bit-identical to --local"
-EPMOE_KEY=$K/stranger.key "$CTL" --coordinator "$ADMIN" --timeout 5000 shutdown >"$TMP/op.log" 2>&1
+EPMOE_KEY=$K/stranger.key timeout 60 "$CTL" --coordinator "$ADMIN" --timeout 5000 shutdown >"$TMP/op.log" 2>&1
 rc=$?
 [ $rc -eq 77 ] && grep -q "refused this process's key" "$TMP/op.log" ||
     fail "an operator with an unlisted key: exit $rc: $(cat "$TMP/op.log")"
-EPMOE_KEY= EPMOE_SERVER_KEY= "$CTL" --coordinator "$ADMIN" --timeout 5000 shutdown >"$TMP/op.log" 2>&1
+EPMOE_KEY= EPMOE_SERVER_KEY= timeout 60 "$CTL" --coordinator "$ADMIN" --timeout 5000 shutdown >"$TMP/op.log" 2>&1
 rc=$?
 [ $rc -eq 77 ] && grep -qE "disagree on security|one side may use security: \(CURVE\)" "$TMP/op.log" ||
     fail "an operator without a key: exit $rc: $(cat "$TMP/op.log")"
@@ -299,7 +299,7 @@ kill -0 $cpid 2>/dev/null || fail "the refused SHUTDOWNs stopped the coordinator
 DATA0=$(grep -o 'name: w0, device: cpu, data: "[^"]*' "$TMP/sec.yaml" | sed 's/.*data: "//')
 z() { sed -n "s/.*$1 = \"\(.*\)\"/\1/p" "$2"; }
 POKE_PUBLIC=$(z public-key "$K/stranger.key") POKE_SECRET=$(z secret-key "$K/stranger.key") \
-    POKE_SERVER=$(z public-key "$K/w0.pub") "$POKE" "$DATA0" push garbage >/dev/null
+    POKE_SERVER=$(z public-key "$K/w0.pub") timeout 30 "$POKE" "$DATA0" push garbage >/dev/null
 sleep 0.5
 grep -q "auth: refused a connection from 127.0.0.1 to epmoe-data" "$TMP/sec.w0.log" ||
     fail "w0 did not refuse (and log) a stranger at its data endpoint"

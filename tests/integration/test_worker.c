@@ -179,52 +179,36 @@ static int free_port(void)
 /* ---- the fake coordinator ---------------------------------------------------------------------
  */
 
-/* A worker connects with routing id "NAME#random" (new for every connection): the fake keeps the
- * latest routing id of each name, and the tests address and recognise workers by name. */
-#define FC_MAX_NAMES 16
+/* Workers' routing ids are NAME/random (one per process): the fake coordinator keeps the last
+ * id each name sent from, and addresses workers by name. */
+#define FC_MAX_IDS 16
 
 typedef struct fc {
     void *router;
     char endpoint[128];
-    char name[FC_MAX_NAMES][64];
-    char ident[FC_MAX_NAMES][256];
-    int n_names;
+    char name[FC_MAX_IDS][64], ident[FC_MAX_IDS][128];
+    int n_ids;
 } fc;
 
-/* The name part of a routing id ("w0#1f2e..." -> "w0"). */
-static void fc_name_of(const uint8_t *ident, size_t len, char *name, size_t cap)
+static const char *fc_ident(const fc *f, const char *who)
 {
-    size_t n = 0;
-    while (n < len && n + 1 < cap && ident[n] != '#')
-        name[n] = (char)ident[n], n++;
-    name[n] = '\0';
-}
-
-/* Remember the routing id a name spoke from last. */
-static void fc_learn(fc *f, const wire_msg *m)
-{
-    char name[64];
-    fc_name_of(m->ident, m->ident_len, name, sizeof name);
-    int i = 0;
-    while (i < f->n_names && strcmp(f->name[i], name) != 0)
-        i++;
-    if (i == FC_MAX_NAMES)
-        return;
-    if (i == f->n_names)
-        f->n_names++;
-    snprintf(f->name[i], sizeof f->name[i], "%s", name);
-    size_t n = m->ident_len < sizeof f->ident[i] - 1 ? m->ident_len : sizeof f->ident[i] - 1;
-    memcpy(f->ident[i], m->ident, n);
-    f->ident[i][n] = '\0';
-}
-
-/* The routing id of name (its latest connection), or name itself when never heard from. */
-static const char *fc_ident(const fc *f, const char *name)
-{
-    for (int i = 0; i < f->n_names; i++)
-        if (strcmp(f->name[i], name) == 0)
+    for (int i = 0; i < f->n_ids; i++)
+        if (strcmp(f->name[i], who) == 0)
             return f->ident[i];
-    return name;
+    return who;
+}
+
+static void fc_learn(fc *f, const char *who, const char *ident)
+{
+    int i = 0;
+    while (i < f->n_ids && strcmp(f->name[i], who) != 0)
+        i++;
+    if (i == FC_MAX_IDS)
+        return;
+    if (i == f->n_ids)
+        f->n_ids++;
+    snprintf(f->name[i], sizeof f->name[i], "%s", who);
+    snprintf(f->ident[i], sizeof f->ident[i], "%s", ident);
 }
 
 static void fc_open(fc *f)
@@ -269,8 +253,12 @@ static int fc_recv(fc *f, double timeout_s, wire_msg *m, char *who, size_t cap)
             printf("  fake coordinator: %s\n", err.msg);
             continue;
         }
-        fc_learn(f, m);
-        fc_name_of(m->ident, m->ident_len, who, cap);
+        char ident[128];
+        size_t n = m->ident_len < sizeof ident - 1 ? m->ident_len : sizeof ident - 1;
+        memcpy(ident, m->ident, n);
+        ident[n] = '\0';
+        snprintf(who, cap, "%.*s", (int)strcspn(ident, "/"), ident);
+        fc_learn(f, who, ident);
         return 0;
     }
 }

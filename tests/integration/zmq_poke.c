@@ -33,6 +33,10 @@ int main(int argc, char **argv)
     void *s = zmq_socket(ctx, dealer ? ZMQ_DEALER : ZMQ_PUSH);
     int linger = 2000;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    /* A PUSH whose handshake is refused never gets a pipe: without a send timeout the send would
+       block forever. */
+    int sndtimeo = 3000;
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
     const char *pub = getenv("POKE_PUBLIC"), *sec = getenv("POKE_SECRET");
     const char *srv = getenv("POKE_SERVER");
     if (pub && sec && srv && pub[0] &&
