@@ -583,6 +583,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 
 static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
+static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
 
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                             const char *path, void *obj)
@@ -601,6 +602,16 @@ static int spec_h_dispatch(spec_ctx *c, const ynode *key, const ynode *val, cons
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->dispatch = (spec_dispatch)i;
+    return 0;
+}
+
+static int spec_h_data_plane(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                             const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "data plane", spec_data_plane_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->data_plane = (spec_data_plane)i;
     return 0;
 }
 
@@ -779,7 +790,8 @@ SPEC_SECTION(spec_model_section, spec_model_fields);
 static const spec_field spec_ep_fields[] = {
     {.key = "placement", .handle = spec_h_placement, SPEC_POS(spec_cluster, placement_pos)},
     {.key = "redundant_experts", .handle = spec_h_redundant},
-    {.key = "dispatch", .handle = spec_h_dispatch},
+    {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
+    {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
 
@@ -893,9 +905,38 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
     return 0;
 }
 
+/* NCCL moves device memory between GPUs: every worker must be on one, and the NCCL step
+ * driver sends what the GPU quantized (fp8); bf16 dispatch is a ZeroMQ-plane option. */
+static int spec_check_nccl(const spec_ctx *c)
+{
+    const spec_cluster *s = c->s;
+    if (s->data_plane != SPEC_PLANE_NCCL)
+        return 0;
+    if (s->dispatch != SPEC_DISPATCH_FP8)
+        return spec_fail(c, s->dispatch_pos,
+                         "expert_parallel.dispatch: data_plane nccl (line %d, column %d) sends "
+                         "fp8 dispatch only, found %s",
+                         s->data_plane_pos.line, s->data_plane_pos.col,
+                         spec_dispatch_name(s->dispatch));
+    for (int i = 0; i < s->n_workers; i++) {
+        const spec_worker *w = &s->workers[i];
+        if (w->cuda_index >= 0)
+            continue;
+        char path[96];
+        spec_worker_path(s, i, path, sizeof path);
+        return spec_fail(c, w->device_pos,
+                         "%s.device: data_plane nccl (line %d, column %d) requires every worker "
+                         "on a cuda:N device, worker %s is on \"%s\"",
+                         path, s->data_plane_pos.line, s->data_plane_pos.col, w->name, w->device);
+    }
+    return 0;
+}
+
 static int spec_cross_check(const spec_ctx *c)
 {
     const spec_cluster *s = c->s;
+    if (spec_check_nccl(c) != 0)
+        return -1;
     if (strcmp(s->listen, s->admin) == 0)
         return spec_fail(c, s->admin_pos,
                          "coordinator.admin: endpoint \"%s\" is also coordinator.listen (line %d, "
@@ -1124,4 +1165,9 @@ const char *spec_placement_name(spec_placement p)
 const char *spec_dispatch_name(spec_dispatch d)
 {
     return (unsigned)d < 2 ? spec_dispatch_names[d] : "unknown";
+}
+
+const char *spec_data_plane_name(spec_data_plane p)
+{
+    return (unsigned)p < 2 ? spec_data_plane_names[p] : "unknown";
 }

@@ -41,6 +41,12 @@ typedef enum spec_dispatch {
     SPEC_DISPATCH_BF16 = 1
 } spec_dispatch;
 
+/* How dispatch and combine move between workers (docs/cluster-spec.md, docs/protocol.md). */
+typedef enum spec_data_plane {
+    SPEC_PLANE_ZMQ = 0, /* PUSH/PULL between the workers' data endpoints; any device mix */
+    SPEC_PLANE_NCCL = 1 /* NCCL send/recv from device memory; every worker on cuda:N, fp8 */
+} spec_data_plane;
+
 typedef struct spec_worker {
     char name[EP_MAX_NAME]; /* unique in the cluster */
     char node[EP_MAX_NAME]; /* name of the node it is listed under */
@@ -72,12 +78,14 @@ typedef struct spec_cluster {
     spec_placement placement;
     int redundant_experts; /* always 0 for now */
     spec_dispatch dispatch;
+    spec_data_plane data_plane;
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;
     spec_node *nodes; /* [n_nodes] in file order */
     spec_pos pos;     /* the top-level mapping */
     spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos;
+    spec_pos dispatch_pos, data_plane_pos;
 } spec_cluster;
 
 /* Read and parse a spec file (at most SPEC_MAX_BYTES). A relative model path is resolved
@@ -101,7 +109,8 @@ const spec_worker *spec_find_worker(const spec_cluster *s, const char *name);
  * n_experts % n_workers == 0. The error points at the spec's nodes: key. */
 int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 
-const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" */
-const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
+const char *spec_placement_name(spec_placement p);   /* "contiguous" / "round_robin" */
+const char *spec_dispatch_name(spec_dispatch d);     /* "fp8" / "bf16" */
+const char *spec_data_plane_name(spec_data_plane p); /* "zmq" / "nccl" */
 
 #endif
