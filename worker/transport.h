@@ -1,8 +1,13 @@
 /*
  * transport.h — the data plane of one epoch: DISPATCH and COMBINE between workers (prefix tp_).
  *
- * Contract (docs/protocol.md, proto/epmoe.proto): every worker binds one PULL at its data
- * endpoint and connects one PUSH per peer rank (never to itself), so a message to rank r goes
+ * Two planes share one payload layout and one validation (transport.c): the ZeroMQ plane
+ * (transport_zmq.c, messages between host buffers, below) and the collective plane
+ * (transport_comm.c over NCCL's transport_nccl.c or a test's fake: grouped sends and receives
+ * between device buffers, "collective plane" further down).
+ *
+ * ZeroMQ plane contract (docs/protocol.md, proto/epmoe.proto): every worker binds one PULL at its
+ * data endpoint and connects one PUSH per peer rank (never to itself), so a message to rank r goes
  * only to r. Every message is wire.h-framed; payloads travel zero-copy from one block the
  * sender filled in place (tp_msg_alloc) and arrive as views into the received frames.
  *
@@ -35,6 +40,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "epmoe.pb-c.h"
 
 /* Messages kept for steps not yet taken, per peer of the world (at most two are legitimately
  * pending per peer and step: its DISPATCH and COMBINE; a peer can be one step ahead). */
@@ -90,6 +96,41 @@ const char *tp_endpoint(const tp_transport *tp);
 /* Connect one PUSH per peer: endpoints[r] for every r != rank (endpoints[rank] is ignored).
  * ZeroMQ connects in the background, so a peer that binds later still gets its messages. */
 int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err);
+
+/* ---- layout and validation, shared by both planes (transport.c) -------------------------- */
+
+/* Payload arrays of a message at most (fp8 DISPATCH: codes, scales, pair_row, pair_expert,
+ * pair_weight), and the alignment of each inside a message's block. */
+#define TP_MAX_ARRAYS 5
+#define TP_ALIGN      64
+
+/* The block of m's shape (kind, format, scales_e8m0, n_rows, n_pairs): its arrays in wire order
+ * at TP_ALIGN-aligned offsets off[i] with len[i] bytes each. Returns the number of arrays and
+ * sets *total to the block's size (a multiple of TP_ALIGN). Counts must be within the limits
+ * (tp_check_dispatch), so no product overflows. */
+int tp_msg_layout(const tp_msg *m, int hidden, size_t *off, size_t *len, size_t *total);
+/* Point m's arrays into block (laid out by tp_msg_layout). */
+void tp_msg_point(tp_msg *m, int hidden, uint8_t *block);
+
+/* What a receiver checks messages against. */
+typedef struct tp_check {
+    int rank, world_size, hidden, n_experts;
+    uint64_t epoch;
+    const uint8_t *owned; /* [n_experts]: 1 where this rank owns the expert */
+    bool self_ok;         /* the collective plane: a rank also exchanges with itself */
+} tp_check;
+
+/* A DISPATCH body: every field present, epoch ours, src_rank a peer (or ourselves when
+ * self_ok), a known format, n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows * MC_MAX_TOPK.
+ * Fills m's scalar fields (kind .. scales_e8m0), not its arrays. */
+int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep_err *err);
+/* A COMBINE body: every field present, epoch ours, src_rank a peer, n_pairs within the limit. */
+int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_err *err);
+/* A DISPATCH's pairs (arrays on the host): pair_row < n_rows, pair_expert owned by c->rank. */
+int tp_check_pairs(const tp_check *c, int n_rows, int n_pairs, const uint32_t *pair_row,
+                   const uint32_t *pair_expert, ep_err *err);
+
+/* ---- the ZeroMQ plane ------------------------------------------------------------------- */
 
 /* Allocate the payload arrays of an outgoing message in one aligned block. */
 int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err);
