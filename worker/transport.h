@@ -165,4 +165,116 @@ uint64_t tp_dropped(const tp_transport *tp);
 const char *tp_last_drop(const tp_transport *tp);
 int tp_pending(const tp_transport *tp);
 
+/* ---- the collective plane (transport_comm.c; NCCL in transport_nccl.c) -------------------
+ *
+ * A communicator of P ranks, one per GPU worker, moving device buffers with grouped sends and
+ * receives on the executor's stream. The library under it is a vtable (tp_comm_ops): NCCL's
+ * (tp_nccl_ops) in the worker, a fake of threads exchanging host memory in the unit tests, so
+ * the state machine and every deadline run on the CPU.
+ *
+ * States: NONE -> INIT (tp_comm_begin_init / tp_comm_begin_shrink, non-blocking) -> READY
+ * (tp_comm_wait_ready) -> ABORTED (any failure: an asynchronous error, a deadline passed, the
+ * owner interrupted a wait) -> INIT again (rebuilt: a new communicator, or a shrink of a READY
+ * one). Every wait has a deadline (CLOCK_MONOTONIC seconds); a wait that fails aborts the
+ * library communicator (ncclCommAbort), so nothing stays queued on the stream, and the error
+ * names the epoch, generation, rank and what was waited for. Only READY exchanges. One owner
+ * thread.
+ */
+
+/* Bytes of a communicator id (NCCL_UNIQUE_ID_BYTES; checked in transport_nccl.c). */
+#define TP_COMM_ID_BYTES 128
+
+typedef struct tp_comm_id {
+    uint8_t bytes[TP_COMM_ID_BYTES];
+} tp_comm_id;
+
+typedef struct tp_comm_handle tp_comm_handle; /* the library's communicator (ncclComm_t) */
+
+/* One transfer of a grouped exchange: bytes of device memory at ptr, to or from peer. */
+typedef struct tp_xfer {
+    int peer;
+    void *ptr;
+    size_t bytes;
+} tp_xfer;
+
+/* A communicator library. Nothing here blocks; the state machine polls. 0 / -1 with err. */
+typedef struct tp_comm_ops {
+    const char *name; /* "nccl" */
+    int (*unique_id)(void *ctx, tp_comm_id *id, ep_err *err);
+    /* Start creating the communicator of rank among nranks sharing id (ncclCommInitRankConfig
+     * with blocking = 0). */
+    int (*init)(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
+                ep_err *err);
+    /* Start a communicator of parent's ranks but the excluded ones (ncclCommShrink). */
+    int (*shrink)(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
+                  tp_comm_handle **out, ep_err *err);
+    /* 0 idle, 1 still working (init, or a group being enqueued), -1 broken (err: why). */
+    int (*status)(tp_comm_handle *h, ep_err *err);
+    /* One group of sends and receives, enqueued on stream (sizes match the peers' by contract;
+     * transfers of 0 bytes are left out by the caller on both sides). */
+    int (*exchange)(tp_comm_handle *h, const tp_xfer *sends, int n_sends, const tp_xfer *recvs,
+                    int n_recvs, void *stream, ep_err *err);
+    /* 0 when everything enqueued on stream has finished, 1 while pending, -1 on an error. */
+    int (*stream_query)(void *ctx, void *stream, ep_err *err);
+    /* Stop everything h has in flight and free it (ncclCommAbort); h is invalid afterwards. */
+    void (*abort)(tp_comm_handle *h);
+} tp_comm_ops;
+
+/* Called between polls of a wait; returns non-zero (err set) to give up (the owner was told to
+ * abandon the step or drop the session): the wait then aborts the communicator. */
+typedef int (*tp_idle_fn)(void *ctx, ep_err *err);
+
+typedef enum tp_comm_state {
+    TP_COMM_NONE = 0,
+    TP_COMM_INIT = 1,
+    TP_COMM_READY = 2,
+    TP_COMM_ABORTED = 3
+} tp_comm_state;
+
+typedef struct tp_comm tp_comm;
+
+/* NCCL's operations (ctx NULL), or NULL in a build without NCCL. */
+const tp_comm_ops *tp_nccl_ops(void);
+
+tp_comm *tp_comm_create(const tp_comm_ops *ops, void *ctx, ep_err *err);
+/* Aborts a live communicator. */
+void tp_comm_destroy(tp_comm **self_p);
+
+/* A new id for rank 0 of a new communicator to hand to the others. */
+int tp_comm_new_id(tp_comm *c, tp_comm_id *id, ep_err *err);
+/* Begin the communicator (epoch, generation) of rank among size ranks sharing id; a
+ * communicator still held is aborted first. */
+int tp_comm_begin_init(tp_comm *c, uint64_t epoch, uint32_t generation, int rank, int size,
+                       const tp_comm_id *id, ep_err *err);
+/* Begin (epoch, generation) as the READY communicator (parent_epoch, parent_generation) less
+ * the ranks exclude[0..n) (ascending, of the parent). Checked first: that communicator is the
+ * one held and READY, exclude is valid and leaves this rank in, and rank/size are what the
+ * survivors' order gives (old rank less the excluded ranks below it). */
+int tp_comm_begin_shrink(tp_comm *c, uint64_t epoch, uint32_t generation, uint64_t parent_epoch,
+                         uint32_t parent_generation, const uint32_t *exclude, int n_exclude,
+                         int rank, int size, ep_err *err);
+/* Wait for the communicator begun to become READY: 0, or -1 with the communicator ABORTED and
+ * err naming it ("... not ready after N ms", the library's error, or the owner's reason). */
+int tp_comm_wait_ready(tp_comm *c, double deadline, tp_idle_fn idle, void *idle_ctx, ep_err *err);
+/* One grouped exchange on stream, waited for until everything enqueued on stream is done
+ * (what = "dispatch counts", "dispatch", "combine" names it in errors). A communicator that is
+ * not READY fails at once; a failed or late exchange aborts it. */
+int tp_comm_exchange(tp_comm *c, const char *what, const tp_xfer *sends, int n_sends,
+                     const tp_xfer *recvs, int n_recvs, void *stream, double deadline,
+                     tp_idle_fn idle, void *idle_ctx, ep_err *err);
+/* Abort now (the owner's own failure mid-step: nothing of the step may stay queued). */
+void tp_comm_abort(tp_comm *c, const char *why);
+
+tp_comm_state tp_comm_get_state(const tp_comm *c);
+const char *tp_comm_state_name(tp_comm_state s); /* "none", "init", "ready", "aborted" */
+uint64_t tp_comm_epoch(const tp_comm *c);
+uint32_t tp_comm_generation(const tp_comm *c);
+int tp_comm_rank(const tp_comm *c);
+int tp_comm_size(const tp_comm *c);
+/* Why the communicator was aborted ("" if it never was). */
+const char *tp_comm_last_error(const tp_comm *c);
+
+/* CLOCK_MONOTONIC in seconds: the clock of every deadline above. */
+double tp_now(void);
+
 #endif
