@@ -62,14 +62,14 @@ int mbc_gather(mb_backend *be, int H, int n, const uint32_t *d_rows, const uint8
 /* e8m0 scale bytes -> f32 (n values). */
 int mbc_scales_to_f32(mb_backend *be, size_t n, const uint8_t *d_e8m0, float *d_f32, ep_err *err);
 
-/* Routed experts on device rows: as mb_experts with d_q [n_rows, H], d_qs f32 [n_rows, H/128],
- * pair arrays on the device, out bf16 [n_pairs, H] on the device. h_pair_expert is the host
- * copy of the experts (the grouping by expert is planned on the host; the caller has it from
- * its validation of the received pairs). */
+/* Routed experts on device rows: as mb_experts with d_q [n_rows, H], d_qs f32 [n_rows, H/128]
+ * on the device and the pairs on the HOST (the caller has them there from validating what it
+ * received; the grouping by expert is planned on the host and uploaded); out bf16
+ * [n_pairs, H] on the device, row p for pair p. */
 int mbc_experts(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *d_q,
-                const float *d_qs, int n_pairs, const uint32_t *d_pair_row,
-                const uint32_t *d_pair_expert, const float *d_pair_w, const uint32_t *h_pair_expert,
-                uint16_t *d_out, ep_err *err);
+                const float *d_qs, int n_pairs, const uint32_t *h_pair_row,
+                const uint32_t *h_pair_expert, const float *h_pair_w, uint16_t *d_out,
+                ep_err *err);
 
 /* Scatter rows: row i of d_rows bf16 [n, H] goes to row d_slots[i] of d_eo bf16 [T*k, H]. */
 int mbc_scatter(mb_backend *be, int H, int n, const uint32_t *d_slots, const uint16_t *d_rows,
