@@ -231,6 +231,14 @@ typedef enum tp_comm_state {
     TP_COMM_ABORTED = 3
 } tp_comm_state;
 
+/* What ended the last failed wait (for the step's error code). */
+typedef enum tp_comm_fault {
+    TP_FAULT_NONE = 0,
+    TP_FAULT_LIBRARY = 1,  /* the library or the device reported an error */
+    TP_FAULT_DEADLINE = 2, /* the deadline passed */
+    TP_FAULT_ABANDONED = 3 /* the owner's idle function gave up, or the owner aborted */
+} tp_comm_fault;
+
 typedef struct tp_comm tp_comm;
 
 /* NCCL's operations (ctx NULL), or NULL in a build without NCCL. */
@@ -271,8 +279,9 @@ uint64_t tp_comm_epoch(const tp_comm *c);
 uint32_t tp_comm_generation(const tp_comm *c);
 int tp_comm_rank(const tp_comm *c);
 int tp_comm_size(const tp_comm *c);
-/* Why the communicator was aborted ("" if it never was). */
+/* Why the communicator was aborted ("" if it never was), and what kind of failure that was. */
 const char *tp_comm_last_error(const tp_comm *c);
+tp_comm_fault tp_comm_last_fault(const tp_comm *c);
 
 /* CLOCK_MONOTONIC in seconds: the clock of every deadline above. */
 double tp_now(void);

@@ -39,6 +39,7 @@ struct tp_comm {
     int rank, size;
     double begun; /* when the communicator was begun (for "not ready after N ms") */
     char last_error[EP_ERR_MSG_MAX];
+    tp_comm_fault fault;
 };
 
 double tp_now(void)
@@ -112,17 +113,19 @@ void tp_comm_abort(tp_comm *c, const char *why)
     tp_comm_name(c, name, sizeof name);
     if (c->state == TP_COMM_INIT || c->state == TP_COMM_READY) {
         snprintf(c->last_error, sizeof c->last_error, "%s", why);
+        if (c->fault == TP_FAULT_NONE)
+            c->fault = TP_FAULT_ABANDONED; /* the owner's own abort */
         log_warn("%s: %s; aborted", name, why);
     }
     tp_comm_release(c);
     c->state = TP_COMM_ABORTED;
 }
 
-static int tp_comm_fail(tp_comm *c, ep_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static int tp_comm_fail(tp_comm *c, tp_comm_fault fault, ep_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Abort and return -1 with "<name>: <why>; aborted" in err. */
-static int tp_comm_fail(tp_comm *c, ep_err *err, const char *fmt, ...)
+static int tp_comm_fail(tp_comm *c, tp_comm_fault fault, ep_err *err, const char *fmt, ...)
 {
     char why[EP_ERR_MSG_MAX], name[160];
     va_list ap;
@@ -130,6 +133,7 @@ static int tp_comm_fail(tp_comm *c, ep_err *err, const char *fmt, ...)
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     tp_comm_name(c, name, sizeof name);
+    c->fault = fault;
     tp_comm_abort(c, why);
     return ep_err_set(err, "%s: %s; aborted", name, why);
 }
@@ -157,6 +161,8 @@ static void tp_comm_begun(tp_comm *c, uint64_t epoch, uint32_t gen, int rank, in
     c->size = size;
     c->state = TP_COMM_INIT;
     c->begun = tp_now();
+    c->fault = TP_FAULT_NONE;
+    c->last_error[0] = '\0';
 }
 
 int tp_comm_begin_init(tp_comm *c, uint64_t epoch, uint32_t generation, int rank, int size,
@@ -169,7 +175,7 @@ int tp_comm_begin_init(tp_comm *c, uint64_t epoch, uint32_t generation, int rank
     ep_err e = {{0}};
     if (c->ops->init(c->ctx, size, id, rank, &c->h, &e) != 0) {
         c->h = NULL;
-        return tp_comm_fail(c, err, "init: %s", e.msg);
+        return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "init: %s", e.msg);
     }
     return 0;
 }
@@ -224,7 +230,7 @@ int tp_comm_begin_shrink(tp_comm *c, uint64_t epoch, uint32_t generation, uint64
     ep_err e = {{0}};
     if (c->ops->shrink(c->ctx, parent, ex, n_exclude, &c->h, &e) != 0) {
         c->h = NULL;
-        return tp_comm_fail(c, err, "shrink: %s", e.msg);
+        return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "shrink: %s", e.msg);
     }
     return 0;
 }
@@ -249,12 +255,13 @@ static int tp_comm_wait(tp_comm *c, const char *what, void *stream, double deadl
         if (rc == 0)
             return 0;
         if (rc < 0)
-            return tp_comm_fail(c, err, "%s: %s", what, e.msg);
+            return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
         double now = tp_now();
         if (now >= deadline)
-            return tp_comm_fail(c, err, "%s not done after %.0f ms", what, (now - t0) * 1e3);
+            return tp_comm_fail(c, TP_FAULT_DEADLINE, err, "%s not done after %.0f ms", what,
+                                (now - t0) * 1e3);
         if (idle != NULL && idle(idle_ctx, &e) != 0)
-            return tp_comm_fail(c, err, "%s abandoned: %s", what, e.msg);
+            return tp_comm_fail(c, TP_FAULT_ABANDONED, err, "%s abandoned: %s", what, e.msg);
         tp_pause(polls);
     }
 }
@@ -289,7 +296,7 @@ int tp_comm_exchange(tp_comm *c, const char *what, const tp_xfer *sends, int n_s
     }
     ep_err e = {{0}};
     if (c->ops->exchange(c->h, sends, n_sends, recvs, n_recvs, stream, &e) != 0)
-        return tp_comm_fail(c, err, "%s: %s", what, e.msg);
+        return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
     return tp_comm_wait(c, what, stream, deadline, idle, idle_ctx, err);
 }
 
@@ -321,4 +328,9 @@ int tp_comm_size(const tp_comm *c)
 const char *tp_comm_last_error(const tp_comm *c)
 {
     return c->last_error;
+}
+
+tp_comm_fault tp_comm_last_fault(const tp_comm *c)
+{
+    return c->fault;
 }

@@ -220,6 +220,7 @@ TEST(a_dead_peer_at_init_fails_by_the_deadline_and_aborts)
         CHECK_STR_HAS(r[i].err.msg, "; aborted");
         CHECK_EQ(r[i].states[0], TP_COMM_ABORTED);
         CHECK_STR_HAS(tp_comm_last_error(r[i].c), "not ready: init not done after");
+        CHECK_EQ(tp_comm_last_fault(r[i].c), TP_FAULT_DEADLINE);
         CHECK(r[i].took >= 0.3 && r[i].took < 10);
         tp_comm_destroy(&r[i].c);
     }
@@ -248,6 +249,7 @@ TEST(an_async_error_during_init_aborts_naming_the_library_error)
     CHECK_STR_HAS(r[1].err.msg, "fake communicator of epoch 9.0, rank 1 of 2: not ready: init: "
                                 "injected: unhandled system error; aborted");
     CHECK_EQ(r[1].states[0], TP_COMM_ABORTED);
+    CHECK_EQ(tp_comm_last_fault(r[1].c), TP_FAULT_LIBRARY);
     CHECK_EQ(fc_aborts(sh.w), 1);
     for (int i = 0; i < 2; i++)
         tp_comm_destroy(&r[i].c);
@@ -358,6 +360,7 @@ TEST(the_owner_interrupts_a_wait_and_the_communicator_is_aborted)
     CHECK_EQ(r[0].rc, -1);
     CHECK_STR_HAS(r[0].err.msg, "abandoned: STEP_ABORT from the coordinator; aborted");
     CHECK_EQ(r[0].idle_calls, 3);
+    CHECK_EQ(tp_comm_last_fault(r[0].c), TP_FAULT_ABANDONED);
     CHECK(r[0].took < 10);
     CHECK_EQ(r[0].states[0], TP_COMM_ABORTED);
     CHECK_EQ(fc_aborts(sh.w), 1);
@@ -402,7 +405,8 @@ TEST(an_aborted_communicator_is_rebuilt_and_works)
         for (int k = 0; k < 5; k++)
             CHECK_EQ(r[i].states[k], want[k]);
         CHECK_EQ(tp_comm_generation(r[i].c), 1);
-        CHECK_STR_EQ(tp_comm_last_error(r[i].c), "step 3: local experts failed");
+        CHECK_STR_EQ(tp_comm_last_error(r[i].c), ""); /* the rebuilt one never failed */
+        CHECK_EQ(tp_comm_last_fault(r[i].c), TP_FAULT_NONE);
     }
     CHECK_EQ(fc_aborts(sh.w), 2);
     CHECK_EQ(fc_live(sh.w), 2);
