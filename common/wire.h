@@ -77,6 +77,11 @@ int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
               const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
               bool dontwait, ep_err *err);
 
+/* The same with a body already packed (body_len 0: empty frame). */
+int wire_send_packed(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+                     const uint8_t *body, size_t body_len, const wire_payload *payloads,
+                     int n_payloads, bool dontwait, ep_err *err);
+
 /* Decode m's body as desc with a bounded allocator. Free with wire_free_unpacked. */
 ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
                               ep_err *err);
