@@ -209,8 +209,32 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.has_data_plane = 1;
     m.data_plane = env->spec->data_plane == SPEC_PLANE_NCCL ? EPMOE__DATA_PLANE__DATA_PLANE_NCCL
                                                             : EPMOE__DATA_PLANE__DATA_PLANE_ZMQ;
+    m.has_gpu_gemm = 1;
+    m.gpu_gemm = env->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
+                                                           : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
     reg_send(out, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
     free(owner);
+}
+
+/* Keep REGISTER's device description (strings copied, bounded). */
+static void reg_keep_device(reg_worker *w, const Epmoe__DeviceInfo *d)
+{
+    epmoe__device_info__init(&w->device);
+    w->has_device = d != NULL;
+    if (d == NULL)
+        return;
+    snprintf(w->dev_name, sizeof w->dev_name, "%s", d->name ? d->name : "");
+    snprintf(w->dev_backend, sizeof w->dev_backend, "%s", d->backend ? d->backend : "");
+    w->device.name = w->dev_name;
+    w->device.backend = w->dev_backend;
+    w->device.has_memory_total = d->has_memory_total;
+    w->device.memory_total = d->memory_total;
+    w->device.has_memory_free = d->has_memory_free;
+    w->device.memory_free = d->memory_free;
+    w->device.has_sm_major = d->has_sm_major;
+    w->device.sm_major = d->sm_major;
+    w->device.has_sm_minor = d->has_sm_minor;
+    w->device.sm_minor = d->sm_minor;
 }
 
 static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, const char *fmt, ...)
@@ -332,6 +356,7 @@ void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_
     snprintf(w->version, sizeof w->version, "%s", rq->version ? rq->version : "");
     w->backend[0] = '\0';
     w->error[0] = '\0';
+    reg_keep_device(w, rq->device_info);
     log_info("worker %s (rank %d) %s from %s pid %u", sw->name, sw->rank,
              restart ? "registered again (restart; its step in flight is lost)" : "registered",
              w->hostname[0] ? w->hostname : "?", (unsigned)w->pid);
@@ -611,4 +636,6 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
     o->n_experts = (uint32_t)plan_rank_experts(env->plan, sw->rank, NULL, 0);
     if (w->error[0])
         o->error = w->error;
+    if (w->has_device)
+        o->device_info = &w->device;
 }

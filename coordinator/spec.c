@@ -584,6 +584,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
 static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
+static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                             const char *path, void *obj)
@@ -612,6 +613,16 @@ static int spec_h_data_plane(spec_ctx *c, const ynode *key, const ynode *val, co
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->data_plane = (spec_data_plane)i;
+    return 0;
+}
+
+static int spec_h_gpu_gemm(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                           const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "GPU GEMM path", spec_gpu_gemm_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->gpu_gemm = (spec_gpu_gemm)i;
     return 0;
 }
 
@@ -792,6 +803,7 @@ static const spec_field spec_ep_fields[] = {
     {.key = "redundant_experts", .handle = spec_h_redundant},
     {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
     {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
+    {.key = "gpu_gemm", .handle = spec_h_gpu_gemm},
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
 
@@ -897,11 +909,8 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "%s.data: duplicate data endpoint \"%s\" (already used by worker %s at "
                          "line %d, column %d)",
                          path, w->data, o->name, o->data_pos.line, o->data_pos.col);
-    if (w->node_index == o->node_index && w->cuda_index >= 0 && w->cuda_index == o->cuda_index)
-        return spec_fail(c, w->device_pos,
-                         "%s.device: device \"%s\" is already used by worker %s on this node "
-                         "(line %d, column %d); one worker per GPU",
-                         path, w->device, o->name, o->device_pos.line, o->device_pos.col);
+    /* Several workers may share one GPU (each has its own stream and arena; tests and small
+     * models do this); the data plane decides whether it can (NCCL cannot). */
     return 0;
 }
 
@@ -1160,6 +1169,11 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err)
 const char *spec_placement_name(spec_placement p)
 {
     return (unsigned)p < 2 ? spec_placement_names[p] : "unknown";
+}
+
+const char *spec_gpu_gemm_name(spec_gpu_gemm g)
+{
+    return (unsigned)g < 2 ? spec_gpu_gemm_names[g] : "unknown";
 }
 
 const char *spec_dispatch_name(spec_dispatch d)

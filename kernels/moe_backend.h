@@ -82,6 +82,9 @@ mb_backend *mb_create(const mb_options *o, ep_err *err);
 void mb_destroy(mb_backend **self_p);
 /* "cpu-avx2", "cpu-ref", "cuda-exact", "cuda-fast". */
 const char *mb_name(const mb_backend *be);
+/* The expert GEMM path for the layers that follow (CUDA; the CPU is always exact and accepts
+ * either). */
+int mb_set_gemm(mb_backend *be, mb_gemm_mode mode, ep_err *err);
 int mb_device(const mb_backend *be, mb_device_info *info);
 
 /* ---- weights ---------------------------------------------------------------------------- */
@@ -124,18 +127,19 @@ uint64_t mb_layer_footprint(const mb_backend *be, const mc_config *c, int n_expe
 uint64_t mb_step_footprint(const mb_backend *be, const mc_config *c, int max_tokens);
 
 /* Reserve room for weight_bytes of weights (mb_layer_footprint summed) plus the step buffers of
- * max_tokens tokens. CUDA: one device allocation, carved by the layers that follow; fails with a
- * message naming both sizes and the device's free memory when they do not fit. CPU: nothing. A
- * second call replaces the reservation (only when no layer of the old one is alive, or the old
- * layers move with `reuse`, see mb_layer_load). */
+ * max_tokens tokens. CUDA: one device allocation (the arena) that the layers loaded next are
+ * carved from; fails with a message naming both sizes and the device's free memory when they
+ * do not fit. A later call starts a new arena for the layers that follow (a new placement); the
+ * old one lives until its last layer is freed. CPU: checks nothing, allocates per layer. */
 int mb_reserve(mb_backend *be, const mc_config *c, uint64_t weight_bytes, int max_tokens,
                ep_err *err);
 
 /* Build a layer: router and shared expert from src, routed expert e when want[e] (want NULL:
  * every expert whose src->experts[3e].w is set). When reuse is given (an older layer of the
- * same index and config), experts it holds are taken from it instead of src (no reading,
- * packing or uploading; reuse gives them up), so a new placement costs only the experts it
- * gains. progress may be NULL. */
+ * same index and config on the same backend), the shared expert and the wanted experts it
+ * holds come from it instead of src (no reading or packing: shared on the CPU, a device copy
+ * on CUDA), so a new placement costs only the experts it gains. reuse stays usable (it can keep
+ * serving steps until the switch) and is freed by its owner. progress may be NULL. */
 mb_layer *mb_layer_load(mb_backend *be, const mc_config *c, const mb_layer_src *src,
                         const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
                         void *progress_ctx, ep_err *err);

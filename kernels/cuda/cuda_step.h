@@ -68,8 +68,7 @@ int mbc_scales_to_f32(mb_backend *be, size_t n, const uint8_t *d_e8m0, float *d_
  * [n_pairs, H] on the device, row p for pair p. */
 int mbc_experts(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *d_q,
                 const float *d_qs, int n_pairs, const uint32_t *h_pair_row,
-                const uint32_t *h_pair_expert, const float *h_pair_w, uint16_t *d_out,
-                ep_err *err);
+                const uint32_t *h_pair_expert, const float *h_pair_w, uint16_t *d_out, ep_err *err);
 
 /* Scatter rows: row i of d_rows bf16 [n, H] goes to row d_slots[i] of d_eo bf16 [T*k, H]. */
 int mbc_scatter(mb_backend *be, int H, int n, const uint32_t *d_slots, const uint16_t *d_rows,
