@@ -65,6 +65,12 @@ typedef struct it_worker {
     int last_error_code;
     char last_error[1024];
     uint64_t last_abort;
+    /* data_plane nccl: COMM_INIT is answered (rank 0 sends COMM_ID first) unless comm_silent */
+    bool nccl, comm_silent;
+    int n_comm_inits;
+    uint32_t comm_gen;    /* of the last COMM_INIT */
+    bool got_id;          /* the last COMM_INIT carried an id ... */
+    uint8_t comm_id[128]; /* ... this one (rank 0: the one it made) */
 } it_worker;
 
 typedef struct it_client {
@@ -82,6 +88,7 @@ typedef struct it_opts {
     int liveness;             /* default 5 */
     int step_timeout_ms;      /* default 5000 */
     const char *expert_dtype; /* NULL: config.json has no expert_dtype */
+    bool nccl;                /* data_plane nccl, workers on cuda:R */
 } it_opts;
 
 typedef struct itest {

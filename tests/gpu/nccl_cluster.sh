@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# tests/gpu/nccl_cluster.sh — the NCCL data plane on one GPU (issue 11, point 5): a real
+# epmoe-coordinator and one epmoe-worker on cuda:0 with expert_parallel.data_plane nccl (P = 1:
+# the worker's dispatch and combine are NCCL send/recv to itself), exact GEMMs.
+#
+# Proves: the communicator is bootstrapped through the coordinator (COMM_INIT, COMM_ID,
+# COMM_DONE) and the cluster becomes ready; for both expert dtypes, a hash layer, a score layer
+# and the MTP layer, and 1, 7, 64 and 300 tokens, the cluster's `forward` output file is
+# byte-identical to `forward --local` (CPU backend, one process); shutdown stops both daemons
+# with exit 0.
+#
+#   tests/gpu/nccl_cluster.sh BUILD_DIR [OUT_DIR]
+#
+# BUILD_DIR holds a CMake build with CUDA and NCCL (coordinator/, worker/, ctl/). OUT_DIR (default
+# $OUT or ./gpu-check) receives nccl_cluster.log and the daemons' logs. Exit: 0 pass, 1 fail,
+# 77 skipped with the reason on stdout (no daemons in BUILD_DIR, a worker built without NCCL,
+# no GPU, libnccl not loadable).
+set -u
+BUILD=${1:?usage: nccl_cluster.sh BUILD_DIR [OUT_DIR]}
+OUTDIR=${2:-${OUT:-gpu-check}}
+CTL=$BUILD/ctl/epmoectl
+COORD=$BUILD/coordinator/epmoe-coordinator
+WORKER=$BUILD/worker/epmoe-worker
+mkdir -p "$OUTDIR"
+TMP=$(mktemp -d /tmp/epmoe_nccl_XXXXXX)
+PIDS=()
+fails=0
+
+skip() {
+    echo "SKIP nccl_cluster: $*"
+    exit 77
+}
+
+for b in "$CTL" "$COORD" "$WORKER"; do
+    [ -x "$b" ] || skip "$b is missing (the daemons need libzmq, protobuf-c, libyaml and jansson)"
+done
+# libnccl: the toolkit's, or the one PyTorch's wheels bring (nvidia-nccl-cu13) on GPU images
+if ldd "$WORKER" | grep -q "libnccl.so.2 => not found"; then
+    dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$dir" ] && [ -d "$dir" ] && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    ldd "$WORKER" | grep -q "not found" && skip "the worker cannot load: $(ldd "$WORKER" | grep 'not found' | tr -s ' \t' ' ')"
+fi
+ldd "$WORKER" | grep -q libnccl || skip "epmoe-worker was built without NCCL (EPMOE_HAVE_NCCL off)"
+nvidia-smi -L >/dev/null 2>&1 && nvidia-smi -L | grep -q GPU || skip "no GPU (nvidia-smi lists none)"
+
+exec > >(tee "$OUTDIR/nccl_cluster.log") 2>&1
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    cp "$TMP"/*.log "$OUTDIR/" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*"
+    fails=$((fails + 1))
+}
+
+ok() { echo "ok   $*"; }
+
+free_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# start_cluster NAME MODEL: one worker on cuda:0, data_plane nccl, exact GEMMs
+start_cluster() {
+    local name=$1 model=$2
+    read -r -a ports <<<"$(free_ports 3)"
+    LISTEN="tcp://127.0.0.1:${ports[0]}"
+    ADMIN="tcp://127.0.0.1:${ports[1]}"
+    cat >"$TMP/$name.yaml" <<EOF
+cluster: {name: $name}
+coordinator: {listen: "$LISTEN", admin: "$ADMIN", heartbeat_ms: 500, liveness: 20, step_timeout_ms: 60000}
+model: {path: $model}
+expert_parallel: {placement: contiguous, dispatch: fp8, data_plane: nccl, gpu_gemm: exact}
+nodes:
+  - name: gpu
+    workers:
+      - {name: g0, device: "cuda:0", data: "tcp://127.0.0.1:${ports[2]}"}
+EOF
+    "$COORD" --cluster "$TMP/$name.yaml" --check >"$TMP/$name.check.log" 2>&1 ||
+        { fail "$name: --check: $(tail -2 "$TMP/$name.check.log")"; return 1; }
+    CPIDS=()
+    EPMOE_DEBUG=net "$COORD" --cluster "$TMP/$name.yaml" >"$TMP/$name.coord.log" 2>&1 &
+    CPIDS+=($!)
+    PIDS+=($!)
+    "$WORKER" --coordinator "$LISTEN" --name g0 --device cuda:0 >"$TMP/$name.g0.log" 2>&1 &
+    CPIDS+=($!)
+    PIDS+=($!)
+    if ! "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 180 >"$TMP/$name.status.log" 2>&1; then
+        fail "$name: cluster not ready"
+        tail -20 "$TMP/$name.status.log" "$TMP/$name.coord.log" "$TMP/$name.g0.log"
+        return 1
+    fi
+    if grep -q "NCCL communicator of epoch 1.0 ready" "$TMP/$name.coord.log"; then
+        ok "$name: NCCL communicator bootstrapped through the coordinator ($(grep -o 'ready: 1 ranks in [0-9]* ms' "$TMP/$name.coord.log" | head -1))"
+    else
+        fail "$name: the coordinator logged no ready NCCL communicator"
+    fi
+}
+
+stop_cluster() {
+    local name=$1
+    "$CTL" --coordinator "$ADMIN" shutdown >/dev/null 2>&1 || fail "$name: shutdown verb"
+    for pid in "${CPIDS[@]}"; do
+        local waited=0
+        while kill -0 "$pid" 2>/dev/null && [ $waited -lt 300 ]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            fail "$name: pid $pid still running 30 s after shutdown"
+            kill -9 "$pid"
+        fi
+        wait "$pid"
+        local rc=$?
+        [ $rc -eq 0 ] || fail "$name: pid $pid exited $rc after shutdown"
+    done
+}
+
+check_forwards() {
+    local name=$1 model=$2 n=0 bad=0
+    for layer in 0 1 mtp.0; do
+        for t in 1 7 64 300; do
+            local out=$TMP/$name.$layer.$t.st ref=$TMP/ref.$name.$layer.$t.st
+            "$CTL" forward --local --model "$model" --layer "$layer" --input "$TMP/in_$t.st" \
+                --output "$ref" >/dev/null || { fail "forward --local $name $layer T=$t"; continue; }
+            if ! "$CTL" --coordinator "$ADMIN" forward --layer "$layer" --input "$TMP/in_$t.st" \
+                --output "$out" >"$TMP/$name.fwd.log" 2>&1; then
+                fail "$name: forward layer $layer T=$t: $(cat "$TMP/$name.fwd.log")"
+                bad=$((bad + 1))
+            elif ! cmp -s "$out" "$ref"; then
+                fail "$name: layer $layer T=$t differs from forward --local"
+                "$CTL" diff "$out" "$ref" | head -5
+                bad=$((bad + 1))
+            fi
+            n=$((n + 1))
+        done
+    done
+    [ $bad -eq 0 ] && ok "$name: $n forwards over NCCL (layers 0 hash, 1 score, mtp.0; T 1 7 64 300) bit-identical to --local"
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+for dt in fp4 fp8; do
+    "$CTL" mkmodel --out "$TMP/$dt" --expert-dtype "$dt" --experts 12 --layers 2 --hash-layers 1 \
+        --mtp 1 --seed 7 >/dev/null || { fail "mkmodel $dt"; exit 1; }
+done
+for t in 1 7 64 300; do
+    "$CTL" mkinput --model "$TMP/fp4" --tokens "$t" --seed "$t" --out "$TMP/in_$t.st" >/dev/null ||
+        fail "mkinput $t"
+done
+for dt in fp4 fp8; do
+    start_cluster "nccl-$dt" "$TMP/$dt" || continue
+    check_forwards "nccl-$dt" "$TMP/$dt"
+    stop_cluster "nccl-$dt"
+done
+
+if [ $fails -ne 0 ]; then
+    echo "nccl_cluster: $fails failure(s)"
+    exit 1
+fi
+echo "nccl_cluster: all ok"
