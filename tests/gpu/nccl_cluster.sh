@@ -10,6 +10,11 @@
 # with exit 0.
 #
 #   tests/gpu/nccl_cluster.sh BUILD_DIR [OUT_DIR]
+#   NCCL_RANKS=2 tests/gpu/nccl_cluster.sh BUILD_DIR      # P workers on cuda:0 .. cuda:P-1
+#
+# NCCL_RANKS (1, 2, 3, 4 or 6: the test model has 12 experts) runs the same check with P
+# workers, one per GPU of this machine (NCCL refuses two ranks on one GPU); it skips when the
+# machine has fewer GPUs.
 #
 # BUILD_DIR holds a CMake build with CUDA and NCCL (coordinator/, worker/, ctl/). OUT_DIR (default
 # $OUT or ./gpu-check) receives nccl_cluster.log and the daemons' logs. Exit: 0 pass, 1 fail,
@@ -41,13 +46,18 @@ if ldd "$WORKER" | grep -q "libnccl.so.2 => not found"; then
     ldd "$WORKER" | grep -q "not found" && skip "the worker cannot load: $(ldd "$WORKER" | grep 'not found' | tr -s ' \t' ' ')"
 fi
 ldd "$WORKER" | grep -q libnccl || skip "epmoe-worker was built without NCCL (EPMOE_HAVE_NCCL off)"
-nvidia-smi -L >/dev/null 2>&1 && nvidia-smi -L | grep -q GPU || skip "no GPU (nvidia-smi lists none)"
+P=${NCCL_RANKS:-1}
+case $P in 1 | 2 | 3 | 4 | 6) ;; *) echo "NCCL_RANKS must be 1, 2, 3, 4 or 6"; exit 1 ;; esac
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU)
+[ "$n_gpu" -ge 1 ] || skip "no GPU (nvidia-smi lists none)"
+[ "$n_gpu" -ge "$P" ] || skip "NCCL_RANKS=$P needs $P GPUs, this machine has $n_gpu"
 
 exec > >(tee "$OUTDIR/nccl_cluster.log") 2>&1
 
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
+    # only the daemons: a bare `wait` would also wait for the tee above, which ends with us
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
     cp "$TMP"/*.log "$OUTDIR/" 2>/dev/null
     rm -rf "$TMP"
 }
@@ -70,10 +80,10 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
-# start_cluster NAME MODEL: one worker on cuda:0, data_plane nccl, exact GEMMs
+# start_cluster NAME MODEL: P workers on cuda:0 .. cuda:P-1, data_plane nccl, exact GEMMs
 start_cluster() {
     local name=$1 model=$2
-    read -r -a ports <<<"$(free_ports 3)"
+    read -r -a ports <<<"$(free_ports $((P + 2)))"
     LISTEN="tcp://127.0.0.1:${ports[0]}"
     ADMIN="tcp://127.0.0.1:${ports[1]}"
     cat >"$TMP/$name.yaml" <<EOF
@@ -84,24 +94,28 @@ expert_parallel: {placement: contiguous, dispatch: fp8, data_plane: nccl, gpu_ge
 nodes:
   - name: gpu
     workers:
-      - {name: g0, device: "cuda:0", data: "tcp://127.0.0.1:${ports[2]}"}
 EOF
+    for ((r = 0; r < P; r++)); do
+        echo "      - {name: g$r, device: \"cuda:$r\", data: \"tcp://127.0.0.1:${ports[$((r + 2))]}\"}"
+    done >>"$TMP/$name.yaml"
     "$COORD" --cluster "$TMP/$name.yaml" --check >"$TMP/$name.check.log" 2>&1 ||
         { fail "$name: --check: $(tail -2 "$TMP/$name.check.log")"; return 1; }
     CPIDS=()
     EPMOE_DEBUG=net "$COORD" --cluster "$TMP/$name.yaml" >"$TMP/$name.coord.log" 2>&1 &
     CPIDS+=($!)
     PIDS+=($!)
-    "$WORKER" --coordinator "$LISTEN" --name g0 --device cuda:0 >"$TMP/$name.g0.log" 2>&1 &
-    CPIDS+=($!)
-    PIDS+=($!)
+    for ((r = 0; r < P; r++)); do
+        "$WORKER" --coordinator "$LISTEN" --name "g$r" --device "cuda:$r" >"$TMP/$name.g$r.log" 2>&1 &
+        CPIDS+=($!)
+        PIDS+=($!)
+    done
     if ! "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 180 >"$TMP/$name.status.log" 2>&1; then
         fail "$name: cluster not ready"
-        tail -20 "$TMP/$name.status.log" "$TMP/$name.coord.log" "$TMP/$name.g0.log"
+        tail -n 20 "$TMP/$name.status.log" "$TMP/$name.coord.log" "$TMP/$name".g*.log
         return 1
     fi
     if grep -q "NCCL communicator of epoch 1.0 ready" "$TMP/$name.coord.log"; then
-        ok "$name: NCCL communicator bootstrapped through the coordinator ($(grep -o 'ready: 1 ranks in [0-9]* ms' "$TMP/$name.coord.log" | head -1))"
+        ok "$name: NCCL communicator bootstrapped through the coordinator ($(grep -o "ready: $P ranks in [0-9]* ms" "$TMP/$name.coord.log" | head -1))"
     else
         fail "$name: the coordinator logged no ready NCCL communicator"
     fi
@@ -145,7 +159,7 @@ check_forwards() {
             n=$((n + 1))
         done
     done
-    [ $bad -eq 0 ] && ok "$name: $n forwards over NCCL (layers 0 hash, 1 score, mtp.0; T 1 7 64 300) bit-identical to --local"
+    [ $bad -eq 0 ] && ok "$name: $n forwards over NCCL, P = $P (layers 0 hash, 1 score, mtp.0; T 1 7 64 300) bit-identical to --local"
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
