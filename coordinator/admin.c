@@ -63,6 +63,10 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
         rep.steps_done = f->steps_done;
         rep.has_steps_failed = 1;
         rep.steps_failed = f->steps_failed;
+        rep.has_current_epoch = 1;
+        rep.current_epoch = f->current_epoch;
+        if (f->problem[0])
+            rep.problem = (char *)f->problem;
     }
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
 }
@@ -155,7 +159,7 @@ void adm_reply_unknown_verb(ob_box *out, const wire_msg *m, const Epmoe__AdminRe
 {
     adm_error(out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
               "unknown verb %d (expected STATUS 1, WORKERS 2, SHARDS 3, CONFIG 4, FORWARD 5, "
-              "SHUTDOWN 6)",
+              "SHUTDOWN 6, DRAIN 7, UNDRAIN 8, RELOAD 9)",
               (int)rq->verb);
 }
 

@@ -25,8 +25,10 @@ typedef struct adm_facts {
     const spec_cluster *spec;
     const mc_config *cfg;
     uint64_t config_hash;
-    const plan_table *plan;
-    const char *state; /* the cluster state's name */
+    const plan_table *plan; /* the latest placement (what the workers were last told) */
+    uint64_t current_epoch; /* the epoch steps run in */
+    const char *problem;    /* why the cluster is blocked, "" otherwise */
+    const char *state;      /* the cluster state's name */
     uint64_t steps_done, steps_failed;
     Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
     int n_workers;

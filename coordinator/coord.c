@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "coordinator/ncclboot.h"
 #include "coordinator/outbox.h"
 #include "coordinator/registry.h"
+#include "coordinator/reload.h"
 #include "coordinator/sequencer.h"
 
 /* Worker messages handled per loop iteration before the admin socket gets its turn. */
@@ -33,14 +35,14 @@
 #define COORD_STOP_LINGER_MS 1000
 
 struct coord {
-    const spec_cluster *spec; /* borrowed from main, outlives the daemon */
-    const mc_config *cfg;
-    uint64_t config_hash; /* mc_hash(cfg) */
-    const plan_table *plan;
+    spec_cluster *spec; /* the running spec (a reload swaps it) */
+    mc_config cfg;
+    uint64_t config_hash; /* mc_hash(&cfg) */
+    plan_epochs *pe;      /* placement and its epochs */
     void *zctx;
     void *wsock; /* ROUTER coordinator.listen (workers) */
     void *asock; /* ROUTER coordinator.admin (operators) */
-    int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (ignored for now) */
+    int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (reload) */
     reg_registry *reg;
     seq_sequencer *seq;
     nb_boot *nb; /* data_plane nccl: the communicator of the epoch; NULL for zmq */
@@ -51,6 +53,8 @@ struct coord {
     int64_t next_heartbeat_ms;
     uint64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
     int64_t next_watchdog_ms;
+    int64_t change_ms;   /* when the placement change in progress began (0: none) */
+    rl_plan reload;      /* a validated reload waiting for the step in flight (spec != NULL) */
     char not_ready[600]; /* seq_env.not_ready */
 };
 
@@ -72,6 +76,8 @@ const char *coord_state_name(coord_state s)
         return "ready";
     case COORD_STOPPING:
         return "stopping";
+    case COORD_BLOCKED:
+        return "blocked";
     }
     return "?";
 }
@@ -81,25 +87,64 @@ static void coord_notify_status(coord *c)
     int missing, not_ready;
     reg_counts(c->reg, &missing, &not_ready);
     int n = reg_size(c->reg);
-    sdn_notifyf("STATUS=cluster %s %s: %d/%d workers registered, %d ready", c->spec->name,
-                coord_state_name(c->state), n - missing, n, n - not_ready);
+    sdn_notifyf("STATUS=cluster %s %s, epoch %" PRIu64 ": %d/%d workers registered, %d ready",
+                c->spec->name, coord_state_name(c->state), plan_current(c->pe)->epoch, n - missing,
+                n, n - not_ready);
 }
 
-/* Recompute the cluster state from the registry; log and notify systemd on a change. */
+/* Every member of t acknowledged t and is ready. */
+static bool coord_members_ready(const coord *c, const plan_table *t)
+{
+    for (int r = 0; r < t->n_ranks; r++)
+        if (t->member[r] && !reg_ready_in(c->reg, r, t->epoch))
+            return false;
+    return true;
+}
+
+static coord_state coord_compute_state(const coord *c)
+{
+    switch (plan_phase_of(c->pe)) {
+    case PLAN_BLOCKED:
+        return COORD_BLOCKED;
+    case PLAN_FORMING: {
+        int missing, not_ready;
+        reg_counts(c->reg, &missing, &not_ready);
+        return missing > 0 ? COORD_FORMING : COORD_LOADING;
+    }
+    case PLAN_PENDING:
+    case PLAN_APPLYING:
+        return COORD_LOADING;
+    case PLAN_STABLE:
+        break;
+    }
+    return coord_members_ready(c, plan_current(c->pe)) ? COORD_READY : COORD_LOADING;
+}
+
+/* The latest epoch is complete once every member acknowledged it; then recompute the cluster
+ * state, log and notify systemd on a change. */
 static void coord_update_state(coord *c)
 {
     if (c->state == COORD_STOPPING)
         return;
-    int missing, not_ready;
-    reg_counts(c->reg, &missing, &not_ready);
-    coord_state s = missing > 0 ? COORD_FORMING : not_ready > 0 ? COORD_LOADING : COORD_READY;
+    plan_phase ph = plan_phase_of(c->pe);
+    const plan_table *latest = plan_latest(c->pe);
+    if ((ph == PLAN_FORMING || ph == PLAN_APPLYING) && coord_members_ready(c, latest)) {
+        plan_applied(c->pe);
+        if (c->change_ms > 0)
+            log_info("cluster %s: placement epoch %" PRIu64 " applied by its %d members, %" PRId64
+                     " ms after the change began (%s)",
+                     c->spec->name, latest->epoch, latest->n_members, c->now_ms - c->change_ms,
+                     plan_why(c->pe));
+        c->change_ms = 0;
+    }
+    coord_state s = coord_compute_state(c);
     if (s == COORD_READY && c->nb != NULL && !nb_ready(c->nb))
-        s = COORD_LOADING; /* every worker loaded, the NCCL communicator not built yet */
+        s = COORD_LOADING; /* every member loaded, the NCCL communicator not built yet */
     if (s == c->state)
         return;
-    log_info("cluster %s: %s -> %s (%d/%d workers ready)", c->spec->name,
-             coord_state_name(c->state), coord_state_name(s), reg_size(c->reg) - not_ready,
-             reg_size(c->reg));
+    log_info("cluster %s: %s -> %s (epoch %" PRIu64 "%s%s)", c->spec->name,
+             coord_state_name(c->state), coord_state_name(s), plan_current(c->pe)->epoch,
+             s == COORD_BLOCKED ? ": " : "", s == COORD_BLOCKED ? plan_problem(c->pe) : "");
     c->state = s;
     coord_notify_status(c);
 }
@@ -109,76 +154,128 @@ static void coord_update_state(coord *c)
 static reg_env coord_reg_env(const coord *c)
 {
     return (reg_env){.spec = c->spec,
-                     .cfg = c->cfg,
+                     .cfg = &c->cfg,
                      .config_hash = c->config_hash,
-                     .plan = c->plan,
+                     .plan = plan_latest(c->pe),
                      .now_ms = c->now_ms};
 }
 
 static seq_env coord_seq_env(coord *c)
 {
-    bool ready = c->state == COORD_READY;
+    bool ready = c->state == COORD_READY && c->reload.spec == NULL;
     c->not_ready[0] = '\0';
-    if (!ready)
+    if (c->state == COORD_BLOCKED)
+        snprintf(c->not_ready, sizeof c->not_ready, "%s", plan_problem(c->pe));
+    else if (!ready)
         reg_not_ready_text(c->reg, c->not_ready, sizeof c->not_ready);
     if (!ready && c->not_ready[0] == '\0' && c->nb != NULL)
         nb_not_ready_text(c->nb, c->spec, c->not_ready, sizeof c->not_ready);
+    /* once formed, a cluster that changes epochs (or swaps in a reloaded spec, or waits for a
+     * restarted member) keeps requests queued instead of refusing them */
+    bool changing = plan_phase_of(c->pe) != PLAN_FORMING && c->state == COORD_LOADING;
     return (seq_env){.spec = c->spec,
-                     .cfg = c->cfg,
-                     .plan = c->plan,
+                     .cfg = &c->cfg,
+                     .plan = plan_current(c->pe),
                      .now_ms = c->now_ms,
                      .state = coord_state_name(c->state),
                      .ready = ready,
+                     .wait = !ready && (changing || c->reload.spec != NULL),
                      .stopping = c->state == COORD_STOPPING,
                      .not_ready = c->not_ready};
 }
 
 static nb_env coord_nb_env(const coord *c)
 {
-    int missing, not_ready;
-    reg_counts(c->reg, &missing, &not_ready);
+    const plan_table *p = plan_current(c->pe);
     return (nb_env){.spec = c->spec,
-                    .epoch = c->plan->epoch,
+                    .epoch = p->epoch,
+                    .member = p->member,
                     .now_ms = c->now_ms,
-                    .all_ready = missing == 0 && not_ready == 0 && c->state != COORD_STOPPING};
+                    .all_ready = coord_compute_state(c) == COORD_READY && !c->stop};
+}
+
+/* The ranks that may own experts now: registered, usable, not drained. */
+static void coord_eligible(const coord *c, uint8_t *eligible)
+{
+    for (int r = 0; r < c->spec->n_workers; r++)
+        eligible[r] = reg_can_own(c->reg, r) && !plan_drained(c->pe, r);
+}
+
+/* Replan after a change (why: for the log and the workers); force: a new epoch even when the
+ * table stays. Returns plan_replan's answer. */
+static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
+{
+    char why[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
+    if (eligible == NULL) {
+        log_error("placement: out of memory (%s)", why);
+        return 0;
+    }
+    coord_eligible(c, eligible);
+    int rc = force ? plan_replan_new(c->pe, eligible, from_base, why)
+                   : plan_replan(c->pe, eligible, from_base, why);
+    free(eligible);
+    if (rc != 0 && c->change_ms == 0)
+        c->change_ms = c->now_ms;
+    return rc;
 }
 
 /* ---- settling: send what the handlers returned, route their events ---- */
+
+static void coord_free_payloads(ob_msg *m)
+{
+    for (int i = 0; i < m->n_payloads; i++)
+        if (m->payload[i].free_fn)
+            m->payload[i].free_fn((void *)m->payload[i].data, m->payload[i].hint);
+}
 
 static void coord_send(coord *c, ob_msg *m)
 {
     void *sock = m->to == OB_TO_ADMIN ? c->asock : c->wsock;
     const uint8_t *ident = m->ident;
     size_t len = m->ident_len;
-    const char *who = m->to == OB_TO_ADMIN ? "admin client" : "worker";
+    int rank = m->rank;
     if (m->to == OB_TO_RANK) {
         reg_worker *w = reg_worker_at(c->reg, m->rank);
         ident = w ? w->ident : NULL;
         len = w ? w->ident_len : 0;
-        who = w ? w->spec->name : "?";
+    } else if (m->to == OB_TO_WORKER_ID) {
+        reg_worker *w = reg_find_ident(c->reg, m->ident, m->ident_len);
+        rank = w && reg_registered(w) ? w->spec->rank : -1;
     }
     ep_err err;
-    int rc;
+    int rc, zerr = 0;
     if (len == 0) {
         ep_err_set(&err, "sending %s: the worker has never registered", wire_type_name(m->type));
+        coord_free_payloads(m);
         rc = -1;
-        for (int i = 0; i < m->n_payloads; i++)
-            if (m->payload[i].free_fn)
-                m->payload[i].free_fn((void *)m->payload[i].data, m->payload[i].hint);
     } else {
         rc = wire_send_packed(sock, ident, len, m->type, m->body, m->body_len, m->payload,
                               m->n_payloads, true, &err);
+        zerr = rc != 0 ? zmq_errno() : 0;
     }
     ob_mark_sent(&c->out);
     if (rc == 0)
         return;
-    log_debug(LOG_SUB_NET, "%s %s: %s", who, m->to == OB_TO_RANK ? "" : "(by id)", err.msg);
+    log_debug(LOG_SUB_NET, "%s to %s: %s", wire_type_name(m->type),
+              m->to == OB_TO_ADMIN ? "an admin client" : "a worker", err.msg);
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP && m->to == OB_TO_RANK) {
         ob_event_add(&c->out, OB_EV_SEND_FAILED, m->rank, "%s", err.msg);
         ob_event *e = ob_last_event(&c->out);
         if (e != NULL)
             e->step_id = m->step_id;
     }
+    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection */
+    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
+        reg_registered(reg_worker_at(c->reg, rank)))
+        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
 }
 
 static void coord_flush(coord *c)
@@ -187,19 +284,70 @@ static void coord_flush(coord *c)
         coord_send(c, &c->out.msg[c->out.n_sent]);
 }
 
+/* A worker is gone: a new placement for the survivors (once the cluster has formed), then the
+ * step in flight fails naming the worker and the epoch change. */
+static void coord_on_lost(coord *c, const ob_event *e)
+{
+    const char *name = c->spec->workers[e->rank].name;
+    char why[EP_ERR_MSG_MAX + 256];
+    int rc = coord_replan(c, false, false, "worker %s lost: %s", name, e->text);
+    if (rc > 0)
+        snprintf(why, sizeof why,
+                 "%s; placement epoch %" PRIu64 " -> %" PRIu64
+                 " moves its experts to the other workers",
+                 e->text, plan_current(c->pe)->epoch, plan_last_epoch(c->pe));
+    else if (rc < 0)
+        snprintf(why, sizeof why, "%s; the cluster is blocked: %s", e->text, plan_problem(c->pe));
+    else
+        snprintf(why, sizeof why, "%s", e->text);
+    coord_update_state(c);
+    seq_env senv = coord_seq_env(c);
+    seq_worker_lost(c->seq, &senv, e->rank, why, &c->out);
+}
+
+/* A worker acknowledged an epoch. One that owns nothing in the latest epoch and is not drained
+ * has come back: rejoin restore gives the spec's placement back; stay keeps it as a spare (a
+ * blocked cluster replans with it). */
+static void coord_on_ready(coord *c, const ob_event *e)
+{
+    plan_phase ph = plan_phase_of(c->pe);
+    bool restore = plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE;
+    const char *name = c->spec->workers[e->rank].name;
+    if (ph == PLAN_FORMING || plan_drained(c->pe, e->rank))
+        return;
+    if (ph == PLAN_BLOCKED) /* one more worker may be all a blocked cluster needs */
+        coord_replan(c, restore, false, "worker %s is ready (rejoin: %s)", name,
+                     spec_rejoin_name(plan_rejoin(c->pe)));
+    else if (!plan_is_member(plan_latest(c->pe), e->rank) && restore)
+        coord_replan(c, true, false, "worker %s rejoined (rejoin: restore)", name);
+}
+
+static void coord_on_load_failed(coord *c, const ob_event *e)
+{
+    const plan_table *latest = plan_latest(c->pe);
+    if (plan_phase_of(c->pe) != PLAN_APPLYING || !plan_is_member(latest, e->rank))
+        return;
+    char problem[EP_ERR_MSG_MAX];
+    snprintf(problem, sizeof problem,
+             "worker %s could not load its experts of epoch %" PRIu64 ": %s",
+             c->spec->workers[e->rank].name, latest->epoch, e->text);
+    plan_block(c->pe, problem);
+}
+
 /* Hand one event to the module that handles it. */
 static void coord_route(coord *c, const ob_event *e)
 {
     seq_env senv = coord_seq_env(c);
     switch (e->kind) {
     case OB_EV_LOST:
-        seq_worker_lost(c->seq, &senv, e->rank, e->text, &c->out);
+        coord_on_lost(c, e);
         break;
     case OB_EV_DECLARE_DEAD:
         reg_declare_dead(c->reg, e->rank, e->text, &c->out);
         break;
     case OB_EV_READY:
-        break; /* the state update before each event covers it */
+        coord_on_ready(c, e);
+        break;
     case OB_EV_SEND_FAILED:
         seq_send_failed(c->seq, &senv, e->rank, e->step_id, e->text, &c->out);
         break;
@@ -209,12 +357,27 @@ static void coord_route(coord *c, const ob_event *e)
             reg_set_error(w, "%s", e->text);
         break;
     }
+    case OB_EV_LOAD_FAILED:
+        coord_on_load_failed(c, e);
+        break;
     }
 }
 
-/* After every input: send, route events in order, and let the sequencer move on only when
- * nothing else is pending. Each pass hands one event to one module, so no handler runs inside
- * another. */
+static void coord_swap_reload(coord *c);
+
+/* A decided epoch is sent once no step is in flight (a step never spans two epochs). */
+static void coord_send_epoch(coord *c)
+{
+    const plan_table *t = plan_send(c->pe);
+    reg_env renv = coord_reg_env(c);
+    log_info("cluster %s: sending placement epoch %" PRIu64 " (%d members): %s", c->spec->name,
+             t->epoch, t->n_members, plan_why(c->pe));
+    reg_send_epoch(c->reg, &renv, plan_why(c->pe), &c->out);
+}
+
+/* After every input: send, route events in order, send a decided epoch or swap a reloaded spec
+ * when no step is in flight, and let the sequencer move on only when nothing else is pending.
+ * Each pass hands one event to one module, so no handler runs inside another. */
 static void coord_settle(coord *c)
 {
     for (;;) {
@@ -223,6 +386,14 @@ static void coord_settle(coord *c)
         ob_event e;
         if (ob_take_event(&c->out, &e)) {
             coord_route(c, &e);
+            continue;
+        }
+        if (!seq_busy(c->seq) && c->reload.spec != NULL && !c->stop) {
+            coord_swap_reload(c);
+            continue;
+        }
+        if (!seq_busy(c->seq) && plan_phase_of(c->pe) == PLAN_PENDING && !c->stop) {
+            coord_send_epoch(c);
             continue;
         }
         int before = c->out.n_msg + c->out.n_ev;
@@ -253,7 +424,96 @@ static void coord_stop(coord *c, const char *reason)
     reg_shutdown(c->reg, reason, &c->out);
 }
 
-/* ---- setup ---- */
+/* ---- reload ---- */
+
+/* Drains carried over by name into a new planner. */
+static void coord_carry_drains(const plan_epochs *old, const spec_cluster *os, plan_epochs *pe,
+                               const spec_cluster *ns)
+{
+    for (int r = 0; r < os->n_workers; r++) {
+        const spec_worker *w =
+            plan_drained(old, r) ? spec_find_worker(ns, os->workers[r].name) : NULL;
+        if (w != NULL)
+            plan_set_drained(pe, w->rank, true);
+    }
+}
+
+/* A new world (ranks, peers or timeouts): new registry, planner and sequencer size; every
+ * registered worker is welcomed again into the new placement. Returns -1 (old state kept) when
+ * memory runs out. */
+static int coord_swap_world(coord *c, ep_err *err)
+{
+    rl_plan *rl = &c->reload;
+    bool formed = plan_phase_of(c->pe) != PLAN_FORMING;
+    reg_registry *reg = reg_create(rl->spec, err);
+    plan_epochs *pe = reg ? plan_epochs_create(rl->base, rl->spec->rejoin,
+                                               rl->spec->max_experts_per_worker, formed, err)
+                          : NULL;
+    if (pe == NULL || seq_resize(c->seq, rl->spec->n_workers, err) != 0) {
+        reg_destroy(&reg);
+        plan_epochs_destroy(&pe);
+        return -1;
+    }
+    reg_adopt(reg, c->reg, "removed from the cluster spec by a reload", &c->out);
+    coord_carry_drains(c->pe, c->spec, pe, rl->spec);
+    reg_destroy(&c->reg);
+    plan_epochs_destroy(&c->pe);
+    spec_free(&c->spec);
+    c->reg = reg;
+    c->pe = pe;
+    c->spec = rl->spec;
+    rl->spec = NULL;
+    if (formed) {
+        coord_replan(c, plan_rejoin(pe) == SPEC_REJOIN_RESTORE, true, "cluster spec reloaded");
+        plan_send(pe);
+    }
+    reg_env renv = coord_reg_env(c);
+    reg_rewelcome(c->reg, &renv, &c->out);
+    return 0;
+}
+
+/* Swap the validated reload in (no step is in flight). */
+static void coord_swap_reload(coord *c)
+{
+    rl_plan *rl = &c->reload;
+    ep_err err;
+    int rc = 0;
+    if (rl->world_changed) {
+        rc = coord_swap_world(c, &err);
+    } else if (plan_reconfigure(c->pe, rl->base, rl->spec->rejoin,
+                                rl->spec->max_experts_per_worker) != 0) {
+        rc = ep_err_set(&err, "out of memory");
+    } else {
+        reg_respec(c->reg, rl->spec);
+        spec_free(&c->spec);
+        c->spec = rl->spec;
+        rl->spec = NULL;
+        coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false, "cluster spec reloaded");
+    }
+    if (rc != 0)
+        log_error("reload of %s failed while swapping; the old spec keeps serving: %s",
+                  rl->spec->file, err.msg);
+    else
+        log_info("cluster %s: reloaded cluster spec %s (%s)", c->spec->name, c->spec->file,
+                 rl->summary);
+    rl_free(rl);
+}
+
+/* Build and validate; the swap follows once no step is in flight. 0, or -1 with err. */
+static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
+{
+    if (c->reload.spec != NULL)
+        return ep_err_set(err, "a reload is already waiting for the step in flight");
+    rl_plan rl;
+    if (rl_build(c->spec->file, c->spec, c->cfg.n_routed_experts, plan_last_epoch(c->pe), &rl,
+                 err) != 0) {
+        log_error("reload of %s failed; the old spec keeps serving: %s", c->spec->file, err->msg);
+        return -1;
+    }
+    snprintf(summary, cap, "%s", rl.summary);
+    c->reload = rl;
+    return 0;
+}
 
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       ep_err *err)
@@ -293,22 +553,30 @@ static int coord_signals(coord *c, ep_err *err)
     return 0;
 }
 
-coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_table *plan,
-                    ep_err *err)
+coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
 {
     ep_err_clear(err);
     coord *c = calloc(1, sizeof *c);
     if (c == NULL) {
+        spec_free(spec_p);
         ep_err_set(err, "out of memory");
         return NULL;
     }
-    c->spec = spec;
-    c->cfg = cfg;
+    c->spec = *spec_p;
+    *spec_p = NULL;
+    const spec_cluster *spec = c->spec;
+    c->cfg = *cfg;
     c->config_hash = mc_hash(cfg);
-    c->plan = plan;
     c->sigfd = -1;
     c->state = COORD_FORMING;
     if (coord_signals(c, err) != 0)
+        goto fail;
+    plan_table *base = plan_build(spec->placement, cfg->n_routed_experts, spec->n_workers, 1, err);
+    if (base == NULL)
+        goto fail;
+    c->pe = plan_epochs_create(base, spec->rejoin, spec->max_experts_per_worker, false, err);
+    plan_free(&base);
+    if (c->pe == NULL)
         goto fail;
     c->reg = reg_create(spec, err);
     if (c->reg == NULL)
@@ -358,6 +626,9 @@ void coord_destroy(coord **self_p)
         zmq_ctx_term(c->zctx);
     reg_destroy(&c->reg);
     nb_destroy(&c->nb);
+    plan_epochs_destroy(&c->pe);
+    rl_free(&c->reload);
+    spec_free(&c->spec);
     if (c->sigfd >= 0)
         close(c->sigfd);
     free(c);
@@ -471,9 +742,11 @@ static int coord_facts(coord *c, adm_facts *f)
     reg_env renv = coord_reg_env(c);
     int n = reg_size(c->reg);
     *f = (adm_facts){.spec = c->spec,
-                     .cfg = c->cfg,
+                     .cfg = &c->cfg,
                      .config_hash = c->config_hash,
-                     .plan = c->plan,
+                     .plan = plan_latest(c->pe),
+                     .current_epoch = plan_current(c->pe)->epoch,
+                     .problem = plan_problem(c->pe),
                      .state = coord_state_name(c->state),
                      .steps_done = seq_steps_done(c->seq),
                      .steps_failed = seq_steps_failed(c->seq),
@@ -488,6 +761,8 @@ static int coord_facts(coord *c, adm_facts *f)
     }
     for (int i = 0; i < n; i++) {
         reg_worker_info(c->reg, &renv, i, &wi[i]);
+        wi[i].has_drained = 1;
+        wi[i].drained = plan_drained(c->pe, i);
         f->workers[i] = &wi[i];
     }
     return 0;
@@ -499,6 +774,107 @@ static void coord_facts_free(adm_facts *f)
         free(f->workers[0]); /* the WorkerInfo array */
     free(f->workers);
     f->workers = NULL;
+}
+
+/* The rank of the worker a DRAIN/UNDRAIN names, or -1 after answering why not. */
+static int coord_verb_worker(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                             const char *verb)
+{
+    const spec_worker *w = rq->worker ? spec_find_worker(c->spec, rq->worker) : NULL;
+    if (w == NULL) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "%s: %s%.64s%s is not a worker of cluster spec %s", verb, rq->worker ? "\"" : "",
+                  rq->worker ? rq->worker : "no worker named", rq->worker ? "\"" : "",
+                  c->spec->file);
+        return -1;
+    }
+    if (plan_phase_of(c->pe) == PLAN_FORMING) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                  "%s %s: cluster %s is still forming its first placement", verb, w->name,
+                  c->spec->name);
+        return -1;
+    }
+    return w->rank;
+}
+
+static void coord_on_drain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    int r = coord_verb_worker(c, m, rq, "DRAIN");
+    if (r < 0)
+        return;
+    const char *name = c->spec->workers[r].name;
+    char text[EP_ERR_MSG_MAX + 128];
+    if (!plan_drained(c->pe, r)) {
+        uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
+        ep_err err;
+        if (eligible == NULL) {
+            adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BUSY,
+                      "the coordinator is out of memory");
+            return;
+        }
+        coord_eligible(c, eligible);
+        eligible[r] = 0;
+        int ok = plan_try(c->pe, eligible, &err);
+        free(eligible);
+        if (ok != 0) {
+            adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                      "DRAIN %s: the other workers cannot take its experts: %s", name, err.msg);
+            return;
+        }
+        plan_set_drained(c->pe, r, true);
+        coord_replan(c, false, false, "worker %s drained by an operator", name);
+    }
+    snprintf(text, sizeof text,
+             "worker %s is drained; it owns no experts from placement epoch %" PRIu64
+             " on and can be stopped once that epoch is current",
+             name, plan_last_epoch(c->pe));
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.has_epoch = 1;
+    rep.epoch = plan_last_epoch(c->pe);
+    rep.message = text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
+static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    int r = coord_verb_worker(c, m, rq, "UNDRAIN");
+    if (r < 0)
+        return;
+    const char *name = c->spec->workers[r].name;
+    if (plan_drained(c->pe, r)) {
+        plan_set_drained(c->pe, r, false);
+        coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false,
+                     "worker %s undrained by an operator", name);
+    }
+    char text[EP_ERR_MSG_MAX];
+    snprintf(text, sizeof text, "worker %s is not drained; %s (placement epoch %" PRIu64 ")", name,
+             plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
+                 ? "it may own experts again"
+                 : "it waits as a spare (rejoin: stay)",
+             plan_last_epoch(c->pe));
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.has_epoch = 1;
+    rep.epoch = plan_last_epoch(c->pe);
+    rep.message = text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
+static void coord_on_reload(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    char summary[EP_ERR_MSG_MAX], text[EP_ERR_MSG_MAX + 128];
+    ep_err err;
+    if (coord_reload(c, summary, sizeof summary, &err) != 0) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "reload failed, the old cluster spec keeps serving: %s", err.msg);
+        return;
+    }
+    snprintf(text, sizeof text, "cluster spec %s reloaded: %s", c->spec->file, summary);
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.message = text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
 }
 
 /* One admin request; takes ownership of m (heap). */
@@ -534,6 +910,15 @@ static void coord_on_admin(coord *c, wire_msg *m)
     case EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN:
         adm_reply_shutdown(&c->out, m, rq->id, &f);
         coord_stop(c, "admin SHUTDOWN");
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_DRAIN:
+        coord_on_drain(c, m, rq);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_UNDRAIN:
+        coord_on_undrain(c, m, rq);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_RELOAD:
+        coord_on_reload(c, m, rq);
         break;
     default:
         adm_reply_unknown_verb(&c->out, m, rq);
@@ -579,10 +964,14 @@ static void coord_read_signals(coord *c)
 {
     struct signalfd_siginfo si;
     while (read(c->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo == SIGHUP)
-            log_warn("SIGHUP: reloading the cluster spec is not implemented yet; ignored");
-        else
+        if (si.ssi_signo == SIGHUP) {
+            char summary[EP_ERR_MSG_MAX];
+            ep_err err;
+            if (coord_reload(c, summary, sizeof summary, &err) == 0)
+                log_info("SIGHUP: cluster spec %s validated: %s", c->spec->file, summary);
+        } else {
             coord_stop(c, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+        }
     }
     coord_settle(c);
 }
@@ -604,16 +993,17 @@ static void coord_timers(coord *c)
         nb_tick(c->nb, &nenv, &c->out);
         coord_settle(c);
     }
-    if (c->watchdog_ms > 0 && c->now_ms >= c->next_watchdog_ms) {
+    if (c->watchdog_ms > 0 && c->next_watchdog_ms < c->now_ms + 1) {
         sdn_notify("WATCHDOG=1"); /* the loop turned: that is the liveness we vouch for */
         c->next_watchdog_ms = c->now_ms + (int64_t)c->watchdog_ms;
     }
 }
 
-static long coord_poll_timeout(const coord *c)
+static long coord_poll_timeout(coord *c)
 {
     int64_t next = c->next_heartbeat_ms;
-    int64_t s = seq_next_deadline(c->seq);
+    seq_env senv = coord_seq_env(c);
+    int64_t s = seq_next_deadline(c->seq, &senv);
     if (s < next)
         next = s;
     if (c->nb != NULL && nb_next_deadline(c->nb) < next)
@@ -628,12 +1018,12 @@ static void coord_log_plan(const coord *c)
 {
     if (!log_debug_enabled(LOG_SUB_PLAN))
         return;
-    int *e = malloc((size_t)c->plan->n_experts * sizeof *e);
-    for (int r = 0; e != NULL && r < c->plan->n_ranks; r++) {
-        int n = plan_rank_experts(c->plan, r, e, c->plan->n_experts);
-        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d",
-                  c->plan->epoch, r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1,
-                  n > 0 ? e[n - 1] : -1);
+    const plan_table *p = plan_latest(c->pe);
+    int *e = malloc((size_t)p->n_experts * sizeof *e);
+    for (int r = 0; e != NULL && r < p->n_ranks; r++) {
+        int n = plan_rank_experts(p, r, e, p->n_experts);
+        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d", p->epoch,
+                  r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1, n > 0 ? e[n - 1] : -1);
     }
     free(e);
 }
@@ -642,7 +1032,8 @@ int coord_run(coord *c, ep_err *err)
 {
     coord_log_plan(c);
     log_info("cluster %s: serving workers on %s, admin on %s (%d workers, epoch %" PRIu64 ")",
-             c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers, c->plan->epoch);
+             c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers,
+             plan_latest(c->pe)->epoch);
     sdn_notify("READY=1");
     coord_notify_status(c);
     while (!c->stop) {

@@ -8,7 +8,8 @@
  * writes a socket and the only one that calls the others:
  *
  *   registry  (reg_)  worker lifecycle: REGISTER .. READY, heartbeats, liveness
- *   planner   (plan_) the placement table of the epoch
+ *   planner   (plan_) the placement tables and their epochs
+ *   reload    (rl_)   builds and validates a reloaded spec (coord.c swaps it in)
  *   sequencer (seq_)  the FIFO of forward requests and the one step in flight
  *   admin     (adm_)  parses AdminRequests and formats AdminReplies
  *   outbox    (ob_)   what a handler returns: messages to send, events to route
@@ -20,6 +21,11 @@
  * declare dead -> the registry; ...), recomputing the cluster state before each, and lets the
  * sequencer start the next step only when nothing else is pending. So no handler ever runs
  * inside another, and the order of events is decided here, in one place.
+ *
+ * Placement epochs (docs/protocol.md): a worker lost, a drain, an undrain, a rejoin or a reload
+ * makes the planner decide a new table; coord.c sends it (EPOCH) once no step is in flight,
+ * holds new steps meanwhile (queued requests wait, each at most step_timeout_ms), and the
+ * epoch is current when every member has acknowledged it (READY {epoch}).
  *
  * Contract: coord_create binds both sockets (errors name the spec line of the endpoint);
  * coord_run serves until SIGTERM/SIGINT or an admin SHUTDOWN, then stops in order (SHUTDOWN to
@@ -38,22 +44,24 @@
 #include "coordinator/spec.h"
 
 typedef enum coord_state {
-    COORD_FORMING = 0, /* some worker never registered, or is dead */
-    COORD_LOADING = 1, /* every worker registered, some not ready */
-    COORD_READY = 2,   /* every worker ready: forward steps run */
-    COORD_STOPPING = 3 /* SHUTDOWN or SIGTERM: no new work */
+    COORD_FORMING = 0,  /* the first placement: some worker of the spec has not registered */
+    COORD_LOADING = 1,  /* a placement epoch is being applied (or a member reloads its shard) */
+    COORD_READY = 2,    /* every member of the epoch is ready: forward steps run */
+    COORD_STOPPING = 3, /* SHUTDOWN or SIGTERM: no new work */
+    COORD_BLOCKED = 4   /* no placement over the workers left (STATUS.problem says why) */
 } coord_state;
 
 typedef struct coord coord;
 
-/* Create the daemon and bind both sockets. The spec, config and plan are borrowed. */
-coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_table *plan,
-                    ep_err *err);
+/* Create the daemon and bind both sockets. Takes the spec (*spec_p is cleared, also on
+ * failure: a reload replaces it); the config is copied. */
+coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err);
 /* Serve until stopped; returns 0 after an orderly stop, -1 when the loop itself failed. */
 int coord_run(coord *c, ep_err *err);
 void coord_destroy(coord **self_p);
 
-const char *coord_state_name(coord_state s); /* "forming", "loading", "ready", "stopping" */
-int64_t coord_clock_ms(void);                /* CLOCK_MONOTONIC in ms */
+/* "forming", "loading", "ready", "stopping", "blocked" */
+const char *coord_state_name(coord_state s);
+int64_t coord_clock_ms(void); /* CLOCK_MONOTONIC in ms */
 
 #endif

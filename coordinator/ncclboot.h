@@ -3,26 +3,30 @@
  * deadline, rebuild (prefix nb_). Only for data_plane nccl (docs/protocol.md "NCCL data plane").
  *
  * A passive state machine (coord.h): facts in an nb_env, messages and events out in an ob_box.
- * One round builds the communicator of (epoch, generation):
+ * The communicator's world is the epoch's members (the ranks that own experts), in ascending
+ * worker rank: communicator rank i is the i-th member. One round builds the communicator of
+ * (epoch, generation):
  *
- *   idle --every worker READY--> wait-id: COMM_INIT{epoch, generation, timeout_ms} to rank 0,
- *        which creates the ncclUniqueId and answers COMM_ID
- *   wait-id --COMM_ID--> wait-done: COMM_INIT with the id to ranks 1 .. P-1 (the id travels
+ *   idle --every member READY--> wait-id: COMM_INIT{epoch, generation, timeout_ms, rank, size,
+ *        members} to the first member, which creates the ncclUniqueId and answers COMM_ID
+ *   wait-id --COMM_ID--> wait-done: COMM_INIT with the id to the other members (the id travels
  *        only on the control channel, which security: makes CURVE)
  *   wait-done --COMM_DONE{ok} from every rank--> ready: steps may run
  *   wait-id / wait-done --COMM_DONE{ok: false}, or no answer by the deadline--> failed: every
  *        rank that did not finish gets an error naming it (OB_EV_ERROR, shown by status), and a
  *        new round (generation + 1) starts after a backoff (heartbeat_ms doubling to 32 s)
- *   any --nb_invalidate (a step failed and the workers aborted their communicators, or a worker
- *        is no longer ready)--> idle, generation + 1
+ *   any --nb_invalidate (a step failed and the workers aborted their communicators)--> idle,
+ *        generation + 1, nothing left to shrink; a member no longer ready also returns the
+ *        round to idle, but the ready communicator it had stays the parent a shrink can use
  *
  * The deadline is the workers' timeout_ms (coordinator.step_timeout_ms) plus two heartbeats, so
  * a worker's own COMM_DONE{ok: false}, which says why, normally arrives first.
  *
- * Rebuilding over survivors: nb_shrink_plan says whether a new world is the old communicator
- * less some ranks in the same order (then COMM_INIT{shrink} is sent to every rank instead, and
- * the workers use ncclCommShrink). Today every epoch has the spec's full world, so rounds always
- * build a new communicator; placement epochs that drop ranks call nb_shrink_plan.
+ * Rebuilding over survivors: when a new placement epoch's members are the members of the last
+ * ready communicator less some (a failover after a loss while no step ran, a drain), and that
+ * communicator was not invalidated since, the round is a shrink: COMM_INIT{shrink,
+ * parent_epoch, parent_generation, exclude_ranks} to every member, no id (ncclCommShrink on the
+ * workers). A shrink round that fails is retried as a new communicator.
  */
 #ifndef EPMOE_NCCLBOOT_H
 #define EPMOE_NCCLBOOT_H
@@ -40,8 +44,9 @@
 typedef struct nb_env {
     const spec_cluster *spec; /* worker names, step_timeout_ms, heartbeat_ms */
     uint64_t epoch;
+    const uint8_t *member; /* [spec->n_workers]: 1 for the epoch's members */
     int64_t now_ms;
-    bool all_ready; /* every worker of the epoch is READY */
+    bool all_ready; /* every member is READY in the epoch */
 } nb_env;
 
 typedef struct nb_boot nb_boot;
@@ -52,12 +57,12 @@ void nb_destroy(nb_boot **self_p);
 /* The communicator of the current round is ready on every rank. */
 bool nb_ready(const nb_boot *b);
 /* "NCCL communicator of epoch 1.0: waiting for COMM_DONE from rank 1 (a1)" (for ERR_NOT_READY
- * and status), "" when ready. */
+ * and status; ranks are worker ranks), "" when ready. */
 void nb_not_ready_text(const nb_boot *b, const spec_cluster *spec, char *buf, size_t cap);
 /* Start a round when every worker is ready and none runs (or reset when they are not all
  * ready any more). */
 void nb_pump(nb_boot *b, const nb_env *env, ob_box *out);
-/* COMM_ID or COMM_DONE from the worker of rank. */
+/* COMM_ID or COMM_DONE from the worker of rank (a worker rank). */
 void nb_on_message(nb_boot *b, const nb_env *env, int rank, const wire_msg *m, ob_box *out);
 /* The round's deadline. */
 void nb_tick(nb_boot *b, const nb_env *env, ob_box *out);

@@ -52,10 +52,12 @@ typedef enum ob_kind {
     OB_EV_DECLARE_DEAD,
     /* registry: a worker acknowledged epoch `epoch` with READY. */
     OB_EV_READY,
-    /* coord.c: a STEP could not be sent (text: the ZeroMQ error). */
+    /* coord.c: a STEP could not be sent (text: the ZeroMQ error; rank -1: not a worker). */
     OB_EV_SEND_FAILED,
     /* sequencer: an error text to show on the worker of rank (its step failed because of it). */
     OB_EV_ERROR,
+    /* registry: a worker that was loading reported ERR_LOAD_FAILED (text: its message). */
+    OB_EV_LOAD_FAILED,
 } ob_kind;
 
 typedef struct ob_event {

@@ -105,6 +105,20 @@ bool reg_registered(const reg_worker *w)
     return w->state != REG_ABSENT && w->state != REG_DEAD;
 }
 
+bool reg_can_own(const reg_registry *r, int rank)
+{
+    if (rank < 0 || rank >= r->n)
+        return false;
+    const reg_worker *w = &r->w[rank];
+    return (w->state == REG_WELCOMED && !w->hash_refused) || w->state == REG_LOADING ||
+           w->state == REG_READY;
+}
+
+bool reg_ready_in(const reg_registry *r, int rank, uint64_t epoch)
+{
+    return rank >= 0 && rank < r->n && r->w[rank].state == REG_READY && r->w[rank].acked == epoch;
+}
+
 void reg_counts(const reg_registry *r, int *n_missing, int *n_not_ready)
 {
     int missing = 0, not_ready = 0;
@@ -166,17 +180,44 @@ static void reg_send(ob_box *out, reg_worker *w, uint16_t type, const ProtobufCM
     ob_send(out, OB_TO_WORKER_ID, w->spec->rank, w->ident, w->ident_len, type, body, NULL, 0);
 }
 
+/* The placement as EPOCH and WELCOME carry it: owner [E] and the members, ascending. */
+typedef struct reg_tables {
+    uint32_t *owner;
+    uint32_t *members;
+    size_t n_members;
+} reg_tables;
+
+static int reg_tables_fill(const plan_table *p, reg_tables *t)
+{
+    t->owner = malloc((size_t)p->n_experts * sizeof *t->owner);
+    t->members = malloc((size_t)p->n_ranks * sizeof *t->members);
+    t->n_members = 0;
+    if (t->owner == NULL || t->members == NULL)
+        return -1;
+    for (int e = 0; e < p->n_experts; e++)
+        t->owner[e] = (uint32_t)p->owner[e];
+    for (int r = 0; r < p->n_ranks; r++)
+        if (p->member[r])
+            t->members[t->n_members++] = (uint32_t)r;
+    return 0;
+}
+
+static void reg_tables_free(reg_tables *t)
+{
+    free(t->owner);
+    free(t->members);
+}
+
 static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w, ob_box *out)
 {
     const spec_worker *sw = w->spec;
     const plan_table *p = env->plan;
-    uint32_t *owner = malloc((size_t)p->n_experts * sizeof *owner);
-    if (owner == NULL) {
+    reg_tables tb;
+    if (reg_tables_fill(p, &tb) != 0) {
+        reg_tables_free(&tb);
         log_error("worker %s: out of memory for WELCOME", sw->name);
         return;
     }
-    for (int e = 0; e < p->n_experts; e++)
-        owner[e] = (uint32_t)p->owner[e];
     Epmoe__ModelConfig mc;
     mmsg_from_config(env->cfg, &mc);
     Epmoe__Welcome m = EPMOE__WELCOME__INIT;
@@ -192,7 +233,9 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.config_hash = env->config_hash;
     m.model_path = (char *)env->spec->model_path;
     m.n_expert_owner = (size_t)p->n_experts;
-    m.expert_owner = owner;
+    m.expert_owner = tb.owner;
+    m.n_members = tb.n_members;
+    m.members = tb.members;
     m.n_peers = (size_t)r->n;
     m.peers = r->peer_ps;
     m.has_dispatch = 1;
@@ -213,7 +256,42 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.gpu_gemm = env->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
                                                            : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
     reg_send(out, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
-    free(owner);
+    reg_tables_free(&tb);
+    w->state = REG_WELCOMED;
+    w->epoch = p->epoch;
+}
+
+void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out)
+{
+    const plan_table *p = env->plan;
+    reg_tables tb;
+    if (reg_tables_fill(p, &tb) != 0) {
+        reg_tables_free(&tb);
+        log_error("out of memory for EPOCH %" PRIu64, p->epoch);
+        return;
+    }
+    Epmoe__Epoch m = EPMOE__EPOCH__INIT;
+    m.has_epoch = 1;
+    m.epoch = p->epoch;
+    m.n_expert_owner = (size_t)p->n_experts;
+    m.expert_owner = tb.owner;
+    m.n_members = tb.n_members;
+    m.members = tb.members;
+    m.reason = (char *)reason;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        /* a worker whose load failed is sent a placement only when it still owns experts in
+         * it (it retries); otherwise it stays load-failed, not eligible, until it registers
+         * again or an operator drains it */
+        bool retry = w->state == REG_LOAD_FAILED && plan_is_member(p, i);
+        if (w->state != REG_LOADING && w->state != REG_READY && !retry)
+            continue;
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH, &m.base);
+        w->state = REG_LOADING;
+        w->epoch = p->epoch;
+        w->bytes_done = w->bytes_total = 0;
+    }
+    reg_tables_free(&tb);
 }
 
 /* Keep REGISTER's device description (strings copied, bounded). */
@@ -263,6 +341,13 @@ void reg_declare_dead(reg_registry *r, int rank, const char *why, ob_box *out)
     reg_set_error(w, "dead: %s", why);
     w->state = REG_DEAD;
     ob_event_add(out, OB_EV_LOST, rank, "%s", why);
+}
+
+void reg_unreachable(reg_registry *r, int rank, const char *err, ob_box *out)
+{
+    char why[EP_ERR_MSG_MAX];
+    snprintf(why, sizeof why, "its connection is gone (%s)", err);
+    reg_declare_dead(r, rank, why, out);
 }
 
 /* The list of spec workers for the unknown-worker message, cut to fit. */
@@ -351,6 +436,9 @@ void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_
     w->last_seen_ms = env->now_ms;
     w->bytes_done = w->bytes_total = 0;
     w->n_experts = 0;
+    w->acked = 0;
+    w->bytes_read = 0;
+    w->hash_refused = false;
     w->pid = rq->has_pid ? rq->pid : 0;
     snprintf(w->hostname, sizeof w->hostname, "%s", rq->hostname ? rq->hostname : "");
     snprintf(w->version, sizeof w->version, "%s", rq->version ? rq->version : "");
@@ -367,7 +455,8 @@ done:
     wire_free_unpacked(&rq->base);
 }
 
-static void reg_on_config_ack(const reg_env *env, reg_worker *w, const wire_msg *m, ob_box *out)
+static void reg_on_config_ack(reg_registry *r, const reg_env *env, reg_worker *w, const wire_msg *m,
+                              ob_box *out)
 {
     ep_err err;
     Epmoe__ConfigAck *a = (Epmoe__ConfigAck *)wire_unpack(&epmoe__config_ack__descriptor, m, &err);
@@ -383,15 +472,22 @@ static void reg_on_config_ack(const reg_env *env, reg_worker *w, const wire_msg 
     } else if (!a->has_config_hash) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: CONFIG_ACK without config_hash", w->spec->name);
-    } else if (a->has_epoch && a->epoch != epoch) {
+    } else if (a->has_epoch && a->epoch != w->epoch) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "worker %s: CONFIG_ACK for epoch %" PRIu64 ", the current epoch is %" PRIu64,
-                  w->spec->name, a->epoch, epoch);
+                  "worker %s: CONFIG_ACK for epoch %" PRIu64
+                  ", it was welcomed into epoch %" PRIu64,
+                  w->spec->name, a->epoch, w->epoch);
+    } else if (w->epoch != epoch && a->config_hash == env->config_hash) {
+        /* the placement changed since the WELCOME: welcome it into the latest one */
+        log_debug(LOG_SUB_NET, "worker %s: welcomed into epoch %" PRIu64 ", now %" PRIu64,
+                  w->spec->name, w->epoch, epoch);
+        reg_send_welcome(r, env, w, out);
     } else if (a->config_hash != env->config_hash) {
         reg_set_error(w,
                       "config hash mismatch: the worker computed 0x%016" PRIx64
                       ", the coordinator 0x%016" PRIx64,
                       a->config_hash, env->config_hash);
+        w->hash_refused = true;
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_CONFIG_HASH,
                   "worker %s: config hash 0x%016" PRIx64
                   " differs from the coordinator's 0x%016" PRIx64
@@ -440,15 +536,21 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
         return;
     }
-    uint64_t epoch = env->plan->epoch;
+    uint64_t epoch = w->epoch;
     int owned = plan_rank_experts(env->plan, w->spec->rank, NULL, 0);
-    if (w->state != REG_LOADING && w->state != REG_LOAD_FAILED) {
+    if (r->has_epoch && r->epoch < epoch &&
+        (w->state == REG_LOADING || w->state == REG_LOAD_FAILED)) {
+        /* it finished an epoch that was replaced while it loaded; the newer one follows */
+        log_debug(LOG_SUB_NET,
+                  "worker %s: READY for superseded epoch %" PRIu64 " (now %" PRIu64 "): dropped",
+                  w->spec->name, r->epoch, epoch);
+    } else if (w->state != REG_LOADING && w->state != REG_LOAD_FAILED) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: READY in state %s (expected after LOAD)", w->spec->name,
                   reg_state_name(w->state));
     } else if (!r->has_epoch || r->epoch != epoch) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "worker %s: READY for epoch %" PRIu64 "%s, the current epoch is %" PRIu64,
+                  "worker %s: READY for epoch %" PRIu64 "%s, the worker was told epoch %" PRIu64,
                   w->spec->name, r->has_epoch ? r->epoch : 0, r->has_epoch ? "" : " (absent)",
                   epoch);
     } else if (!r->has_config_hash || r->config_hash != env->config_hash) {
@@ -463,13 +565,17 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
                   w->spec->name, (unsigned)r->n_experts, w->spec->rank, owned, epoch);
     } else {
         w->state = REG_READY;
+        w->acked = epoch;
         w->n_experts = (uint32_t)owned;
         if (r->has_bytes_loaded)
             w->bytes_done = w->bytes_total = r->bytes_loaded;
+        w->bytes_read = r->has_bytes_read ? r->bytes_read : w->bytes_done;
         snprintf(w->backend, sizeof w->backend, "%s", r->backend ? r->backend : "");
         w->error[0] = '\0';
-        log_info("worker %s (rank %d) is ready (%s, %d experts)", w->spec->name, w->spec->rank,
-                 w->backend[0] ? w->backend : "backend?", owned);
+        log_info("worker %s (rank %d) is ready in epoch %" PRIu64
+                 " (%s, %d experts, %u kept, %" PRIu64 " bytes read)",
+                 w->spec->name, w->spec->rank, epoch, w->backend[0] ? w->backend : "backend?",
+                 owned, r->has_experts_kept ? (unsigned)r->experts_kept : 0, w->bytes_read);
         ob_event_add(out, OB_EV_READY, w->spec->rank, "ready");
         ob_event *e = ob_last_event(out);
         if (e != NULL)
@@ -498,6 +604,8 @@ static void reg_on_error(reg_worker *w, const wire_msg *m, ob_box *out)
             w->state = REG_LOAD_FAILED;
             if (was_ready)
                 ob_event_add(out, OB_EV_LOST, w->spec->rank, "the worker reported a load failure");
+            else
+                ob_event_add(out, OB_EV_LOAD_FAILED, w->spec->rank, "%s", text);
         }
     } else {
         log_warn("worker %s reports error %d%s%s: %s", w->spec->name,
@@ -549,7 +657,7 @@ void reg_on_message(reg_registry *r, const reg_env *env, int rank, const wire_ms
         return;
     switch (m->type) {
     case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
-        reg_on_config_ack(env, w, m, out);
+        reg_on_config_ack(r, env, w, m, out);
         break;
     case EPMOE__MSG_TYPE__MSG_LOADING:
         reg_on_loading(w, m, out);
@@ -634,8 +742,63 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
         o->backend = w->backend;
     o->has_n_experts = 1;
     o->n_experts = (uint32_t)plan_rank_experts(env->plan, sw->rank, NULL, 0);
+    if (w->acked) {
+        o->has_epoch = 1;
+        o->epoch = w->acked;
+        o->has_bytes_read = 1;
+        o->bytes_read = w->bytes_read;
+    }
+    o->has_member = 1;
+    o->member = plan_is_member(env->plan, sw->rank);
     if (w->error[0])
         o->error = w->error;
     if (w->has_device)
         o->device_info = &w->device;
+}
+
+void reg_adopt(reg_registry *dst, const reg_registry *old, const char *reason, ob_box *out)
+{
+    Epmoe__Shutdown s = EPMOE__SHUTDOWN__INIT;
+    s.reason = (char *)reason;
+    for (int i = 0; i < old->n; i++) {
+        const reg_worker *o = &old->w[i];
+        reg_worker *w = NULL;
+        for (int j = 0; j < dst->n && w == NULL; j++)
+            if (strcmp(dst->w[j].spec->name, o->spec->name) == 0)
+                w = &dst->w[j];
+        if (w == NULL) {
+            if (reg_registered(o)) {
+                log_info("worker %s is not in the new cluster spec: SHUTDOWN", o->spec->name);
+                ob_send(out, OB_TO_WORKER_ID, -1, o->ident, o->ident_len,
+                        EPMOE__MSG_TYPE__MSG_SHUTDOWN, &s.base, NULL, 0);
+            }
+            continue;
+        }
+        const spec_worker *sw = w->spec;
+        *w = *o;
+        w->spec = sw;
+        w->device.name = w->dev_name; /* they pointed into the old registry */
+        w->device.backend = w->dev_backend;
+    }
+}
+
+void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        if (!reg_registered(w) || w->hash_refused)
+            continue;
+        w->bytes_done = w->bytes_total = 0;
+        reg_send_welcome(r, env, w, out);
+    }
+}
+
+void reg_respec(reg_registry *r, const spec_cluster *spec)
+{
+    for (int i = 0; i < r->n && i < spec->n_workers; i++) {
+        const spec_worker *sw = &spec->workers[i];
+        r->w[i].spec = sw;
+        r->peers[i].name = (char *)sw->name;
+        r->peers[i].data_endpoint = (char *)sw->data;
+    }
 }

@@ -13,6 +13,14 @@
  *                          |  Error ERR_LOAD_FAILED from the worker: load-failed (LOADING or
  *                          |  READY later moves it on again)
  *   any registered state --silent for liveness x heartbeat_ms--> dead --REGISTER--> welcomed
+ *   loading, ready, load-failed --EPOCH sent--> loading --READY{epoch}--> ready
+ *
+ * Placement epochs: each worker remembers the epoch it was last told (WELCOME or EPOCH) and the
+ * one it last acknowledged (READY). READY for an older epoch than the one the worker was told
+ * is a superseded acknowledgement (it was still loading when a newer epoch came): dropped. A
+ * CONFIG_ACK for a welcome whose epoch has since been replaced is answered with a new WELCOME.
+ * A worker whose connection is gone (a send fails with EHOSTUNREACH) is declared dead at once:
+ * ZeroMQ has already dropped its routing id, so nothing will reach it until it registers again.
  *
  * A REGISTER for a worker that is already registered (a restart: with ROUTER_HANDOVER the new
  * connection takes the routing id over) starts it again at welcomed and reports it lost
@@ -58,6 +66,10 @@ typedef struct reg_worker {
     uint64_t bytes_done, bytes_total;
     uint32_t pid;
     uint32_t n_experts;
+    uint64_t epoch;      /* the epoch it was last told (WELCOME, EPOCH) */
+    uint64_t acked;      /* the epoch of its last accepted READY (0: none) */
+    uint64_t bytes_read; /* checkpoint bytes its last READY read */
+    bool hash_refused;   /* its CONFIG_ACK hash differed: it gets no work */
     char hostname[EP_MAX_NAME];
     char version[64];
     char backend[64];
@@ -74,7 +86,7 @@ typedef struct reg_env {
     const spec_cluster *spec;
     const mc_config *cfg;
     uint64_t config_hash;
-    const plan_table *plan; /* the placement WELCOME, LOAD and READY refer to */
+    const plan_table *plan; /* the latest placement: WELCOME, LOAD, READY and EPOCH refer to it */
     int64_t now_ms;
 } reg_env;
 
@@ -91,6 +103,11 @@ bool reg_registered(const reg_worker *w); /* neither absent nor dead */
 
 /* Counts for the cluster state: workers never registered or dead, and workers not ready. */
 void reg_counts(const reg_registry *r, int *n_missing, int *n_not_ready);
+/* Whether the worker of rank may own experts: registered, its config hash accepted and its
+ * last load not failed (a drain is the planner's business). */
+bool reg_can_own(const reg_registry *r, int rank);
+/* Whether the worker of rank acknowledged epoch and is ready. */
+bool reg_ready_in(const reg_registry *r, int rank, uint64_t epoch);
 /* "a1 (absent), a2 (loading 40%)": the workers that are not ready, for error messages. */
 void reg_not_ready_text(const reg_registry *r, char *buf, size_t cap);
 
@@ -111,8 +128,24 @@ void reg_tick(reg_registry *r, const reg_env *env, ob_box *out);
 void reg_declare_dead(reg_registry *r, int rank, const char *why, ob_box *out);
 /* Record an error text on a worker (shown by status). */
 void reg_set_error(reg_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Send EPOCH {env->plan, reason} to every worker with a session (loading, ready or
+ * load-failed); they move to loading. */
+void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out);
+/* A send to the worker of rank failed because its connection is gone: declared dead. */
+void reg_unreachable(reg_registry *r, int rank, const char *err, ob_box *out);
 /* Send SHUTDOWN{reason} to every registered worker (best effort). */
 void reg_shutdown(reg_registry *r, const char *reason, ob_box *out);
+
+/* A reload: take over the state of every worker of old whose name is in dst's spec (its
+ * connection, lifecycle state and epochs; the rank may differ). Workers of old that are not in
+ * dst's spec are sent SHUTDOWN{reason}. */
+void reg_adopt(reg_registry *dst, const reg_registry *old, const char *reason, ob_box *out);
+/* A reload that keeps the world: the same workers in the same order, now described by spec
+ * (the registry's references move to it before the old spec is freed). */
+void reg_respec(reg_registry *r, const spec_cluster *spec);
+/* Welcome every registered worker again into env->plan (the world changed: ranks, peers or
+ * timeouts); they keep what they have loaded that they still own. */
+void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out);
 
 /* Fill a WorkerInfo for admin replies; strings point into the registry and the spec (valid
  * until the next registry change). */

@@ -28,6 +28,7 @@ typedef struct seq_request {
     int layer;
     int n_tokens;
     bool has_ids;
+    int64_t queued_ms; /* when it was queued: it waits for a ready cluster step_timeout_ms */
     struct seq_request *next;
 } seq_request;
 
@@ -38,6 +39,7 @@ typedef struct seq_step {
     bool active;
     seq_request *req; /* NULL once the client has been answered with an error */
     uint64_t step_id;
+    uint64_t epoch; /* the placement epoch it runs in */
     int layer, n_tokens, hidden, topk;
     struct timespec t0;
     int64_t deadline_ms;       /* step_timeout_ms after the start */
@@ -243,7 +245,7 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
                   "FORWARD: %s", err.msg);
         goto reject;
     }
-    if (!env->ready) {
+    if (!env->ready && !env->wait) {
         seq_refuse_not_ready(env, m->ident, m->ident_len, id, out);
         goto reject;
     }
@@ -265,6 +267,7 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
     r->layer = layer;
     r->n_tokens = T;
     r->has_ids = mc_layer_is_hash(env->cfg, layer);
+    r->queued_ms = env->now_ms;
     if (s->tail)
         s->tail->next = r;
     else
@@ -410,7 +413,7 @@ static void seq_send_step(seq_sequencer *s, const seq_env *env, int r, ob_box *o
     m.has_step_id = 1;
     m.step_id = st->step_id;
     m.has_epoch = 1;
-    m.epoch = env->plan->epoch;
+    m.epoch = st->epoch;
     m.has_layer = 1;
     m.layer = (uint32_t)st->layer;
     m.has_n_tokens = 1;
@@ -446,12 +449,20 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
     st->topk = env->cfg->num_experts_per_tok;
     clock_gettime(CLOCK_MONOTONIC, &st->t0);
     st->deadline_ms = env->now_ms + env->spec->step_timeout_ms;
-    st->pending = P;
+    /* the epoch's members, in rank order, own the tokens as data-parallel ranks would: the
+     * i-th member of M gets [floor(i*T/M), floor((i+1)*T/M)); other ranks get no STEP */
+    const plan_table *plan = env->plan;
+    int M = plan->n_members, i = 0;
+    st->epoch = plan->epoch;
+    st->pending = M;
     for (int r = 0; r < P; r++) {
-        st->answer[r] = SEQ_PENDING;
-        /* rank r owns [floor(r*T/P), floor((r+1)*T/P)), as data-parallel ranks would */
-        st->begin[r] = (int)((int64_t)r * T / P);
-        st->count[r] = (int)((int64_t)(r + 1) * T / P) - st->begin[r];
+        st->answer[r] = plan_is_member(plan, r) ? SEQ_PENDING : SEQ_GONE;
+        st->begin[r] = st->count[r] = 0;
+        if (st->answer[r] != SEQ_PENDING)
+            continue;
+        st->begin[r] = (int)((int64_t)i * T / M);
+        st->count[r] = (int)((int64_t)(i + 1) * T / M) - st->begin[r];
+        i++;
     }
     if (seq_alloc_outputs(st) != 0) {
         for (int r = 0; r < P; r++)
@@ -462,10 +473,35 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
         return; /* settled: seq_pump closes it */
     }
     char lname[64];
-    log_debug(LOG_SUB_STEP, "step %" PRIu64 ": layer %s, %d tokens over %d ranks", st->step_id,
-              seq_layer_name(env->cfg, st->layer, lname, sizeof lname), T, P);
+    log_debug(
+        LOG_SUB_STEP, "step %" PRIu64 ": layer %s, %d tokens over %d ranks (epoch %" PRIu64 ")",
+        st->step_id, seq_layer_name(env->cfg, st->layer, lname, sizeof lname), T, M, st->epoch);
     for (int r = 0; r < P; r++)
-        seq_send_step(s, env, r, out);
+        if (st->answer[r] == SEQ_PENDING)
+            seq_send_step(s, env, r, out);
+}
+
+/* While the cluster changes epochs, queued requests wait; one that has waited step_timeout_ms
+ * is answered ERR_TIMEOUT (it never started: nothing was computed for it). */
+static void seq_expire(seq_sequencer *s, const seq_env *env, ob_box *out)
+{
+    seq_request **pp = &s->head, *last = NULL;
+    while (*pp != NULL) {
+        seq_request *r = *pp;
+        if (env->now_ms - r->queued_ms < env->spec->step_timeout_ms) {
+            last = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        s->n_queued--;
+        adm_error(out, r->msg->ident, r->msg->ident_len, r->id, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                  "the request waited step_timeout_ms %d for cluster %s to be ready and never "
+                  "ran (%s; workers not ready: %s)",
+                  env->spec->step_timeout_ms, env->spec->name, env->state, env->not_ready);
+        seq_req_unref(r);
+    }
+    s->tail = last;
 }
 
 void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out)
@@ -476,6 +512,10 @@ void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out)
                 return;
             seq_finish(s, out);
             continue;
+        }
+        if (!env->ready && env->wait) {
+            seq_expire(s, env, out);
+            return;
         }
         seq_request *r = s->head;
         if (r == NULL)
@@ -669,12 +709,43 @@ void seq_tick(seq_sequencer *s, const seq_env *env, ob_box *out)
     }
 }
 
-int64_t seq_next_deadline(const seq_sequencer *s)
+int64_t seq_next_deadline(const seq_sequencer *s, const seq_env *env)
 {
     const seq_step *st = &s->step;
-    if (!st->active)
-        return INT64_MAX;
-    return st->failed ? st->abort_deadline_ms : st->deadline_ms;
+    if (st->active)
+        return st->failed ? st->abort_deadline_ms : st->deadline_ms;
+    if (s->head != NULL && !env->ready && env->wait)
+        return s->head->queued_ms + env->spec->step_timeout_ms;
+    return INT64_MAX;
+}
+
+bool seq_busy(const seq_sequencer *s)
+{
+    return s->step.active;
+}
+
+int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err)
+{
+    if (s->step.active)
+        return ep_err_set(err, "sequencer: a step is in flight");
+    if (n_ranks == s->P)
+        return 0;
+    uint8_t *a = calloc((size_t)n_ranks, 1);
+    int *b = calloc((size_t)n_ranks, sizeof *b), *c = calloc((size_t)n_ranks, sizeof *c);
+    if (a == NULL || b == NULL || c == NULL) {
+        free(a);
+        free(b);
+        free(c);
+        return ep_err_set(err, "sequencer: out of memory");
+    }
+    free(s->step.answer);
+    free(s->step.begin);
+    free(s->step.count);
+    s->step.answer = a;
+    s->step.begin = b;
+    s->step.count = c;
+    s->P = n_ranks;
+    return 0;
 }
 
 void seq_stop(seq_sequencer *s, ob_box *out)

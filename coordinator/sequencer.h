@@ -2,10 +2,13 @@
  * sequencer.h — forward requests in, one step at a time out (prefix seq_).
  *
  * A FORWARD request is validated before it is queued (layer, n_tokens 1..EP_MAX_TOKENS, payload
- * sizes, token ids iff the layer is hash-routed and each id in [0, vocab)), admitted only while
- * the cluster is ready (ERR_NOT_READY otherwise, naming the workers that are not), and queued
- * FIFO up to EP_MAX_QUEUED_STEPS (ERR_BUSY beyond). One step is in flight at a time: rank r gets
- * tokens [floor(r*T/P), floor((r+1)*T/P)) as zero-copy slices of the request's own frames, the
+ * sizes, token ids iff the layer is hash-routed and each id in [0, vocab)), admitted while the
+ * cluster is ready or changing placement epochs (ERR_NOT_READY otherwise, naming the workers
+ * that are not), and queued FIFO up to EP_MAX_QUEUED_STEPS (ERR_BUSY beyond). While an epoch is
+ * being applied queued requests wait, each at most step_timeout_ms (then ERR_TIMEOUT), and run
+ * in the new epoch. One step is in flight at a time, on the members of the epoch (the ranks that
+ * own experts): the i-th of M members gets tokens [floor(i*T/M), floor((i+1)*T/M)) as zero-copy
+ * slices of the request's own frames, the
  * STEP_DONE chunks are checked and reassembled in input order, and the client gets one
  * AdminReply with out bf16 [T, H], topk_ids int32 [T, k], topk_weights f32 [T, k].
  *
@@ -43,6 +46,7 @@ typedef struct seq_env {
     int64_t now_ms;
     const char *state;     /* the cluster state's name, for messages */
     bool ready;            /* steps may start */
+    bool wait;             /* not ready, but an epoch is being applied: requests wait queued */
     bool stopping;         /* refuse with ERR_SHUTTING_DOWN */
     const char *not_ready; /* "a1 (absent), ..." when not ready, for ERR_NOT_READY */
 } seq_env;
@@ -69,8 +73,12 @@ void seq_tick(seq_sequencer *s, const seq_env *env, ob_box *out);
 /* Close the step in flight once every rank answered or is gone, then start queued requests
  * while no step is in flight (or answer them ERR_NOT_READY when the cluster is not ready). */
 void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out);
-/* The next time seq_tick has something to do (INT64_MAX when nothing). */
-int64_t seq_next_deadline(const seq_sequencer *s);
+/* The next time seq_tick or seq_pump has something to do (INT64_MAX when nothing). */
+int64_t seq_next_deadline(const seq_sequencer *s, const seq_env *env);
+/* A step is in flight (a new placement is sent only when none is). */
+bool seq_busy(const seq_sequencer *s);
+/* The spec's worker count changed (a reload); only while no step is in flight. */
+int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err);
 /* Orderly stop: answer the step in flight and every queued request with ERR_SHUTTING_DOWN. */
 void seq_stop(seq_sequencer *s, ob_box *out);
 

@@ -584,6 +584,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
 static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
+static const char *const spec_rejoin_names[] = {"restore", "stay"};
 static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
@@ -613,6 +614,16 @@ static int spec_h_data_plane(spec_ctx *c, const ynode *key, const ynode *val, co
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->data_plane = (spec_data_plane)i;
+    return 0;
+}
+
+static int spec_h_rejoin(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                         const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "rejoin policy", spec_rejoin_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->rejoin = (spec_rejoin)i;
     return 0;
 }
 
@@ -803,6 +814,11 @@ static const spec_field spec_ep_fields[] = {
     {.key = "redundant_experts", .handle = spec_h_redundant},
     {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
     {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
+    {.key = "rejoin", .handle = spec_h_rejoin},
+    {.key = "max_experts_per_worker",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, max_experts_per_worker, 0, MC_MAX_EXPERTS),
+     SPEC_POS(spec_cluster, max_experts_pos)},
     {.key = "gpu_gemm", .handle = spec_h_gpu_gemm},
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
@@ -1163,6 +1179,13 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err)
                           "evenly (placement contiguous needs n_routed_experts %% workers == 0; "
                           "round_robin does not)",
                           s->file, at.line, at.col, p, n_experts);
+    int most = (n_experts + p - 1) / p; /* what the spec's placement gives its busiest worker */
+    spec_pos mp = s->max_experts_pos;
+    if (s->max_experts_per_worker > 0 && s->max_experts_per_worker < most)
+        return ep_err_set(err,
+                          "%s:%d:%d: expert_parallel.max_experts_per_worker: %d is less than the "
+                          "%d experts the placement gives a worker (%d experts over %d workers)",
+                          s->file, mp.line, mp.col, s->max_experts_per_worker, most, n_experts, p);
     return 0;
 }
 
@@ -1184,4 +1207,9 @@ const char *spec_dispatch_name(spec_dispatch d)
 const char *spec_data_plane_name(spec_data_plane p)
 {
     return (unsigned)p < 2 ? spec_data_plane_names[p] : "unknown";
+}
+
+const char *spec_rejoin_name(spec_rejoin r)
+{
+    return (unsigned)r < 2 ? spec_rejoin_names[r] : "unknown";
 }

@@ -920,10 +920,18 @@ static int exec_nccl_open(exec_state *st, ep_err *err)
         return ep_err_set(err, "data_plane nccl sends fp8 dispatch only");
     if (st->comm == NULL && (st->comm = tp_comm_create(tp_nccl_ops(), NULL, err)) == NULL)
         return -1;
-    if (st->sn != NULL)
-        return 0;
+    return 0;
+}
+
+/* The step driver for the communicator COMM_INIT built (its world: the epoch's members). */
+static int exec_nccl_driver(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
+{
+    exec_session *s = st->session;
     sn_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
+                     .comm_rank = tp_comm_rank(st->comm),
+                     .comm_size = tp_comm_size(st->comm),
+                     .members = ci->n_members ? ci->members : NULL,
                      .epoch = s->epoch,
                      .hidden = s->config.hidden_size,
                      .topk = s->config.num_experts_per_tok,
@@ -931,6 +939,7 @@ static int exec_nccl_open(exec_state *st, ep_err *err)
                      .expert_owner = s->expert_owner,
                      .scales_e8m0 = s->config.act_ue8m0,
                      .peer_name = (const char *const *)s->peer_name};
+    sn_destroy(&st->sn);
     st->sn = sn_create(&cfg, sn_cuda_dev_ops(), st->be, st->comm, err);
     return st->sn != NULL ? 0 : -1;
 }
@@ -951,7 +960,7 @@ static int exec_nccl_step(exec_step_s *s)
     if (s->out == NULL || st->sn == NULL)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "STEP %llu: %s",
                          (unsigned long long)s->step_id,
-                         s->out ? "no NCCL data plane (not loaded)" : "out of memory");
+                         s->out ? "no NCCL communicator yet (COMM_INIT)" : "out of memory");
     sn_step io = {.step_id = s->step_id,
                   .layer = s->layer,
                   .layer_index = (uint32_t)mb_layer_index(s->layer),
@@ -1029,14 +1038,33 @@ static int exec_comm_idle(void *ctx, ep_err *err)
                                               : wire_type_name(type));
 }
 
+/* This worker's rank and the size of the communicator COMM_INIT describes (absent: the
+ * session's); the members, when given, must place this worker at that rank. */
+static int exec_comm_world(const exec_session *s, const Epmoe__CommInit *ci, int *rank, int *size,
+                           ep_err *err)
+{
+    *rank = ci->has_rank ? (int)ci->rank : s->rank;
+    *size = ci->has_size ? (int)ci->size : s->world_size;
+    if (*size < 1 || *size > s->world_size || *rank < 0 || *rank >= *size ||
+        (ci->n_members &&
+         (ci->n_members != (size_t)*size || ci->members[*rank] != (uint32_t)s->rank)))
+        return ep_err_set(err,
+                          "COMM_INIT: communicator rank %d of %d (%zu members) is not this "
+                          "worker's place (rank %d of %d)",
+                          *rank, *size, ci->n_members, s->rank, s->world_size);
+    return 0;
+}
+
 /* Begin the communicator COMM_INIT asks for (rank 0 of a new one creates the id first). */
 static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
 {
-    exec_session *s = st->session;
+    int rank, size;
+    if (exec_comm_world(st->session, ci, &rank, &size, err) != 0)
+        return -1;
     if (ci->has_shrink && ci->shrink)
         return tp_comm_begin_shrink(st->comm, ci->epoch, ci->generation, ci->parent_epoch,
                                     ci->parent_generation, ci->exclude_ranks,
-                                    (int)ci->n_exclude_ranks, s->rank, s->world_size, err);
+                                    (int)ci->n_exclude_ranks, rank, size, err);
     tp_comm_id id;
     if (ci->has_nccl_id) {
         if (ci->nccl_id.len != TP_COMM_ID_BYTES)
@@ -1044,7 +1072,7 @@ static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *er
                               TP_COMM_ID_BYTES);
         memcpy(id.bytes, ci->nccl_id.data, TP_COMM_ID_BYTES);
     } else {
-        if (s->rank != 0)
+        if (rank != 0)
             return ep_err_set(err, "COMM_INIT without nccl_id: only rank 0 creates the id");
         if (tp_comm_new_id(st->comm, &id, err) != 0)
             return -1;
@@ -1056,8 +1084,7 @@ static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *er
         m.nccl_id.data = id.bytes;
         exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_ID, &m.base, NULL, 0);
     }
-    return tp_comm_begin_init(st->comm, ci->epoch, ci->generation, s->rank, s->world_size, &id,
-                              err);
+    return tp_comm_begin_init(st->comm, ci->epoch, ci->generation, rank, size, &id, err);
 }
 
 static void exec_comm_init(exec_state *st, const wire_msg *m)
@@ -1082,6 +1109,10 @@ static void exec_comm_init(exec_state *st, const wire_msg *m)
     if (rc == 0)
         rc = tp_comm_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
                                 &err);
+    if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
+        tp_comm_abort(st->comm, err.msg);
+        rc = -1;
+    }
     if (rc != 0)
         log_warn("%s", err.msg);
     exec_comm_done(st, ci->epoch, ci->generation, rc == 0, err.msg);

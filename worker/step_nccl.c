@@ -32,8 +32,11 @@ typedef struct sn_buf {
 
 struct sn_driver {
     sn_config cfg;
-    uint32_t *owner; /* [E] */
-    uint8_t *owned;  /* [E] */
+    int P, me;         /* communicator size and rank */
+    uint32_t *members; /* [P]: worker rank of each communicator rank */
+    uint32_t *owner;   /* [E]: worker rank owning expert e */
+    uint32_t *owner_c; /* [E]: its communicator rank */
+    uint8_t *owned;    /* [E] */
     tp_check check;
     const sn_dev_ops *dev;
     void *ctx;
@@ -91,6 +94,49 @@ static int sn_check_config(const sn_config *c, ep_err *err)
         if (c->expert_owner[e] >= (uint32_t)c->world_size)
             return ep_err_set(err, "nccl step: expert %d owned by rank %u of %d", e,
                               c->expert_owner[e], c->world_size);
+    if (c->members == NULL)
+        return 0;
+    if (c->comm_size < 1 || c->comm_size > c->world_size || c->comm_rank < 0 ||
+        c->comm_rank >= c->comm_size || c->members[c->comm_rank] != (uint32_t)c->rank)
+        return ep_err_set(err, "nccl step: communicator rank %d of %d is not worker rank %d",
+                          c->comm_rank, c->comm_size, c->rank);
+    for (int i = 0; i < c->comm_size; i++)
+        if (c->members[i] >= (uint32_t)c->world_size ||
+            (i > 0 && c->members[i] <= c->members[i - 1]))
+            return ep_err_set(err, "nccl step: members[%d] = %u, expected ascending ranks below %d",
+                              i, c->members[i], c->world_size);
+    return 0;
+}
+
+/* The communicator rank of worker rank r, or -1. */
+static int sn_comm_of(const sn_driver *d, uint32_t r)
+{
+    for (int i = 0; i < d->P; i++)
+        if (d->members[i] == r)
+            return i;
+    return -1;
+}
+
+/* Members (identity when none given) and each expert's communicator rank. */
+static int sn_world(sn_driver *d, const sn_config *cfg, ep_err *err)
+{
+    d->P = cfg->members ? cfg->comm_size : cfg->world_size;
+    d->me = cfg->members ? cfg->comm_rank : cfg->rank;
+    d->members = malloc((size_t)d->P * sizeof *d->members);
+    d->owner_c = malloc((size_t)cfg->n_experts * sizeof *d->owner_c);
+    if (d->members == NULL || d->owner_c == NULL)
+        return ep_err_set(err, "nccl step: out of memory");
+    for (int i = 0; i < d->P; i++)
+        d->members[i] = cfg->members ? cfg->members[i] : (uint32_t)i;
+    for (int e = 0; e < cfg->n_experts; e++) {
+        int c = sn_comm_of(d, d->owner[e]);
+        if (c < 0)
+            return ep_err_set(err,
+                              "nccl step: expert %d is owned by rank %u, which is not in the "
+                              "communicator",
+                              e, d->owner[e]);
+        d->owner_c[e] = (uint32_t)c;
+    }
     return 0;
 }
 
@@ -115,6 +161,11 @@ sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx,
     d->cfg = *cfg;
     memcpy(d->owner, cfg->expert_owner, E * sizeof *d->owner);
     d->cfg.expert_owner = d->owner;
+    if (sn_world(d, cfg, err) != 0) {
+        sn_destroy(&d);
+        return NULL;
+    }
+    d->cfg.members = d->members;
     for (size_t e = 0; e < E; e++)
         d->owned[e] = d->owner[e] == (uint32_t)cfg->rank;
     d->check = (tp_check){.rank = cfg->rank,
@@ -146,6 +197,8 @@ void sn_destroy(sn_driver **self_p)
             d->dev->free_host(d->ctx, d->hb.p);
     }
     free(d->owner);
+    free(d->owner_c);
+    free(d->members);
     free(d->owned);
     free(d);
     *self_p = NULL;
@@ -167,8 +220,10 @@ static int sn_fail(sn_ctx *c, int code, const char *fmt, ...)
     return -1;
 }
 
-static const char *sn_name(const sn_ctx *c, int r, char *buf, size_t cap)
+/* "rank 3 (b1)" for communicator rank i (worker rank and name). */
+static const char *sn_name(const sn_ctx *c, int i, char *buf, size_t cap)
 {
+    int r = (int)c->d->members[i];
     if (c->d->cfg.peer_name && c->d->cfg.peer_name[r])
         snprintf(buf, cap, "rank %d (%s)", r, c->d->cfg.peer_name[r]);
     else
@@ -256,7 +311,7 @@ static int sn_plan(sn_ctx *c)
                 return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
                                "step %llu: routing gave expert %d",
                                (unsigned long long)c->io->step_id, ids[i]);
-            c->peer[c->d->owner[ids[i]]].pairs_to++;
+            c->peer[c->d->owner_c[ids[i]]].pairs_to++;
             n_slots++;
         }
     c->h_slots = malloc(n_slots * sizeof *c->h_slots + 1);
@@ -272,7 +327,7 @@ static int sn_plan(sn_ctx *c)
     }
     for (int i = 0; i < Tk; i++)
         if (ids[i] >= 0) {
-            int r = (int)c->d->owner[ids[i]];
+            int r = (int)c->d->owner_c[ids[i]];
             c->h_slots[c->peer[r].slots_at + fill[r]++] = (uint32_t)i;
         }
     free(fill);
@@ -361,7 +416,7 @@ static int sn_pack_counts(sn_ctx *c)
         m.step_id = c->io->step_id;
         m.epoch = c->d->cfg.epoch;
         m.layer = c->io->layer_index;
-        m.src_rank = (uint32_t)c->rank;
+        m.src_rank = (uint32_t)c->d->cfg.rank; /* worker ranks, as on the ZeroMQ plane */
         m.n_rows = (uint32_t)p->rows_to;
         m.n_pairs = (uint32_t)p->pairs_to;
         m.format = EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
@@ -395,8 +450,8 @@ static int sn_parse_counts(sn_ctx *c, int s, ep_err *e)
     epmoe__dispatch__free_unpacked(m, NULL);
     if (rc != 0)
         return -1;
-    if (p->recv.src_rank != s)
-        return ep_err_set(e, "src_rank %d, expected %d", p->recv.src_rank, s);
+    if (p->recv.src_rank != (int)c->d->members[s])
+        return ep_err_set(e, "src_rank %d, expected %u", p->recv.src_rank, c->d->members[s]);
     if (p->recv.step_id != c->io->step_id || p->recv.layer != c->io->layer_index)
         return ep_err_set(e, "step %llu layer %u, expected step %llu layer %u",
                           (unsigned long long)p->recv.step_id, p->recv.layer,
@@ -655,7 +710,7 @@ static int sn_begin(sn_ctx *c)
             tp_comm_last_error(comm)[0] ? " after: " : "", tp_comm_last_error(comm));
     if (tp_comm_rank(comm) != c->rank || tp_comm_size(comm) != c->P)
         return sn_fail(c, EPMOE__ERROR_CODE__ERR_COMM_FAILED,
-                       "step %llu: the communicator is rank %d of %d, the session rank %d of %d",
+                       "step %llu: the communicator is rank %d of %d, the driver's rank %d of %d",
                        (unsigned long long)c->io->step_id, tp_comm_rank(comm), tp_comm_size(comm),
                        c->rank, c->P);
     c->stream = c->dev->stream(d->ctx);
@@ -674,11 +729,11 @@ int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
     sn_ctx c = {.d = d,
                 .dev = d->dev,
                 .io = io,
-                .P = d->cfg.world_size,
+                .P = d->P,
                 .H = d->cfg.hidden,
                 .k = d->cfg.topk,
                 .SC = d->cfg.hidden / EP_FP8_BLOCK,
-                .rank = d->cfg.rank,
+                .rank = d->me,
                 .code = EPMOE__ERROR_CODE__ERR_NONE,
                 .err = err};
     io->dispatch_bytes = io->combine_bytes = 0;

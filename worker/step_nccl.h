@@ -78,7 +78,11 @@ typedef struct sn_dev_ops {
 const sn_dev_ops *sn_cuda_dev_ops(void);
 
 typedef struct sn_config {
-    int rank, world_size; /* the communicator's */
+    int rank, world_size; /* the session's (worker ranks): what DISPATCH bodies carry */
+    /* The communicator's world: communicator rank i is worker rank members[i] (ascending; the
+     * epoch's members); NULL members: the communicator is the session's world. */
+    int comm_rank, comm_size;
+    const uint32_t *members; /* [comm_size] (copied) */
     uint64_t epoch;
     int hidden, topk, n_experts;
     const uint32_t *expert_owner; /* [n_experts] (copied) */

@@ -246,6 +246,73 @@ TEST(one_rank_needs_no_relay_and_a_new_epoch_starts_at_generation_0)
     nb_destroy(&b);
 }
 
+/* Answer a round from every member: COMM_ID from the first (if asked), COMM_DONE from all. */
+static void answer_round(nb_boot *b, nb_env *e, ob_box *out, uint32_t gen, const int *ranks, int n)
+{
+    wire_msg m = comm_id(e->epoch, gen, 128, 5);
+    nb_on_message(b, e, ranks[0], &m, out);
+    Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+    d.has_epoch = d.has_generation = d.has_ok = 1;
+    d.epoch = e->epoch;
+    d.generation = gen;
+    d.ok = 1;
+    m = msg_of(EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base);
+    for (int i = 0; i < n; i++)
+        nb_on_message(b, e, ranks[i], &m, out);
+}
+
+TEST(the_communicator_spans_the_members_and_shrinks_over_survivors)
+{
+    nb_boot *b = nb_create(3, NULL);
+    ob_box out = {0};
+    uint8_t all[3] = {1, 1, 1}, survivors[3] = {1, 0, 1}, lone[3] = {0, 0, 1};
+    nb_env e = {.spec = spec, .epoch = 1, .member = all, .now_ms = 0, .all_ready = true};
+    nb_pump(b, &e, &out);
+    answer_round(b, &e, &out, 0, (const int[]){0, 1, 2}, 3);
+    CHECK(nb_ready(b));
+    ob_clear(&out);
+    /* w1 is lost between steps: epoch 2 of the survivors shrinks the ready communicator */
+    e = (nb_env){.spec = spec, .epoch = 2, .member = survivors, .now_ms = 10, .all_ready = true};
+    nb_pump(b, &e, &out);
+    CHECK_EQ(out.n_msg, 2);
+    for (int i = 0; i < out.n_msg; i++) {
+        Epmoe__CommInit *ci = init_at(&out, i);
+        CHECK(ci != NULL);
+        if (ci == NULL)
+            continue;
+        CHECK_EQ(out.msg[i].rank, i == 0 ? 0 : 2);
+        CHECK(ci->has_shrink && ci->shrink && !ci->has_nccl_id);
+        CHECK(ci->parent_epoch == 1 && ci->parent_generation == 0 && ci->epoch == 2);
+        CHECK(ci->n_exclude_ranks == 1 && ci->exclude_ranks[0] == 1);
+        CHECK(ci->rank == (uint32_t)i && ci->size == 2 && ci->n_members == 2);
+        CHECK(ci->n_members == 2 && ci->members[0] == 0 && ci->members[1] == 2);
+        epmoe__comm_init__free_unpacked(ci, NULL);
+    }
+    ob_clear(&out);
+    wire_msg m;
+    Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+    d.has_epoch = d.has_generation = d.has_ok = 1;
+    d.epoch = 2;
+    d.ok = 1;
+    m = msg_of(EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base);
+    nb_on_message(b, &e, 1, &m, &out); /* not a member: dropped */
+    nb_on_message(b, &e, 0, &m, &out);
+    CHECK(!nb_ready(b));
+    nb_on_message(b, &e, 2, &m, &out);
+    CHECK(nb_ready(b));
+    /* a failed step invalidates it: the next epoch builds a new one, from its first member */
+    nb_invalidate(b, "step 9 failed");
+    e = (nb_env){.spec = spec, .epoch = 3, .member = lone, .now_ms = 20, .all_ready = true};
+    nb_pump(b, &e, &out);
+    Epmoe__CommInit *ci = init_at(&out, 0);
+    CHECK(ci != NULL && !ci->shrink && !ci->has_nccl_id && ci->size == 1 && ci->rank == 0);
+    CHECK(out.n_msg == 1 && out.msg[0].rank == 2);
+    if (ci)
+        epmoe__comm_init__free_unpacked(ci, NULL);
+    ob_free(&out);
+    nb_destroy(&b);
+}
+
 TEST(shrink_plans_only_ordered_subsets)
 {
     uint32_t ex[8];
@@ -277,6 +344,7 @@ int main(void)
     RUN(a_round_asks_rank_0_relays_its_id_and_waits_for_every_rank);
     RUN(a_late_rank_is_named_and_the_round_retried_after_a_backoff);
     RUN(one_rank_needs_no_relay_and_a_new_epoch_starts_at_generation_0);
+    RUN(the_communicator_spans_the_members_and_shrinks_over_survivors);
     RUN(shrink_plans_only_ordered_subsets);
     spec_free(&spec);
     return test_report();

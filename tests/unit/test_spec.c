@@ -189,6 +189,8 @@ TEST(omitted_fields_take_their_defaults)
     CHECK_EQ(s->placement, SPEC_PLACE_CONTIGUOUS);
     CHECK_EQ(s->redundant_experts, 0);
     CHECK_EQ(s->dispatch, SPEC_DISPATCH_FP8);
+    CHECK_EQ(s->rejoin, SPEC_REJOIN_RESTORE);
+    CHECK_EQ(s->max_experts_per_worker, 0);
     CHECK_STR_EQ(spec_placement_name(s->placement), "contiguous");
     CHECK_STR_EQ(spec_dispatch_name(s->dispatch), "fp8");
     CHECK_EQ(s->data_plane, SPEC_PLANE_ZMQ);
@@ -563,6 +565,38 @@ TEST(bad_choices_list_the_allowed_values)
                "bf16)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {redundant_experts: 2}\n" L_NODES W0,
                "4:38", "expert_parallel.redundant_experts: only 0 is supported");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {rejoin: back}\n" L_NODES W0, "4:27",
+               "expert_parallel.rejoin: unknown rejoin policy \"back\" (expected one of restore, "
+               "stay)");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {max_experts_per_worker: -1}\n" L_NODES W0,
+               "4:43",
+               "expert_parallel.max_experts_per_worker: -1 is out of range (expected "
+               "0..4096)");
+}
+
+/* rejoin and max_experts_per_worker: parsed, and the limit checked against the placement. */
+TEST(failover_rules_parse_and_the_limit_must_hold_the_placement)
+{
+    const char *text = L_CLUSTER L_COORD L_MODEL
+        "expert_parallel: {rejoin: stay, max_experts_per_worker: 3}\n" /* 4 */
+        "nodes:\n"
+        "  - name: n0\n"
+        "    workers:\n" W("w0", "cpu", "tcp://h:1") W("w1", "cpu", "tcp://h:2")
+            W("w2", "cpu", "tcp://h:3");
+    spec_cluster *s = parse_as(text, TFILE);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return;
+    CHECK_EQ(s->rejoin, SPEC_REJOIN_STAY);
+    CHECK_STR_EQ(spec_rejoin_name(s->rejoin), "stay");
+    CHECK_EQ(s->max_experts_per_worker, 3);
+    CHECK_EQ(spec_check_experts(s, 9, &err), 0); /* 3 each */
+    CHECK_EQ(spec_check_experts(s, 12, &err), -1);
+    CHECK_STR_HAS(err.msg, TFILE ":4:57: expert_parallel.max_experts_per_worker: 3 is less than "
+                                 "the 4 experts the placement gives a worker (12 experts over 3 "
+                                 "workers)");
+    spec_free(&s);
 }
 
 /* data_plane sits on line 4 ("expert_parallel: {data_plane: nccl}": the value at column 31),
@@ -793,6 +827,7 @@ int main(void)
     RUN(bad_endpoints_say_what_is_wrong);
     RUN(bad_names_are_rejected);
     RUN(bad_choices_list_the_allowed_values);
+    RUN(failover_rules_parse_and_the_limit_must_hold_the_placement);
     RUN(empty_sequences_are_rejected);
     RUN(anchors_aliases_and_tags_are_rejected);
     RUN(deep_nesting_is_rejected_while_loading);

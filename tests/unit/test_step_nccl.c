@@ -292,7 +292,9 @@ typedef struct world {
     pthread_barrier_t bar;
     tp_comm_id id;
     int P;
-    uint32_t owner[E];
+    int session_world;      /* worker ranks of the session (P: the communicator is all of them) */
+    uint32_t member[MAX_P]; /* worker rank of each communicator rank */
+    uint32_t owner[E];      /* worker ranks */
     bool e8m0;
     int steps;
     int tokens[MAX_P]; /* per rank and step: tokens[rank] + step */
@@ -383,7 +385,8 @@ static void *rank_main(void *p)
     rank_ctx *r = p;
     world *wd = r->wd;
     ep_err err = {{0}};
-    r->dev = (fd_dev){.stream = fc_stream_new(wd->w), .rank = r->rank, .owner = wd->owner};
+    r->dev = (fd_dev){
+        .stream = fc_stream_new(wd->w), .rank = (int)wd->member[r->rank], .owner = wd->owner};
     if (r->rank == wd->fail_rank)
         r->dev.fail_experts = "fake: injected device fault";
     r->comm = tp_comm_create(fc_ops(), wd->w, &err);
@@ -398,9 +401,13 @@ static void *rank_main(void *p)
     uint32_t owner[E];
     for (int e = 0; e < E; e++)
         owner[e] = r->rank == wd->liar_rank ? (wd->owner[e] + 1) % (uint32_t)wd->P : wd->owner[e];
-    static const char *const names[MAX_P] = {"w0", "w1", "w2", "w3"};
-    sn_config cfg = {.rank = r->rank,
-                     .world_size = wd->P,
+    static const char *const names[MAX_P + 2] = {"w0", "w1", "w2", "w3", "w4", "w5"};
+    bool sub = wd->session_world != wd->P;
+    sn_config cfg = {.rank = (int)wd->member[r->rank],
+                     .world_size = wd->session_world,
+                     .comm_rank = r->rank,
+                     .comm_size = wd->P,
+                     .members = sub ? wd->member : NULL,
                      .epoch = r->rank == wd->epoch_rank ? EPOCH + 1 : EPOCH,
                      .hidden = H,
                      .topk = K,
@@ -458,7 +465,10 @@ static void world_init(world *wd, int P)
                   .liar_rank = -1,
                   .fail_rank = -1,
                   .interrupt_rank = -1,
-                  .timeout = 10};
+                  .timeout = 10,
+                  .session_world = P};
+    for (int i = 0; i < P; i++)
+        wd->member[i] = (uint32_t)i;
     for (int e = 0; e < E; e++)
         wd->owner[e] = (uint32_t)((e * 7) % P); /* scattered: not contiguous */
     static const int tokens[MAX_P] = {5, 0, 9, 2};
@@ -468,12 +478,21 @@ static void world_init(world *wd, int P)
 
 /* ---- the data path --------------------------------------------------------------------------- */
 
-static void check_world(int P, bool e8m0)
+/* members: the worker ranks of the communicator's ranks in a session of session_world ranks
+ * (NULL: the communicator is the session) */
+static void check_world_in(int P, bool e8m0, int session_world, const uint32_t *members)
 {
     world wd;
     rank_ctx r[MAX_P];
     world_init(&wd, P);
     wd.e8m0 = e8m0;
+    if (members) {
+        wd.session_world = session_world;
+        for (int i = 0; i < P; i++)
+            wd.member[i] = members[i];
+        for (int e = 0; e < E; e++)
+            wd.owner[e] = members[(e * 7) % P];
+    }
     run_world(&wd, r);
     uint32_t want_tokens[E] = {0};
     uint64_t want_bytes[MAX_P] = {0};
@@ -486,7 +505,9 @@ static void check_world(int P, bool e8m0)
                     int e = route_expert(token_g(src, step, t), j);
                     if (e < 0)
                         continue;
-                    int dst = (int)wd.owner[e];
+                    int dst = 0;
+                    while (wd.member[dst] != wd.owner[e])
+                        dst++;
                     want_tokens[e]++;
                     pairs[dst]++;
                     rows[dst] += !seen[dst];
@@ -507,10 +528,15 @@ static void check_world(int P, bool e8m0)
         CHECK_EQ(r[i].dispatch_bytes, want_bytes[i]);
         CHECK_EQ(r[i].state_after, TP_COMM_READY);
         for (int e = 0; e < E; e++)
-            if (wd.owner[e] == (uint32_t)i)
+            if (wd.owner[e] == wd.member[i])
                 CHECK_EQ(r[i].expert_tokens[e], want_tokens[e]);
     }
     free_world(&wd, r);
+}
+
+static void check_world(int P, bool e8m0)
+{
+    check_world_in(P, e8m0, P, NULL);
 }
 
 TEST(outputs_match_the_direct_computation_for_one_to_four_ranks)
@@ -519,6 +545,33 @@ TEST(outputs_match_the_direct_computation_for_one_to_four_ranks)
         check_world(P, false);
         check_world(P, true);
     }
+}
+
+TEST(a_communicator_of_some_workers_maps_its_ranks_to_theirs)
+{
+    /* the epoch's members are workers 1, 3 and 4 of 6: DISPATCH bodies carry worker ranks */
+    const uint32_t members[3] = {1, 3, 4};
+    check_world_in(3, true, 6, members);
+    ep_err e;
+    uint32_t owner[E] = {0};
+    sn_config cfg = {.rank = 3,
+                     .world_size = 6,
+                     .comm_rank = 1,
+                     .comm_size = 3,
+                     .members = members,
+                     .hidden = H,
+                     .topk = K,
+                     .n_experts = E,
+                     .expert_owner = owner};
+    fc_world *w = fc_world_new();
+    tp_comm *c = tp_comm_create(fc_ops(), w, &e);
+    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    CHECK_STR_HAS(e.msg, "expert 0 is owned by rank 0, which is not in the communicator");
+    cfg.comm_rank = 0;
+    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    CHECK_STR_HAS(e.msg, "communicator rank 0 of 3 is not worker rank 3");
+    tp_comm_destroy(&c);
+    fc_world_free(&w);
 }
 
 /* ---- failures -------------------------------------------------------------------------------- */
@@ -663,6 +716,7 @@ TEST(bad_configurations_are_refused)
 int main(void)
 {
     RUN(outputs_match_the_direct_computation_for_one_to_four_ranks);
+    RUN(a_communicator_of_some_workers_maps_its_ranks_to_theirs);
     RUN(a_dead_peer_fails_the_step_by_its_deadline_and_aborts);
     RUN(counts_from_another_epoch_are_refused_naming_the_sender);
     RUN(pairs_of_experts_the_receiver_does_not_own_are_refused);
