@@ -43,11 +43,12 @@
  * 1.5 GB at V4-Flash sizes) whatever a request holds. */
 #define CU_STEP_TOKENS 8192
 #define CU_PAIR_CHUNK  16384
-/* Each of the two pinned load-staging buffers. */
+/* Each of the two pinned load-staging buffers (EPMOE_CUDA_STAGE_BYTES overrides it, for tests). */
 #define CU_STAGE_BYTES (32u << 20)
 /* Carving alignment (cudaMalloc's own is 256). */
 #define CU_ALIGN 256
-/* Longest wait for the device to finish what was queued; longer is a hung device. */
+/* Longest wait for the device to finish what was queued; longer is a hung device
+ * (EPMOE_CUDA_WAIT_S overrides it, for tests). */
 #define CU_WAIT_S 120.0
 /* Device memory kept free beyond the reservation (CUDA context, cuBLASLt workspace, NCCL). */
 #define CU_MEM_MARGIN (512ull << 20)
@@ -97,7 +98,9 @@ typedef struct cuda_backend {
     float *exp_table; /* device [65536] */
     float *h_exp_table;
     cu_bufs b;
-    void *stage[2]; /* pinned, CU_STAGE_BYTES each, for loading */
+    void *stage[2]; /* pinned, stage_bytes each, for loading */
+    size_t stage_bytes;
+    double wait_s;
     bool step_busy; /* the step buffers belong to an open step */
 } cuda_backend;
 
@@ -173,7 +176,7 @@ static int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err
 
 static int cu_wait(cuda_backend *b, ep_err *err)
 {
-    return cu_wait_until(b->ops, b->d, cu_now() + CU_WAIT_S, err);
+    return cu_wait_until(b->ops, b->d, cu_now() + b->wait_s, err);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */
@@ -436,7 +439,7 @@ static int upload(up_ctx *u, void *dst, size_t bytes, stage_fill_fn fill, const 
 {
     cuda_backend *b = u->b;
     for (size_t off = 0; off < bytes;) {
-        size_t n = bytes - off < CU_STAGE_BYTES ? bytes - off : CU_STAGE_BYTES;
+        size_t n = bytes - off < b->stage_bytes ? bytes - off : b->stage_bytes;
         int i = u->next;
         /* the buffer's previous upload must be done before it is refilled; the stream runs in
          * order, so waiting for it also waits for the other buffer's (older or newer) upload */
@@ -685,7 +688,7 @@ static mb_layer *cuda_layer_load(mb_backend *be, const mc_config *c, const mb_la
     up_ctx u = {.b = b,
                 .progress = progress,
                 .progress_ctx = progress_ctx,
-                .deadline = cu_now() + CU_WAIT_S};
+                .deadline = cu_now() + b->wait_s};
     if (load_router(b, &u, l, src, err) < 0 || load_experts(b, &u, l, src, want, old, err) < 0)
         goto fail;
     if (cu_wait(b, err) < 0) /* the staging buffers are reused by the next layer */
@@ -1539,6 +1542,17 @@ static int build_exp_table(cuda_backend *b, ep_err *err)
     return 0;
 }
 
+/* A numeric knob from the environment, clamped to [lo, hi]; def when unset or not a number. */
+static double env_double(const char *name, double def, double lo, double hi)
+{
+    const char *v = getenv(name);
+    char *end;
+    double x = v ? strtod(v, &end) : def;
+    if (!v || end == v || *end != '\0' || !(x == x))
+        return def;
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
 mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_ops *ops, ep_err *err)
 {
     cuda_backend *b = calloc(1, sizeof *b);
@@ -1550,6 +1564,10 @@ mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_op
     b->base.kind = MB_DEV_CUDA;
     b->ops = ops;
     b->gemm = o->gemm;
+    b->wait_s = env_double("EPMOE_CUDA_WAIT_S", CU_WAIT_S, 0.01, 3600);
+    /* whole fp32 elements (the FP8 scale decode stages 4-byte values) */
+    b->stage_bytes =
+        (size_t)env_double("EPMOE_CUDA_STAGE_BYTES", CU_STAGE_BYTES, 4096, 1u << 30) & ~(size_t)255;
     snprintf(b->base.name, sizeof b->base.name, "cuda-%s",
              o->gemm == MB_GEMM_FAST ? "fast" : "exact");
     b->info.kind = MB_DEV_CUDA;
@@ -1564,7 +1582,7 @@ mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_op
     if (!(b->pool = gemm_pool_create(o->threads, err)))
         goto fail;
     for (int i = 0; i < 2; i++)
-        if (ops->alloc_host(b->d, &b->stage[i], CU_STAGE_BYTES, err) < 0)
+        if (ops->alloc_host(b->d, &b->stage[i], b->stage_bytes, err) < 0)
             goto fail;
     if (build_exp_table(b, err) < 0)
         goto fail;
