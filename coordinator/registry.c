@@ -404,8 +404,8 @@ static const spec_worker *reg_check_register(reg_registry *r, const reg_env *env
     if (reg_registered(w) && !same_ident && env->now_ms - w->last_seen_ms < expiry) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_DUPLICATE,
                   "worker %s is already registered from another connection (last seen %" PRId64
-                  " ms ago); a restarted worker must use its name as routing id, or wait %" PRId64
-                  " ms until the old registration expires",
+                  " ms ago); another process under this name can register once that one has "
+                  "been silent for %" PRId64 " ms (or its connection is gone)",
                   sw->name, env->now_ms - w->last_seen_ms, expiry);
         return NULL;
     }

@@ -59,11 +59,13 @@ typedef struct exec_state {
     void *pipe; /* the thread's end */
     mb_backend *be;
     exec_session *session;
-    mb_layer **layers;
+    mb_layer **layers; /* stay across sessions while the model and config do (shard_*) */
     int n_layers;
-    tp_transport *tp; /* data_plane zmq */
-    tp_comm *comm;    /* data_plane nccl: kept across LOADs of one session */
-    sn_driver *sn;
+    uint64_t shard_hash;           /* the config the layers were loaded for */
+    char shard_model[EP_MAX_PATH]; /* and the checkpoint */
+    tp_transport *tp;              /* data_plane zmq */
+    tp_comm *comm;                 /* data_plane nccl: kept across the epochs of one session */
+    sn_driver *sn;                 /* for the communicator of the last COMM_INIT */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -91,7 +93,9 @@ exec_session *exec_session_new(int n_experts, int world_size)
     s->expert_owner = calloc((size_t)n_experts, sizeof *s->expert_owner);
     s->peer_endpoint = calloc((size_t)world_size, sizeof *s->peer_endpoint);
     s->peer_name = calloc((size_t)world_size, sizeof *s->peer_name);
-    if (s->expert_owner == NULL || s->peer_endpoint == NULL || s->peer_name == NULL)
+    s->member = calloc((size_t)world_size, 1);
+    if (s->expert_owner == NULL || s->peer_endpoint == NULL || s->peer_name == NULL ||
+        s->member == NULL)
         exec_session_free(&s);
     return s;
 }
@@ -110,8 +114,49 @@ void exec_session_free(exec_session **self_p)
     free(s->peer_endpoint);
     free(s->peer_name);
     free(s->expert_owner);
+    free(s->member);
     free(s);
     *self_p = NULL;
+}
+
+int exec_check_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
+                         size_t n_owner, const uint32_t *members, size_t n_members, ep_err *err)
+{
+    if (!has_epoch)
+        return ep_err_set(err, "epoch missing");
+    if (n_owner != (size_t)s->config.n_routed_experts)
+        return ep_err_set(err, "expert_owner has %zu entries, expected n_routed_experts %d",
+                          n_owner, s->config.n_routed_experts);
+    for (size_t e = 0; e < n_owner; e++)
+        if (owner[e] >= (uint32_t)s->world_size)
+            return ep_err_set(err, "expert_owner[%zu] = %u, expected < world_size %d", e, owner[e],
+                              s->world_size);
+    if (n_members > (size_t)s->world_size)
+        return ep_err_set(err, "%zu members, more than world_size %d", n_members, s->world_size);
+    for (size_t i = 0; i < n_members; i++)
+        if (members[i] >= (uint32_t)s->world_size || (i > 0 && members[i] <= members[i - 1]))
+            return ep_err_set(err, "members[%zu] = %u: expected ascending ranks < world_size %d", i,
+                              members[i], s->world_size);
+    /* every owner must be a member: the others never get a STEP and would never answer */
+    for (size_t e = 0; e < n_owner && n_members > 0; e++) {
+        size_t i = 0;
+        while (i < n_members && members[i] != owner[e])
+            i++;
+        if (i == n_members)
+            return ep_err_set(err, "expert %zu belongs to rank %u, which is not a member", e,
+                              owner[e]);
+    }
+    return 0;
+}
+
+void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *members,
+                        size_t n_members)
+{
+    memcpy(s->expert_owner, owner, (size_t)s->config.n_routed_experts * sizeof *owner);
+    memset(s->member, n_members == 0, (size_t)s->world_size);
+    for (size_t i = 0; i < n_members; i++)
+        s->member[members[i]] = 1;
+    s->n_members = n_members == 0 ? s->world_size : (int)n_members;
 }
 
 const char *exec_backend_name(const exec_actor *a)
@@ -173,13 +218,23 @@ static void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmo
 /* ---- state ------------------------------------------------------------------------------------
  */
 
-static void exec_unload(exec_state *st)
+static void exec_free_layers(mb_layer **layers, int n)
 {
-    for (int i = 0; i < st->n_layers; i++)
-        mb_layer_free(&st->layers[i]);
-    free(st->layers);
+    for (int i = 0; layers && i < n; i++)
+        mb_layer_free(&layers[i]);
+    free(layers);
+}
+
+static void exec_free_shard(exec_state *st)
+{
+    exec_free_layers(st->layers, st->n_layers);
     st->layers = NULL;
     st->n_layers = 0;
+}
+
+/* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
+static void exec_close_plane(exec_state *st)
+{
     tp_destroy(&st->tp);
     st->ready = false;
     st->have_last = false;
@@ -187,7 +242,7 @@ static void exec_unload(exec_state *st)
 
 static void exec_drop_session(exec_state *st)
 {
-    exec_unload(st);
+    exec_close_plane(st);
     sn_destroy(&st->sn);
     tp_comm_destroy(&st->comm);
     exec_session_free(&st->session);
@@ -251,33 +306,57 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
 
-/* Load every layer; 1 when cancelled (RESET or TERM pending), -1 on error. */
-static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
+/* The experts the layers hold (the same in every layer), or none. */
+static void exec_held(const exec_state *st, uint8_t *have, int E)
+{
+    for (int e = 0; e < E; e++)
+        have[e] = st->n_layers > 0 && st->layers[0] && mb_layer_owns(st->layers[0], e);
+}
+
+/* Load every layer with the experts this rank owns, keeping those the old layers hold; 1 when
+ * cancelled (RESET or TERM pending), -1 on error. *kept: owned experts that were held. */
+static int exec_load_layers(exec_state *st, const st_model *m, exec_progress *p, int *kept,
+                            ep_err *err)
 {
     exec_session *s = st->session;
     const mc_config *c = &s->config;
     int E = c->n_routed_experts, L = mc_num_layers(c);
-    uint8_t *want = calloc((size_t)L * (size_t)E, 1);
-    st->layers = calloc((size_t)L, sizeof *st->layers);
-    if (want == NULL || st->layers == NULL) {
-        free(want);
-        return ep_err_set(err, "out of memory");
+    uint8_t *want = calloc((size_t)L * (size_t)E, 1), *have = calloc((size_t)E, 1);
+    mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    int rc = -1;
+    if (want == NULL || have == NULL || layers == NULL) {
+        ep_err_set(err, "out of memory");
+        goto done;
     }
+    exec_held(st, have, E);
+    *kept = 0;
+    for (int e = 0; e < E; e++)
+        *kept += have[e] && s->expert_owner[e] == (uint32_t)s->rank;
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++)
             want[(size_t)l * E + e] = s->expert_owner[e] == (uint32_t)s->rank;
-    exec_progress p = {.st = st};
-    int rc = mb_set_gemm(st->be, s->gpu_gemm, err);
+    rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
-        rc = shard_load(st->be, m, c, want, NULL, EP_MAX_TOKENS, st->layers, exec_on_progress, &p,
-                        err);
-    if (rc == 0)
+        rc = shard_load(st->be, m, c, want, st->n_layers == L ? st->layers : NULL, EP_MAX_TOKENS,
+                        layers, exec_on_progress, p, err);
+    /* the old layers gave their kept experts to the new ones (or the load failed half-way and
+     * they may have): either way only the new layers are to be trusted */
+    exec_free_shard(st);
+    if (rc == 0) {
+        st->layers = layers;
         st->n_layers = L;
+        layers = NULL;
+        st->shard_hash = s->config_hash;
+        snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
+    }
+done:
+    free(layers);
     free(want);
+    free(have);
     return rc;
 }
 
-static void exec_send_ready(exec_state *st)
+static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept)
 {
     exec_session *s = st->session;
     uint64_t bytes = 0;
@@ -292,6 +371,9 @@ static void exec_send_ready(exec_state *st)
     r.config_hash = s->config_hash;
     r.bytes_loaded = bytes;
     r.n_experts = owned;
+    r.has_bytes_read = r.has_experts_kept = 1;
+    r.bytes_read = bytes_read;
+    r.experts_kept = (uint32_t)kept;
     r.backend = (char *)mb_name(st->be);
     if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
         r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
@@ -303,38 +385,75 @@ static void exec_send_ready(exec_state *st)
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
 
-static void exec_load(exec_state *st)
+/* LOAD and EPOCH: the data plane of the session's epoch, then the layers. */
+static void exec_load(exec_state *st, uint16_t in_reply_to)
 {
-    const uint16_t LOAD = EPMOE__MSG_TYPE__MSG_LOAD;
     if (st->session == NULL) {
-        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, LOAD, "LOAD before WELCOME");
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, in_reply_to, "%s before WELCOME",
+                   wire_type_name(in_reply_to));
         return;
     }
-    exec_unload(st);
+    exec_close_plane(st);
+    if (st->n_layers > 0 && (st->shard_hash != st->session->config_hash ||
+                             strcmp(st->shard_model, st->session->model_path) != 0))
+        exec_free_shard(st); /* another model or config: nothing to keep */
     double t0 = exec_now();
     ep_err err = {{0}};
     st_model *m = NULL;
+    exec_progress p = {.st = st};
+    int kept = 0;
     int rc = exec_open_data_plane(st, &err);
     if (rc == 0 && (m = st_model_open(st->session->model_path, &err)) == NULL)
         rc = -1;
     if (rc == 0)
-        rc = exec_load_layers(st, m, &err);
+        rc = exec_load_layers(st, m, &p, &kept, &err);
     st_model_close(&m);
     if (rc != 0) {
-        exec_unload(st);
+        exec_close_plane(st);
         if (rc > 0) {
             log_info("load abandoned (reset or shutdown)");
             return;
         }
         log_error("load failed: %s", err.msg);
-        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, LOAD, "%s", err.msg);
+        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, in_reply_to, "%s", err.msg);
         return;
     }
     st->ready = true;
-    log_info("loaded %d layers from %s in %.2f s; data plane %s", st->n_layers,
-             st->session->model_path, exec_now() - t0,
-             st->tp ? tp_endpoint(st->tp) : "nccl (communicator built on COMM_INIT)");
-    exec_send_ready(st);
+    int owned = 0;
+    for (int e = 0; e < st->session->config.n_routed_experts; e++)
+        owned += st->session->expert_owner[e] == (uint32_t)st->session->rank;
+    log_info("epoch %llu: %d layers with %d experts (%d kept, %d read: %llu bytes) from %s in "
+             "%.2f s; data plane %s (%d members)",
+             (unsigned long long)st->session->epoch, st->n_layers, owned, kept, owned - kept,
+             (unsigned long long)p.total, st->session->model_path, exec_now() - t0,
+             st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", st->session->n_members);
+    exec_send_ready(st, p.total, kept);
+}
+
+/* EPOCH: validate against the session, adopt the placement, load. */
+static void exec_epoch(exec_state *st, const wire_msg *m)
+{
+    const uint16_t EPOCH = EPMOE__MSG_TYPE__MSG_EPOCH;
+    ep_err err;
+    Epmoe__Epoch *ep = (Epmoe__Epoch *)wire_unpack(&epmoe__epoch__descriptor, m, &err);
+    if (ep == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, EPOCH, "%s", err.msg);
+        return;
+    }
+    exec_session *s = st->session;
+    if (s == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH before WELCOME");
+    } else if (exec_check_placement(s, ep->has_epoch, ep->expert_owner, ep->n_expert_owner,
+                                    ep->members, ep->n_members, &err) != 0) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH: %s", err.msg);
+    } else {
+        s->epoch = ep->epoch;
+        exec_set_placement(s, ep->expert_owner, ep->members, ep->n_members);
+        log_info("epoch %llu: %s", (unsigned long long)s->epoch,
+                 ep->reason ? ep->reason : "new placement");
+        exec_load(st, EPOCH);
+    }
+    wire_free_unpacked(&ep->base);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------
@@ -576,7 +695,7 @@ static int exec_send_dispatches(exec_step_s *s)
 {
     exec_session *ses = s->st->session;
     for (int r = 0; r < s->P; r++) {
-        if (r == s->rank)
+        if (r == s->rank || !ses->member[r])
             continue;
         tp_msg d = {.kind = TP_DISPATCH,
                     .step_id = s->step_id,
@@ -730,7 +849,11 @@ static int exec_drain(exec_step_s *s)
     tp_msg m;
     while (tp_take(s->st->tp, s->step_id, &m)) {
         int rc = 0;
-        if (m.kind == TP_DISPATCH)
+        if (!s->st->session->member[m.src_rank])
+            log_warn("step %llu: dropped a message from rank %d, not a member of epoch %llu",
+                     (unsigned long long)s->step_id, m.src_rank,
+                     (unsigned long long)s->st->session->epoch);
+        else if (m.kind == TP_DISPATCH)
             rc = exec_on_dispatch(s, &m);
         else
             exec_on_combine(s, &m);
@@ -747,7 +870,7 @@ static void exec_missing(const exec_step_s *s, char *buf, size_t cap)
     size_t n = 0;
     buf[0] = '\0';
     for (int r = 0; r < s->P && n < cap; r++) {
-        if (r == s->rank || (s->heard_d[r] && s->heard_c[r]))
+        if (r == s->rank || !s->st->session->member[r] || (s->heard_d[r] && s->heard_c[r]))
             continue;
         n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s): %s%s%s", n ? ", " : "", r,
                               s->st->session->peer_name[r], s->heard_d[r] ? "" : "DISPATCH",
@@ -1141,7 +1264,15 @@ static void exec_step(exec_state *st, wire_msg *m)
     s.H = c->hidden_size;
     s.P = st->session->world_size;
     s.rank = st->session->rank;
-    s.need_d = s.need_c = s.P - 1;
+    if (!st->session->member[s.rank]) {
+        exec_step_failed(st, true, s.step_id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                         "STEP %llu: rank %d owns no experts in epoch %llu (not a member)",
+                         (unsigned long long)s.step_id, s.rank,
+                         (unsigned long long)st->session->epoch);
+        wire_free_unpacked(&req->base);
+        return;
+    }
+    s.need_d = s.need_c = st->session->n_members - 1;
     int rc = exec_step_parse(&s, req, m);
     wire_free_unpacked(&req->base);
     if (rc != 0) {
@@ -1195,7 +1326,10 @@ static void exec_handle(exec_state *st, wire_msg *m)
         st->stop = true;
         break;
     case EPMOE__MSG_TYPE__MSG_LOAD:
-        exec_load(st);
+        exec_load(st, EPMOE__MSG_TYPE__MSG_LOAD);
+        break;
+    case EPMOE__MSG_TYPE__MSG_EPOCH:
+        exec_epoch(st, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP:
         exec_step(st, m);
@@ -1255,6 +1389,7 @@ static void *exec_main(void *arg)
         exec_loop(&st);
     }
     exec_drop_session(&st);
+    exec_free_shard(&st);
     for (int i = 0; i < st.n_stash; i++)
         wire_msg_close(&st.stash[i]);
     zmq_close(st.pipe);
