@@ -66,6 +66,7 @@ typedef struct exec_state {
     tp_transport *tp;              /* data_plane zmq */
     tp_comm *comm;                 /* data_plane nccl: kept across the epochs of one session */
     sn_driver *sn;                 /* for the communicator of the last COMM_INIT */
+    int cuda_ordinal;              /* N of cuda:N, for the communicator (tp_nccl_ops' ctx) */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -1041,7 +1042,9 @@ static int exec_nccl_open(exec_state *st, ep_err *err)
                           mb_name(st->be));
     if (s->dispatch != TP_FMT_FP8)
         return ep_err_set(err, "data_plane nccl sends fp8 dispatch only");
-    if (st->comm == NULL && (st->comm = tp_comm_create(tp_nccl_ops(), NULL, err)) == NULL)
+    st->cuda_ordinal = info.ordinal;
+    if (st->comm == NULL &&
+        (st->comm = tp_comm_create(tp_nccl_ops(), &st->cuda_ordinal, err)) == NULL)
         return -1;
     return 0;
 }

@@ -241,7 +241,9 @@ typedef enum tp_comm_fault {
 
 typedef struct tp_comm tp_comm;
 
-/* NCCL's operations (ctx NULL), or NULL in a build without NCCL. */
+/* NCCL's operations, or NULL in a build without NCCL. Their ctx is a pointer to the worker's
+ * CUDA ordinal (int), made the thread's current device before a communicator is created, or
+ * NULL to use the current device. */
 const tp_comm_ops *tp_nccl_ops(void);
 
 tp_comm *tp_comm_create(const tp_comm_ops *ops, void *ctx, ep_err *err);

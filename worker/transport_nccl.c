@@ -35,6 +35,19 @@ static int tpn_check(ncclResult_t r, ncclComm_t comm, const char *what, ep_err *
                       last ? last : "");
 }
 
+/* NCCL binds a communicator to the calling thread's current device: make it the worker's
+ * (ctx: the CUDA ordinal, an int, or NULL to leave the current device). */
+static int tpn_device(void *ctx, ep_err *err)
+{
+    if (ctx == NULL)
+        return 0;
+    cudaError_t e = cudaSetDevice(*(const int *)ctx);
+    if (e == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    return ep_err_set(err, "cudaSetDevice(%d): %s", *(const int *)ctx, cudaGetErrorString(e));
+}
+
 static ncclConfig_t tpn_config(void)
 {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -44,9 +57,9 @@ static ncclConfig_t tpn_config(void)
 
 static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
 {
-    (void)ctx;
     ncclUniqueId u;
-    if (tpn_check(ncclGetUniqueId(&u), NULL, "ncclGetUniqueId", err) != 0)
+    if (tpn_device(ctx, err) != 0 ||
+        tpn_check(ncclGetUniqueId(&u), NULL, "ncclGetUniqueId", err) != 0)
         return -1;
     memcpy(id->bytes, u.internal, sizeof id->bytes);
     return 0;
@@ -55,8 +68,9 @@ static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
 static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
                     ep_err *err)
 {
-    (void)ctx;
     ncclUniqueId u;
+    if (tpn_device(ctx, err) != 0)
+        return -1;
     memcpy(u.internal, id->bytes, sizeof u.internal);
     ncclConfig_t cfg = tpn_config();
     ncclComm_t comm = NULL;
@@ -73,8 +87,9 @@ static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_co
 static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
                       tp_comm_handle **out, ep_err *err)
 {
-    (void)ctx;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    if (tpn_device(ctx, err) != 0)
+        return -1;
     ncclComm_t parent = tpn_comm(h), comm = NULL;
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(parent, &async);
@@ -90,6 +105,7 @@ static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_ex
     *out = (tp_comm_handle *)(void *)comm;
     return 0;
 #else
+    (void)ctx;
     (void)h;
     (void)exclude;
     (void)n_exclude;
