@@ -266,16 +266,17 @@ static void coord_send(coord *c, ob_msg *m)
         return;
     log_debug(LOG_SUB_NET, "%s to %s: %s", wire_type_name(m->type),
               m->to == OB_TO_ADMIN ? "an admin client" : "a worker", err.msg);
+    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection. Declared dead
+     * first, so that a step it was part of fails naming the loss and the epoch change. */
+    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
+        reg_registered(reg_worker_at(c->reg, rank)))
+        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP && m->to == OB_TO_RANK) {
         ob_event_add(&c->out, OB_EV_SEND_FAILED, m->rank, "%s", err.msg);
         ob_event *e = ob_last_event(&c->out);
         if (e != NULL)
             e->step_id = m->step_id;
     }
-    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection */
-    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
-        reg_registered(reg_worker_at(c->reg, rank)))
-        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
 }
 
 static void coord_flush(coord *c)
@@ -847,12 +848,15 @@ static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequ
         coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false,
                      "worker %s undrained by an operator", name);
     }
+    const char *how = plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
+                          ? "it may own experts again"
+                      : !reg_can_own(c->reg, r) ? "it gets experts once it is registered and ready"
+                      : plan_rejoin(c->pe) == SPEC_REJOIN_STAY
+                          ? "it waits as a spare (rejoin: stay)"
+                          : "no expert moves";
     char text[EP_ERR_MSG_MAX];
     snprintf(text, sizeof text, "worker %s is not drained; %s (placement epoch %" PRIu64 ")", name,
-             plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
-                 ? "it may own experts again"
-                 : "it waits as a spare (rejoin: stay)",
-             plan_last_epoch(c->pe));
+             how, plan_last_epoch(c->pe));
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.cluster = c->spec->name;
     rep.has_epoch = 1;
