@@ -9,24 +9,36 @@
 # byte-identical to `forward --local` (CPU backend, one process); shutdown stops both daemons
 # with exit 0.
 #
-#   tests/gpu/nccl_cluster.sh BUILD_DIR [OUT_DIR]
-#   NCCL_RANKS=2 tests/gpu/nccl_cluster.sh BUILD_DIR      # P workers on cuda:0 .. cuda:P-1
+#   tests/gpu/nccl_cluster.sh BIN [MODEL_DIR | OUT_DIR]
+#   NCCL_RANKS=2 tests/gpu/nccl_cluster.sh BIN            # P workers on cuda:0 .. cuda:P-1
+#
+# BIN holds epmoectl, epmoe-coordinator and epmoe-worker built with CUDA and NCCL: either flat
+# (tests/gpu/prepare.sh's gpu-carry/bin, as check.sh passes it) or a CMake build directory
+# (ctl/, coordinator/, worker/). A second argument with a config.json is the model to use (only
+# that one, as check.sh passes it); otherwise it is OUT_DIR and both expert dtypes are made here.
 #
 # NCCL_RANKS (1, 2, 3, 4 or 6: the test model has 12 experts) runs the same check with P
 # workers, one per GPU of this machine (NCCL refuses two ranks on one GPU); it skips when the
 # machine has fewer GPUs.
 #
-# BUILD_DIR holds a CMake build with CUDA and NCCL (coordinator/, worker/, ctl/). OUT_DIR (default
-# $OUT or ./gpu-check) receives nccl_cluster.log and the daemons' logs. Exit: 0 pass, 1 fail,
-# 77 skipped with the reason on stdout (no daemons in BUILD_DIR, a worker built without NCCL,
-# no GPU, libnccl not loadable).
+# OUT_DIR, when given, receives nccl_cluster.log and the daemons' logs (otherwise they go
+# only to stdout on failure: check.sh keeps what its caller gets back small). Exit: 0 pass, 1 fail, 77 skipped with the reason on stdout (no daemons in BIN, a worker
+# built without NCCL, no GPU, libnccl not loadable).
 set -u
-BUILD=${1:?usage: nccl_cluster.sh BUILD_DIR [OUT_DIR]}
-OUTDIR=${2:-${OUT:-gpu-check}}
-CTL=$BUILD/ctl/epmoectl
-COORD=$BUILD/coordinator/epmoe-coordinator
-WORKER=$BUILD/worker/epmoe-worker
-mkdir -p "$OUTDIR"
+BIN=${1:?usage: nccl_cluster.sh BIN [MODEL_DIR | OUT_DIR]}
+MODEL=
+OUTDIR=
+if [ -n "${2:-}" ] && [ -f "$2/config.json" ]; then
+    MODEL=$2
+elif [ -n "${2:-}" ]; then
+    OUTDIR=$2
+fi
+if [ -x "$BIN/epmoectl" ]; then
+    CTL=$BIN/epmoectl COORD=$BIN/epmoe-coordinator WORKER=$BIN/epmoe-worker
+else
+    CTL=$BIN/ctl/epmoectl COORD=$BIN/coordinator/epmoe-coordinator WORKER=$BIN/worker/epmoe-worker
+fi
+[ -z "$OUTDIR" ] || mkdir -p "$OUTDIR"
 TMP=$(mktemp -d /tmp/epmoe_nccl_XXXXXX)
 PIDS=()
 fails=0
@@ -52,13 +64,13 @@ n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU)
 [ "$n_gpu" -ge 1 ] || skip "no GPU (nvidia-smi lists none)"
 [ "$n_gpu" -ge "$P" ] || skip "NCCL_RANKS=$P needs $P GPUs, this machine has $n_gpu"
 
-exec > >(tee "$OUTDIR/nccl_cluster.log") 2>&1
+[ -z "$OUTDIR" ] || exec > >(tee "$OUTDIR/nccl_cluster.log") 2>&1
 
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     # only the daemons: a bare `wait` would also wait for the tee above, which ends with us
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    cp "$TMP"/*.log "$OUTDIR/" 2>/dev/null
+    [ -z "$OUTDIR" ] || cp "$TMP"/*.log "$OUTDIR/" 2>/dev/null
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -163,18 +175,24 @@ check_forwards() {
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-for dt in fp4 fp8; do
-    "$CTL" mkmodel --out "$TMP/$dt" --expert-dtype "$dt" --experts 12 --layers 2 --hash-layers 1 \
-        --mtp 1 --seed 7 >/dev/null || { fail "mkmodel $dt"; exit 1; }
-done
+if [ -n "$MODEL" ]; then
+    ln -s "$(cd "$MODEL" && pwd)" "$TMP/given"
+    models=(given)
+else
+    models=(fp4 fp8)
+    for dt in "${models[@]}"; do
+        "$CTL" mkmodel --out "$TMP/$dt" --expert-dtype "$dt" --experts 12 --layers 2 \
+            --hash-layers 1 --mtp 1 --seed 7 >/dev/null || { fail "mkmodel $dt"; exit 1; }
+    done
+fi
 for t in 1 7 64 300; do
-    "$CTL" mkinput --model "$TMP/fp4" --tokens "$t" --seed "$t" --out "$TMP/in_$t.st" >/dev/null ||
-        fail "mkinput $t"
+    "$CTL" mkinput --model "$TMP/${models[0]}" --tokens "$t" --seed "$t" --out "$TMP/in_$t.st" \
+        >/dev/null || fail "mkinput $t"
 done
-for dt in fp4 fp8; do
-    start_cluster "nccl-$dt" "$TMP/$dt" || continue
-    check_forwards "nccl-$dt" "$TMP/$dt"
-    stop_cluster "nccl-$dt"
+for m in "${models[@]}"; do
+    start_cluster "nccl-$m" "$TMP/$m" || continue
+    check_forwards "nccl-$m" "$TMP/$m"
+    stop_cluster "nccl-$m"
 done
 
 if [ $fails -ne 0 ]; then
