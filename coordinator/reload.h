@@ -9,9 +9,9 @@
  * rl_build fails (nginx's ngx_init_cycle, anchors-ops-style §2).
  *
  * The world of the cluster (what WELCOME told each worker: ranks, peers, data endpoints,
- * heartbeat_ms, liveness, step_timeout_ms, dispatch) either stays — then only the placement
- * rules may differ (placement, rejoin, max_experts_per_worker) and a new epoch follows if the
- * placement does — or changes, and every worker is welcomed again into the new world (keeping
+ * heartbeat_ms, liveness, step_timeout_ms, dispatch, gpu_gemm) either stays — then only the
+ * placement rules may differ (placement, rejoin, max_experts_per_worker) and a new epoch follows if
+ * the placement does — or changes, and every worker is welcomed again into the new world (keeping
  * the experts it has loaded and still owns).
  */
 #ifndef EPMOE_RELOAD_H

@@ -160,6 +160,14 @@ int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out);
  * drop later arrivals for them. */
 void tp_finish(tp_transport *tp, uint64_t step_id);
 
+/* A new placement epoch on the same sockets (placement epochs, docs/protocol.md): messages must
+ * carry `epoch` from now on and name experts of `expert_owner` ([E]) owned by this rank;
+ * everything kept for the old epoch is dropped. epoch must be above the current one (so no
+ * message of an earlier epoch can pass); the sockets and their connections stay, so no message
+ * of the new epoch is lost to a reconnect. -1 with err when epoch does not increase. */
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err);
+uint64_t tp_epoch(const tp_transport *tp);
+
 /* Counters and the reason of the last dropped message ("" if none). */
 uint64_t tp_dropped(const tp_transport *tp);
 const char *tp_last_drop(const tp_transport *tp);

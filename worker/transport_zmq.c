@@ -582,3 +582,22 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
     }
     tp->n_pending = j;
 }
+
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+{
+    if (epoch <= tp->epoch)
+        return ep_err_set(err, "data plane: epoch %llu does not follow epoch %llu",
+                          (unsigned long long)epoch, (unsigned long long)tp->epoch);
+    tp->epoch = epoch;
+    for (int e = 0; e < tp->n_experts; e++)
+        tp->owned[e] = expert_owner[e] == (uint32_t)tp->rank;
+    for (int i = 0; i < tp->n_pending; i++)
+        tp_msg_release(&tp->pending[i]);
+    tp->n_pending = 0;
+    return 0;
+}
+
+uint64_t tp_epoch(const tp_transport *tp)
+{
+    return tp->epoch;
+}
