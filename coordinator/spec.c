@@ -12,7 +12,7 @@
  *      model): each mapping is one spec_section, each key one spec_field naming its handler,
  *      its destination (offsetof) and its range. Unknown keys, duplicate keys, wrong node
  *      types and missing required keys are handled once, in spec_walk.
- * Cross-field rules (unique names and endpoints, one worker per GPU on a node) run last, over
+ * Cross-field rules (unique names and endpoints, one worker per GPU with NCCL) run last, over
  * the filled struct. The first error wins; nothing partial is returned.
  */
 #include "coordinator/spec.h"
@@ -926,7 +926,15 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "line %d, column %d)",
                          path, w->data, o->name, o->data_pos.line, o->data_pos.col);
     /* Several workers may share one GPU (each has its own stream and arena; tests and small
-     * models do this); the data plane decides whether it can (NCCL cannot). */
+     * models do this), but NCCL refuses two ranks of a communicator on one device. */
+    if (c->s->data_plane == SPEC_PLANE_NCCL && w->node_index == o->node_index &&
+        w->cuda_index >= 0 && w->cuda_index == o->cuda_index)
+        return spec_fail(c, w->device_pos,
+                         "%s.device: device \"%s\" is already used by worker %s on this node "
+                         "(line %d, column %d); data_plane nccl (line %d, column %d) needs one "
+                         "worker per GPU",
+                         path, w->device, o->name, o->device_pos.line, o->device_pos.col,
+                         c->s->data_plane_pos.line, c->s->data_plane_pos.col);
     return 0;
 }
 

@@ -631,6 +631,23 @@ TEST(nccl_data_plane_needs_gpu_workers_and_fp8)
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {data_plane: mpi}\n" L_NODES W0, "4:31",
                "expert_parallel.data_plane: unknown data plane \"mpi\" (expected one of zmq, "
                "nccl)");
+    /* NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the spec does: the
+     * second worker's device value, line 9, column 28 */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+                   W("w1", "cuda:0", "tcp://h:7501"),
+               "9:28",
+               "nodes[0].workers[1].device: device \"cuda:0\" is already used by worker w0 on "
+               "this node (line 8, column 28); data_plane nccl (line 4, column 31) needs one "
+               "worker per GPU");
+    /* the same ordinal on two nodes is two GPUs */
+    CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL L_NCCL
+                             "nodes:\n"
+                             "  - name: n0\n"
+                             "    workers:\n" W("w0", "cuda:0",
+                                                "tcp://h:7500") "  - name: n1\n"
+                                                                "    workers:\n" W("w1", "cuda:0",
+                                                                                   "tcp://g:7500")),
+                 "");
     /* zmq takes any device mix */
     CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL
                              "expert_parallel: {data_plane: zmq}\n" L_NODES W0 W("w1", "cuda:0",
