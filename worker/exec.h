@@ -77,6 +77,7 @@ typedef struct exec_session {
     char **peer_name;     /* [world_size], by rank */
     tp_format dispatch;
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
+    bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
     uint64_t session;                    /* WELCOME.session: STEP and the data plane carry it */
     uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security, else NULL */

@@ -77,13 +77,13 @@ def welcome(with_keys):
         if with_keys:
             p += f_bytes(4, bytes([0x40 + r]) * 32)
         peers += f_bytes(9, p)
-    ckpt = f_bytes(19, f_str(1, "model.safetensors") + f_varint(2, 1000) + f_varint(3, 17) +
+    ckpt = f_bytes(20, f_str(1, "model.safetensors") + f_varint(2, 1000) + f_varint(3, 17) +
                    f_fixed64(4, 0xABCDEF))
     body = (f_str(1, "c") + f_varint(2, 1) + f_varint(3, 2) + f_varint(4, 5) +
             f_bytes(5, model_config()) + f_fixed64(6, 1) + f_str(7, "/m") +
             f_packed(8, [0, 0, 1, 1]) + peers + f_varint(10, 0) + f_varint(11, 1000) +
             f_varint(12, 3) + f_varint(13, 5000) + f_str(14, "tcp://127.0.0.1:7501") +
-            f_str(15, "cpu") + f_packed(17, [0, 1]) + f_fixed64(18, 0x5E55) + ckpt)
+            f_str(15, "cpu") + f_packed(17, [0, 1]) + f_varint(18, 0) + f_fixed64(19, 0x5E55) + ckpt)
     return message(MSG_WELCOME, body)
 
 

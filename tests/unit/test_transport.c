@@ -663,7 +663,7 @@ TEST(garbage_and_malformed_messages_are_dropped)
         Epmoe__Dispatch d = good_body(1, 2, 200);
         size_t l[] = {2 * H8, 2 * SC, 800, 800, 800};
         send_dispatch(raw, &d, l, 5, NULL, NULL);
-        EXPECT_DROP("n_pairs <= n_rows * 4");
+        EXPECT_DROP("n_pairs <= n_rows * 64");
     }
     {
         Epmoe__Dispatch d = good_body(1, 2, 2);
@@ -677,7 +677,7 @@ TEST(garbage_and_malformed_messages_are_dropped)
         d.has_session = 0;
         size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
         send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
-        EXPECT_DROP("session, step_id, epoch or src_rank missing");
+        EXPECT_DROP("session missing");
     }
     {
         Epmoe__Dispatch d = good_body(1, 2, 2);

@@ -143,6 +143,7 @@ TEST(a_complete_welcome_becomes_a_session)
     CHECK_STR_EQ(s->model_path, "/models/x");
     CHECK_STR_EQ(s->data_endpoint, "tcp://0.0.0.0:7501");
     CHECK_EQ(s->dispatch, TP_FMT_FP8); /* absent: fp8 */
+    CHECK(!s->nccl);                   /* absent: the ZeroMQ plane */
     CHECK_EQ(s->step_timeout_ms, EXEC_DEFAULT_STEP_TIMEOUT_MS);
     CHECK(s->session == 0x1234567890ABCDEFull);
     CHECK(s->peer_key == NULL); /* without security the keys are not kept */
@@ -167,6 +168,11 @@ TEST(a_complete_welcome_becomes_a_session)
     f.w.step_timeout_ms = 1234;
     s = wctl_welcome_parse(&f.w, false, &err);
     CHECK(s && s->dispatch == TP_FMT_BF16 && s->step_timeout_ms == 1234);
+    exec_session_free(&s);
+    f.w.has_data_plane = 1;
+    f.w.data_plane = EPMOE__DATA_PLANE__DATA_PLANE_NCCL;
+    s = wctl_welcome_parse(&f.w, false, &err);
+    CHECK(s && s->nccl);
     exec_session_free(&s);
     /* the hash the coordinator states does not matter here: the worker acks its own */
     f.w.config_hash = 7;
@@ -219,6 +225,7 @@ TEST(every_broken_field_is_named)
     REFUSED((secure_ = true, f_.peers[2].public_key.len = 31), "peer rank 1 has no 32-byte");
     REFUSED(f_.files[1].has_header_hash = 0, "checkpoint[1] needs a name");
     REFUSED(f_.files[0].name = "", "checkpoint[0] needs a name");
+    REFUSED((w->has_data_plane = 1, w->data_plane = (Epmoe__DataPlane)5), "data_plane 5");
 }
 
 TEST(a_peer_without_a_name_gets_one)
