@@ -67,6 +67,7 @@ typedef struct exec_state {
     int n_layers;
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
+    uint64_t shard_files;          /* exec_files_hash of the files they were read from */
     tp_transport *tp;              /* data_plane zmq */
     /* what tp was built for: a later session or epoch with the same world reuses it */
     int tp_rank, tp_world, tp_hidden, tp_experts;
@@ -378,6 +379,27 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
 
+/* The identity of the checkpoint files m opened (names, sizes, modification times, header
+ * hashes): loaded experts are kept for a new session only when the files are still these, so a
+ * checkpoint regenerated under the same path and config is never mixed with the old one. */
+static uint64_t exec_files_hash(const st_model *m)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
+    for (int i = 0; i < st_model_nfiles(m); i++) {
+        st_file_print f;
+        st_model_print(m, i, &f);
+        uint64_t v[3] = {f.size, (uint64_t)f.mtime_ns, f.header_hash};
+        const unsigned char *b[2] = {(const unsigned char *)f.name, (const unsigned char *)v};
+        size_t n[2] = {strlen(f.name) + 1, sizeof v};
+        for (int k = 0; k < 2; k++)
+            for (size_t j = 0; j < n[k]; j++) {
+                h ^= b[k][j];
+                h *= 0x100000001b3ull;
+            }
+    }
+    return h;
+}
+
 /* The experts the layers hold (the same in every layer), or none. */
 static void exec_held(const exec_state *st, uint8_t *have, int E)
 {
@@ -420,6 +442,7 @@ static int exec_load_layers(exec_state *st, const st_model *m, exec_progress *p,
         layers = NULL;
         st->shard_hash = s->config_hash;
         snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
+        st->shard_files = exec_files_hash(m);
     }
 done:
     free(layers);
@@ -482,6 +505,11 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     if (rc == 0 && st->session->n_checkpoint > 0 &&
         st_model_check_prints(m, st->session->checkpoint, st->session->n_checkpoint, &err) != 0)
         rc = -1;
+    if (rc == 0 && st->n_layers > 0 && exec_files_hash(m) != st->shard_files) {
+        log_info("the checkpoint's files changed since the loaded experts were read: reading "
+                 "every expert again");
+        exec_free_shard(st);
+    }
     if (rc == 0)
         rc = exec_load_layers(st, m, &p, &kept, &err);
     st_model_close(&m);

@@ -13,11 +13,16 @@
  *    whose hidden states hold a NaN or an Inf fails ERR_BAD_REQUEST naming the token and channel;
  *  - LOAD refuses a checkpoint whose files differ from the session's fingerprint, naming the
  *    file and what differs (size, modification time);
+ *  - a new session over the same path and config keeps the loaded experts only while the files
+ *    are the ones they were read from: after the checkpoint was rewritten (a new modification
+ *    time) every expert is read again; before, the old experts were kept and mixed with the new
+ *    checkpoint's router tensors;
  *  - a checkpoint file truncated after it was opened (a shard rewritten under a loading worker)
  *    fails the layer's load with a message naming the file, where it now ends and the tensor;
  *    before, the loader read the mapping past the file's end and the process died of SIGBUS.
  */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
@@ -312,6 +317,41 @@ TEST(load_refuses_files_that_differ_from_the_fingerprint)
     }
 }
 
+/* READY's experts_kept after a new session and LOAD, or -1. */
+static int reload_kept(exec_actor *a)
+{
+    ep_err err = {{0}};
+    exec_session *s = two_rank_session(model_dir);
+    CHECK(exec_send_session(a, &s, &err) == 0);
+    send_load(a);
+    Epmoe__Ready *r = NULL;
+    if (expect(a, EPMOE__MSG_TYPE__MSG_READY, &epmoe__ready__descriptor, (ProtobufCMessage **)&r) !=
+            0 ||
+        r == NULL)
+        return -1;
+    int kept = r->has_experts_kept ? (int)r->experts_kept : -1;
+    wire_free_unpacked(&r->base);
+    return kept;
+}
+
+TEST(loaded_experts_are_kept_only_while_the_files_are_the_same)
+{
+    if (!have_model)
+        SKIP("no model");
+    exec_actor *a = loaded_executor();
+    if (a == NULL)
+        return;
+    int owned = cfg.n_routed_experts / 2;
+    CHECK_EQ(reload_kept(a), owned); /* the same files: nothing is read again */
+    char path[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+    struct timespec t[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = 1000000000}};
+    CHECK(utimensat(AT_FDCWD, path, t, 0) == 0); /* rewritten, as far as anyone can tell */
+    CHECK_EQ(reload_kept(a), 0);
+    CHECK_EQ(reload_kept(a), owned);
+    exec_stop(&a);
+}
+
 TEST(a_checkpoint_truncated_while_loading_fails_with_a_message)
 {
     if (!have_model)
@@ -369,6 +409,7 @@ int main(void)
     RUN(a_small_message_stashed_during_a_step_arrives_intact);
     RUN(steps_need_the_session_and_finite_hidden_states);
     RUN(load_refuses_files_that_differ_from_the_fingerprint);
+    RUN(loaded_experts_are_kept_only_while_the_files_are_the_same);
     RUN(a_checkpoint_truncated_while_loading_fails_with_a_message);
     char p[128];
     snprintf(p, sizeof p, "%s/config.json", model_dir);
