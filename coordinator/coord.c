@@ -615,7 +615,7 @@ static int coord_signals(coord *c, ep_err *err)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP); /* reload is not implemented: logged and ignored, never fatal */
+    sigaddset(&set, SIGHUP); /* reload the cluster spec */
     /* Blocked before the ZeroMQ context exists, so its I/O threads inherit the mask and the
      * signals only ever arrive through the signalfd. */
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
