@@ -31,11 +31,12 @@
 #include "common/checkpoint.h"
 #include "common/limits.h"
 #include "common/model_config.h"
+#include "common/model_msg.h"
 #include "common/safetensors.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
 #include "ctl/rpc.h"
-#include "common/model_msg.h"
+#include "ctl/show.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_backend.h"
 #include "worker/shard.h"
@@ -201,11 +202,7 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
         json_t *j = json_pack("{s:i,s:s,s:s,s:i,s:i,s:f,s:f}", "schema", 1, "layer", layer,
                               "output", a->output, "tokens", T, "topk", k, "load_seconds", load_s,
                               "forward_seconds", run_s);
-        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
+        show_json_line(j);
         return;
     }
     printf("%s: %d tokens through %s (top-%d) in %.3f s (load %.3f s)\n", a->output, T, layer, k,
@@ -351,11 +348,7 @@ static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char
             a->output, "tokens", T, "topk", k, "forward_seconds", f->seconds, "coordinator",
             ctx->coordinator, "step_id", (json_int_t)f->step_id, "dispatch_bytes",
             (json_int_t)f->dispatch_bytes, "combine_bytes", (json_int_t)f->combine_bytes);
-        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
+        show_json_line(j);
         return;
     }
     printf("%s: %d tokens through %s (top-%d) on the cluster in %.3f s (step %llu, dispatch %llu "

@@ -16,6 +16,7 @@
 
 #include "common/auth.h"
 #include "ctl/cmds.h"
+#include "ctl/show.h"
 
 static void keygen_usage(FILE *f)
 {
@@ -38,11 +39,7 @@ static void keygen_report(const cmd_ctx *ctx, const char *dir, const char *name)
         snprintf(key, sizeof key, "%s/%s.key", dir, name);
         json_t *j = json_pack("{s:i, s:s, s:s, s:s, s:s}", "schema", 1, "name", name, "key", key,
                               "pub", path, "public_key", z85);
-        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
+        show_json_line(j);
         return;
     }
     printf("keygen: wrote %s/%s.key (secret, mode 0600) and %s (public key %s)\n", dir, name, path,

@@ -23,34 +23,7 @@ COORD=$2
 WORKER=$3
 POKE=$4
 SECURE=${5:-}
-TMP=$(mktemp -d /tmp/epmoe_cluster_XXXXXX)
-PIDS=()
-fails=0
-
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*"
-    fails=$((fails + 1))
-}
-
-ok() { echo "ok   $*"; }
-
-# N free tcp ports on 127.0.0.1 (bound to port 0 and released; the race is harmless here)
-free_ports() {
-    python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
+. "$(dirname "$0")/lib.sh" epmoe_cluster
 
 # keys for the secure run: the coordinator, the workers (w0..w3), an operator, an intruder
 KEYS=$TMP/keys

@@ -23,32 +23,7 @@ COORD=$2
 WORKER=$3
 POKE=$4
 HAVE_CUDA=${5:-0}
-TMP=$(mktemp -d /tmp/epmoe_trust_XXXXXX)
-PIDS=()
-fails=0
-
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*"
-    fails=$((fails + 1))
-}
-ok() { echo "ok   $*"; }
-
-free_ports() {
-    python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
+. "$(dirname "$0")/lib.sh" epmoe_trust
 
 # wait_exit PID SECONDS: the exit code, or 255 after killing a process that did not exit
 wait_exit() {
