@@ -792,6 +792,17 @@ static void check_all_steps(cluster *cl, const fixture *fx, const char *label)
 static fixture fx4, fx8;
 static bool fx4_ok, fx8_ok;
 
+/* P workers registered, welcomed with o and loaded from fx; false (the test failed, the workers
+ * killed) when that did not work. */
+static bool cluster_up(cluster *cl, int P, const fixture *fx, const welcome_opts *o)
+{
+    if (cluster_register(cl, P) == 0 && cluster_welcome_load(cl, fx, o) == 0)
+        return true;
+    TEST_FAIL_AT("cluster of %d workers", P);
+    cluster_abandon(cl);
+    return false;
+}
+
 static void run_cluster(const fixture *fx, int P, bool round_robin)
 {
     cluster cl;
@@ -969,11 +980,8 @@ TEST(step_abort_and_timeout_name_the_cause)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 1500};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx4, &o))
         return;
-    }
     /* w0 gets the step, w1 does not: w0 waits for w1's DISPATCH until aborted */
     cl.step_id++;
     send_step(&cl, 0, &fx4, 1, 64, false);
@@ -1007,11 +1015,8 @@ TEST(garbage_on_the_data_plane_is_ignored)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx8, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx8, &o))
         return;
-    }
     check_step(&cl, &fx8, 1, 64, "before garbage");
     void *push = zmq_socket(zctx, ZMQ_PUSH);
     int linger = 0;
@@ -1055,11 +1060,8 @@ TEST(sigterm_exits_zero)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8};
-    if (cluster_register(&cl, 1) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 1, &fx4, &o))
         return;
-    }
     kill(cl.pid[0], SIGTERM);
     CHECK_EQ(wait_exit(cl.pid[0], WAIT_S), 0);
     /* also while still registering */
@@ -1290,11 +1292,8 @@ TEST(forged_combines_never_change_a_result)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 5000};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx4, &o))
         return;
-    }
     check_step(&cl, &fx4, 1, 64, "before the forgery");
     int T = 64, H = fx4.c.hidden_size;
     int n = pairs_between(&cl, &fx4, 1, T, 0, 1); /* what w0 will wait for from w1 */
@@ -1318,11 +1317,8 @@ TEST(stray_future_dispatches_do_not_block_later_steps)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 3000};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx8, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx8, &o))
         return;
-    }
     check_step(&cl, &fx8, 1, 7, "before");
     void *push = data_push(&cl, 1);
     /* 32 tiny DISPATCHes "from rank 0" for steps that may come (near future) and for steps
@@ -1368,11 +1364,8 @@ TEST(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 2000};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx4, &o))
         return;
-    }
     check_step(&cl, &fx4, 1, 64, "before the kill");
     kill(cl.pid[1], SIGKILL);
     CHECK_EQ(wait_exit(cl.pid[1], WAIT_S), 128 + SIGKILL);
