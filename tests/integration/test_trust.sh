@@ -5,7 +5,7 @@
 #     78, again and again, while the first keeps serving and the coordinator never aborts (it
 #     used to abort in libzmq or flap between loading and ready);
 #   - a worker whose device differs from the spec's exits 78 naming the spec line (it used to
-#     log "coordinator silent" and retry for ever);
+#     log "coordinator silent" and retry for ever), and so does one on a device it cannot serve;
 #   - --check refuses an admin endpoint other hosts can reach when there is no security:, a
 #     secret key others may read, and (in a build without CUDA) cuda:N workers;
 #   - epochs and step ids keep increasing when the coordinator restarts (they restarted at 1);
@@ -188,6 +188,16 @@ if [ $rc -eq 78 ] && grep -q 'ERR_REFUSED' "$TMP/dev.w1.log" &&
     ok "a cpu worker named for a cuda:0 slot exits 78 (ERR_REFUSED, naming the spec line)"
 else
     fail "device refusal: exit $rc: $(tail -2 "$TMP/dev.w1.log")"
+fi
+# a device no host has (cuda:255): refused by the worker itself, before it registers
+"$WORKER" --coordinator "$LISTEN" --name w1 --threads 1 --device cuda:255 >"$TMP/dev255.log" 2>&1 &
+w1=$!
+wait_exit $w1 20
+rc=$?
+if [ $rc -eq 78 ] && grep -q 'cuda:255' "$TMP/dev255.log"; then
+    ok "a worker on a device it cannot serve exits 78: $(grep -m1 'cuda:255' "$TMP/dev255.log" | cut -c1-100)..."
+else
+    fail "unservable device: exit $rc: $(tail -2 "$TMP/dev255.log")"
 fi
 "$CTL" --coordinator "$ADMIN" shutdown >/dev/null
 wait_exit $cpid 20
