@@ -28,7 +28,8 @@
  *     from the same peer replaces an older one (stale messages a restarted worker receives from
  *     its peers' queues give way to the current ones);
  *   - a COMBINE only when granted: tp_grant(step, peer, n_pairs) before the DISPATCH it answers
- *     goes out; a COMBINE that was not granted, or whose n_pairs differs, is dropped on arrival.
+ *     goes out; a COMBINE that was not granted, or whose n_pairs differs, is dropped on arrival,
+ *     and one kept under an earlier grant and never taken gives way to the newer grant's.
  * Messages of finished steps (tp_finish) are dropped, and so are DISPATCHes more than
  * TP_STEP_WINDOW steps beyond the last finished one.
  *

@@ -640,6 +640,11 @@ static bool tp_keep(tp_transport *tp, tp_msg *m)
             return false;
         }
         p->granted = false; /* one COMBINE per grant */
+        if (p->has_combine) {
+            /* kept under an earlier grant and never taken: the owner has moved on */
+            tp_reject(tp, &p->combine, "replaced by the COMBINE of a newer grant");
+            tp->n_pending--;
+        }
         p->combine = *m;
         p->has_combine = true;
     } else {

@@ -496,6 +496,22 @@ TEST(a_peer_holds_one_dispatch_and_only_granted_combines)
     CHECK(tp_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 4));
     CHECK_EQ(tp_pending(tp[0]), 0);
+    /* a COMBINE kept under a grant and never taken gives way to the one of a newer grant (the
+     * peer still holds one slot; found by fuzz_dataplane: the first was leaked) */
+    tp_grant(tp[0], 45, 1, 1);
+    CHECK(make_combine(&m, 45, 1, 0, 1) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    wait_pending(tp[0], 1);
+    tp_grant(tp[0], 46, 1, 2);
+    CHECK(make_combine(&m, 46, 1, 0, 2) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 5));
+    CHECK_STR_HAS(tp_last_drop(tp[0]), "COMBINE of step 45 from rank 1: replaced by the COMBINE");
+    CHECK_EQ(tp_pending(tp[0]), 1);
+    CHECK(tp_take(tp[0], 46, &got) == 1);
+    CHECK(combine_matches(&got, 0, 2));
+    tp_msg_release(&got);
+    CHECK_EQ(tp_pending(tp[0]), 0);
     world_close(tp, 2);
 }
 
