@@ -28,7 +28,7 @@ int gemm_avx2_supported(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #else
-/* Not an x86-64 build: the AVX2 file is not compiled, and nothing may reach it. */
+/* Not an x86-64 build: the SIMD files are not compiled, and nothing may reach them. */
 int gemm_avx2_supported(void)
 {
     return 0;
@@ -43,44 +43,107 @@ int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scal
 {
     return ep_err_set(err, "gemm: AVX2 kernels are not built on this architecture");
 }
-
-void gemm_avx2_octets(const gemm_call *c, int ro0, int ro1, void *scratch, size_t cap) {}
 #endif
 
+#ifdef EPMOE_AVX512_KERNELS
+int gemm_avx512_supported(void)
+{
+    /* libgcc's cpuid also checks that the OS saves the zmm state (XCR0) */
+    return gemm_avx2_supported() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+}
+#else
+/* The compiler cannot build the AVX-512 file (or not x86-64): never chosen. */
+int gemm_avx512_supported(void)
+{
+    return 0;
+}
+
+int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
+{
+    return ep_err_set(err, "gemm: AVX-512 kernels are not built");
+}
+
+int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err)
+{
+    return ep_err_set(err, "gemm: AVX-512 kernels are not built");
+}
+#endif
+
+static const char *const IMPL_NAME[GEMM_IMPL_COUNT] = {"auto", "ref", "avx2", "avx512"};
+
+int gemm_impl_supported(gemm_impl impl)
+{
+    switch (impl) {
+    case GEMM_IMPL_AUTO:
+    case GEMM_IMPL_REF:
+        return 1;
+    case GEMM_IMPL_AVX2:
+        return gemm_avx2_supported();
+    case GEMM_IMPL_AVX512:
+        return gemm_avx512_supported();
+    }
+    return 0;
+}
+
+int gemm_impl_parse(const char *name, gemm_impl *impl)
+{
+    for (int i = 0; i < GEMM_IMPL_COUNT; i++)
+        if (name && strcmp(name, IMPL_NAME[i]) == 0) {
+            *impl = (gemm_impl)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* The one place the instruction set is chosen: the widest one the CPU has, at or below the
+ * cap set by $EPMOE_ISA (or the older EPMOE_GEMM=ref). */
 gemm_impl gemm_impl_best(void)
 {
+    gemm_impl cap = GEMM_IMPL_AVX512;
     const char *env = getenv("EPMOE_GEMM");
     if (env && strcmp(env, "ref") == 0)
-        return GEMM_IMPL_REF;
-    return gemm_avx2_supported() ? GEMM_IMPL_AVX2 : GEMM_IMPL_REF;
+        cap = GEMM_IMPL_REF;
+    env = getenv("EPMOE_ISA");
+    gemm_impl want;
+    if (env && gemm_impl_parse(env, &want) == 0 && want != GEMM_IMPL_AUTO && want < cap)
+        cap = want;
+    for (int i = cap; i > GEMM_IMPL_REF; i--)
+        if (gemm_impl_supported((gemm_impl)i))
+            return (gemm_impl)i;
+    return GEMM_IMPL_REF;
 }
 
 const char *gemm_impl_name(gemm_impl impl)
 {
-    switch (impl) {
-    case GEMM_IMPL_AUTO:
-        return "auto";
-    case GEMM_IMPL_REF:
-        return "ref";
-    case GEMM_IMPL_AVX2:
-        return "avx2";
-    }
-    return "unknown";
+    return (unsigned)impl < GEMM_IMPL_COUNT ? IMPL_NAME[impl] : "unknown";
+}
+
+const gemm_kops *gemm_kops_of(gemm_impl impl)
+{
+#ifdef EPMOE_AVX2_KERNELS
+    if (impl == GEMM_IMPL_AVX2)
+        return &gemm_avx2_kops;
+#endif
+#ifdef EPMOE_AVX512_KERNELS
+    if (impl == GEMM_IMPL_AVX512)
+        return &gemm_avx512_kops;
+#endif
+    (void)impl;
+    return NULL;
 }
 
 static int resolve_impl(gemm_impl *impl, const char *fn, ep_err *err)
 {
     if (*impl == GEMM_IMPL_AUTO)
         *impl = gemm_impl_best();
-    if (*impl == GEMM_IMPL_REF)
-        return 0;
-    if (*impl == GEMM_IMPL_AVX2) {
-        if (!gemm_avx2_supported())
-            return ep_err_set(err, "%s: implementation avx2 requested, but this CPU lacks AVX2+FMA",
-                              fn);
-        return 0;
-    }
-    return ep_err_set(err, "%s: unknown implementation %d", fn, (int)*impl);
+    if ((unsigned)*impl >= GEMM_IMPL_COUNT)
+        return ep_err_set(err, "%s: unknown implementation %d", fn, (int)*impl);
+    if (!gemm_impl_supported(*impl))
+        return ep_err_set(err, "%s: implementation %s requested, but this CPU (or build) lacks it",
+                          fn, gemm_impl_name(*impl));
+    return 0;
 }
 
 static int check_dims(int N, int K, const char *fn, ep_err *err)
@@ -123,8 +186,10 @@ gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *wq, const float *w_scale
         goto fail_oom;
     memcpy(w->fscale, w_scale, ns * sizeof(float));
     w->bytes += ns * sizeof(float);
-    if (impl == GEMM_IMPL_AVX2) {
-        if (gemm_avx2_pack_fp8(w, wq, err) < 0)
+    if (impl != GEMM_IMPL_REF) {
+        int rc = impl == GEMM_IMPL_AVX2 ? gemm_avx2_pack_fp8(w, wq, err)
+                                        : gemm_avx512_pack_fp8(w, wq, err);
+        if (rc < 0)
             goto fail;
     } else {
         w->data_bytes = (size_t)N * (size_t)K;
@@ -151,8 +216,10 @@ gemm_weight *gemm_pack_mxfp4(int N, int K, const uint8_t *w_packed, const uint8_
     gemm_weight *w = weight_new(GEMM_KIND_MXFP4, impl, N, K, err);
     if (!w)
         return NULL;
-    if (impl == GEMM_IMPL_AVX2) {
-        if (gemm_avx2_pack_mxfp4(w, w_packed, w_scale, err) < 0)
+    if (impl != GEMM_IMPL_REF) {
+        int rc = impl == GEMM_IMPL_AVX2 ? gemm_avx2_pack_mxfp4(w, w_packed, w_scale, err)
+                                        : gemm_avx512_pack_mxfp4(w, w_packed, w_scale, err);
+        if (rc < 0)
             goto fail;
     } else {
         size_t nd = (size_t)N * (size_t)(K / 2), ns = (size_t)N * (size_t)(K / 32);
@@ -403,12 +470,124 @@ void gemm_pool_run(gemm_pool *p, gemm_task_fn fn, void *ctx)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* ---- gemm_pool_for ---- */
+
+typedef struct for_ctx {
+    gemm_for_fn fn;
+    void *ctx;
+    int n;
+    atomic_int next;
+} for_ctx;
+
+static void for_share(void *vctx, int tid, int nthreads)
+{
+    for_ctx *f = vctx;
+    (void)nthreads;
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&f->next, 1, memory_order_relaxed);
+        if (i >= f->n)
+            return;
+        f->fn(f->ctx, i, tid);
+    }
+}
+
+void gemm_pool_for(gemm_pool *pool, int n, gemm_for_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    for_ctx f = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&f.next, 0);
+    gemm_pool_run(n > 1 ? pool : NULL, for_share, &f);
+}
+
+/* ---- the tiling driver (every SIMD implementation) ---- */
+
+static void zero_out(const gemm_call *c, int m0, int mt, int r0, int r1)
+{
+    for (int m = m0; m < m0 + mt; m++)
+        memset(c->out + (size_t)m * c->w->N + r0, 0, (size_t)(r1 - r0) * sizeof(float));
+}
+
+void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int tid, int nthreads,
+                void *scratch, size_t cap)
+{
+    const gemm_weight *w = c->w;
+    int M = c->M, K = w->K, U = ops->unit, units = w->N / U;
+    int ipath = ops->ipath(w, M);
+    /* Tiles: the whole K when a micro-tile of tokens fits the scratch (weights then stream
+     * once, sequentially, per tile of tokens); otherwise the largest multiple of 128 that
+     * does. As many tokens per tile as fit. Every thread computes the same plan. */
+    int want = M < 6 ? M : 6;
+    int kc = K;
+    for (;;) {
+        size_t tb = ops->token_bytes(w, kc, ipath);
+        if (tb * (size_t)want <= cap || kc == 128)
+            break;
+        kc = (kc / 2 + 127) / 128 * 128;
+    }
+    /* Tokens per tile: as many as fit GEMM_TILE_BYTES (at least one micro-tile), so that a
+     * tile's prepared activations stay in L2 while every row unit runs against them. */
+    size_t tb = ops->token_bytes(w, kc, ipath);
+    size_t tile_cap = cap < GEMM_TILE_BYTES ? cap : GEMM_TILE_BYTES;
+    if (tile_cap < tb * (size_t)want)
+        tile_cap = cap < tb * (size_t)want ? cap : tb * (size_t)want;
+    int mc = (int)(tile_cap / tb);
+    if (mc > M)
+        mc = M;
+    if (mc < M && mc >= 6)
+        mc -= mc % 6;
+    if (mc < 1)
+        mc = 1;
+    if (kc < K) {
+        /* K in several chunks: a row's blocks must be added in K order, so each thread owns
+         * a fixed range of units through all chunks. */
+        int u0 = (int)((long)units * tid / nthreads),
+            u1 = (int)((long)units * (tid + 1) / nthreads);
+        if (u0 >= u1)
+            return;
+        for (int m0 = 0; m0 < M; m0 += mc) {
+            int mt = M - m0 < mc ? M - m0 : mc;
+            zero_out(c, m0, mt, u0 * U, u1 * U);
+            for (int k0 = 0; k0 < K; k0 += kc) {
+                int kn = K - k0 < kc ? K - k0 : kc;
+                ops->tile_prep(c, m0, mt, k0, kn, scratch, ipath);
+                ops->tile_run(c, u0, u1, m0, mt, k0, kn, scratch, ipath);
+            }
+        }
+        return;
+    }
+    /* Whole K per tile: threads take (token tile, unit chunk) items in increasing order from
+     * a shared counter, so a thread the OS holds back costs little, and each output element
+     * is still computed by one thread alone. A thread prepares a token tile the first time it
+     * takes an item from it. Four items per thread and token tile: long enough streams for the
+     * prefetchers (shorter chunks measured 5-20 % slower in decode), short enough to balance. */
+    int chunk = units / (4 * nthreads);
+    chunk = chunk < 1 ? 1 : chunk;
+    long nch = (units + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
+    long prepared = -1;
+    for (;;) {
+        long item = atomic_fetch_add_explicit(&sched->next, 1, memory_order_relaxed);
+        if (item >= nch * ntile)
+            break;
+        long tile = item / nch;
+        int u0 = (int)(item % nch) * chunk, u1 = u0 + chunk < units ? u0 + chunk : units;
+        int m0 = (int)tile * mc, mt = M - m0 < mc ? M - m0 : mc;
+        if (tile != prepared) {
+            ops->tile_prep(c, m0, mt, 0, K, scratch, ipath);
+            prepared = tile;
+        }
+        zero_out(c, m0, mt, u0 * U, u1 * U);
+        ops->tile_run(c, u0, u1, m0, mt, 0, K, scratch, ipath);
+    }
+}
+
 /* ---- running ---- */
 
 typedef struct run_ctx {
     gemm_call call;
     gemm_pool *pool;
-    gemm_avx2_sched sched;
+    const gemm_kops *ops;
+    gemm_sched sched;
 } run_ctx;
 
 static void run_share(void *vctx, int tid, int nthreads)
@@ -425,19 +604,19 @@ static void run_share(void *vctx, int tid, int nthreads)
     }
     void *scratch = gemm_pool_scratch(r->pool, tid);
     if (scratch) {
-        gemm_avx2_run(&r->call, &r->sched, tid, nthreads, scratch, GEMM_THREAD_SCRATCH);
+        gemm_drive(&r->call, r->ops, &r->sched, tid, nthreads, scratch, GEMM_THREAD_SCRATCH);
         return;
     }
     /* No pool: a per-call buffer, or a small one on the stack if memory is short (smaller
      * tiles, same results). */
     void *heap = NULL;
     if (posix_memalign(&heap, 64, GEMM_THREAD_SCRATCH) == 0) {
-        gemm_avx2_run(&r->call, &r->sched, tid, nthreads, heap, GEMM_THREAD_SCRATCH);
+        gemm_drive(&r->call, r->ops, &r->sched, tid, nthreads, heap, GEMM_THREAD_SCRATCH);
         free(heap);
         return;
     }
-    _Alignas(64) uint8_t stack[GEMM_AVX2_MIN_SCRATCH];
-    gemm_avx2_run(&r->call, &r->sched, tid, nthreads, stack, sizeof stack);
+    _Alignas(64) uint8_t stack[GEMM_MIN_SCRATCH];
+    gemm_drive(&r->call, r->ops, &r->sched, tid, nthreads, stack, sizeof stack);
 }
 
 void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,
@@ -445,7 +624,9 @@ void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scal
 {
     if (M <= 0)
         return;
-    run_ctx r = {.call = {.w = w, .M = M, .a = a, .a_scale = a_scale, .out = out}, .pool = pool};
+    run_ctx r = {.call = {.w = w, .M = M, .a = a, .a_scale = a_scale, .out = out},
+                 .pool = pool,
+                 .ops = gemm_kops_of(w->impl)};
     atomic_init(&r.sched.next, 0);
     gemm_pool_run(pool, run_share, &r);
 }

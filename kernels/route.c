@@ -39,7 +39,8 @@ gemm_impl route_impl_resolve(gemm_impl impl)
 {
     if (impl == GEMM_IMPL_AUTO)
         impl = gemm_impl_best();
-    if (impl == GEMM_IMPL_AVX2 && route_avx2_ok())
+    /* AVX-512 runs the AVX2 router for now */
+    if (impl >= GEMM_IMPL_AVX2 && route_avx2_ok())
         return GEMM_IMPL_AVX2;
     return GEMM_IMPL_REF;
 }

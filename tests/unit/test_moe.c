@@ -916,6 +916,15 @@ TEST(load_errors_name_the_tensor)
 
 int main(void)
 {
+    /* a per-instruction-set run (EPMOE_ISA) on a CPU without that set would only repeat the
+     * default run */
+    const char *isa = getenv("EPMOE_ISA");
+    gemm_impl want;
+    if (isa && gemm_impl_parse(isa, &want) == 0 && !gemm_impl_supported(want)) {
+        printf("SKIP: this CPU lacks %s\n", isa);
+        return 77;
+    }
+    printf("implementation: %s\n", gemm_impl_name(gemm_impl_best()));
     fx_ok[0] = fixture_init(&FX[0], MC_FP4) == 0;
     fx_ok[1] = fixture_init(&FX[1], MC_FP8) == 0;
     RUN(layer_matches_float64_model_bitwise);

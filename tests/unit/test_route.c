@@ -76,7 +76,9 @@ static void *xalloc(size_t n)
     return p;
 }
 
-static const gemm_impl IMPLS[2] = {GEMM_IMPL_REF, GEMM_IMPL_AVX2};
+/* Every implementation (an unsupported one runs the reference: route.h); NIMPL of them. */
+static const gemm_impl IMPLS[] = {GEMM_IMPL_REF, GEMM_IMPL_AVX2, GEMM_IMPL_AVX512};
+#define NIMPL ((int)(sizeof IMPLS / sizeof IMPLS[0]))
 
 /* ---- ffn_norm ---- */
 
@@ -106,7 +108,7 @@ static void check_rmsnorm(int T, int H)
     if (T > 2)
         memset(x + H, 0, (size_t)H * 2); /* an all-zero row: r = 1/sqrt(eps) */
     t_rmsnorm(T, H, x, g, 1e-6f, want);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         memset(got, 0xAB, (size_t)T * H * 2);
         route_rmsnorm(IMPLS[i], T, H, x, g, 1e-6f, got);
         int bad = -1;
@@ -150,7 +152,7 @@ static void check_logits(int T, int H, int E)
                 s += (double)bf(x[t * H + k]) * (double)bf(w[e * H + k]);
             want[t * E + e] = (float)s;
         }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
         route_logits(IMPLS[i], T, H, E, x, packed, got);
@@ -187,7 +189,7 @@ TEST(logits_accumulate_in_double_in_k_order)
     x[0] = t_bf16(32768.0f), w[0] = t_bf16(32768.0f); /* 2^30 */
     x[1] = t_bf16(1.0f), w[1] = t_bf16(1.0f / 1024.0f);
     x[2] = t_bf16(-32768.0f), w[2] = t_bf16(32768.0f);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
         float l;
@@ -252,7 +254,7 @@ TEST(topk_ties_pick_the_lower_id)
         s[e] = 0.25f;
         bias[e] = 0.0f;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, E, k, s, NULL, ids);
         for (int j = 0; j < k; j++)
             CHECK_EQ(ids[j], j);
@@ -268,7 +270,7 @@ TEST(topk_ties_pick_the_lower_id)
     s[12] = 0.5f + ldexpf(1.0f, -23);
     CHECK(s[4] + bias[4] == s[9] + bias[9]);
     CHECK(s[4] != s[9]);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, E, 3, s, bias, ids);
         CHECK_EQ(ids[0], 4);
         CHECK_EQ(ids[1], 9);
@@ -288,7 +290,7 @@ TEST(topk_ranks_nan_below_every_number)
     float s[6] = {NAN, -INFINITY, NAN, 1.0f, -5.0f, NAN};
     int32_t ids[6];
     int want[6] = {3, 4, 1, 0, 2, 5};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, 6, 6, s, NULL, ids);
         for (int j = 0; j < 6; j++)
             CHECK_EQ(ids[j], want[j]);
