@@ -209,7 +209,31 @@ static void reg_send_welcome(coord *c, reg_worker *w)
     m.step_timeout_ms = (uint32_t)c->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
     m.device = (char *)sw->device;
+    m.has_gpu_gemm = 1;
+    m.gpu_gemm = c->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
+                                                         : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
     reg_send(c, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
+}
+
+/* Keep REGISTER's device description (strings copied, bounded). */
+static void reg_keep_device(reg_worker *w, const Epmoe__DeviceInfo *d)
+{
+    epmoe__device_info__init(&w->device);
+    w->has_device = d != NULL;
+    if (d == NULL)
+        return;
+    snprintf(w->dev_name, sizeof w->dev_name, "%s", d->name ? d->name : "");
+    snprintf(w->dev_backend, sizeof w->dev_backend, "%s", d->backend ? d->backend : "");
+    w->device.name = w->dev_name;
+    w->device.backend = w->dev_backend;
+    w->device.has_memory_total = d->has_memory_total;
+    w->device.memory_total = d->memory_total;
+    w->device.has_memory_free = d->has_memory_free;
+    w->device.memory_free = d->memory_free;
+    w->device.has_sm_major = d->has_sm_major;
+    w->device.sm_major = d->sm_major;
+    w->device.has_sm_minor = d->has_sm_minor;
+    w->device.sm_minor = d->sm_minor;
 }
 
 static void reg_error(coord *c, const wire_msg *m, Epmoe__ErrorCode code, const char *fmt, ...)
@@ -320,6 +344,7 @@ static void reg_on_register(coord *c, const wire_msg *m)
     snprintf(w->version, sizeof w->version, "%s", rq->version ? rq->version : "");
     w->backend[0] = '\0';
     w->error[0] = '\0';
+    reg_keep_device(w, rq->device_info);
     log_info("worker %s (rank %d) %s from %s pid %u", sw->name, sw->rank,
              restart ? "registered again (restart; its step in flight is lost)" : "registered",
              w->hostname[0] ? w->hostname : "?", (unsigned)w->pid);
@@ -615,4 +640,6 @@ void reg_worker_info(coord *c, int rank, Epmoe__WorkerInfo *o)
     o->n_experts = (uint32_t)plan_rank_experts(c->plan, sw->rank, NULL, 0);
     if (w->error[0])
         o->error = w->error;
+    if (w->has_device)
+        o->device_info = &w->device;
 }

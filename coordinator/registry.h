@@ -54,6 +54,11 @@ typedef struct reg_worker {
     char version[64];
     char backend[64];
     char error[REG_ERROR_MAX]; /* last load, config or step error; "" when none */
+    /* REGISTER's device_info (GPU name, memory, compute capability), for WORKERS */
+    bool has_device;
+    Epmoe__DeviceInfo device; /* its strings point into dev_name / dev_backend */
+    char dev_name[128];
+    char dev_backend[64];
 } reg_worker;
 
 reg_registry *reg_create(const spec_cluster *spec, const plan_table *plan, ep_err *err);

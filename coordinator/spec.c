@@ -583,6 +583,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 
 static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
+static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                             const char *path, void *obj)
@@ -601,6 +602,16 @@ static int spec_h_dispatch(spec_ctx *c, const ynode *key, const ynode *val, cons
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->dispatch = (spec_dispatch)i;
+    return 0;
+}
+
+static int spec_h_gpu_gemm(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                           const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "GPU GEMM path", spec_gpu_gemm_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->gpu_gemm = (spec_gpu_gemm)i;
     return 0;
 }
 
@@ -780,6 +791,7 @@ static const spec_field spec_ep_fields[] = {
     {.key = "placement", .handle = spec_h_placement, SPEC_POS(spec_cluster, placement_pos)},
     {.key = "redundant_experts", .handle = spec_h_redundant},
     {.key = "dispatch", .handle = spec_h_dispatch},
+    {.key = "gpu_gemm", .handle = spec_h_gpu_gemm},
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
 
@@ -885,11 +897,8 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "%s.data: duplicate data endpoint \"%s\" (already used by worker %s at "
                          "line %d, column %d)",
                          path, w->data, o->name, o->data_pos.line, o->data_pos.col);
-    if (w->node_index == o->node_index && w->cuda_index >= 0 && w->cuda_index == o->cuda_index)
-        return spec_fail(c, w->device_pos,
-                         "%s.device: device \"%s\" is already used by worker %s on this node "
-                         "(line %d, column %d); one worker per GPU",
-                         path, w->device, o->name, o->device_pos.line, o->device_pos.col);
+    /* Several workers may share one GPU (each has its own stream and arena; tests and small
+     * models do this); the data plane decides whether it can (NCCL cannot). */
     return 0;
 }
 
@@ -1119,6 +1128,11 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err)
 const char *spec_placement_name(spec_placement p)
 {
     return (unsigned)p < 2 ? spec_placement_names[p] : "unknown";
+}
+
+const char *spec_gpu_gemm_name(spec_gpu_gemm g)
+{
+    return (unsigned)g < 2 ? spec_gpu_gemm_names[g] : "unknown";
 }
 
 const char *spec_dispatch_name(spec_dispatch d)

@@ -41,6 +41,10 @@ typedef enum spec_dispatch {
     SPEC_DISPATCH_BF16 = 1
 } spec_dispatch;
 
+/* Expert GEMMs of CUDA workers (kernels/moe_backend.h mb_gemm_mode): exact gives the CPU
+ * backend's bits; fast uses tensor cores within spec §7's tolerances. */
+typedef enum spec_gpu_gemm { SPEC_GPU_GEMM_EXACT = 0, SPEC_GPU_GEMM_FAST = 1 } spec_gpu_gemm;
+
 typedef struct spec_worker {
     char name[EP_MAX_NAME]; /* unique in the cluster */
     char node[EP_MAX_NAME]; /* name of the node it is listed under */
@@ -72,6 +76,7 @@ typedef struct spec_cluster {
     spec_placement placement;
     int redundant_experts; /* always 0 for now */
     spec_dispatch dispatch;
+    spec_gpu_gemm gpu_gemm; /* default exact */
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;
@@ -103,5 +108,6 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 
 const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" */
 const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
+const char *spec_gpu_gemm_name(spec_gpu_gemm g);   /* "exact" / "fast" */
 
 #endif

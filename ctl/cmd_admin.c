@@ -205,6 +205,37 @@ static int no_args(const char *cmd, int argc, char **argv, const char *usage, cm
 
 /* ---- workers (status, workers) ---- */
 
+/* REGISTER's device description: null when the worker never sent one. */
+static json_t *device_json(const Epmoe__DeviceInfo *d)
+{
+    if (d == NULL)
+        return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "name", jstr(d->name));
+    json_object_set_new(o, "backend", jstr(d->backend));
+    json_object_set_new(o, "memory_total",
+                        d->has_memory_total ? json_integer((json_int_t)d->memory_total)
+                                            : json_null());
+    json_object_set_new(o, "memory_free",
+                        d->has_memory_free ? json_integer((json_int_t)d->memory_free)
+                                           : json_null());
+    char sm[16];
+    snprintf(sm, sizeof sm, "%u.%u", d->sm_major, d->sm_minor);
+    json_object_set_new(o, "compute_capability", d->has_sm_major ? jstr(sm) : json_null());
+    return o;
+}
+
+/* "cuda:0 (NVIDIA H200, sm_90, 139 GiB)" for a GPU worker that described its device. */
+static void device_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
+{
+    const Epmoe__DeviceInfo *d = w->device_info;
+    if (d && d->has_memory_total && d->name)
+        snprintf(buf, cap, "%s (%s, sm_%u%u, %.0f GiB)", w->device ? w->device : "?", d->name,
+                 d->sm_major, d->sm_minor, (double)d->memory_total / (1024.0 * 1024.0 * 1024.0));
+    else
+        snprintf(buf, cap, "%s", w->device ? w->device : "");
+}
+
 static json_t *worker_json(const Epmoe__WorkerInfo *w)
 {
     json_t *o = json_object();
@@ -229,6 +260,7 @@ static json_t *worker_json(const Epmoe__WorkerInfo *w)
     json_object_set_new(o, "backend", jstr(w->backend));
     json_object_set_new(o, "n_experts", json_integer(w->n_experts));
     json_object_set_new(o, "error", jstr(w->error));
+    json_object_set_new(o, "device_info", device_json(w->device_info));
     return o;
 }
 
@@ -250,17 +282,18 @@ static void workers_table(const Epmoe__AdminReply *r, bool wide)
         tbl_row(&t, "WORKER", "RANK", "NODE", "DEVICE", "STATE", "LOAD", "LAST SEEN", "ERROR");
     for (size_t i = 0; i < r->n_workers; i++) {
         const Epmoe__WorkerInfo *w = r->workers[i];
-        char rank[16], load[16], ago[32], ex[16], pid[16];
+        char rank[16], load[16], ago[32], ex[16], pid[16], dev[256];
+        device_text(w, dev, sizeof dev);
         snprintf(rank, sizeof rank, "%u", w->rank);
         load_text(w, load, sizeof load);
         ago_text(w, ago, sizeof ago);
         snprintf(ex, sizeof ex, "%u", w->n_experts);
         snprintf(pid, sizeof pid, "%u", w->pid);
         if (wide)
-            tbl_row(&t, w->name, rank, w->node, w->device, w->state, load, ago, ex,
-                    w->data_endpoint, w->hostname, w->has_pid ? pid : NULL, w->backend, w->error);
+            tbl_row(&t, w->name, rank, w->node, dev, w->state, load, ago, ex, w->data_endpoint,
+                    w->hostname, w->has_pid ? pid : NULL, w->backend, w->error);
         else
-            tbl_row(&t, w->name, rank, w->node, w->device, w->state, load, ago, w->error);
+            tbl_row(&t, w->name, rank, w->node, dev, w->state, load, ago, w->error);
     }
     tbl_print(&t);
 }

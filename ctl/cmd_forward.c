@@ -2,11 +2,13 @@
  * cmd_forward.c — `epmoectl forward`: run one MoE layer on tokens from a safetensors file.
  *
  *   epmoectl forward --local --model DIR --layer L --input IN --output OUT [--threads N]
+ *                    [--device cpu|cuda:N] [--gpu-gemm exact|fast]
  *
  *   epmoectl [--coordinator EP] forward --layer L --input IN --output OUT
  *
  * --local loads the layer (every expert) from the checkpoint in DIR and runs it in this
- * process (moe_forward, the CPU reference backend). Without --local the request goes to the
+ * process on --device (default cpu: the reference backend; cuda:N runs the whole layer on that
+ * GPU, --gpu-gemm picking its expert GEMMs). Without --local the request goes to the
  * cluster's coordinator: the model config comes from it (CONFIG verb), the input is read and
  * checked against it here, and one FORWARD carries the tokens (ctl/rpc.h). The file formats are
  * those of ctl/fwd_io.h; both paths write the same output file.
@@ -35,18 +37,21 @@
 #include "ctl/rpc.h"
 #include "common/model_msg.h"
 #include "kernels/gemm.h"
-#include "kernels/moe.h"
+#include "kernels/moe_backend.h"
+#include "worker/shard.h"
 
 typedef struct fwd_args {
     bool local;
     const char *model, *layer, *input, *output;
-    int threads; /* 0: one per CPU */
+    const char *device, *gpu_gemm; /* --local only; NULL: cpu, exact */
+    int threads;                   /* 0: one per CPU */
 } fwd_args;
 
 static void fwd_usage(FILE *out)
 {
     fprintf(out, "usage: epmoectl forward --local --model DIR --layer L --input IN --output OUT "
                  "[--threads N]\n"
+                 "                [--device cpu|cuda:N] [--gpu-gemm exact|fast]\n"
                  "       epmoectl [--coordinator EP] forward --layer L --input IN --output OUT\n\n"
                  "Run one MoE layer on the tokens in IN and write its output to OUT: on the\n"
                  "cluster (the coordinator at --coordinator), or with --local in this process.\n\n"
@@ -57,7 +62,10 @@ static void fwd_usage(FILE *out)
                  "                 input_ids I32|I64 [T] (required on hash-routed layers)\n"
                  "  --output OUT   safetensors: out BF16 [T, H], topk_ids I32 [T, k],\n"
                  "                 topk_weights F32 [T, k]\n"
-                 "  --threads N    compute threads (default: one per CPU)\n\n"
+                 "  --threads N    compute threads (default: one per CPU)\n"
+                 "  --device DEV   --local only: cpu (default, the reference) or cuda:N\n"
+                 "  --gpu-gemm G   --local on cuda:N: exact (default, the CPU's bits) or fast\n"
+                 "                 (tensor cores, within spec section 7's tolerances)\n\n"
                  "exit codes: 0 ok, 64 usage, 65 bad checkpoint or input data, 66 missing file,\n"
                  "  70 internal error, 73 cannot write OUT, 78 bad config.json\n");
 }
@@ -75,11 +83,13 @@ static int fwd_parse(int argc, char **argv, fwd_args *a)
             a->local = true;
             continue;
         }
-        const char **slot = strcmp(o, "--model") == 0    ? &a->model
-                            : strcmp(o, "--layer") == 0  ? &a->layer
-                            : strcmp(o, "--input") == 0  ? &a->input
-                            : strcmp(o, "--output") == 0 ? &a->output
-                                                         : NULL;
+        const char **slot = strcmp(o, "--model") == 0      ? &a->model
+                            : strcmp(o, "--layer") == 0    ? &a->layer
+                            : strcmp(o, "--input") == 0    ? &a->input
+                            : strcmp(o, "--output") == 0   ? &a->output
+                            : strcmp(o, "--device") == 0   ? &a->device
+                            : strcmp(o, "--gpu-gemm") == 0 ? &a->gpu_gemm
+                                                           : NULL;
         bool threads = strcmp(o, "--threads") == 0;
         if (!slot && !threads) {
             fprintf(stderr, "epmoectl forward: unknown option %s (see epmoectl forward --help)\n",
@@ -113,11 +123,25 @@ static int fwd_parse(int argc, char **argv, fwd_args *a)
                 missing);
         return CMD_USAGE;
     }
-    if (!a->local && (a->model || a->threads)) {
+    if (!a->local && (a->model || a->threads || a->device || a->gpu_gemm)) {
         fprintf(stderr,
                 "epmoectl forward: %s is for --local only (the cluster's workers load "
                 "the model the coordinator names)\n",
-                a->model ? "--model" : "--threads");
+                a->model     ? "--model"
+                : a->threads ? "--threads"
+                : a->device  ? "--device"
+                             : "--gpu-gemm");
+        return CMD_USAGE;
+    }
+    mb_device_kind kind;
+    int ordinal;
+    ep_err err;
+    if (a->device && mb_parse_device(a->device, &kind, &ordinal, &err) < 0) {
+        fprintf(stderr, "epmoectl forward: --device: %s\n", err.msg);
+        return CMD_USAGE;
+    }
+    if (a->gpu_gemm && strcmp(a->gpu_gemm, "exact") != 0 && strcmp(a->gpu_gemm, "fast") != 0) {
+        fprintf(stderr, "epmoectl forward: --gpu-gemm %s: expected exact or fast\n", a->gpu_gemm);
         return CMD_USAGE;
     }
     return -1;
@@ -149,11 +173,16 @@ static int fwd_config(const char *dir, mc_config *c)
     return CMD_OK;
 }
 
-static void fwd_progress(void *ctx, uint64_t done, uint64_t total)
+typedef struct fwd_load {
+    const char *name;
+    uint64_t total;
+} fwd_load;
+
+static void fwd_progress(void *ctx, uint64_t done)
 {
-    const char *name = ctx;
-    fprintf(stderr, "\rloading %s: %3d%%", name, total ? (int)(done * 100 / total) : 100);
-    if (done == total)
+    const fwd_load *p = ctx;
+    fprintf(stderr, "\rloading %s: %3d%%", p->name, p->total ? (int)(done * 100 / p->total) : 100);
+    if (done >= p->total)
         fprintf(stderr, "\n");
 }
 
@@ -214,8 +243,8 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     if ((rc = fwd_prepare(&c, a, &layer, name, sizeof name, &in)) != CMD_OK)
         return rc;
     st_model *m = NULL;
-    moe_layer *l = NULL;
-    gemm_pool *pool = NULL;
+    mb_backend *be = NULL;
+    mb_layer *l = NULL;
     int k = c.num_experts_per_tok;
     uint16_t *out = malloc((size_t)in.T * (size_t)c.hidden_size * sizeof(uint16_t));
     int32_t *ids = malloc((size_t)in.T * (size_t)k * sizeof(int32_t));
@@ -225,21 +254,29 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         rc = CMD_SOFTWARE;
         goto out;
     }
+    mb_options bo = {.device = a->device ? a->device : "cpu",
+                     .threads = a->threads,
+                     .gemm = a->gpu_gemm && strcmp(a->gpu_gemm, "fast") == 0 ? MB_GEMM_FAST
+                                                                             : MB_GEMM_EXACT};
+    if (!(be = mb_create(&bo, &err))) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        rc = CMD_UNAVAILABLE;
+        goto out;
+    }
     double t0 = now_s();
-    if (!(m = st_model_open(a->model, &err)) ||
-        !(l = moe_layer_load(m, &c, layer, NULL, GEMM_IMPL_AUTO,
-                             isatty(STDERR_FILENO) ? fwd_progress : NULL, name, &err))) {
+    fwd_load prog = {.name = name};
+    if ((m = st_model_open(a->model, &err)) != NULL) {
+        prog.total = shard_layer_bytes(m, &c, layer, NULL, NULL, false);
+        l = shard_load_layer(be, m, &c, layer, NULL, NULL,
+                             isatty(STDERR_FILENO) ? fwd_progress : NULL, &prog, &err);
+    }
+    if (!l) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_DATAERR;
         goto out;
     }
-    if (!(pool = gemm_pool_create(a->threads, &err))) {
-        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
-        rc = CMD_SOFTWARE;
-        goto out;
-    }
     double t1 = now_s();
-    if (moe_forward(l, in.T, in.x, in.ids, out, ids, w, pool, &err) < 0) {
+    if (mb_forward(be, l, in.T, in.x, in.ids, out, ids, w, &err) < 0) {
         /* the input was validated; what is left is bad checkpoint data (a tid2eid entry) */
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_DATAERR;
@@ -252,8 +289,8 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     }
     fwd_report(ctx, a, name, in.T, k, t1 - t0, t2 - t1);
 out:
-    gemm_pool_destroy(&pool);
-    moe_layer_free(&l);
+    mb_layer_free(&l);
+    mb_destroy(&be);
     st_model_close(&m);
     fwdio_input_free(&in);
     free(out);

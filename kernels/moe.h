@@ -1,5 +1,7 @@
 /*
  * moe.h — one DeepSeek V4 MoE layer on the CPU, split at the all-to-all seams (prefix moe_).
+ * This is the CPU backend's layer (kernels/cpu/moe.c; kernels/cpu/backend_cpu.c puts it behind
+ * kernels/moe_backend.h) and the numeric reference every other backend is checked against.
  *
  * Semantics: docs/numerics.md (profile P-REF of spec §4-§5). The layer is cut where an
  * expert-parallel runtime puts its communication:
@@ -29,26 +31,24 @@
 
 #include "common/error.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
 #include "kernels/gemm.h"
+#include "kernels/moe_backend.h"
 
 typedef struct moe_layer moe_layer;
 
-/* Progress callback for loading: bytes of weights read so far and in total. */
-typedef void (*moe_progress_fn)(void *ctx, uint64_t done, uint64_t total);
-
-/* Load layer `layer` (0..mc_num_layers-1) from m: ffn_norm, gate weight, bias or tid2eid, the
- * shared expert, and each routed expert e with owned[e] != 0 (owned == NULL: all experts).
- * Tensors are first checked against the expert-dtype contract (ck_check_layer); loading copies
- * weights into one arena packed for impl. progress may be NULL. */
-moe_layer *moe_layer_load(const st_model *m, const mc_config *c, int layer, const uint8_t *owned,
-                          gemm_impl impl, moe_progress_fn progress, void *progress_ctx,
-                          ep_err *err);
+/* Build layer src->layer from its checkpoint tensors (kernels/moe_backend.h's mb_layer_src,
+ * host pointers, already checked against the expert-dtype contract — worker/shard.h): ffn_norm,
+ * gate weight, bias or tid2eid, the shared expert, and routed expert e when want[e] (want NULL:
+ * every expert whose src->experts[3e].w is set). Weights are copied and packed for impl, so
+ * src may go away afterwards. With reuse (an older layer of the same index and config), the
+ * shared expert and every wanted expert reuse holds are shared with it (reference-counted)
+ * instead of packed again; reuse stays fully usable and is freed by its owner whenever it
+ * likes. progress may be NULL. */
+moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
+                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err);
 void moe_layer_free(moe_layer **self_p);
 size_t moe_layer_bytes(const moe_layer *l); /* weight memory held */
-/* Bytes of checkpoint tensors moe_layer_load reads for this (layer, owned) — for progress. */
-uint64_t moe_layer_load_bytes(const st_model *m, const mc_config *c, int layer,
-                              const uint8_t *owned);
 const mc_config *moe_layer_config(const moe_layer *l);
 int moe_layer_index(const moe_layer *l);
 int moe_layer_owns(const moe_layer *l, int expert);

@@ -44,6 +44,8 @@ typedef struct wctl {
     void *zctx;
     void *dealer; /* NULL while backing off */
     exec_actor *exec;
+    mb_device_info dev; /* what REGISTER reports */
+    char backend[32];
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -146,6 +148,10 @@ static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
         w->dispatch != EPMOE__DISPATCH_FORMAT__DISPATCH_BF16)
         return ep_err_set(err, "WELCOME: dispatch %d, expected DISPATCH_FP8 or DISPATCH_BF16",
                           (int)w->dispatch);
+    if (w->has_gpu_gemm && w->gpu_gemm != EPMOE__GPU_GEMM__GPU_GEMM_EXACT &&
+        w->gpu_gemm != EPMOE__GPU_GEMM__GPU_GEMM_FAST)
+        return ep_err_set(err, "WELCOME: gpu_gemm %d, expected GPU_GEMM_EXACT or GPU_GEMM_FAST",
+                          (int)w->gpu_gemm);
     if (w->has_step_timeout_ms && w->step_timeout_ms == 0)
         return ep_err_set(err, "WELCOME: step_timeout_ms 0, expected > 0");
     return 0;
@@ -186,6 +192,8 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
     s->epoch = w->epoch;
     memcpy(s->expert_owner, w->expert_owner, w->n_expert_owner * sizeof *w->expert_owner);
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
+    s->gpu_gemm = w->has_gpu_gemm && w->gpu_gemm == EPMOE__GPU_GEMM__GPU_GEMM_FAST ? MB_GEMM_FAST
+                                                                                   : MB_GEMM_EXACT;
     s->step_timeout_ms =
         w->has_step_timeout_ms
             ? (int)(w->step_timeout_ms > 86400000u ? 86400000u : w->step_timeout_ms)
@@ -220,12 +228,32 @@ static void wctl_send_register(wctl *w)
 {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
-    char *caps[2] = {"cpu", "avx2"};
+    char sm[16];
+    snprintf(sm, sizeof sm, "sm_%d%d", w->dev.sm_major, w->dev.sm_minor);
+    char *caps[4] = {"cpu"};
+    size_t n_caps = 1;
+    if (gemm_impl_best() == GEMM_IMPL_AVX2)
+        caps[n_caps++] = "avx2";
+    if (w->dev.kind == MB_DEV_CUDA) {
+        caps[n_caps++] = "cuda";
+        caps[n_caps++] = sm;
+    }
+    Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;
+    d.name = w->dev.name;
+    d.backend = w->backend;
+    if (w->dev.kind == MB_DEV_CUDA) {
+        d.has_memory_total = d.has_memory_free = d.has_sm_major = d.has_sm_minor = 1;
+        d.memory_total = w->dev.mem_total;
+        d.memory_free = w->dev.mem_free;
+        d.sm_major = (uint32_t)w->dev.sm_major;
+        d.sm_minor = (uint32_t)w->dev.sm_minor;
+    }
     Epmoe__Register r = EPMOE__REGISTER__INIT;
     r.name = (char *)w->opt->name;
     r.device = (char *)w->opt->device;
-    r.n_capabilities = gemm_impl_best() == GEMM_IMPL_AVX2 ? 2 : 1;
+    r.n_capabilities = n_caps;
     r.capabilities = caps;
+    r.device_info = &d;
     r.hostname = host;
     r.has_pid = 1;
     r.pid = (uint32_t)getpid();
@@ -653,8 +681,19 @@ int wctl_run(const wctl_options *opt)
     /* two I/O threads: the data plane's sends and receives overlap (bench_a2a: about twice the
      * throughput of one at 64 tokens per rank, docs/performance.md) */
     zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, WCTL_IO_THREADS);
-    exec_options eo = {.threads = opt->threads, .impl = opt->impl};
-    w.exec = exec_start(w.zctx, &eo, &err);
+    /* The device first: a worker that cannot serve its device says why and exits 78 at once
+     * (retrying cannot make a GPU appear). */
+    mb_options bo = {.device = opt->device, .threads = opt->threads, .impl = opt->impl};
+    mb_backend *be = mb_create(&bo, &err);
+    if (be == NULL) {
+        log_error("cannot serve device %s: %s", opt->device, err.msg);
+        zmq_ctx_term(w.zctx);
+        close(w.sigfd);
+        return WCTL_EXIT_CONFIG;
+    }
+    mb_device(be, &w.dev);
+    snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
+    w.exec = exec_start(w.zctx, &be, &err);
     if (w.exec == NULL)
         goto fail_exec;
     if (wctl_connect(&w, &err) != 0)
@@ -662,8 +701,8 @@ int wctl_run(const wctl_options *opt)
     uint64_t wd = sdn_watchdog_usec();
     w.watchdog_ms = (int64_t)(wd / 2000);
     w.next_watchdog = wctl_now_ms();
-    log_info("worker %s (%s, %s) registering with %s", opt->name, opt->device,
-             exec_backend_name(opt->impl), opt->coordinator);
+    log_info("worker %s (%s: %s, %s) registering with %s", opt->name, opt->device, w.dev.name,
+             w.backend, opt->coordinator);
     wctl_loop(&w);
     sdn_notify("STOPPING=1");
     exec_stop(&w.exec);

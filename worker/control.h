@@ -53,7 +53,7 @@ enum { WCTL_EXIT_OK = 0, WCTL_EXIT_SOFTWARE = 70, WCTL_EXIT_CONFIG = 78 };
 typedef struct wctl_options {
     const char *coordinator; /* ZeroMQ endpoint of coordinator.listen */
     const char *name;        /* worker name of the cluster spec; the DEALER's routing id */
-    const char *device;      /* "cpu" */
+    const char *device;      /* "cpu" or "cuda:N" */
     int threads;             /* GEMM threads (<= 0: one per online CPU) */
     gemm_impl impl;          /* GEMM_IMPL_AUTO */
 } wctl_options;

@@ -1,7 +1,7 @@
 /*
  * exec.c — the step executor thread (see exec.h).
  *
- * The thread owns: its end of the pipe, the gemm_pool, the session, one moe_layer per MoE layer
+ * The thread owns: its end of the pipe, the backend, the session, one mb_layer per MoE layer
  * and the data-plane transport. Its loop polls the pipe and the data plane's PULL (so messages
  * of a fast peer are read and kept between steps) and handles one pipe message at a time.
  *
@@ -36,7 +36,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
-#include "kernels/moe.h"
+#include "worker/shard.h"
 
 /* LOADING messages per second at most. */
 #define EXEC_PROGRESS_INTERVAL_S 0.1
@@ -49,18 +49,16 @@ struct exec_actor {
     char endpoint[64];
     pthread_t thread;
     bool started;
-    gemm_pool *pool; /* handed to the thread */
-    gemm_impl impl;
+    mb_backend *be;    /* handed to the thread */
     atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
 };
 
 typedef struct exec_state {
     exec_actor *actor;
     void *pipe; /* the thread's end */
-    gemm_pool *pool;
-    gemm_impl impl;
+    mb_backend *be;
     exec_session *session;
-    moe_layer **layers;
+    mb_layer **layers;
     int n_layers;
     tp_transport *tp;
     bool ready;
@@ -113,11 +111,9 @@ void exec_session_free(exec_session **self_p)
     *self_p = NULL;
 }
 
-const char *exec_backend_name(gemm_impl impl)
+const char *exec_backend_name(const exec_actor *a)
 {
-    if (impl == GEMM_IMPL_AUTO)
-        impl = gemm_impl_best();
-    return impl == GEMM_IMPL_AVX2 ? "cpu-avx2" : "cpu-ref";
+    return mb_name(a->be);
 }
 
 /* ---- replies ----------------------------------------------------------------------------------
@@ -177,7 +173,7 @@ static void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmo
 static void exec_unload(exec_state *st)
 {
     for (int i = 0; i < st->n_layers; i++)
-        moe_layer_free(&st->layers[i]);
+        mb_layer_free(&st->layers[i]);
     free(st->layers);
     st->layers = NULL;
     st->n_layers = 0;
@@ -197,7 +193,7 @@ static void exec_drop_session(exec_state *st)
 
 typedef struct exec_progress {
     exec_state *st;
-    uint64_t base, total;
+    uint64_t total;
     int layers_done, layers_total;
     double last;
 } exec_progress;
@@ -216,12 +212,18 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     p->last = exec_now();
 }
 
-static void exec_on_progress(void *ctx, uint64_t done, uint64_t total)
+/* shard_load's progress: LOADING at most every EXEC_PROGRESS_INTERVAL_S, and a stop request
+ * while a RESET or TERM is pending. */
+static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers_done,
+                            int layers_total)
 {
-    (void)total;
     exec_progress *p = ctx;
-    if (exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S)
-        exec_send_loading(p, p->base + done);
+    p->total = total;
+    p->layers_done = layers_done;
+    p->layers_total = layers_total;
+    if (p->last == 0 || exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S || done == total)
+        exec_send_loading(p, done);
+    return atomic_load(&p->st->actor->cancel) > 0;
 }
 
 static int exec_open_data_plane(exec_state *st, ep_err *err)
@@ -245,35 +247,24 @@ static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
 {
     exec_session *s = st->session;
     const mc_config *c = &s->config;
-    int E = c->n_routed_experts;
-    uint8_t *owned = calloc((size_t)E, 1);
-    st->n_layers = mc_num_layers(c);
-    st->layers = calloc((size_t)st->n_layers, sizeof *st->layers);
-    if (owned == NULL || st->layers == NULL) {
-        free(owned);
+    int E = c->n_routed_experts, L = mc_num_layers(c);
+    uint8_t *want = calloc((size_t)L * (size_t)E, 1);
+    st->layers = calloc((size_t)L, sizeof *st->layers);
+    if (want == NULL || st->layers == NULL) {
+        free(want);
         return ep_err_set(err, "out of memory");
     }
-    for (int e = 0; e < E; e++)
-        owned[e] = s->expert_owner[e] == (uint32_t)s->rank;
-    exec_progress p = {.st = st, .layers_total = st->n_layers};
-    for (int l = 0; l < st->n_layers; l++)
-        p.total += moe_layer_load_bytes(m, c, l, owned);
-    exec_send_loading(&p, 0);
-    int rc = 0;
-    for (int l = 0; l < st->n_layers && rc == 0; l++) {
-        if (atomic_load(&st->actor->cancel) > 0) {
-            rc = 1;
-            break;
-        }
-        st->layers[l] = moe_layer_load(m, c, l, owned, st->impl, exec_on_progress, &p, err);
-        if (st->layers[l] == NULL)
-            rc = -1;
-        p.base += moe_layer_load_bytes(m, c, l, owned);
-        p.layers_done = l + 1;
-    }
+    for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++)
+            want[(size_t)l * E + e] = s->expert_owner[e] == (uint32_t)s->rank;
+    exec_progress p = {.st = st};
+    int rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
-        exec_send_loading(&p, p.total);
-    free(owned);
+        rc = shard_load(st->be, m, c, want, NULL, EP_MAX_TOKENS, st->layers, exec_on_progress, &p,
+                        err);
+    if (rc == 0)
+        st->n_layers = L;
+    free(want);
     return rc;
 }
 
@@ -282,7 +273,7 @@ static void exec_send_ready(exec_state *st)
     exec_session *s = st->session;
     uint64_t bytes = 0;
     for (int l = 0; l < st->n_layers; l++)
-        bytes += moe_layer_bytes(st->layers[l]);
+        bytes += mb_layer_bytes(st->layers[l]);
     uint32_t owned = 0;
     for (int e = 0; e < s->config.n_routed_experts; e++)
         owned += s->expert_owner[e] == (uint32_t)s->rank;
@@ -292,7 +283,7 @@ static void exec_send_ready(exec_state *st)
     r.config_hash = s->config_hash;
     r.bytes_loaded = bytes;
     r.n_experts = owned;
-    r.backend = (char *)exec_backend_name(st->impl);
+    r.backend = (char *)mb_name(st->be);
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
 
@@ -334,7 +325,8 @@ static void exec_load(exec_state *st)
 
 typedef struct exec_step_s {
     exec_state *st;
-    const moe_layer *layer;
+    const mb_layer *layer;
+    mb_step *ms; /* the backend's half of this step (route .. combine) */
     uint64_t step_id;
     int T, k, H, P, rank;
     uint16_t *x;  /* [T, H] aligned copy of the payload */
@@ -344,7 +336,6 @@ typedef struct exec_step_s {
     float *topk_w;
     uint8_t *q;
     float *qs;
-    uint16_t *shared;
     uint16_t *eo;       /* [T, k, H] expert output per slot */
     int *n_pairs_to;    /* [P] pairs sent to each rank (own rank: computed locally) */
     uint32_t **slot_to; /* [P][n_pairs_to]: t*k + j of each pair, in wire order */
@@ -369,7 +360,7 @@ static void exec_step_free(exec_step_s *s)
     free(s->topk_w);
     free(s->q);
     free(s->qs);
-    free(s->shared);
+    mb_step_free(&s->ms);
     free(s->eo);
     if (s->slot_to)
         for (int r = 0; r < s->P; r++)
@@ -410,14 +401,13 @@ static int exec_step_alloc(exec_step_s *s, int E)
     s->topk_w = malloc(T * k * sizeof *s->topk_w + 1);
     s->q = exec_alloc(T * H);
     s->qs = exec_alloc(T * (H / EP_FP8_BLOCK) * sizeof(float));
-    s->shared = exec_alloc(T * H * 2);
     s->eo = exec_alloc(T * k * H * 2);
     s->n_pairs_to = calloc((size_t)s->P, sizeof *s->n_pairs_to);
     s->slot_to = calloc((size_t)s->P, sizeof *s->slot_to);
     s->heard_d = calloc((size_t)s->P, 1);
     s->heard_c = calloc((size_t)s->P, 1);
     s->expert_tokens = calloc((size_t)E, sizeof *s->expert_tokens);
-    if (!s->x || !s->xn || !s->topk_ids || !s->topk_w || !s->q || !s->qs || !s->shared || !s->eo ||
+    if (!s->x || !s->xn || !s->topk_ids || !s->topk_w || !s->q || !s->qs || !s->eo ||
         !s->n_pairs_to || !s->slot_to || !s->heard_d || !s->heard_c || !s->expert_tokens)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
                          "out of memory for a step of %d tokens", s->T);
@@ -571,7 +561,7 @@ static int exec_send_dispatches(exec_step_s *s)
             continue;
         tp_msg d = {.kind = TP_DISPATCH,
                     .step_id = s->step_id,
-                    .layer = (uint32_t)moe_layer_index(s->layer),
+                    .layer = (uint32_t)mb_layer_index(s->layer),
                     .n_rows = exec_count_rows(s, r),
                     .n_pairs = s->n_pairs_to[r],
                     .format = ses->dispatch,
@@ -619,15 +609,16 @@ static int exec_local(exec_step_s *s)
         s->expert_tokens[ex[p]]++;
     }
     double t0 = exec_now();
-    if (n && moe_experts(s->layer, s->T, s->q, s->qs, n, row, ex, w, out, s->st->pool, &s->err)) {
+    /* the shared expert first: a GPU backend runs it while the host plans the local pairs */
+    if (mb_step_shared(s->ms, &s->err)) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "shared expert: %s", s->err.msg);
+        goto done;
+    }
+    if (n && mb_experts(s->st->be, s->layer, s->T, s->q, s->qs, n, row, ex, w, out, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "local experts: %s", s->err.msg);
         goto done;
     }
     exec_scatter(s, s->slot_to[s->rank], n, out);
-    if (s->T && moe_shared(s->layer, s->T, s->q, s->qs, s->shared, s->st->pool, &s->err)) {
-        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "shared expert: %s", s->err.msg);
-        goto done;
-    }
     exec_tick(s, t0);
 done:
     free(row);
@@ -642,7 +633,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
 {
     exec_session *ses = s->st->session;
     int src = d->src_rank;
-    if (d->layer != (uint32_t)moe_layer_index(s->layer) || s->heard_d[src]) {
+    if (d->layer != (uint32_t)mb_layer_index(s->layer) || s->heard_d[src]) {
         log_warn("step %llu: dropped a DISPATCH from rank %d (%s): %s",
                  (unsigned long long)s->step_id, src, ses->peer_name[src],
                  s->heard_d[src] ? "duplicate" : "layer differs from the step's");
@@ -663,13 +654,16 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         goto done;
     }
     double t0 = exec_now();
-    if (d->format == TP_FMT_BF16 && rows)
-        moe_quant(s->layer, d->n_rows, d->hidden, q, qs);
-    else if (d->scales_e8m0)
+    if (d->format == TP_FMT_BF16 && rows &&
+        mb_quant(s->st->be, s->layer, d->n_rows, d->hidden, q, qs, &s->err)) {
+        rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "quantizing rank %d's rows: %s", src,
+                       s->err.msg);
+        goto done;
+    } else if (d->scales_e8m0)
         for (size_t i = 0; i < rows * SC; i++)
             qs[i] = fmt_e8m0_to_f32(((const uint8_t *)d->scales)[i]);
-    if (d->n_pairs && moe_experts(s->layer, d->n_rows, q, qs, d->n_pairs, d->pair_row,
-                                  d->pair_expert, d->pair_weight, c.out, s->st->pool, &s->err)) {
+    if (d->n_pairs && mb_experts(s->st->be, s->layer, d->n_rows, q, qs, d->n_pairs, d->pair_row,
+                                 d->pair_expert, d->pair_weight, c.out, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "experts for rank %d (%s): %s", src,
                        ses->peer_name[src], s->err.msg);
         goto done;
@@ -833,7 +827,12 @@ static void exec_send_done(exec_step_s *s)
         return;
     }
     double t0 = exec_now();
-    moe_combine(s->T, s->k, s->H, s->topk_ids, s->eo, s->shared, out);
+    if (mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
+        free(out);
+        exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
+                         s->err.msg);
+        return;
+    }
     exec_tick(s, t0);
     exec_session *ses = s->st->session;
     int E = ses->config.n_routed_experts, n_owned = 0;
@@ -868,11 +867,11 @@ static int exec_step_run(exec_step_s *s)
     exec_state *st = s->st;
     double deadline = exec_now() + st->session->step_timeout_ms / 1000.0;
     double t0 = exec_now();
-    if (s->T && moe_route(s->layer, s->T, s->x, s->ids, s->xn, s->topk_ids, s->topk_w, &s->err))
+    s->ms = mb_step_begin(st->be, s->layer, s->T, s->x, s->ids, s->topk_ids, s->topk_w, s->q, s->qs,
+                          s->xn, &s->err);
+    if (s->ms == NULL)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
                          (unsigned long long)s->step_id, s->err.msg);
-    if (s->T)
-        moe_quant(s->layer, s->T, s->xn, s->q, s->qs);
     exec_tick(s, t0);
     if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0 || exec_local(s) != 0)
         return -1;
@@ -910,7 +909,7 @@ static void exec_step(exec_state *st, wire_msg *m)
         return;
     }
     log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s.step_id,
-              moe_layer_index(s.layer), s.T);
+              mb_layer_index(s.layer), s.T);
     rc = exec_step_run(&s);
     if (rc == 0)
         exec_send_done(&s);
@@ -1000,7 +999,7 @@ static void exec_loop(exec_state *st)
 static void *exec_main(void *arg)
 {
     exec_actor *a = arg;
-    exec_state st = {.actor = a, .pool = a->pool, .impl = a->impl};
+    exec_state st = {.actor = a, .be = a->be};
     st.pipe = zmq_socket(a->zctx, ZMQ_PAIR);
     int linger = 0;
     zmq_setsockopt(st.pipe, ZMQ_LINGER, &linger, sizeof linger);
@@ -1015,19 +1014,18 @@ static void *exec_main(void *arg)
     return NULL;
 }
 
-exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err)
+exec_actor *exec_start(void *zctx, mb_backend **be_p, ep_err *err)
 {
     exec_actor *a = calloc(1, sizeof *a);
     if (a == NULL) {
+        mb_destroy(be_p);
         ep_err_set(err, "executor: out of memory");
         return NULL;
     }
     a->zctx = zctx;
-    a->impl = opt->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : opt->impl;
+    a->be = *be_p;
+    *be_p = NULL;
     snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%p", (void *)a);
-    a->pool = gemm_pool_create(opt->threads, err);
-    if (a->pool == NULL)
-        goto fail;
     a->pipe = zmq_socket(zctx, ZMQ_PAIR);
     int linger = 0;
     if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
@@ -1091,7 +1089,7 @@ void exec_stop(exec_actor **self_p)
     }
     if (a->pipe)
         zmq_close(a->pipe);
-    gemm_pool_destroy(&a->pool);
+    mb_destroy(&a->be);
     free(a);
     *self_p = NULL;
 }

@@ -34,7 +34,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/model_config.h"
-#include "kernels/gemm.h"
+#include "kernels/moe_backend.h"
 #include "worker/transport.h"
 
 /* Internal message types on the pipe, above every MsgType of epmoe.proto. */
@@ -60,6 +60,7 @@ typedef struct exec_session {
     char **peer_endpoint;            /* [world_size], by rank */
     char **peer_name;                /* [world_size], by rank */
     tp_format dispatch;
+    mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
     int step_timeout_ms;
 } exec_session;
 
@@ -67,15 +68,11 @@ typedef struct exec_session {
 exec_session *exec_session_new(int n_experts, int world_size);
 void exec_session_free(exec_session **self_p);
 
-typedef struct exec_options {
-    int threads;    /* GEMM pool threads; <= 0: one per online CPU */
-    gemm_impl impl; /* GEMM_IMPL_AUTO: the best this CPU has */
-} exec_options;
-
 typedef struct exec_actor exec_actor;
 
-/* Start the executor thread in zctx; returns once the thread runs and its pipe is connected. */
-exec_actor *exec_start(void *zctx, const exec_options *opt, ep_err *err);
+/* Start the executor thread in zctx with the worker's backend (*be_p is taken and NULLed, also
+ * on failure); returns once the thread runs and its pipe is connected. */
+exec_actor *exec_start(void *zctx, mb_backend **be_p, ep_err *err);
 /* Send TERM and join the thread (a load in progress stops at the next layer). */
 void exec_stop(exec_actor **self_p);
 /* The caller's end of the pipe (poll it for ZMQ_POLLIN; only the creating thread uses it). */
@@ -86,7 +83,7 @@ int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err);
 /* Hand a session to the executor (EXEC_CMD_SESSION); *s_p is taken and NULLed, even on failure. */
 int exec_send_session(exec_actor *a, exec_session **s_p, ep_err *err);
 
-/* "cpu-avx2" or "cpu-ref": what READY reports as the backend. */
-const char *exec_backend_name(gemm_impl impl);
+/* "cpu-avx2", "cuda-exact", ...: what READY reports as the backend. */
+const char *exec_backend_name(const exec_actor *a);
 
 #endif

@@ -2,7 +2,7 @@
  * epmoe-worker — one worker daemon per device: registers with the coordinator, loads its expert
  * shard, and runs MoE steps with its peers (docs/operations.md "epmoe-worker").
  *
- * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]
+ * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu|cuda:N]
  * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage, 70 cannot start, 78 refused by
  * the coordinator (unknown worker name or config hash mismatch: fix the spec or the binary).
  */
@@ -12,6 +12,7 @@
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "kernels/moe_backend.h"
 #include "worker/control.h"
 
 #define WORKER_EXIT_USAGE 64
@@ -19,18 +20,19 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu]\n"
+            "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device DEV]\n"
             "\n"
             "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
             "                          e.g. tcp://10.0.0.1:7400\n"
             "                          (default $EPMOE_COORDINATOR_LISTEN)\n"
             "  --name NAME             this worker's name in the cluster spec\n"
             "  --threads N             expert GEMM threads (default: one per online CPU)\n"
-            "  --device cpu            the device to run on (this build: cpu)\n"
+            "  --device DEV            the device to run on: cpu (default) or cuda:N\n"
             "\n"
             "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
-            "  (unknown worker name or config hash mismatch)\n"
+            "  (unknown worker name or config hash mismatch) or a device this host or build\n"
+            "  cannot serve (no such GPU, a build without CUDA)\n"
             "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs), EPMOE_GEMM=ref\n");
 }
 
@@ -84,8 +86,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "epmoe-worker: --name is longer than %d bytes\n", EP_MAX_NAME - 1);
         return WORKER_EXIT_USAGE;
     }
-    if (strcmp(opt.device, "cpu") != 0) {
-        fprintf(stderr, "epmoe-worker: --device %s: this build runs on cpu only\n", opt.device);
+    mb_device_kind kind;
+    int ordinal;
+    ep_err err;
+    if (mb_parse_device(opt.device, &kind, &ordinal, &err) < 0) {
+        fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
         return WORKER_EXIT_USAGE;
     }
     return wctl_run(&opt);

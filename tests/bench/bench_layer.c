@@ -6,8 +6,8 @@
  *
  * Shapes: H 4096, I 2048, 256 experts logically, top-6, one shared expert. Only the first
  * --experts (default 16) routed experts are materialised (generated with the tests' generator,
- * tests/unit/moe_gen.c, written to a temporary checkpoint and loaded with moe_layer_load owning
- * exactly those). Routing is steered onto them through the gate bias: the loaded experts get
+ * tests/unit/moe_gen.c, written to a temporary checkpoint and loaded with shard_load_moe_layer
+ * owning exactly those). Routing is steered onto them through the gate bias: the loaded experts get
  * bias ~8 (like Flash), the other 240 get -1e4, so selection — which still computes all 256
  * logits and scans all 256 scores — never picks an unloaded one. Consequence: each loaded expert
  * sees about T*6/16 rows where a full layer would give it T*6/256, so the expert GEMMs run with
@@ -33,6 +33,7 @@
 #include "kernels/moe.h"
 #include "kernels/swiglu.h"
 #include "moe_gen.h"
+#include "worker/shard.h"
 
 #define MAX_RUNS 32
 #define MAX_T    4096
@@ -74,7 +75,7 @@ static void bench_setup(bench *b, mc_expert_dtype dt, int made)
     uint8_t owned[256] = {0};
     memset(owned, 1, (size_t)made);
     double t1 = now();
-    b->l = moe_layer_load(b->m, &b->c, 0, owned, GEMM_IMPL_AUTO, NULL, NULL, &err);
+    b->l = shard_load_moe_layer(b->m, &b->c, 0, owned, GEMM_IMPL_AUTO, &err);
     if (!b->l) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         exit(1);

@@ -29,6 +29,7 @@
 #include "common/safetensors.h"
 #include "kernels/formats.h"
 #include "kernels/moe.h"
+#include "worker/shard.h"
 #include "moe_gen.h"
 
 enum { T = 5, H = 256, K = 4, VOCAB = 500 };
@@ -60,7 +61,7 @@ static int write_expect(const char *dir, const char *name, const st_model *m, co
                         int layer, const uint16_t *x, const int64_t *ids)
 {
     ep_err err = {{0}};
-    moe_layer *l = moe_layer_load(m, c, layer, NULL, GEMM_IMPL_AUTO, NULL, NULL, &err);
+    moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, GEMM_IMPL_AUTO, &err);
     if (!l)
         return fail(name, &err);
     uint16_t out[T * H];

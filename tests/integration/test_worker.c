@@ -39,6 +39,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/moe.h"
+#include "worker/shard.h"
 #include "worker/transport.h"
 #include "moe_gen.h"
 #include "test.h"
@@ -270,8 +271,7 @@ static int fixture_init(fixture *f, mc_expert_dtype dt, int experts_made, bool r
     }
     f->n_layers = mc_num_layers(&f->c);
     for (int l = 0; reference && l < f->n_layers; l++)
-        if (!(f->layers[l] =
-                  moe_layer_load(f->m, &f->c, l, NULL, GEMM_IMPL_AUTO, NULL, NULL, &err))) {
+        if (!(f->layers[l] = shard_load_moe_layer(f->m, &f->c, l, NULL, GEMM_IMPL_AUTO, &err))) {
             printf("  reference layer %d: %s\n", l, err.msg);
             return -1;
         }

@@ -19,7 +19,10 @@
 
 #include "common/checkpoint.h"
 #include "common/safetensors.h"
+#include "kernels/formats.h"
 #include "kernels/moe.h"
+#include "kernels/moe_backend.h"
+#include "worker/shard.h"
 #include "moe_gen.h"
 #include "test.h"
 
@@ -399,7 +402,7 @@ static void fixture_free(fixture *f)
 static moe_layer *load(const fixture *f, int layer, const uint8_t *owned, gemm_impl impl)
 {
     ep_err err = {{0}};
-    moe_layer *l = moe_layer_load(f->m, &f->c, layer, owned, impl, NULL, NULL, &err);
+    moe_layer *l = shard_load_moe_layer(f->m, &f->c, layer, owned, impl, &err);
     if (!l)
         TEST_FAIL_AT("loading layer %d: %s", layer, err.msg);
     return l;
@@ -821,17 +824,19 @@ typedef struct prog {
     int calls, backwards;
 } prog;
 
-static void on_progress(void *ctx, uint64_t done, uint64_t total)
+static void on_progress(void *ctx, uint64_t done)
 {
     prog *p = ctx;
-    if (done < p->last || (p->calls && total != p->total))
+    if (done < p->last)
         p->backwards++;
     p->last = done;
-    p->total = total;
     p->calls++;
 }
 
-TEST(load_reports_progress_and_loads_only_owned_experts)
+/* The shard loader through the CPU backend (what a worker does): progress in checkpoint bytes,
+ * only the wanted experts loaded, and a new placement that reuses an old layer's experts reads
+ * only the router and the experts it gains — and computes the same bits. */
+TEST(load_reports_progress_loads_only_owned_experts_and_reuses_kept_ones)
 {
     if (!fx_ok[1])
         SKIP("no fixture");
@@ -839,13 +844,17 @@ TEST(load_reports_progress_and_loads_only_owned_experts)
     const mc_config *c = &f->c;
     ep_err err = {{0}};
     prog p = {0};
-    moe_layer *all = moe_layer_load(f->m, c, 1, NULL, GEMM_IMPL_AUTO, on_progress, &p, &err);
+    mb_options bo = {.device = "cpu", .threads = 2};
+    mb_backend *be = mb_create(&bo, &err);
+    CHECK(be != NULL);
+    if (!be)
+        return;
+    mb_layer *all = shard_load_layer(be, f->m, c, 1, NULL, NULL, on_progress, &p, &err);
     CHECK(all != NULL);
-    uint64_t want = moe_layer_load_bytes(f->m, c, 1, NULL);
+    uint64_t want = shard_layer_bytes(f->m, c, 1, NULL, NULL, false);
     CHECK(p.calls > 3);
     CHECK_EQ(p.backwards, 0);
     CHECK_EQ(p.last, want);
-    CHECK_EQ(p.total, want);
     /* the sum of the tensor sizes the contract lists */
     int n = ck_layer_tensor_count(c, 1, 0, c->n_routed_experts);
     ck_tensor_spec *specs = malloc((size_t)n * sizeof *specs);
@@ -859,20 +868,59 @@ TEST(load_reports_progress_and_loads_only_owned_experts)
     uint8_t owned[64] = {0};
     owned[0] = owned[7] = owned[15] = 1;
     p = (prog){0};
-    moe_layer *some = moe_layer_load(f->m, c, 1, owned, GEMM_IMPL_AUTO, on_progress, &p, &err);
+    mb_layer *some = shard_load_layer(be, f->m, c, 1, owned, NULL, on_progress, &p, &err);
     CHECK(some != NULL);
     if (all && some) {
-        CHECK(moe_layer_bytes(some) < moe_layer_bytes(all));
-        CHECK_EQ(p.last, moe_layer_load_bytes(f->m, c, 1, owned));
+        CHECK(mb_layer_bytes(some) < mb_layer_bytes(all));
+        CHECK_EQ(p.last, shard_layer_bytes(f->m, c, 1, owned, NULL, false));
         CHECK(p.last < want);
         for (int e = 0; e < c->n_routed_experts; e++)
-            CHECK_EQ(moe_layer_owns(some, e), owned[e]);
-        CHECK_EQ(moe_layer_index(some), 1);
-        CHECK(moe_layer_config(some)->hidden_size == c->hidden_size);
+            CHECK_EQ(mb_layer_owns(some, e), owned[e] != 0);
+        CHECK_EQ(mb_layer_index(some), 1);
     }
-    moe_layer_free(&all);
-    moe_layer_free(&some);
-    moe_layer_free(&some); /* tolerates NULL */
+    /* a new placement keeping experts 0 and 7, gaining 3: only the router and expert 3 are read */
+    uint8_t next[64] = {0}, have[64] = {0};
+    next[0] = next[7] = next[3] = 1;
+    have[0] = have[7] = have[15] = 1;
+    p = (prog){0};
+    mb_layer *moved =
+        some ? shard_load_layer(be, f->m, c, 1, next, some, on_progress, &p, &err) : NULL;
+    CHECK(moved != NULL);
+    if (moved) {
+        CHECK_EQ(p.last, shard_layer_bytes(f->m, c, 1, next, have, true));
+        CHECK(p.last < shard_layer_bytes(f->m, c, 1, next, NULL, false));
+        for (int e = 0; e < c->n_routed_experts; e++)
+            CHECK_EQ(mb_layer_owns(moved, e), next[e] != 0);
+        /* the kept and the gained experts compute what a fresh load of all experts does */
+        int H = c->hidden_size, R = 3;
+        uint16_t *x = malloc((size_t)R * H * 2), *o1 = malloc((size_t)R * 3 * H * 2),
+                 *o2 = malloc((size_t)R * 3 * H * 2);
+        uint8_t *q = malloc((size_t)R * H);
+        float *qs = malloc((size_t)R * (H / 128) * 4);
+        for (int i = 0; i < R * H; i++)
+            x[i] = fmt_f32_to_bf16((float)((i * 37) % 101 - 50) / 17.0f);
+        CHECK_EQ(mb_quant(be, moved, R, x, q, qs, &err), 0);
+        uint32_t prow[9], pexp[9];
+        float pw[9];
+        for (int i = 0; i < 9; i++) {
+            prow[i] = (uint32_t)(i % R);
+            pexp[i] = i % 3 == 0 ? 0u : i % 3 == 1 ? 7u : 3u;
+            pw[i] = 0.25f * (float)(i + 1);
+        }
+        CHECK_EQ(mb_experts(be, moved, R, q, qs, 9, prow, pexp, pw, o1, &err), 0);
+        CHECK_EQ(mb_experts(be, all, R, q, qs, 9, prow, pexp, pw, o2, &err), 0);
+        CHECK(memcmp(o1, o2, (size_t)9 * H * 2) == 0);
+        /* the old layer still serves after lending its experts */
+        mb_layer_free(&some);
+        CHECK_EQ(mb_experts(be, moved, R, q, qs, 9, prow, pexp, pw, o1, &err), 0);
+        CHECK(memcmp(o1, o2, (size_t)9 * H * 2) == 0);
+        free(x), free(o1), free(o2), free(q), free(qs);
+    }
+    mb_layer_free(&all);
+    mb_layer_free(&some);
+    mb_layer_free(&moved);
+    mb_layer_free(&some); /* tolerates NULL */
+    mb_destroy(&be);
 }
 
 TEST(load_errors_name_the_tensor)
@@ -885,10 +933,10 @@ TEST(load_errors_name_the_tensor)
     mc_config c8 = f->c;
     c8.expert_dtype = MC_FP8;
     c8.scale_e8m0 = false;
-    CHECK(moe_layer_load(f->m, &c8, 1, NULL, GEMM_IMPL_AUTO, NULL, NULL, &err) == NULL);
+    CHECK(shard_load_moe_layer(f->m, &c8, 1, NULL, GEMM_IMPL_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "loading layers.1");
     CHECK_STR_HAS(err.msg, "layers.1.ffn.experts.0.w1.weight");
-    CHECK(moe_layer_load(f->m, &f->c, 4, NULL, GEMM_IMPL_AUTO, NULL, NULL, &err) == NULL);
+    CHECK(shard_load_moe_layer(f->m, &f->c, 4, NULL, GEMM_IMPL_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "layer 4 outside [0, 4)");
 
     /* a NaN (255) scale code in expert 5 of layer 2: fatal when that expert is loaded only */
@@ -902,11 +950,11 @@ TEST(load_errors_name_the_tensor)
         TEST_FAIL_AT("writing: %s", err.msg);
     w2->s8[3] = saved;
     if (m) {
-        CHECK(moe_layer_load(m, &f->c, 2, NULL, GEMM_IMPL_AUTO, NULL, NULL, &err) == NULL);
+        CHECK(shard_load_moe_layer(m, &f->c, 2, NULL, GEMM_IMPL_AUTO, &err) == NULL);
         CHECK_STR_HAS(err.msg, "layers.2.ffn.experts.5.w2.scale: scale code 255 (NaN)");
         uint8_t owned[64] = {0};
         owned[4] = owned[6] = 1;
-        moe_layer *l = moe_layer_load(m, &f->c, 2, owned, GEMM_IMPL_AUTO, NULL, NULL, &err);
+        moe_layer *l = shard_load_moe_layer(m, &f->c, 2, owned, GEMM_IMPL_AUTO, &err);
         CHECK(l != NULL);
         moe_layer_free(&l);
     }
@@ -932,7 +980,7 @@ int main(void)
     RUN(concurrent_callers_share_one_layer);
     RUN(combine_sums_in_ascending_expert_id_and_skips_padding);
     RUN(route_errors_name_the_token_and_value);
-    RUN(load_reports_progress_and_loads_only_owned_experts);
+    RUN(load_reports_progress_loads_only_owned_experts_and_reuses_kept_ones);
     RUN(load_errors_name_the_tensor);
     if (!fx_ok[0] || !fx_ok[1])
         TEST_FAIL_AT("a fixture could not be built");

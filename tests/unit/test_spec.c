@@ -458,15 +458,33 @@ TEST(bad_devices_list_the_accepted_forms)
     spec_free(&s);
 }
 
-TEST(one_worker_per_gpu_on_a_node)
+TEST(workers_may_share_a_gpu_and_gpu_gemm_is_a_choice)
 {
-    EXPECT_ERR(HEAD W("w0", "cuda:1", "tcp://h:1") W("w1", "cuda:1", "tcp://h:2"), "8:28",
-               "nodes[0].workers[1].device: device \"cuda:1\" is already used by worker w0 on this "
-               "node (line 7, column 28)");
-    /* CPU workers may share a node's CPU, and cuda:0 on two nodes are two GPUs */
-    spec_cluster *s = parse_as(HEAD W("w0", "cpu", "tcp://h:1") W("w1", "cpu", "tcp://h:2"), TFILE);
+    /* two workers on one GPU (several small workers per device; the ZeroMQ plane allows it) */
+    spec_cluster *s =
+        parse_as(HEAD W("w0", "cuda:1", "tcp://h:1") W("w1", "cuda:1", "tcp://h:2"), TFILE);
     CHECK(s != NULL);
+    if (s != NULL)
+        CHECK_EQ((int)s->gpu_gemm, (int)SPEC_GPU_GEMM_EXACT);
     spec_free(&s);
+    const char *ep = "cluster: {name: t}\n"
+                     "coordinator: {listen: \"tcp://127.0.0.1:1\", admin: \"tcp://127.0.0.1:2\"}\n"
+                     "model: {path: /m}\n"
+                     "expert_parallel: {gpu_gemm: %s}\n"
+                     "nodes:\n"
+                     "  - name: n0\n"
+                     "    workers:\n"
+                     "      - {name: w0, device: \"cuda:0\", data: \"tcp://h:1\"}\n";
+    char text[1024];
+    snprintf(text, sizeof text, ep, "fast");
+    s = parse_as(text, TFILE);
+    CHECK(s != NULL);
+    if (s != NULL)
+        CHECK_EQ((int)s->gpu_gemm, (int)SPEC_GPU_GEMM_FAST);
+    spec_free(&s);
+    snprintf(text, sizeof text, ep, "tensor");
+    EXPECT_ERR(text, "4:29", "expert_parallel.gpu_gemm: ");
+    EXPECT_ERR(text, "4:29", "\"tensor\"");
 }
 
 TEST(bad_endpoints_say_what_is_wrong)
@@ -730,7 +748,7 @@ int main(void)
     RUN(duplicate_worker_names_name_the_first);
     RUN(duplicate_data_endpoints_are_rejected);
     RUN(bad_devices_list_the_accepted_forms);
-    RUN(one_worker_per_gpu_on_a_node);
+    RUN(workers_may_share_a_gpu_and_gpu_gemm_is_a_choice);
     RUN(bad_endpoints_say_what_is_wrong);
     RUN(bad_names_are_rejected);
     RUN(bad_choices_list_the_allowed_values);

@@ -1,11 +1,14 @@
 /*
- * moe.c — one DeepSeek V4 MoE layer on the CPU (moe.h): loading, routing, the expert MLPs,
- * the shared expert and the combine. Semantics: docs/numerics.md.
+ * moe.c — one DeepSeek V4 MoE layer on the CPU (moe.h): building a layer from its checkpoint
+ * tensors, routing, the expert MLPs, the shared expert and the combine. Semantics:
+ * docs/numerics.md.
  *
  * Memory: everything the layer owns besides the packed GEMM weights — ffn_norm gain, packed
  * gate, bias or tid2eid, the expert table — lives in one arena, sized first and carved after
  * one allocation (llm.c's malloc_and_point_parameters). The expert GEMM weights are packed by
- * kernels/gemm.h, which allocates each one itself (its packers take no destination buffer).
+ * kernels/gemm.h, which allocates each one itself (its packers take no destination buffer);
+ * each expert's three weights sit in one reference-counted moe_mlp, so a new placement's layer
+ * can share the experts it keeps with the old layer while the old one still serves.
  *
  * Results never depend on how work is grouped: moe_experts batches the rows of one expert into
  * one GEMM (in chunks of at most MOE_GEMM_ROWS rows), moe_forward cuts large batches into
@@ -15,11 +18,11 @@
 #include "kernels/moe.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/checkpoint.h"
 #include "common/limits.h"
 #include "kernels/formats.h"
 #include "kernels/quant.h"
@@ -32,7 +35,14 @@
 /* Tokens per piece of moe_forward: bounds its [T, k, H] buffers. */
 #define MOE_FORWARD_TOKENS 1024
 
-enum { W1 = 0, W3 = 1, W2 = 2 };
+enum { W1 = MB_W1, W3 = MB_W3, W2 = MB_W2 };
+
+/* One expert MLP's packed weights, shared by every layer object that holds the expert. */
+typedef struct moe_mlp {
+    atomic_int refs;
+    gemm_weight *w[3]; /* w1, w3, w2 */
+    size_t bytes;
+} moe_mlp;
 
 struct moe_layer {
     mc_config cfg;
@@ -44,174 +54,106 @@ struct moe_layer {
     /* the arena and what is carved from it */
     void *arena;
     size_t arena_bytes;
-    uint16_t *norm;         /* ffn_norm gain, bf16 [H] */
-    void *gate;             /* route_gate_pack layout */
-    float *bias;            /* [E], score layers */
-    int64_t *tid2eid;       /* [vocab, k], hash layers */
-    uint8_t *owned;         /* [E] */
-    gemm_weight **experts;  /* [E][3]: w1, w3, w2; NULL where not owned */
-    gemm_weight *shared[3]; /* w1, w3, w2 */
-    size_t gemm_bytes;      /* memory held by the packed GEMM weights */
+    uint16_t *norm;    /* ffn_norm gain, bf16 [H] */
+    void *gate;        /* route_gate_pack layout */
+    float *bias;       /* [E], score layers */
+    int64_t *tid2eid;  /* [vocab, k], hash layers */
+    uint8_t *owned;    /* [E] */
+    moe_mlp **experts; /* [E]; NULL where not owned */
+    moe_mlp *shared;
 };
 
-/* ---- names and tensors ---- */
+/* ---- expert weights ---- */
 
-static const char *const WNAME[3] = {"w1", "w3", "w2"};
-
-static const st_tensor *find_tensor(const st_model *m, const char *prefix, const char *mid,
-                                    const char *suffix)
+static void mlp_unref(moe_mlp **m_p)
 {
-    char name[EP_MAX_NAME];
-    snprintf(name, sizeof name, "%s%s%s", prefix, mid, suffix);
-    return st_model_find(m, name);
+    moe_mlp *m = *m_p;
+    *m_p = NULL;
+    if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
+        return;
+    for (int j = 0; j < 3; j++)
+        gemm_weight_free(&m->w[j]);
+    free(m);
 }
 
-static uint64_t tensor_bytes(const st_model *m, const char *name)
+static moe_mlp *mlp_ref(moe_mlp *m)
 {
-    const st_tensor *t = st_model_find(m, name);
-    return t ? t->nbytes : 0;
+    atomic_fetch_add(&m->refs, 1);
+    return m;
 }
 
-uint64_t moe_layer_load_bytes(const st_model *m, const mc_config *c, int layer,
-                              const uint8_t *owned)
+/* Bytes of a linear's tensors as stored (weight + scale), for progress. */
+static uint64_t linear_src_bytes(const mb_linear *t)
 {
-    int n = ck_layer_tensor_count(c, layer, 0, c->n_routed_experts);
-    if (n <= 0)
-        return 0;
-    ck_tensor_spec *specs = malloc((size_t)n * sizeof *specs);
-    if (!specs)
-        return 0;
-    ck_layer_tensors(c, layer, 0, c->n_routed_experts, specs, n);
-    /* Expert tensors are named "...experts.E.wX..."; keep those of owned experts only. */
-    char pfx[EP_MAX_NAME];
-    ck_layer_prefix(c, layer, pfx, sizeof pfx);
-    size_t plen = strlen(pfx);
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++) {
-        const char *rest = specs[i].name + plen;
-        if (owned && strncmp(rest, "ffn.experts.", 12) == 0) {
-            int e = atoi(rest + 12);
-            if (e < 0 || e >= c->n_routed_experts || !owned[e])
-                continue;
-        }
-        total += tensor_bytes(m, specs[i].name);
-    }
-    free(specs);
-    return total;
+    uint64_t N = (uint64_t)t->N, K = (uint64_t)t->K;
+    if (t->format == MB_W_MXFP4)
+        return N * K / 2 + N * K / EP_MXFP4_GROUP;
+    uint64_t ns = (N / EP_FP8_BLOCK) * (K / EP_FP8_BLOCK);
+    return N * K + ns * (t->scale_e8m0 ? 1 : 4);
 }
 
-/* ---- loading ---- */
-
-typedef struct load_ctx {
-    const st_model *m;
-    char prefix[EP_MAX_NAME]; /* "layers.L." */
-    moe_progress_fn progress;
-    void *progress_ctx;
-    uint64_t done, total;
-} load_ctx;
-
-static void load_progress(load_ctx *lc, const st_tensor *t)
+/* Pack one linear. FP8 scales are decoded to fp32 first (E8M0 codes exactly; f32 copied from a
+ * possibly unaligned source); the caller's contract check has refused code 255. */
+static gemm_weight *pack_linear(const mb_linear *t, gemm_impl impl, ep_err *err)
 {
-    lc->done += t->nbytes;
-    if (lc->progress)
-        lc->progress(lc->progress_ctx, lc->done, lc->total);
-}
-
-/* Checked by ck_check_layer before anything is read, so only presence is asserted here. */
-static const st_tensor *need(load_ctx *lc, const char *mid, const char *suffix, ep_err *err)
-{
-    const st_tensor *t = find_tensor(lc->m, lc->prefix, mid, suffix);
-    if (!t)
-        ep_err_set(err, "tensor %s%s%s is missing", lc->prefix, mid, suffix);
-    return t;
-}
-
-/* E8M0 code 255 is NaN (spec §3.3): never a valid weight scale. */
-static int check_e8m0(const st_tensor *t, ep_err *err)
-{
-    const uint8_t *p = t->data, *nan = memchr(p, 0xFF, (size_t)t->nbytes);
-    if (nan)
-        return ep_err_set(err, "tensor %s: scale code 255 (NaN) at element %td", t->name, nan - p);
-    return 0;
-}
-
-/* An FP8-block linear (shared expert, or a routed expert under expert_dtype fp8). */
-static gemm_weight *load_fp8(load_ctx *lc, const char *mid, int N, int K, gemm_impl impl,
-                             ep_err *err)
-{
-    const st_tensor *w = need(lc, mid, ".weight", err);
-    const st_tensor *s = w ? need(lc, mid, ".scale", err) : NULL;
-    if (!s)
-        return NULL;
-    size_t ns = (size_t)(N / EP_FP8_BLOCK) * (size_t)(K / EP_FP8_BLOCK);
-    float *scale = malloc(ns * sizeof(float));
-    if (!scale) {
-        ep_err_set(err, "tensor %s: out of memory for %zu scales", s->name, ns);
+    if (t->w == NULL || t->scale == NULL) {
+        ep_err_set(err, "tensor %s: no data", t->name ? t->name : "?");
         return NULL;
     }
-    if (s->dtype == ST_F8_E8M0) {
-        if (check_e8m0(s, err) < 0) {
+    gemm_weight *g = NULL;
+    if (t->format == MB_W_MXFP4) {
+        g = gemm_pack_mxfp4(t->N, t->K, t->w, t->scale, impl, err);
+    } else {
+        size_t ns = (size_t)(t->N / EP_FP8_BLOCK) * (size_t)(t->K / EP_FP8_BLOCK);
+        float *scale = malloc(ns * sizeof(float));
+        if (!scale) {
+            ep_err_set(err, "out of memory for %zu scales", ns);
+        } else {
+            if (t->scale_e8m0)
+                for (size_t i = 0; i < ns; i++)
+                    scale[i] = fmt_e8m0_to_f32(((const uint8_t *)t->scale)[i]);
+            else
+                memcpy(scale, t->scale, ns * sizeof(float));
+            g = gemm_pack_fp8(t->N, t->K, t->w, scale, impl, err);
             free(scale);
+        }
+    }
+    if (!g)
+        ep_err_prefix(err, "tensor %s", t->name ? t->name : "?");
+    return g;
+}
+
+typedef struct build_ctx {
+    mb_progress_fn progress;
+    void *progress_ctx;
+    uint64_t done;
+} build_ctx;
+
+static void build_progress(build_ctx *bc, uint64_t bytes)
+{
+    bc->done += bytes;
+    if (bc->progress)
+        bc->progress(bc->progress_ctx, bc->done);
+}
+
+/* An expert MLP (or the shared expert) from its three source linears. */
+static moe_mlp *mlp_pack(const mb_linear t[3], gemm_impl impl, build_ctx *bc, ep_err *err)
+{
+    moe_mlp *m = calloc(1, sizeof *m);
+    if (!m) {
+        ep_err_set(err, "out of memory for an expert");
+        return NULL;
+    }
+    atomic_init(&m->refs, 1);
+    for (int j = 0; j < 3; j++) {
+        if (!(m->w[j] = pack_linear(&t[j], impl, err))) {
+            mlp_unref(&m);
             return NULL;
         }
-        for (size_t i = 0; i < ns; i++)
-            scale[i] = fmt_e8m0_to_f32(((const uint8_t *)s->data)[i]);
-    } else {
-        memcpy(scale, s->data, ns * sizeof(float)); /* F32 as stored; may be unaligned */
+        m->bytes += gemm_weight_bytes(m->w[j]);
+        build_progress(bc, linear_src_bytes(&t[j]));
     }
-    gemm_weight *g = gemm_pack_fp8(N, K, w->data, scale, impl, err);
-    free(scale);
-    if (!g) {
-        ep_err_prefix(err, "tensor %s", w->name);
-        return NULL;
-    }
-    load_progress(lc, w);
-    load_progress(lc, s);
-    return g;
-}
-
-static gemm_weight *load_mxfp4(load_ctx *lc, const char *mid, int N, int K, gemm_impl impl,
-                               ep_err *err)
-{
-    const st_tensor *w = need(lc, mid, ".weight", err);
-    const st_tensor *s = w ? need(lc, mid, ".scale", err) : NULL;
-    if (!s || check_e8m0(s, err) < 0)
-        return NULL;
-    gemm_weight *g = gemm_pack_mxfp4(N, K, w->data, s->data, impl, err);
-    if (!g) {
-        ep_err_prefix(err, "tensor %s", w->name);
-        return NULL;
-    }
-    load_progress(lc, w);
-    load_progress(lc, s);
-    return g;
-}
-
-static int check_tensors(const st_model *m, const mc_config *c, int layer, const uint8_t *owned,
-                         ep_err *err)
-{
-    int E = c->n_routed_experts;
-    if (!owned)
-        return ck_check_layer(m, c, layer, 0, E, err);
-    int first = -1, last = -1, contiguous = 1;
-    for (int e = 0; e < E; e++)
-        if (owned[e]) {
-            if (first < 0)
-                first = e;
-            else if (last != e - 1)
-                contiguous = 0;
-            last = e;
-        }
-    if (first < 0)
-        return ck_check_layer(m, c, layer, 0, 0, err);
-    if (contiguous)
-        return ck_check_layer(m, c, layer, first, last + 1, err);
-    if (ck_check_layer(m, c, layer, 0, 0, err) < 0)
-        return -1;
-    for (int e = first; e <= last; e++)
-        if (owned[e] && ck_check_layer(m, c, layer, e, e + 1, err) < 0)
-            return -1;
-    return 0;
+    return m;
 }
 
 static size_t align64(size_t n)
@@ -229,7 +171,7 @@ static int carve_arena(moe_layer *l, ep_err *err)
     size_t sz_tid =
         l->hash ? align64((size_t)l->cfg.vocab_size * (size_t)l->k * sizeof(int64_t)) : 0;
     size_t sz_owned = align64(E);
-    size_t sz_experts = align64(E * 3 * sizeof(gemm_weight *));
+    size_t sz_experts = align64(E * sizeof(moe_mlp *));
     l->arena_bytes = sz_norm + sz_gate + sz_bias + sz_tid + sz_owned + sz_experts;
     if (posix_memalign(&l->arena, 64, l->arena_bytes) != 0) {
         l->arena = NULL;
@@ -248,74 +190,82 @@ static int carve_arena(moe_layer *l, ep_err *err)
     p += sz_tid;
     l->owned = p;
     p += sz_owned;
-    l->experts = (gemm_weight **)p;
+    l->experts = (moe_mlp **)p;
     return 0;
 }
 
-static int load_router(moe_layer *l, load_ctx *lc, ep_err *err)
+static int build_router(moe_layer *l, const mb_layer_src *src, build_ctx *bc, ep_err *err)
 {
-    const st_tensor *t = need(lc, "ffn_norm", ".weight", err);
-    if (!t)
-        return -1;
-    memcpy(l->norm, t->data, (size_t)l->H * sizeof(uint16_t));
-    load_progress(lc, t);
-    if (!(t = need(lc, "ffn.gate", ".weight", err)))
-        return -1;
+    size_t H = (size_t)l->H, E = (size_t)l->E;
+    if (!src->norm || !src->gate || (l->hash ? !src->tid2eid : !src->bias))
+        return ep_err_set(err, "%s: ffn_norm, gate weight or %s missing", l->name,
+                          l->hash ? "tid2eid" : "gate bias");
+    memcpy(l->norm, src->norm, H * sizeof(uint16_t));
     /* The mapping may not be 2-byte aligned; pack from an aligned copy. */
-    uint16_t *w = malloc(t->nbytes);
+    uint16_t *w = malloc(E * H * sizeof(uint16_t));
     if (!w)
         return ep_err_set(err, "%s: out of memory for the gate weight", l->name);
-    memcpy(w, t->data, t->nbytes);
+    memcpy(w, src->gate, E * H * sizeof(uint16_t));
     route_gate_pack(l->impl, l->E, l->H, w, l->gate);
     free(w);
-    load_progress(lc, t);
+    uint64_t bytes = (H + E * H) * sizeof(uint16_t);
     if (l->hash) {
-        if (!(t = need(lc, "ffn.gate", ".tid2eid", err)))
-            return -1;
-        memcpy(l->tid2eid, t->data, t->nbytes);
+        size_t n = (size_t)l->cfg.vocab_size * (size_t)l->k;
+        memcpy(l->tid2eid, src->tid2eid, n * sizeof(int64_t));
+        bytes += n * sizeof(int64_t);
     } else {
-        if (!(t = need(lc, "ffn.gate", ".bias", err)))
-            return -1;
-        memcpy(l->bias, t->data, t->nbytes);
+        memcpy(l->bias, src->bias, E * sizeof(float));
+        bytes += E * sizeof(float);
     }
-    load_progress(lc, t);
+    build_progress(bc, bytes);
     return 0;
 }
 
-static int load_experts(moe_layer *l, load_ctx *lc, ep_err *err)
+static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
+                         moe_layer *reuse, build_ctx *bc, ep_err *err)
 {
-    char mid[64];
-    for (int j = 0; j < 3; j++) {
-        int N = j == W2 ? l->H : l->I, K = j == W2 ? l->I : l->H;
-        snprintf(mid, sizeof mid, "ffn.shared_experts.%s", WNAME[j]);
-        if (!(l->shared[j] = load_fp8(lc, mid, N, K, l->impl, err)))
-            return -1;
-        l->gemm_bytes += gemm_weight_bytes(l->shared[j]);
-    }
+    if (reuse && reuse->shared)
+        l->shared = mlp_ref(reuse->shared);
+    else if (!(l->shared = mlp_pack(src->shared, l->impl, bc, err)))
+        return -1;
     for (int e = 0; e < l->E; e++) {
-        if (!l->owned[e])
+        const mb_linear *t = src->experts ? &src->experts[(size_t)e * 3] : NULL;
+        bool w = want ? want[e] != 0 : (t && t[0].w != NULL);
+        if (!w)
             continue;
-        for (int j = 0; j < 3; j++) {
-            int N = j == W2 ? l->H : l->I, K = j == W2 ? l->I : l->H;
-            snprintf(mid, sizeof mid, "ffn.experts.%d.%s", e, WNAME[j]);
-            gemm_weight *g = l->cfg.expert_dtype == MC_FP4 ? load_mxfp4(lc, mid, N, K, l->impl, err)
-                                                           : load_fp8(lc, mid, N, K, l->impl, err);
-            if (!g)
-                return -1;
-            l->experts[(size_t)e * 3 + j] = g;
-            l->gemm_bytes += gemm_weight_bytes(g);
+        if (reuse && reuse->experts[e]) {
+            l->experts[e] = mlp_ref(reuse->experts[e]);
+        } else if (!t) {
+            return ep_err_set(err, "%s: expert %d wanted but not given", l->name, e);
+        } else if (!(l->experts[e] = mlp_pack(t, l->impl, bc, err))) {
+            return -1;
         }
+        l->owned[e] = 1;
     }
     return 0;
 }
 
-moe_layer *moe_layer_load(const st_model *m, const mc_config *c, int layer, const uint8_t *owned,
-                          gemm_impl impl, moe_progress_fn progress, void *progress_ctx, ep_err *err)
+static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
+{
+    if (reuse == NULL)
+        return 0;
+    if (reuse->layer != l->layer || reuse->impl != l->impl || reuse->H != l->H ||
+        reuse->I != l->I || reuse->E != l->E || reuse->cfg.expert_dtype != l->cfg.expert_dtype)
+        return ep_err_set(err,
+                          "%s: the layer to reuse experts from (%s) has another shape, "
+                          "dtype or kernel set",
+                          l->name, reuse->name);
+    return 0;
+}
+
+moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
+                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err)
 {
     if (mc_validate(c, err) < 0)
         return NULL;
-    if (layer < 0 || layer >= mc_num_layers(c)) {
-        ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
+    if (src->layer < 0 || src->layer >= mc_num_layers(c)) {
+        ep_err_set(err, "layer %d outside [0, %d)", src->layer, mc_num_layers(c));
         return NULL;
     }
     if (impl == GEMM_IMPL_AUTO)
@@ -326,27 +276,17 @@ moe_layer *moe_layer_load(const st_model *m, const mc_config *c, int layer, cons
         return NULL;
     }
     l->cfg = *c;
-    l->layer = layer;
-    l->hash = mc_layer_is_hash(c, layer);
+    l->layer = src->layer;
+    l->hash = mc_layer_is_hash(c, src->layer);
     l->impl = impl;
     l->H = c->hidden_size;
     l->I = c->moe_intermediate_size;
     l->E = c->n_routed_experts;
     l->k = c->num_experts_per_tok;
-    load_ctx lc = {.m = m, .progress = progress, .progress_ctx = progress_ctx};
-    ck_layer_prefix(c, layer, lc.prefix, sizeof lc.prefix);
-    snprintf(l->name, sizeof l->name, "%.*s", (int)strlen(lc.prefix) - 1, lc.prefix);
-
-    if (check_tensors(m, c, layer, owned, err) < 0)
-        goto fail;
-    if (carve_arena(l, err) < 0)
-        goto fail;
-    for (int e = 0; e < l->E; e++)
-        l->owned[e] = !owned || owned[e];
-    lc.total = moe_layer_load_bytes(m, c, layer, l->owned);
-    if (progress)
-        progress(progress_ctx, 0, lc.total);
-    if (load_router(l, &lc, err) < 0 || load_experts(l, &lc, err) < 0)
+    snprintf(l->name, sizeof l->name, "%s", src->name ? src->name : "layer");
+    build_ctx bc = {.progress = progress, .progress_ctx = progress_ctx};
+    if (check_reuse(l, reuse, err) < 0 || carve_arena(l, err) < 0 ||
+        build_router(l, src, &bc, err) < 0 || build_experts(l, src, want, reuse, &bc, err) < 0)
         goto fail;
     return l;
 fail:
@@ -360,11 +300,10 @@ void moe_layer_free(moe_layer **self_p)
     if (!self_p || !*self_p)
         return;
     moe_layer *l = *self_p;
-    for (int j = 0; j < 3; j++)
-        gemm_weight_free(&l->shared[j]);
+    mlp_unref(&l->shared);
     if (l->experts)
-        for (size_t i = 0; i < (size_t)l->E * 3; i++)
-            gemm_weight_free(&l->experts[i]);
+        for (int e = 0; e < l->E; e++)
+            mlp_unref(&l->experts[e]);
     free(l->arena);
     free(l);
     *self_p = NULL;
@@ -372,7 +311,11 @@ void moe_layer_free(moe_layer **self_p)
 
 size_t moe_layer_bytes(const moe_layer *l)
 {
-    return l->arena_bytes + l->gemm_bytes;
+    size_t n = l->arena_bytes + (l->shared ? l->shared->bytes : 0);
+    for (int e = 0; e < l->E; e++)
+        if (l->experts[e])
+            n += l->experts[e]->bytes;
+    return n;
 }
 
 const mc_config *moe_layer_config(const moe_layer *l)
@@ -540,7 +483,7 @@ int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *q
     }
     size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
     for (int e = 0; e < E; e++) {
-        gemm_weight *const *w = &l->experts[(size_t)e * 3];
+        gemm_weight *const *w = l->experts[e] ? l->experts[e]->w : NULL;
         for (uint32_t c0 = start[e]; c0 < start[e + 1]; c0 += MOE_GEMM_ROWS) {
             int M = (int)(start[e + 1] - c0 < MOE_GEMM_ROWS ? start[e + 1] - c0 : MOE_GEMM_ROWS);
             for (int m = 0; m < M; m++) {
@@ -580,7 +523,7 @@ int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uin
         int M = T - t0 < MOE_GEMM_ROWS ? T - t0 : MOE_GEMM_ROWS;
         memcpy(s.aq, q + t0 * H, M * H);
         memcpy(s.aqs, qs + t0 * nb, M * nb * sizeof(float));
-        mlp_rows(l, l->shared, M, NULL, &s, pool);
+        mlp_rows(l, l->shared->w, M, NULL, &s, pool);
         for (int m = 0; m < M; m++)
             round_row(s.o + m * H, l->H, out + (t0 + m) * H);
     }

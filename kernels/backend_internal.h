@@ -1,0 +1,71 @@
+/*
+ * backend_internal.h — what kernels/moe_backend.c (the front) shares with the backends behind
+ * it (kernels/cpu/backend_cpu.c, kernels/cuda/backend_cuda.c). Not a public header.
+ *
+ * Every backend object starts with the common part below, so the front can dispatch on
+ * be->vt without knowing the rest (Redis ae.c picks ae_epoll.c the same way, at build time;
+ * here the device string picks at run time).
+ */
+#ifndef EPMOE_BACKEND_INTERNAL_H
+#define EPMOE_BACKEND_INTERNAL_H
+
+#include "kernels/moe_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mb_vtable {
+    void (*destroy)(mb_backend *be);
+    int (*device)(const mb_backend *be, mb_device_info *info);
+    int (*set_gemm)(mb_backend *be, mb_gemm_mode mode, ep_err *err); /* NULL: exact only */
+    uint64_t (*layer_footprint)(const mb_backend *be, const mc_config *c, int n_experts);
+    uint64_t (*step_footprint)(const mb_backend *be, const mc_config *c, int max_tokens);
+    int (*reserve)(mb_backend *be, const mc_config *c, uint64_t weight_bytes, int max_tokens,
+                   ep_err *err);
+    mb_layer *(*layer_load)(mb_backend *be, const mc_config *c, const mb_layer_src *src,
+                            const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
+                            void *progress_ctx, ep_err *err);
+    void (*layer_free)(mb_layer *l);
+    bool (*layer_owns)(const mb_layer *l, int expert);
+    uint64_t (*layer_bytes)(const mb_layer *l);
+    mb_step *(*step_begin)(mb_backend *be, const mb_layer *l, int T, const uint16_t *x,
+                           const int64_t *ids, int32_t *topk_ids, float *topk_w, uint8_t *q,
+                           float *qs, uint16_t *xn, ep_err *err);
+    int (*step_shared)(mb_step *s, ep_err *err);
+    int (*step_finish)(mb_step *s, const uint16_t *eo, uint16_t *out, ep_err *err);
+    void (*step_free)(mb_step *s);
+    int (*experts)(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *q, const float *qs,
+                   int n_pairs, const uint32_t *pair_row, const uint32_t *pair_expert,
+                   const float *pair_w, uint16_t *out, ep_err *err);
+    int (*quant)(mb_backend *be, const mb_layer *l, int n, const uint16_t *xn, uint8_t *q,
+                 float *qs, ep_err *err);
+    int (*forward)(mb_backend *be, const mb_layer *l, int T, const uint16_t *x, const int64_t *ids,
+                   uint16_t *out, int32_t *topk_ids, float *topk_w, ep_err *err);
+} mb_vtable;
+
+struct mb_backend {
+    const mb_vtable *vt;
+    mb_device_kind kind;
+    char name[32];
+};
+
+struct mb_layer {
+    mb_backend *be;
+    int index;
+};
+
+struct mb_step {
+    mb_backend *be;
+};
+
+/* The backends' constructors (o->device already parsed). mb_cuda_create exists in every
+ * build: without CUDA it fails saying so. */
+mb_backend *mb_cpu_create(const mb_options *o, ep_err *err);
+mb_backend *mb_cuda_create(const mb_options *o, int ordinal, ep_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

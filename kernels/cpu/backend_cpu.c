@@ -1,0 +1,231 @@
+/*
+ * backend_cpu.c — the CPU backend behind kernels/moe_backend.h: the layer of kernels/moe.h (the
+ * numeric reference, with its AVX2 fast paths) and one GEMM thread pool. Everything is host
+ * memory already, so each operation is a direct call; a step keeps pointers to the caller's
+ * q/qs/topk_ids (the seam's contract keeps them alive until mb_step_free) and the shared
+ * expert's output.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend_internal.h"
+#include "kernels/moe.h"
+#include "kernels/route.h"
+
+typedef struct cpu_backend {
+    mb_backend base;
+    gemm_pool *pool;
+    gemm_impl impl;
+} cpu_backend;
+
+typedef struct cpu_layer {
+    mb_layer base;
+    moe_layer *l;
+} cpu_layer;
+
+typedef struct cpu_step {
+    mb_step base;
+    const moe_layer *l;
+    int T;
+    const uint8_t *q;
+    const float *qs;
+    const int32_t *topk_ids;
+    uint16_t *shared; /* bf16 [T, H] once computed */
+} cpu_step;
+
+static cpu_backend *cpu_of(mb_backend *be)
+{
+    return (cpu_backend *)be;
+}
+
+static const moe_layer *layer_of(const mb_layer *l)
+{
+    return ((const cpu_layer *)l)->l;
+}
+
+static void cpu_destroy(mb_backend *be)
+{
+    gemm_pool_destroy(&cpu_of(be)->pool);
+    free(be);
+}
+
+static int cpu_device(const mb_backend *be, mb_device_info *info)
+{
+    snprintf(info->name, sizeof info->name, "cpu (%s kernels)",
+             gemm_impl_name(((const cpu_backend *)be)->impl));
+    return 0;
+}
+
+static uint64_t cpu_layer_footprint(const mb_backend *be, const mc_config *c, int n_experts)
+{
+    return 0; /* host memory: nothing to check in advance */
+}
+
+static uint64_t cpu_step_footprint(const mb_backend *be, const mc_config *c, int max_tokens)
+{
+    return 0;
+}
+
+static int cpu_reserve(mb_backend *be, const mc_config *c, uint64_t weight_bytes, int max_tokens,
+                       ep_err *err)
+{
+    return 0;
+}
+
+static mb_layer *cpu_layer_load(mb_backend *be, const mc_config *c, const mb_layer_src *src,
+                                const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
+                                void *progress_ctx, ep_err *err)
+{
+    cpu_layer *cl = calloc(1, sizeof *cl);
+    if (!cl) {
+        ep_err_set(err, "out of memory for a layer");
+        return NULL;
+    }
+    moe_layer *old = reuse ? ((cpu_layer *)reuse)->l : NULL;
+    cl->l = moe_layer_build(c, src, want, old, cpu_of(be)->impl, progress, progress_ctx, err);
+    if (!cl->l) {
+        free(cl);
+        return NULL;
+    }
+    cl->base.be = be;
+    cl->base.index = src->layer;
+    return &cl->base;
+}
+
+static void cpu_layer_free(mb_layer *l)
+{
+    moe_layer_free(&((cpu_layer *)l)->l);
+    free(l);
+}
+
+static bool cpu_layer_owns(const mb_layer *l, int expert)
+{
+    return moe_layer_owns(layer_of(l), expert) != 0;
+}
+
+static uint64_t cpu_layer_bytes(const mb_layer *l)
+{
+    return moe_layer_bytes(layer_of(l));
+}
+
+static mb_step *cpu_step_begin(mb_backend *be, const mb_layer *ml, int T, const uint16_t *x,
+                               const int64_t *ids, int32_t *topk_ids, float *topk_w, uint8_t *q,
+                               float *qs, uint16_t *xn, ep_err *err)
+{
+    const moe_layer *l = layer_of(ml);
+    size_t H = (size_t)moe_layer_config(l)->hidden_size;
+    cpu_step *s = calloc(1, sizeof *s);
+    uint16_t *own_xn = xn ? NULL : malloc((size_t)T * H * 2 + 1);
+    if (!s || (!xn && !own_xn)) {
+        ep_err_set(err, "out of memory for a step of %d tokens", T);
+        goto fail;
+    }
+    s->base.be = be;
+    s->l = l;
+    s->T = T;
+    s->q = q;
+    s->qs = qs;
+    s->topk_ids = topk_ids;
+    if (T > 0) {
+        if (moe_route(l, T, x, ids, xn ? xn : own_xn, topk_ids, topk_w, err) < 0)
+            goto fail;
+        moe_quant(l, T, xn ? xn : own_xn, q, qs);
+    }
+    free(own_xn);
+    return &s->base;
+fail:
+    free(own_xn);
+    free(s);
+    return NULL;
+}
+
+static int cpu_step_shared(mb_step *ms, ep_err *err)
+{
+    cpu_step *s = (cpu_step *)ms;
+    if (s->shared || s->T == 0)
+        return 0;
+    size_t H = (size_t)moe_layer_config(s->l)->hidden_size;
+    s->shared = malloc((size_t)s->T * H * 2);
+    if (!s->shared)
+        return ep_err_set(err, "out of memory for the shared expert of %d tokens", s->T);
+    return moe_shared(s->l, s->T, s->q, s->qs, s->shared, cpu_of(ms->be)->pool, err);
+}
+
+static int cpu_step_finish(mb_step *ms, const uint16_t *eo, uint16_t *out, ep_err *err)
+{
+    cpu_step *s = (cpu_step *)ms;
+    if (s->T == 0)
+        return 0;
+    if (cpu_step_shared(ms, err) < 0)
+        return -1;
+    const mc_config *c = moe_layer_config(s->l);
+    moe_combine(s->T, c->num_experts_per_tok, c->hidden_size, s->topk_ids, eo, s->shared, out);
+    return 0;
+}
+
+static void cpu_step_free(mb_step *ms)
+{
+    free(((cpu_step *)ms)->shared);
+    free(ms);
+}
+
+static int cpu_experts(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *q,
+                       const float *qs, int n_pairs, const uint32_t *pair_row,
+                       const uint32_t *pair_expert, const float *pair_w, uint16_t *out, ep_err *err)
+{
+    return moe_experts(layer_of(l), n_rows, q, qs, n_pairs, pair_row, pair_expert, pair_w, out,
+                       cpu_of(be)->pool, err);
+}
+
+static int cpu_quant(mb_backend *be, const mb_layer *l, int n, const uint16_t *xn, uint8_t *q,
+                     float *qs, ep_err *err)
+{
+    moe_quant(layer_of(l), n, xn, q, qs);
+    return 0;
+}
+
+static int cpu_forward(mb_backend *be, const mb_layer *l, int T, const uint16_t *x,
+                       const int64_t *ids, uint16_t *out, int32_t *topk_ids, float *topk_w,
+                       ep_err *err)
+{
+    return moe_forward(layer_of(l), T, x, ids, out, topk_ids, topk_w, cpu_of(be)->pool, err);
+}
+
+static const mb_vtable CPU_VT = {
+    .destroy = cpu_destroy,
+    .device = cpu_device,
+    .layer_footprint = cpu_layer_footprint,
+    .step_footprint = cpu_step_footprint,
+    .reserve = cpu_reserve,
+    .layer_load = cpu_layer_load,
+    .layer_free = cpu_layer_free,
+    .layer_owns = cpu_layer_owns,
+    .layer_bytes = cpu_layer_bytes,
+    .step_begin = cpu_step_begin,
+    .step_shared = cpu_step_shared,
+    .step_finish = cpu_step_finish,
+    .step_free = cpu_step_free,
+    .experts = cpu_experts,
+    .quant = cpu_quant,
+    .forward = cpu_forward,
+};
+
+mb_backend *mb_cpu_create(const mb_options *o, ep_err *err)
+{
+    cpu_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        ep_err_set(err, "out of memory for the CPU backend");
+        return NULL;
+    }
+    b->base.vt = &CPU_VT;
+    b->base.kind = MB_DEV_CPU;
+    b->impl = o->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : o->impl;
+    snprintf(b->base.name, sizeof b->base.name, "cpu-%s", gemm_impl_name(b->impl));
+    b->pool = gemm_pool_create(o->threads, err);
+    if (!b->pool) {
+        free(b);
+        return NULL;
+    }
+    return &b->base;
+}

@@ -1,0 +1,71 @@
+/*
+ * shard.h — the worker's shard loader: from a safetensors checkpoint to layers on a backend
+ * (prefix shard_).
+ *
+ * This is where checkpoint reading lives (the kernels never open a file): for one MoE layer and
+ * the experts a worker wants, it checks the tensors against the expert-dtype contract
+ * (ck_check_layer: names, dtypes, shapes) and the E8M0 scale codes (255 is NaN, never a valid
+ * weight scale), then describes them to the backend as host pointers into the mapping
+ * (mb_layer_src). For a whole shard it also sizes the backend memory first (mb_reserve: the
+ * device-memory check of a GPU worker) and reports progress in checkpoint bytes read.
+ *
+ * Placement is given per layer (want[layer * E + e] != 0: layer `layer` holds expert e), so a
+ * layer-by-layer placement needs nothing new here.
+ */
+#ifndef EPMOE_SHARD_H
+#define EPMOE_SHARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "kernels/moe.h"
+#include "kernels/moe_backend.h"
+
+/* One layer's tensors as the backend takes them; views into m, valid while m is open. */
+typedef struct shard_view {
+    mb_layer_src src;
+    mb_linear *experts; /* [E * 3], .w NULL for experts not wanted */
+    char name[32];
+} shard_view;
+
+/* Check and describe layer `layer` for the experts in want ([E]; NULL: all). Errors name the
+ * tensor and what was expected (missing tensor, dtype, shape, scale code 255). */
+int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
+                     shard_view *v, ep_err *err);
+void shard_view_free(shard_view *v);
+
+/* Checkpoint bytes a load of this layer reads: router, shared expert (unless skip_shared) and
+ * the experts in want ([E]; NULL: all) that `have` ([E] or NULL) does not already hold. */
+uint64_t shard_layer_bytes(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
+                           const uint8_t *have, bool skip_shared);
+
+/* Load one layer onto a backend (reuse: an older layer of the same index whose experts are
+ * kept; may be NULL). progress gets bytes read within this layer. */
+mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
+                           const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err);
+
+/* The CPU reference layer straight from a checkpoint (tools and tests). */
+moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
+                                const uint8_t *want, gemm_impl impl, ep_err *err);
+
+/* Progress of a whole shard: checkpoint bytes read so far and in total, layers done. Return
+ * non-zero to stop the load at the next layer (a RESET or TERM arrived): shard_load then
+ * returns 1. */
+typedef int (*shard_progress_fn)(void *ctx, uint64_t done, uint64_t total, int layers_done,
+                                 int layers_total);
+
+/* Load every MoE layer (mc_num_layers) of a worker's shard: want is [n_layers * E] (layer L
+ * holds expert e when want[L * E + e]); old is the previous shard's layers ([n_layers] or NULL)
+ * whose experts are reused; out receives [n_layers] layers. First the backend memory of the new
+ * layers plus the step buffers of max_tokens tokens is reserved (a GPU worker fails here, before
+ * reading anything, when they do not fit). Returns 0, 1 when stopped by progress (out freed),
+ * -1 on error (out freed, err set). */
+int shard_load(mb_backend *be, const st_model *m, const mc_config *c, const uint8_t *want,
+               mb_layer *const *old, int max_tokens, mb_layer **out, shard_progress_fn progress,
+               void *progress_ctx, ep_err *err);
+
+#endif
