@@ -508,26 +508,37 @@ static void zero_out(const gemm_call *c, int m0, int mt, int r0, int r1)
         memset(c->out + (size_t)m * c->w->N + r0, 0, (size_t)(r1 - r0) * sizeof(float));
 }
 
-void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int tid, int nthreads,
-                void *scratch, size_t cap)
+/* How one call is cut into work: every thread computes the same plan. */
+typedef struct gemm_plan {
+    int ipath;
+    int kc;     /* K per tile: K, or a multiple of 128 when a micro-tile of K does not fit */
+    int mc;     /* tokens per tile */
+    int chunk;  /* row units per work item */
+    long nch;   /* items per token tile */
+    long ntile; /* token tiles */
+} gemm_plan;
+
+static void plan_of(const gemm_call *c, const gemm_kops *ops, size_t cap, int nthreads,
+                    gemm_plan *p)
 {
     const gemm_weight *w = c->w;
-    int M = c->M, K = w->K, U = ops->unit, units = w->N / U;
-    int ipath = ops->ipath(w, M);
+    int M = c->M, K = w->K, units = w->N / ops->unit;
+    p->ipath = ops->ipath(w, M);
     /* Tiles: the whole K when a micro-tile of tokens fits the scratch (weights then stream
      * once, sequentially, per tile of tokens); otherwise the largest multiple of 128 that
-     * does. As many tokens per tile as fit. Every thread computes the same plan. */
+     * does. */
     int want = M < 6 ? M : 6;
     int kc = K;
     for (;;) {
-        size_t tb = ops->token_bytes(w, kc, ipath);
+        size_t tb = ops->token_bytes(w, kc, p->ipath);
         if (tb * (size_t)want <= cap || kc == 128)
             break;
         kc = (kc / 2 + 127) / 128 * 128;
     }
+    p->kc = kc;
     /* Tokens per tile: as many as fit GEMM_TILE_BYTES (at least one micro-tile), so that a
      * tile's prepared activations stay in L2 while every row unit runs against them. */
-    size_t tb = ops->token_bytes(w, kc, ipath);
+    size_t tb = ops->token_bytes(w, kc, p->ipath);
     size_t tile_cap = cap < GEMM_TILE_BYTES ? cap : GEMM_TILE_BYTES;
     if (tile_cap < tb * (size_t)want)
         tile_cap = cap < tb * (size_t)want ? cap : tb * (size_t)want;
@@ -536,48 +547,71 @@ void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int
         mc = M;
     if (mc < M && mc >= 6)
         mc -= mc % 6;
-    if (mc < 1)
-        mc = 1;
-    if (kc < K) {
-        /* K in several chunks: a row's blocks must be added in K order, so each thread owns
-         * a fixed range of units through all chunks. */
-        int u0 = (int)((long)units * tid / nthreads),
-            u1 = (int)((long)units * (tid + 1) / nthreads);
-        if (u0 >= u1)
-            return;
-        for (int m0 = 0; m0 < M; m0 += mc) {
-            int mt = M - m0 < mc ? M - m0 : mc;
-            zero_out(c, m0, mt, u0 * U, u1 * U);
-            for (int k0 = 0; k0 < K; k0 += kc) {
-                int kn = K - k0 < kc ? K - k0 : kc;
-                ops->tile_prep(c, m0, mt, k0, kn, scratch, ipath);
-                ops->tile_run(c, u0, u1, m0, mt, k0, kn, scratch, ipath);
-            }
+    p->mc = mc < 1 ? 1 : mc;
+    /* Four items per thread and token tile: long enough streams for the prefetchers (shorter
+     * chunks measured 5-20 % slower in decode), short enough to balance. */
+    int chunk = units / (4 * nthreads);
+    p->chunk = chunk < 1 ? 1 : chunk;
+    p->nch = (units + p->chunk - 1) / p->chunk;
+    p->ntile = (M + p->mc - 1) / p->mc;
+}
+
+/* K in several chunks: a row's blocks must be added in K order, so each thread owns a fixed
+ * range of units through all chunks. */
+static void drive_chunked_k(const gemm_call *c, const gemm_kops *ops, const gemm_plan *p, int tid,
+                            int nthreads, void *scratch)
+{
+    int M = c->M, K = c->w->K, U = ops->unit, units = c->w->N / U;
+    int u0 = (int)((long)units * tid / nthreads), u1 = (int)((long)units * (tid + 1) / nthreads);
+    if (u0 >= u1)
+        return;
+    for (int m0 = 0; m0 < M; m0 += p->mc) {
+        int mt = M - m0 < p->mc ? M - m0 : p->mc;
+        zero_out(c, m0, mt, u0 * U, u1 * U);
+        for (int k0 = 0; k0 < K; k0 += p->kc) {
+            int kn = K - k0 < p->kc ? K - k0 : p->kc;
+            ops->tile_prep(c, m0, mt, k0, kn, scratch, p->ipath);
+            ops->tile_run(c, u0, u1, m0, mt, k0, kn, scratch, p->ipath);
         }
+    }
+}
+
+/* Work item `item` (< ntile * nch) of a whole-K call: one token tile against one chunk of row
+ * units. *prepared names the tile this thread's scratch holds (-1: none); a thread prepares a
+ * token tile the first time it takes an item from it. */
+static void drive_item(const gemm_call *c, const gemm_kops *ops, const gemm_plan *p, long item,
+                       void *scratch, long *prepared)
+{
+    int M = c->M, K = c->w->K, U = ops->unit, units = c->w->N / U;
+    long tile = item / p->nch;
+    int u0 = (int)(item % p->nch) * p->chunk, u1 = u0 + p->chunk < units ? u0 + p->chunk : units;
+    int m0 = (int)tile * p->mc, mt = M - m0 < p->mc ? M - m0 : p->mc;
+    if (tile != *prepared) {
+        ops->tile_prep(c, m0, mt, 0, K, scratch, p->ipath);
+        *prepared = tile;
+    }
+    zero_out(c, m0, mt, u0 * U, u1 * U);
+    ops->tile_run(c, u0, u1, m0, mt, 0, K, scratch, p->ipath);
+}
+
+void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int tid, int nthreads,
+                void *scratch, size_t cap)
+{
+    gemm_plan p;
+    plan_of(c, ops, cap, nthreads, &p);
+    if (p.kc < c->w->K) {
+        drive_chunked_k(c, ops, &p, tid, nthreads, scratch);
         return;
     }
     /* Whole K per tile: threads take (token tile, unit chunk) items in increasing order from
      * a shared counter, so a thread the OS holds back costs little, and each output element
-     * is still computed by one thread alone. A thread prepares a token tile the first time it
-     * takes an item from it. Four items per thread and token tile: long enough streams for the
-     * prefetchers (shorter chunks measured 5-20 % slower in decode), short enough to balance. */
-    int chunk = units / (4 * nthreads);
-    chunk = chunk < 1 ? 1 : chunk;
-    long nch = (units + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
+     * is still computed by one thread alone. */
     long prepared = -1;
     for (;;) {
         long item = atomic_fetch_add_explicit(&sched->next, 1, memory_order_relaxed);
-        if (item >= nch * ntile)
+        if (item >= p.nch * p.ntile)
             break;
-        long tile = item / nch;
-        int u0 = (int)(item % nch) * chunk, u1 = u0 + chunk < units ? u0 + chunk : units;
-        int m0 = (int)tile * mc, mt = M - m0 < mc ? M - m0 : mc;
-        if (tile != prepared) {
-            ops->tile_prep(c, m0, mt, 0, K, scratch, ipath);
-            prepared = tile;
-        }
-        zero_out(c, m0, mt, u0 * U, u1 * U);
-        ops->tile_run(c, u0, u1, m0, mt, 0, K, scratch, ipath);
+        drive_item(c, ops, &p, item, scratch, &prepared);
     }
 }
 
@@ -617,6 +651,86 @@ static void run_share(void *vctx, int tid, int nthreads)
     }
     _Alignas(64) uint8_t stack[GEMM_MIN_SCRATCH];
     gemm_drive(&r->call, r->ops, &r->sched, tid, nthreads, stack, sizeof stack);
+}
+
+/* ---- several GEMMs as one pass ---- */
+
+typedef struct many_ctx {
+    const gemm_call *calls;
+    const gemm_plan *plans;
+    const long *first; /* first[i]: index of call i's first item; first[n] = all items */
+    int n;
+    const gemm_kops *ops;
+    gemm_pool *pool;
+    atomic_long next;
+} many_ctx;
+
+static void many_share(void *vctx, int tid, int nthreads)
+{
+    many_ctx *r = vctx;
+    void *scratch = gemm_pool_scratch(r->pool, tid);
+    int cur = -1;
+    long prepared = -1;
+    for (;;) {
+        long item = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed);
+        if (item >= r->first[r->n])
+            break;
+        int i = cur < 0 ? 0 : cur;
+        while (item >= r->first[i + 1])
+            i++;
+        if (i != cur) {
+            cur = i;
+            prepared = -1;
+        }
+        drive_item(&r->calls[i], r->ops, &r->plans[i], item - r->first[i], scratch, &prepared);
+    }
+}
+
+/* Items are numbered call by call, so a thread moving through them prepares each call's
+ * activations about once. Calls that need K in chunks, or another implementation than the
+ * first, run on their own. */
+void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool)
+{
+    enum { BATCH = 64 };
+    if (n <= 0)
+        return;
+    if (!pool || gemm_pool_size(pool) == 1 || jobs[0].w->impl == GEMM_IMPL_REF) {
+        for (int i = 0; i < n; i++)
+            gemm_run(jobs[i].w, jobs[i].M, jobs[i].a, jobs[i].a_scale, jobs[i].out, pool);
+        return;
+    }
+    const gemm_kops *ops = gemm_kops_of(jobs[0].w->impl);
+    gemm_call calls[BATCH];
+    gemm_plan plans[BATCH];
+    long first[BATCH + 1];
+    int nthreads = gemm_pool_size(pool);
+    for (int i0 = 0; i0 < n; i0 += BATCH) {
+        int m = 0;
+        first[0] = 0;
+        for (int i = i0; i < n && i < i0 + BATCH; i++) {
+            const gemm_job *j = &jobs[i];
+            if (j->M <= 0)
+                continue;
+            gemm_call c = {.w = j->w, .M = j->M, .a = j->a, .a_scale = j->a_scale, .out = j->out};
+            gemm_plan p;
+            if (j->w->impl == jobs[0].w->impl)
+                plan_of(&c, ops, GEMM_THREAD_SCRATCH, nthreads, &p);
+            if (j->w->impl != jobs[0].w->impl || p.kc < j->w->K) {
+                gemm_run(j->w, j->M, j->a, j->a_scale, j->out, pool);
+                continue;
+            }
+            calls[m] = c;
+            plans[m] = p;
+            first[m + 1] = first[m] + p.nch * p.ntile;
+            m++;
+        }
+        if (m == 0)
+            continue;
+        many_ctx r = {
+            .calls = calls, .plans = plans, .first = first, .n = m, .ops = ops, .pool = pool};
+        atomic_init(&r.next, 0);
+        gemm_pool_run(pool, many_share, &r);
+    }
 }
 
 void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,

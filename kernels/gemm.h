@@ -87,4 +87,17 @@ void gemm_pool_for(gemm_pool *pool, int n, gemm_for_fn fn, void *ctx);
 void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,
               gemm_pool *pool);
 
+/* Several independent GEMMs (e.g. w1 and w3 of every expert of a step) as one parallel pass:
+ * the pool's threads take work from all of them, so a step pays one start and one wait instead
+ * of one per GEMM, and small GEMMs keep every thread busy. Each job's result is exactly
+ * gemm_run's (outputs must not overlap). */
+typedef struct gemm_job {
+    const gemm_weight *w;
+    int M;
+    const uint8_t *a;
+    const float *a_scale;
+    float *out;
+} gemm_job;
+void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool);
+
 #endif

@@ -56,10 +56,10 @@ int moe_layer_owns(const moe_layer *l, int expert);
 /* Route T tokens: x bf16 [T, H] (the MoE block input, before ffn_norm); ids int64 [T] token ids
  * (required on hash layers, ignored otherwise; may be NULL on score layers). Writes xn bf16
  * [T, H] (ffn_norm output, the input of every expert), topk_ids int32 [T, k] (-1 = none) and
- * topk_w f32 [T, k]. Errors: ids missing on a hash layer, an id outside [0, vocab), a tid2eid
- * entry outside [0, E). */
+ * topk_w f32 [T, k]. The gate may use the threads of pool (may be NULL). Errors: ids missing on
+ * a hash layer, an id outside [0, vocab), a tid2eid entry outside [0, E). */
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, ep_err *err);
+              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err);
 
 /* Quantize xn bf16 [T, H] to the FP8 dispatch format: q e4m3 [T, H], qs f32 [T, H/128]
  * (powers of two when the config's act_ue8m0). */

@@ -128,7 +128,7 @@ static mb_step *cpu_step_begin(mb_backend *be, const mb_layer *ml, int T, const 
     s->qs = qs;
     s->topk_ids = topk_ids;
     if (T > 0) {
-        if (moe_route(l, T, x, ids, xn ? xn : own_xn, topk_ids, topk_w, err) < 0)
+        if (moe_route(l, T, x, ids, xn ? xn : own_xn, topk_ids, topk_w, cpu_of(be)->pool, err) < 0)
             goto fail;
         moe_quant(l, T, xn ? xn : own_xn, q, qs);
     }

@@ -343,7 +343,7 @@ static int check_tokens(const moe_layer *l, int T, ep_err *err)
 }
 
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, ep_err *err)
+              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;
@@ -358,7 +358,7 @@ int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, 
     if (!scores)
         return ep_err_set(err, "%s: out of memory for %d x %d gate scores", l->name, T, l->E);
     route_rmsnorm(l->impl, T, l->H, x, l->norm, l->cfg.rms_norm_eps, xn);
-    route_logits(l->impl, T, l->H, l->E, xn, l->gate, scores);
+    route_logits(l->impl, T, l->H, l->E, xn, l->gate, scores, pool);
     route_scores(T * l->E, scores, scores);
     if (!l->hash)
         route_topk(l->impl, T, l->E, l->k, scores, l->bias, topk_ids);
@@ -417,22 +417,142 @@ static void scratch_free(mlp_scratch *s)
     free(s->o);
 }
 
-/* w1, w3, SwiGLU (weights wrow, or 1.0 when NULL), w2 on M rows already gathered into s->aq /
- * s->aqs; results are fp32 in s->o [M, H]. */
-static void mlp_rows(const moe_layer *l, gemm_weight *const w[3], int M, const float *wrow,
-                     mlp_scratch *s, gemm_pool *pool)
+/* One expert's rows within a batch: rows [row0, row0 + M) of the scratch. */
+typedef struct mlp_piece {
+    gemm_weight *const *w; /* w1, w3, w2 */
+    int row0, M;
+} mlp_piece;
+
+/* Pieces of one batch at most (besides MOE_GEMM_ROWS rows). */
+#define MOE_BATCH_PIECES 64
+/* Rows per SwiGLU / output-rounding task of the pool. */
+#define MOE_ROW_TASK 4
+
+typedef struct rows_task {
+    const moe_layer *l;
+    mlp_scratch *s;
+    int R;
+    const float *wrow;
+    /* rounding: row r of s->o goes to out + dst[r] * H (dst NULL: row r) */
+    uint16_t *out;
+    const uint32_t *dst;
+} rows_task;
+
+static void swiglu_task(void *ctx, int i, int tid)
 {
-    gemm_run(w[W1], M, s->aq, s->aqs, s->acc1, pool);
-    gemm_run(w[W3], M, s->aq, s->aqs, s->acc3, pool);
-    swiglu_rows(s->acc1, s->acc3, M, l->I, wrow, l->cfg.swiglu_limit, l->cfg.act_ue8m0, s->hq,
-                s->hqs);
-    gemm_run(w[W2], M, s->hq, s->hqs, s->o, pool);
+    rows_task *t = ctx;
+    const moe_layer *l = t->l;
+    int r0 = i * MOE_ROW_TASK, n = t->R - r0 < MOE_ROW_TASK ? t->R - r0 : MOE_ROW_TASK;
+    size_t I = (size_t)l->I;
+    swiglu_rows(t->s->acc1 + r0 * I, t->s->acc3 + r0 * I, n, l->I, t->wrow ? t->wrow + r0 : NULL,
+                l->cfg.swiglu_limit, l->cfg.act_ue8m0, t->s->hq + r0 * I,
+                t->s->hqs + r0 * (I / EP_FP8_BLOCK));
 }
 
-static void round_row(const float *o, int H, uint16_t *out)
+static void round_task(void *ctx, int i, int tid)
 {
-    for (int h = 0; h < H; h++)
-        out[h] = fmt_f32_to_bf16(o[h]);
+    rows_task *t = ctx;
+    size_t H = (size_t)t->l->H;
+    for (int r = i * MOE_ROW_TASK; r < t->R && r < (i + 1) * MOE_ROW_TASK; r++) {
+        const float *o = t->s->o + r * H;
+        uint16_t *dst = t->out + (t->dst ? t->dst[r] : (uint32_t)r) * H;
+        for (size_t h = 0; h < H; h++)
+            dst[h] = fmt_f32_to_bf16(o[h]);
+    }
+}
+
+/* The expert MLPs of np pieces whose R rows are gathered into s->aq / s->aqs, in three
+ * parallel passes: w1 and w3 of every piece, SwiGLU (weights wrow, or 1.0 when NULL) of every
+ * row, w2 of every piece. fp32 results in s->o [R, H]. */
+static void mlp_batch(const moe_layer *l, const mlp_piece *pc, int np, int R, const float *wrow,
+                      mlp_scratch *s, gemm_pool *pool)
+{
+    size_t H = (size_t)l->H, I = (size_t)l->I;
+    gemm_job jobs[2 * MOE_BATCH_PIECES] = {{0}};
+    for (int i = 0; i < np; i++) {
+        size_t r = (size_t)pc[i].row0;
+        const uint8_t *a = s->aq + r * H;
+        const float *as = s->aqs + r * (H / EP_FP8_BLOCK);
+        jobs[2 * i] = (gemm_job){pc[i].w[W1], pc[i].M, a, as, s->acc1 + r * I};
+        jobs[2 * i + 1] = (gemm_job){pc[i].w[W3], pc[i].M, a, as, s->acc3 + r * I};
+    }
+    gemm_run_many(jobs, 2 * np, pool);
+    rows_task t = {.l = l, .s = s, .R = R, .wrow = wrow};
+    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, swiglu_task, &t);
+    for (int i = 0; i < np; i++) {
+        size_t r = (size_t)pc[i].row0;
+        jobs[i] = (gemm_job){pc[i].w[W2], pc[i].M, s->hq + r * I, s->hqs + r * (I / EP_FP8_BLOCK),
+                             s->o + r * H};
+    }
+    gemm_run_many(jobs, np, pool);
+}
+
+/* bf16 rounding of the batch's R result rows, row r to out row dst[r] (dst NULL: r). */
+static void round_rows(const moe_layer *l, mlp_scratch *s, int R, uint16_t *out,
+                       const uint32_t *dst, gemm_pool *pool)
+{
+    rows_task t = {.l = l, .s = s, .R = R, .out = out, .dst = dst};
+    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, round_task, &t);
+}
+
+/* Group the pairs by expert, keeping their order within an expert (counting sort): the pairs
+ * of expert e are order[start[e] .. start[e+1]). */
+static int group_pairs(const moe_layer *l, int n_pairs, const uint32_t *pair_expert,
+                       uint32_t *start, uint32_t *order, ep_err *err)
+{
+    int E = l->E;
+    uint32_t *fill = calloc((size_t)E, sizeof *fill);
+    if (!fill)
+        return ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
+    for (int p = 0; p < n_pairs; p++)
+        start[pair_expert[p] + 1]++;
+    for (int e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    for (int p = 0; p < n_pairs; p++) {
+        uint32_t e = pair_expert[p];
+        order[start[e] + fill[e]++] = (uint32_t)p;
+    }
+    free(fill);
+    return 0;
+}
+
+/* All experts' pairs in batches of at most MOE_GEMM_ROWS rows and MOE_BATCH_PIECES pieces (an
+ * expert with more rows is cut into pieces), each batch as one mlp_batch: the one-token experts
+ * of a decode step run as one parallel pass instead of one call each. */
+static void experts_batched(const moe_layer *l, const uint8_t *q, const float *qs,
+                            const uint32_t *pair_row, const float *pair_w, const uint32_t *start,
+                            const uint32_t *order, uint16_t *out, mlp_scratch *s, uint32_t *dst,
+                            gemm_pool *pool)
+{
+    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
+    mlp_piece pc[MOE_BATCH_PIECES];
+    int np = 0, R = 0;
+    for (int e = 0; e <= l->E; e++) {
+        uint32_t c0 = e < l->E ? start[e] : 0, c1 = e < l->E ? start[e + 1] : 0;
+        while (c0 < c1 || (e == l->E && R > 0)) {
+            int M = (int)(c1 - c0);
+            if (M > MOE_GEMM_ROWS - R)
+                M = MOE_GEMM_ROWS - R;
+            if (M > 0) {
+                for (int m = 0; m < M; m++) {
+                    uint32_t p = order[c0 + m];
+                    memcpy(s->aq + (size_t)(R + m) * H, q + pair_row[p] * H, H);
+                    memcpy(s->aqs + (size_t)(R + m) * nb, qs + pair_row[p] * nb,
+                           nb * sizeof(float));
+                    s->wrow[R + m] = pair_w[p];
+                    dst[R + m] = p;
+                }
+                pc[np++] = (mlp_piece){l->experts[e]->w, R, M};
+                R += M;
+                c0 += (uint32_t)M;
+            }
+            if (R == MOE_GEMM_ROWS || np == MOE_BATCH_PIECES || (e == l->E && R > 0)) {
+                mlp_batch(l, pc, np, R, s->wrow, s, pool);
+                round_rows(l, s, R, out, dst, pool);
+                np = R = 0;
+            }
+        }
+    }
 }
 
 int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
@@ -451,57 +571,27 @@ int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *q
     }
     if (n_pairs == 0)
         return 0;
-    /* Group the pairs by expert, keeping their order within an expert (counting sort). */
-    int E = l->E;
-    uint32_t *start = calloc((size_t)E + 1, sizeof *start);
+    uint32_t *start = calloc((size_t)l->E + 1, sizeof *start);
     uint32_t *order = malloc((size_t)n_pairs * sizeof *order);
+    uint32_t *dst = malloc(MOE_GEMM_ROWS * sizeof *dst);
     mlp_scratch s;
+    memset(&s, 0, sizeof s);
     int rows = n_pairs < MOE_GEMM_ROWS ? n_pairs : MOE_GEMM_ROWS;
     int rc = -1;
-    if (!start || !order) {
+    if (!start || !order || !dst) {
         ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
-        memset(&s, 0, sizeof s);
         goto out;
     }
-    if (scratch_alloc(l, rows, &s, err) < 0)
+    if (scratch_alloc(l, rows, &s, err) < 0 ||
+        group_pairs(l, n_pairs, pair_expert, start, order, err) < 0)
         goto out;
-    for (int p = 0; p < n_pairs; p++)
-        start[pair_expert[p] + 1]++;
-    for (int e = 0; e < E; e++)
-        start[e + 1] += start[e];
-    {
-        uint32_t *fill = calloc((size_t)E, sizeof *fill);
-        if (!fill) {
-            ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
-            goto out;
-        }
-        for (int p = 0; p < n_pairs; p++) {
-            uint32_t e = pair_expert[p];
-            order[start[e] + fill[e]++] = (uint32_t)p;
-        }
-        free(fill);
-    }
-    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
-    for (int e = 0; e < E; e++) {
-        gemm_weight *const *w = l->experts[e] ? l->experts[e]->w : NULL;
-        for (uint32_t c0 = start[e]; c0 < start[e + 1]; c0 += MOE_GEMM_ROWS) {
-            int M = (int)(start[e + 1] - c0 < MOE_GEMM_ROWS ? start[e + 1] - c0 : MOE_GEMM_ROWS);
-            for (int m = 0; m < M; m++) {
-                uint32_t p = order[c0 + m];
-                memcpy(s.aq + m * H, q + pair_row[p] * H, H);
-                memcpy(s.aqs + m * nb, qs + pair_row[p] * nb, nb * sizeof(float));
-                s.wrow[m] = pair_w[p];
-            }
-            mlp_rows(l, w, M, s.wrow, &s, pool);
-            for (int m = 0; m < M; m++)
-                round_row(s.o + m * H, l->H, out + order[c0 + m] * H);
-        }
-    }
+    experts_batched(l, q, qs, pair_row, pair_w, start, order, out, &s, dst, pool);
     rc = 0;
 out:
     scratch_free(&s);
     free(start);
     free(order);
+    free(dst);
     return rc;
 }
 
@@ -523,9 +613,9 @@ int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uin
         int M = T - t0 < MOE_GEMM_ROWS ? T - t0 : MOE_GEMM_ROWS;
         memcpy(s.aq, q + t0 * H, M * H);
         memcpy(s.aqs, qs + t0 * nb, M * nb * sizeof(float));
-        mlp_rows(l, l->shared->w, M, NULL, &s, pool);
-        for (int m = 0; m < M; m++)
-            round_row(s.o + m * H, l->H, out + (t0 + m) * H);
+        mlp_piece pc = {l->shared->w, 0, M};
+        mlp_batch(l, &pc, 1, M, NULL, &s, pool);
+        round_rows(l, &s, M, out + (size_t)t0 * H, NULL, pool);
     }
     scratch_free(&s);
     return 0;
@@ -598,7 +688,7 @@ static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t
                      ep_err *err)
 {
     size_t k = (size_t)l->k;
-    if (moe_route(l, T, x, ids, b->xn, topk_ids, topk_w, err) < 0)
+    if (moe_route(l, T, x, ids, b->xn, topk_ids, topk_w, pool, err) < 0)
         return -1;
     moe_quant(l, T, b->xn, b->q, b->qs);
     /* One pair per slot, in (token, slot) order, so the experts write the output of slot

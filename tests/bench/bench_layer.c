@@ -115,7 +115,7 @@ static void run_layer(const bench *b, int T, bufs *u, gemm_pool *pool, double t[
     ep_err err = {{0}};
     int k = b->c.num_experts_per_tok, H = b->c.hidden_size;
     double a = now();
-    if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, &err) < 0) {
+    if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, pool, &err) < 0) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         exit(1);
     }

@@ -538,6 +538,62 @@ TEST(results_independent_of_batch_order_and_threads)
     }
 }
 
+/* gemm_run_many: a mix of kinds, shapes and token counts (zero included) as one pass gives each
+ * job the model's bits, with 1, 2 or 3 threads, for every implementation. */
+TEST(run_many_equals_the_model)
+{
+    enum { NJ = 7 };
+    static const int spec[NJ][4] = {
+        /* kind, M, N, K */
+        {GEMM_KIND_MXFP4, 1, 256, 512}, {GEMM_KIND_MXFP4, 3, 128, 256},
+        {GEMM_KIND_FP8, 1, 256, 256},   {GEMM_KIND_MXFP4, 0, 128, 128},
+        {GEMM_KIND_FP8, 9, 128, 384},   {GEMM_KIND_MXFP4, 13, 384, 128},
+        {GEMM_KIND_FP8, 2, 128, 128},
+    };
+    problem p[NJ];
+    for (int j = 0; j < NJ; j++)
+        p[j] = make(spec[j][0], spec[j][1] ? spec[j][1] : 1, spec[j][2], spec[j][3],
+                    ACT_ADVERSARIAL, j % 2);
+    gemm_impl impls[GEMM_IMPL_COUNT];
+    int ni = n_impls(impls);
+    for (int i = 0; i < ni; i++)
+        for (int nt = 1; nt <= 3; nt++) {
+            ep_err err = {{0}};
+            gemm_pool *pool = gemm_pool_create(nt, &err);
+            gemm_weight *w[NJ];
+            gemm_job jobs[NJ];
+            for (int j = 0; j < NJ; j++) {
+                w[j] = pack(&p[j], impls[i]);
+                jobs[j] = (gemm_job){.w = w[j],
+                                     .M = spec[j][1],
+                                     .a = p[j].a,
+                                     .a_scale = p[j].as,
+                                     .out = malloc((size_t)p[j].M * p[j].N * sizeof(float))};
+                memset(jobs[j].out, 0xFF, (size_t)p[j].M * p[j].N * sizeof(float));
+            }
+            gemm_run_many(jobs, NJ, pool);
+            for (int j = 0; j < NJ; j++) {
+                size_t first = 0;
+                if (spec[j][1] > 0) {
+                    int bad =
+                        count_mismatch(jobs[j].out, p[j].want, (size_t)spec[j][1] * p[j].N, &first);
+                    if (bad)
+                        TEST_FAIL_AT("%s threads %d job %d: %d mismatches, first %zu",
+                                     gemm_impl_name(impls[i]), nt, j, bad, first);
+                } else {
+                    uint32_t u;
+                    memcpy(&u, jobs[j].out, 4);
+                    CHECK_EQ(u, 0xFFFFFFFFu); /* M = 0 writes nothing */
+                }
+                free(jobs[j].out);
+                gemm_weight_free(&w[j]);
+            }
+            gemm_pool_destroy(&pool);
+        }
+    for (int j = 0; j < NJ; j++)
+        unmake(&p[j]);
+}
+
 /* The SIMD tiling with little scratch (K split in chunks, few tokens per tile) and with a
  * K too large for one tile of the pool's scratch: same bits as the model, for every SIMD
  * implementation. */
@@ -662,6 +718,7 @@ int main(void)
     RUN(extreme_scales);
     RUN(results_independent_of_batch_order_and_threads);
     RUN(simd_tiling_small_scratch_and_long_k);
+    RUN(run_many_equals_the_model);
     RUN(pack_rejects_bad_shapes_and_reports_sizes);
     RUN(isa_override);
     return test_report();

@@ -137,8 +137,10 @@ TEST(rmsnorm_matches_definition_bitwise)
 
 /* ---- logits ---- */
 
-static void check_logits(int T, int H, int E)
+static void check_logits(int T, int H, int E, int threads)
 {
+    ep_err err = {{0}};
+    gemm_pool *pool = threads > 0 ? gemm_pool_create(threads, &err) : NULL;
     uint16_t *x = xalloc((size_t)T * H * 2), *w = xalloc((size_t)E * H * 2);
     float *want = xalloc((size_t)T * E * 4), *got = xalloc((size_t)T * E * 4);
     for (int i = 0; i < T * H; i++)
@@ -155,7 +157,7 @@ static void check_logits(int T, int H, int E)
     for (int i = 0; i < NIMPL; i++) {
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
-        route_logits(IMPLS[i], T, H, E, x, packed, got);
+        route_logits(IMPLS[i], T, H, E, x, packed, got, pool);
         int bad = -1;
         for (int j = 0; j < T * E && bad < 0; j++)
             if (f32_bits(got[j]) != f32_bits(want[j]))
@@ -165,6 +167,7 @@ static void check_logits(int T, int H, int E)
                          gemm_impl_name(IMPLS[i]), T, H, E, bad / E, bad % E, got[bad], want[bad]);
         free(packed);
     }
+    gemm_pool_destroy(&pool);
     free(x);
     free(w);
     free(want);
@@ -173,11 +176,16 @@ static void check_logits(int T, int H, int E)
 
 TEST(logits_match_double_sum_bitwise)
 {
-    check_logits(1, 256, 16);
-    check_logits(5, 256, 13); /* E not a multiple of the 8-expert groups */
-    check_logits(300, 128, 16);
-    check_logits(2, 4096, 256);
-    check_logits(7, 256, 40); /* one 4-token tile, then 3 single rows over 4 + 1 groups */
+    check_logits(1, 256, 16, 0);
+    check_logits(5, 256, 13, 2); /* E not a multiple of the 8-expert groups */
+    check_logits(300, 128, 16, 2);
+    check_logits(2, 4096, 256, 3);
+    check_logits(7, 256, 40, 0); /* one 4-token tile, then 3 single rows over 4 + 1 groups */
+    /* the AVX-512 tiles: 1, 2, 3 and 4 tokens against 1-4 groups of 16, tails of groups, and
+     * more tokens than one widened chunk */
+    for (int T = 1; T <= 4; T++)
+        check_logits(T, 128, 100, T % 2 + 1);
+    check_logits(70, 64, 72, 2);
 }
 
 /* A sum whose result depends on the order: the double sum in ascending k must be what comes
@@ -193,7 +201,7 @@ TEST(logits_accumulate_in_double_in_k_order)
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
         float l;
-        route_logits(IMPLS[i], 1, H, E, x, packed, &l);
+        route_logits(IMPLS[i], 1, H, E, x, packed, &l, NULL);
         CHECK(l == 1.0f / 1024.0f);
         free(packed);
     }
