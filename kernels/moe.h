@@ -43,10 +43,11 @@ typedef struct moe_layer moe_layer;
  * src may go away afterwards. With reuse (an older layer of the same index and config), the
  * shared expert and every wanted expert reuse holds are shared with it (reference-counted)
  * instead of packed again; reuse stays fully usable and is freed by its owner whenever it
- * likes. progress may be NULL. */
+ * likes. The weights are packed by the threads of pool (may be NULL); progress (may be NULL)
+ * is called from the caller's thread only. */
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
-                           void *progress_ctx, ep_err *err);
+                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
+                           mb_progress_fn progress, void *progress_ctx, ep_err *err);
 void moe_layer_free(moe_layer **self_p);
 size_t moe_layer_bytes(const moe_layer *l); /* weight memory held */
 const mc_config *moe_layer_config(const moe_layer *l);

@@ -83,7 +83,8 @@ static mb_layer *cpu_layer_load(mb_backend *be, const mc_config *c, const mb_lay
         return NULL;
     }
     moe_layer *old = reuse ? ((cpu_layer *)reuse)->l : NULL;
-    cl->l = moe_layer_build(c, src, want, old, cpu_of(be)->impl, progress, progress_ctx, err);
+    cl->l = moe_layer_build(c, src, want, old, cpu_of(be)->impl, cpu_of(be)->pool, progress,
+                            progress_ctx, err);
     if (!cl->l) {
         free(cl);
         return NULL;

@@ -18,6 +18,7 @@
 #include "kernels/moe.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,34 +127,78 @@ static gemm_weight *pack_linear(const mb_linear *t, gemm_impl impl, ep_err *err)
 typedef struct build_ctx {
     mb_progress_fn progress;
     void *progress_ctx;
-    uint64_t done;
+    atomic_uint_fast64_t done;
 } build_ctx;
 
-static void build_progress(build_ctx *bc, uint64_t bytes)
+/* Count bytes read; only the caller's thread (tid 0) reports, since progress callbacks need not
+ * be thread-safe. */
+static void build_progress(build_ctx *bc, uint64_t bytes, int tid)
 {
-    bc->done += bytes;
-    if (bc->progress)
-        bc->progress(bc->progress_ctx, bc->done);
+    uint64_t done = atomic_fetch_add(&bc->done, bytes) + bytes;
+    if (bc->progress && tid == 0)
+        bc->progress(bc->progress_ctx, done);
 }
 
-/* An expert MLP (or the shared expert) from its three source linears. */
-static moe_mlp *mlp_pack(const mb_linear t[3], gemm_impl impl, build_ctx *bc, ep_err *err)
+/* An expert MLP (or the shared expert) without weights yet: pack_all packs them. */
+static moe_mlp *mlp_new(ep_err *err)
 {
     moe_mlp *m = calloc(1, sizeof *m);
-    if (!m) {
+    if (!m)
         ep_err_set(err, "out of memory for an expert");
-        return NULL;
-    }
-    atomic_init(&m->refs, 1);
-    for (int j = 0; j < 3; j++) {
-        if (!(m->w[j] = pack_linear(&t[j], impl, err))) {
-            mlp_unref(&m);
-            return NULL;
-        }
-        m->bytes += gemm_weight_bytes(m->w[j]);
-        build_progress(bc, linear_src_bytes(&t[j]));
-    }
+    else
+        atomic_init(&m->refs, 1);
     return m;
+}
+
+/* The linears a layer build packs: the shared expert's and every new expert's three, packed
+ * by the backend's threads in parallel (the load is bound by packing and page faults, not by
+ * one reader). The first failure is kept; later tasks are skipped. */
+typedef struct pack_job {
+    moe_mlp *m;
+    int j; /* 0..2: w1, w3, w2 */
+    const mb_linear *t;
+} pack_job;
+
+typedef struct pack_ctx {
+    pack_job *jobs;
+    gemm_impl impl;
+    build_ctx *bc;
+    atomic_int failed;
+    pthread_mutex_t mu;
+    ep_err *err;
+} pack_ctx;
+
+static void pack_task(void *vctx, int i, int tid)
+{
+    pack_ctx *pc = vctx;
+    if (atomic_load(&pc->failed))
+        return;
+    pack_job *jb = &pc->jobs[i];
+    ep_err e = {{0}};
+    gemm_weight *g = pack_linear(jb->t, pc->impl, &e);
+    if (!g) {
+        pthread_mutex_lock(&pc->mu);
+        if (!atomic_exchange(&pc->failed, 1))
+            *pc->err = e;
+        pthread_mutex_unlock(&pc->mu);
+        return;
+    }
+    jb->m->w[jb->j] = g;
+    build_progress(pc->bc, linear_src_bytes(jb->t), tid);
+}
+
+static int pack_all(pack_job *jobs, int n, gemm_impl impl, build_ctx *bc, gemm_pool *pool,
+                    ep_err *err)
+{
+    pack_ctx pc = {.jobs = jobs, .impl = impl, .bc = bc, .err = err};
+    atomic_init(&pc.failed, 0);
+    pthread_mutex_init(&pc.mu, NULL);
+    gemm_pool_for(pool, n, pack_task, &pc);
+    pthread_mutex_destroy(&pc.mu);
+    for (int i = 0; i < n; i++)
+        if (jobs[i].m->w[jobs[i].j])
+            jobs[i].m->bytes += gemm_weight_bytes(jobs[i].m->w[jobs[i].j]);
+    return atomic_load(&pc.failed) ? -1 : 0;
 }
 
 static size_t align64(size_t n)
@@ -217,17 +262,24 @@ static int build_router(moe_layer *l, const mb_layer_src *src, build_ctx *bc, ep
         memcpy(l->bias, src->bias, E * sizeof(float));
         bytes += E * sizeof(float);
     }
-    build_progress(bc, bytes);
+    build_progress(bc, bytes, 0);
     return 0;
 }
 
-static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
-                         moe_layer *reuse, build_ctx *bc, ep_err *err)
+/* Take what reuse holds, and queue the rest (the shared expert and each wanted expert) for
+ * pack_all; jobs has room for 3 * (E + 1). */
+static int plan_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
+                        moe_layer *reuse, pack_job *jobs, int *n_jobs, ep_err *err)
 {
-    if (reuse && reuse->shared)
+    int n = 0;
+    if (reuse && reuse->shared) {
         l->shared = mlp_ref(reuse->shared);
-    else if (!(l->shared = mlp_pack(src->shared, l->impl, bc, err)))
-        return -1;
+    } else {
+        if (!(l->shared = mlp_new(err)))
+            return -1;
+        for (int j = 0; j < 3; j++)
+            jobs[n++] = (pack_job){l->shared, j, &src->shared[j]};
+    }
     for (int e = 0; e < l->E; e++) {
         const mb_linear *t = src->experts ? &src->experts[(size_t)e * 3] : NULL;
         bool w = want ? want[e] != 0 : (t && t[0].w != NULL);
@@ -236,13 +288,34 @@ static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *w
         if (reuse && reuse->experts[e]) {
             l->experts[e] = mlp_ref(reuse->experts[e]);
         } else if (!t) {
+            *n_jobs = n;
             return ep_err_set(err, "%s: expert %d wanted but not given", l->name, e);
-        } else if (!(l->experts[e] = mlp_pack(t, l->impl, bc, err))) {
-            return -1;
+        } else {
+            if (!(l->experts[e] = mlp_new(err))) {
+                *n_jobs = n;
+                return -1;
+            }
+            for (int j = 0; j < 3; j++)
+                jobs[n++] = (pack_job){l->experts[e], j, &t[j]};
         }
         l->owned[e] = 1;
     }
+    *n_jobs = n;
     return 0;
+}
+
+static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
+                         moe_layer *reuse, build_ctx *bc, gemm_pool *pool, ep_err *err)
+{
+    pack_job *jobs = malloc(3 * ((size_t)l->E + 1) * sizeof *jobs);
+    if (!jobs)
+        return ep_err_set(err, "%s: out of memory", l->name);
+    int n = 0;
+    int rc = plan_experts(l, src, want, reuse, jobs, &n, err);
+    if (rc == 0)
+        rc = pack_all(jobs, n, l->impl, bc, pool, err);
+    free(jobs);
+    return rc;
 }
 
 static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
@@ -259,8 +332,8 @@ static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
 }
 
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
-                           void *progress_ctx, ep_err *err)
+                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
+                           mb_progress_fn progress, void *progress_ctx, ep_err *err)
 {
     if (mc_validate(c, err) < 0)
         return NULL;
@@ -285,9 +358,13 @@ moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const ui
     l->k = c->num_experts_per_tok;
     snprintf(l->name, sizeof l->name, "%s", src->name ? src->name : "layer");
     build_ctx bc = {.progress = progress, .progress_ctx = progress_ctx};
+    atomic_init(&bc.done, 0);
     if (check_reuse(l, reuse, err) < 0 || carve_arena(l, err) < 0 ||
-        build_router(l, src, &bc, err) < 0 || build_experts(l, src, want, reuse, &bc, err) < 0)
+        build_router(l, src, &bc, err) < 0 ||
+        build_experts(l, src, want, reuse, &bc, pool, err) < 0)
         goto fail;
+    if (progress)
+        progress(progress_ctx, atomic_load(&bc.done));
     return l;
 fail:
     ep_err_prefix(err, "loading %s", l->name);
