@@ -60,6 +60,8 @@ typedef struct exec_state {
     exec_session *session;
     mb_layer **layers;
     int n_layers;
+    uint64_t load_bytes; /* checkpoint bytes the last load read, and its duration */
+    double load_s;
     tp_transport *tp;
     bool ready;
     bool have_last;
@@ -195,7 +197,7 @@ typedef struct exec_progress {
     exec_state *st;
     uint64_t total;
     int layers_done, layers_total;
-    double last;
+    double start, last;
 } exec_progress;
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
@@ -208,6 +210,8 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     m.bytes_total = p->total;
     m.layers_done = (uint32_t)p->layers_done;
     m.layers_total = (uint32_t)p->layers_total;
+    m.has_elapsed_ms = 1;
+    m.elapsed_ms = (uint32_t)((exec_now() - p->start) * 1000.0);
     exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
     p->last = exec_now();
 }
@@ -257,13 +261,16 @@ static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++)
             want[(size_t)l * E + e] = s->expert_owner[e] == (uint32_t)s->rank;
-    exec_progress p = {.st = st};
+    exec_progress p = {.st = st, .start = exec_now()};
     int rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
         rc = shard_load(st->be, m, c, want, NULL, EP_MAX_TOKENS, st->layers, exec_on_progress, &p,
                         err);
-    if (rc == 0)
+    if (rc == 0) {
         st->n_layers = L;
+        st->load_bytes = p.total;
+        st->load_s = exec_now() - p.start;
+    }
     free(want);
     return rc;
 }
@@ -284,6 +291,9 @@ static void exec_send_ready(exec_state *st)
     r.bytes_loaded = bytes;
     r.n_experts = owned;
     r.backend = (char *)mb_name(st->be);
+    r.has_bytes_read = r.has_load_ms = 1;
+    r.bytes_read = st->load_bytes;
+    r.load_ms = (uint32_t)(st->load_s * 1000.0);
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
 
@@ -315,8 +325,9 @@ static void exec_load(exec_state *st)
         return;
     }
     st->ready = true;
-    log_info("loaded %d layers from %s in %.2f s; data plane at %s", st->n_layers,
-             st->session->model_path, exec_now() - t0, tp_endpoint(st->tp));
+    log_info("loaded %d layers from %s in %.2f s (%.2f GB read at %.2f GB/s); data plane at %s",
+             st->n_layers, st->session->model_path, exec_now() - t0, st->load_bytes / 1e9,
+             st->load_s > 0 ? st->load_bytes / st->load_s / 1e9 : 0.0, tp_endpoint(st->tp));
     exec_send_ready(st);
 }
 

@@ -1,0 +1,485 @@
+/*
+ * vs_ggml.c — one DeepSeek V4 MoE layer: epmoe's exact whole layer beside ggml's MoE matmuls of
+ * the same shapes and beside the machine's memory and FMA bounds, all measured in one run on
+ * one machine. Built only by tests/bench/vs_ggml.sh (ggml is not part of epmoe: the script
+ * builds it from a source folder the caller gives and links this file against it).
+ *
+ *   bench_vs_ggml --model DIR [--layer L] [--threads N] [--tokens 1,8,64,256] [--runs R]
+ *
+ * Per token count T:
+ *   epmoe   mb_forward on the CPU backend (route, quantize, routed experts, shared expert,
+ *           combine; exact) with every expert of layer L of the checkpoint in DIR loaded, on
+ *           hidden states with the outlier channels of real ones (a few channels 30-100x the
+ *           rest, per-channel scales spread log-normally); the w2 inputs are then the SwiGLU
+ *           outputs of real w1/w3 rows. Best of R runs.
+ *   ggml    the layer's matmuls in ggml (what llama.cpp runs for this layer): mul_mat_id of
+ *           w1 and w3 (MXFP4, all experts) on x, mul_mat_id of w2 on a [I, k, T] input, with
+ *           the expert ids epmoe's router chose for these tokens, and the shared expert's three
+ *           matrices as dense Q8_0 mul_mat; activations quantized to q8_0 inside ggml (inexact).
+ *           SwiGLU, routing and combine are not counted on ggml's side. Best of R runs.
+ *   bound   max(memory, FMA): memory = the bytes the layer must read (every expert hit, the
+ *           shared expert, the gate) / the read bandwidth of an AVX-512 (or AVX2) read-sum
+ *           over 1 GiB with the same threads; FMA = 2 * MACs / the FP32 FMA peak of the widest
+ *           FMA the CPU has with the same threads (each measured best of several trials).
+ * The load of the layer (checkpoint in the page cache -> packed weights) is timed as well.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "kernels/formats.h"
+#include "kernels/moe_backend.h"
+#include "worker/shard.h"
+
+#define MAX_T    16
+#define MAX_RUNS 32
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double unit(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static double gauss(void)
+{
+    double u = unit() + 1e-12, v = unit();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* ---- bounds ---- */
+
+typedef struct bw_arg {
+    const float *p;
+    size_t n;
+    double sink;
+    pthread_barrier_t *bar;
+} bw_arg;
+
+__attribute__((target("avx2"))) static double sum_avx2(const float *p, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+    }
+    float f[8];
+    _mm256_storeu_ps(f, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return f[0] + f[7];
+}
+
+__attribute__((target("avx512f"))) static double sum_avx512(const float *p, size_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static int have_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f");
+}
+
+static void *bw_thread(void *va)
+{
+    bw_arg *a = va;
+    pthread_barrier_wait(a->bar);
+    a->sink = have_avx512() ? sum_avx512(a->p, a->n) : sum_avx2(a->p, a->n);
+    return NULL;
+}
+
+/* Read bandwidth in bytes/s of nthreads threads summing disjoint slices of buf. */
+static double read_bw(const float *buf, size_t n, int nthreads)
+{
+    pthread_t th[64];
+    bw_arg arg[64];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
+    size_t per = n / (size_t)nthreads / 64 * 64;
+    for (int t = 0; t < nthreads; t++) {
+        arg[t] = (bw_arg){.p = buf + per * (size_t)t, .n = per, .bar = &bar};
+        pthread_create(&th[t], NULL, bw_thread, &arg[t]);
+    }
+    pthread_barrier_wait(&bar);
+    double t0 = now();
+    for (int t = 0; t < nthreads; t++)
+        pthread_join(th[t], NULL);
+    double dt = now() - t0;
+    pthread_barrier_destroy(&bar);
+    return (double)(per * (size_t)nthreads * sizeof(float)) / dt;
+}
+
+#define FMA_ITERS 20000000L
+
+__attribute__((target("avx2,fma"))) static double fma_avx2(void)
+{
+    __m256 a0 = _mm256_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
+           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (long i = 0; i < FMA_ITERS; i++) {
+        a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
+        a2 = _mm256_fmadd_ps(a2, m, c), a3 = _mm256_fmadd_ps(a3, m, c);
+        a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
+        a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c);
+        a8 = _mm256_fmadd_ps(a8, m, c), a9 = _mm256_fmadd_ps(a9, m, c);
+        a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
+        __asm__ volatile("" : "+x"(m), "+x"(c));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float f[8];
+    _mm256_storeu_ps(f, s);
+    return f[0]; /* 12 chains x 8 lanes x 2 flops per iteration */
+}
+
+__attribute__((target("avx512f"))) static double fma_avx512(void)
+{
+    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
+           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (long i = 0; i < FMA_ITERS; i++) {
+        a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c);
+        a2 = _mm512_fmadd_ps(a2, m, c), a3 = _mm512_fmadd_ps(a3, m, c);
+        a4 = _mm512_fmadd_ps(a4, m, c), a5 = _mm512_fmadd_ps(a5, m, c);
+        a6 = _mm512_fmadd_ps(a6, m, c), a7 = _mm512_fmadd_ps(a7, m, c);
+        a8 = _mm512_fmadd_ps(a8, m, c), a9 = _mm512_fmadd_ps(a9, m, c);
+        a10 = _mm512_fmadd_ps(a10, m, c), a11 = _mm512_fmadd_ps(a11, m, c);
+        __asm__ volatile("" : "+v"(m), "+v"(c));
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(s);
+}
+
+typedef struct fma_arg {
+    double sink;
+    pthread_barrier_t *bar;
+} fma_arg;
+
+static void *fma_thread(void *va)
+{
+    fma_arg *a = va;
+    pthread_barrier_wait(a->bar);
+    a->sink = have_avx512() ? fma_avx512() : fma_avx2();
+    return NULL;
+}
+
+/* FP32 FMA peak in FLOP/s with nthreads threads (the widest FMA the CPU has). */
+static double fma_peak(int nthreads)
+{
+    pthread_t th[64];
+    fma_arg arg[64];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
+    for (int t = 0; t < nthreads; t++) {
+        arg[t].bar = &bar;
+        pthread_create(&th[t], NULL, fma_thread, &arg[t]);
+    }
+    pthread_barrier_wait(&bar);
+    double t0 = now();
+    for (int t = 0; t < nthreads; t++)
+        pthread_join(th[t], NULL);
+    double dt = now() - t0;
+    pthread_barrier_destroy(&bar);
+    int lanes = have_avx512() ? 16 : 8;
+    return (double)FMA_ITERS * 12 * lanes * 2 * nthreads / dt;
+}
+
+/* ---- inputs ---- */
+
+/* Hidden states [T, H] (before ffn_norm) with the structure of real ones: per-channel scales
+ * spread log-normally and a few massive channels. */
+static void hidden_states(int T, int H, uint16_t *x)
+{
+    double *scale = malloc((size_t)H * sizeof(double));
+    for (int c = 0; c < H; c++)
+        scale[c] = exp(0.6 * gauss());
+    for (int i = 0; i < 4; i++) /* outlier channels */
+        scale[(int)(unit() * H) % H] *= 30.0 + 70.0 * unit();
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++)
+            x[(size_t)t * H + c] = fmt_f32_to_bf16((float)(0.1 * gauss() * scale[c]));
+    free(scale);
+}
+
+/* ---- epmoe ---- */
+
+typedef struct layer_run {
+    int T;
+    double best_s;
+    int distinct;
+    int32_t *ids; /* [T, k] */
+} layer_run;
+
+static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_run *lr, int nT,
+                     mc_config *c, double *load_s, uint64_t *load_bytes)
+{
+    ep_err err = {{0}};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (mc_load(path, c, &err) < 0) {
+        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
+        return -1;
+    }
+    mb_options o = {.device = "cpu", .threads = threads};
+    mb_backend *be = mb_create(&o, &err);
+    st_model *m = be ? st_model_open(dir, &err) : NULL;
+    if (!m) {
+        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
+        return -1;
+    }
+    *load_bytes = shard_layer_bytes(m, c, layer, NULL, NULL, false);
+    double t0 = now();
+    mb_layer *l = shard_load_layer(be, m, c, layer, NULL, NULL, NULL, NULL, &err);
+    *load_s = now() - t0;
+    if (!l) {
+        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
+        return -1;
+    }
+    int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts;
+    for (int i = 0; i < nT; i++) {
+        int T = lr[i].T;
+        uint16_t *x = malloc((size_t)T * H * 2), *out = malloc((size_t)T * H * 2);
+        int64_t *tok = calloc((size_t)T, sizeof *tok);
+        float *w = malloc((size_t)T * k * sizeof(float));
+        lr[i].ids = malloc((size_t)T * k * sizeof(int32_t));
+        hidden_states(T, H, x);
+        lr[i].best_s = 1e30;
+        for (int r = 0; r <= runs; r++) { /* run 0 warms up */
+            double a = now();
+            if (mb_forward(be, l, T, x, tok, out, lr[i].ids, w, &err) < 0) {
+                fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
+                return -1;
+            }
+            double dt = now() - a;
+            if (r > 0 && dt < lr[i].best_s)
+                lr[i].best_s = dt;
+        }
+        char *hit = calloc((size_t)E, 1);
+        lr[i].distinct = 0;
+        for (int j = 0; j < T * k; j++)
+            lr[i].distinct += hit[lr[i].ids[j]]++ == 0;
+        free(hit);
+        free(x);
+        free(out);
+        free(tok);
+        free(w);
+        fprintf(stderr, "epmoe T=%d: %.3f ms\n", T, lr[i].best_s * 1e3);
+    }
+    mb_layer_free(&l);
+    st_model_close(&m);
+    mb_destroy(&be);
+    return 0;
+}
+
+/* ---- ggml ---- */
+
+/* Random blocks with sane scales: MXFP4 e8m0 exponents near 2^0, Q8_0 fp16 scales 2^-7. */
+static void fill_blocks(struct ggml_tensor *t)
+{
+    size_t n = ggml_nbytes(t), bs = ggml_type_size(t->type);
+    uint8_t *p = t->data;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(unit() * 256);
+    for (size_t b = 0; b + bs <= n; b += bs) {
+        if (t->type == GGML_TYPE_MXFP4) {
+            p[b] = (uint8_t)(120 + (int)(unit() * 8));
+        } else { /* Q8_0: fp16 d first */
+            p[b] = 0x00;
+            p[b + 1] = 0x20;
+        }
+    }
+}
+
+static void fill_f32(struct ggml_tensor *t, double scale)
+{
+    float *p = t->data;
+    for (int64_t i = 0; i < ggml_nelements(t); i++)
+        p[i] = (float)(scale * gauss());
+}
+
+static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, int nT,
+                    double *best_s)
+{
+    int H = c->hidden_size, I = c->moe_intermediate_size, E = c->n_routed_experts,
+        k = c->num_experts_per_tok;
+    size_t wbytes = 3 * (size_t)E * ggml_row_size(GGML_TYPE_MXFP4, H) * (size_t)I +
+                    3 * ggml_row_size(GGML_TYPE_Q8_0, H) * (size_t)I;
+    struct ggml_init_params wp = {.mem_size = wbytes + 16 * ggml_tensor_overhead() + (1 << 20),
+                                  .mem_buffer = NULL,
+                                  .no_alloc = false};
+    struct ggml_context *wctx = ggml_init(wp);
+    if (!wctx) {
+        fprintf(stderr, "bench_vs_ggml: ggml_init of %zu bytes failed\n", wbytes);
+        return -1;
+    }
+    struct ggml_tensor *w1 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, H, I, E);
+    struct ggml_tensor *w3 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, H, I, E);
+    struct ggml_tensor *w2 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, I, H, E);
+    struct ggml_tensor *s1 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, H, I);
+    struct ggml_tensor *s3 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, H, I);
+    struct ggml_tensor *s2 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, I, H);
+    struct ggml_tensor *all[6] = {w1, w3, w2, s1, s3, s2};
+    for (int i = 0; i < 6; i++)
+        fill_blocks(all[i]);
+    for (int i = 0; i < nT; i++) {
+        int T = lr[i].T;
+        size_t abytes = (size_t)T * (H + (size_t)k * I + H + I) * sizeof(float) * 3 +
+                        (size_t)T * k * 4 + (size_t)T * ((size_t)k * (2 * I + H) + 2 * I + H) * 4;
+        struct ggml_init_params ap = {.mem_size = abytes + 64 * ggml_tensor_overhead() +
+                                                  ggml_graph_overhead() + ((size_t)64 << 20),
+                                      .mem_buffer = NULL,
+                                      .no_alloc = false};
+        struct ggml_context *ctx = ggml_init(ap);
+        struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, H, 1, T);
+        struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, k, T);
+        struct ggml_tensor *act = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, I, k, T);
+        struct ggml_tensor *x2 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, H, T);
+        struct ggml_tensor *sact = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, I, T);
+        fill_f32(x, 1.0);
+        fill_f32(act, 0.1);
+        fill_f32(x2, 1.0);
+        fill_f32(sact, 0.1);
+        memcpy(ids->data, lr[i].ids, (size_t)T * k * sizeof(int32_t));
+        struct ggml_cgraph *gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w1, x, ids));
+        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w3, x, ids));
+        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w2, act, ids));
+        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s1, x2));
+        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s3, x2));
+        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s2, sact));
+        best_s[i] = 1e30;
+        for (int r = 0; r <= runs; r++) {
+            double a = now();
+            if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
+                fprintf(stderr, "bench_vs_ggml: ggml_graph_compute failed\n");
+                return -1;
+            }
+            double dt = now() - a;
+            if (r > 0 && dt < best_s[i])
+                best_s[i] = dt;
+        }
+        ggml_free(ctx);
+        fprintf(stderr, "ggml T=%d: %.3f ms\n", T, best_s[i] * 1e3);
+    }
+    ggml_free(wctx);
+    return 0;
+}
+
+/* ---- main ---- */
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int layer = 0, threads = 2, runs = 5, Ts[MAX_T] = {1, 8, 64, 256}, nT = 4;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--model"))
+            dir = v;
+        else if (!strcmp(a, "--layer"))
+            layer = atoi(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
+        else if (!strcmp(a, "--runs"))
+            runs = atoi(v);
+        else if (!strcmp(a, "--tokens")) {
+            nT = 0;
+            for (char *s = (char *)v; *s && nT < MAX_T;) {
+                Ts[nT++] = (int)strtol(s, &s, 10);
+                if (*s == ',')
+                    s++;
+            }
+        }
+    }
+    if (!dir || threads < 1 || threads > 64 || runs < 1 || runs > MAX_RUNS || nT < 1) {
+        fprintf(stderr, "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
+                        "[--tokens 1,8,64,256] [--runs R]\n");
+        return 64;
+    }
+    /* bounds first, on a quiet process */
+    size_t nbuf = (size_t)1 << 28; /* 1 GiB of floats */
+    float *buf = aligned_alloc(64, nbuf * sizeof(float));
+    for (size_t i = 0; i < nbuf; i++)
+        buf[i] = (float)(i & 1023);
+    double bw = 0, fl = 0;
+    for (int r = 0; r < 5; r++) {
+        double b = read_bw(buf, nbuf, threads);
+        bw = b > bw ? b : bw;
+    }
+    free(buf);
+    for (int r = 0; r < 3; r++) {
+        double f = fma_peak(threads);
+        fl = f > fl ? f : fl;
+    }
+    fprintf(stderr, "read %.1f GB/s, FMA %.0f GFLOP/s\n", bw / 1e9, fl / 1e9);
+
+    layer_run lr[MAX_T];
+    memset(lr, 0, sizeof lr);
+    for (int i = 0; i < nT; i++)
+        lr[i].T = Ts[i];
+    mc_config c;
+    double load_s = 0, gg[MAX_T];
+    uint64_t load_bytes = 0;
+    if (run_epmoe(dir, layer, threads, runs, lr, nT, &c, &load_s, &load_bytes) < 0 ||
+        run_ggml(&c, threads, runs, lr, nT, gg) < 0)
+        return 1;
+
+    int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok,
+        E = c.n_routed_experts;
+    double expert_bytes = 3.0 * ((double)H * I / 2 + (double)H * I / 32); /* MXFP4 + e8m0 */
+    if (c.expert_dtype == MC_FP8)
+        expert_bytes = 3.0 * ((double)H * I + (double)H * I / 16384 * 4);
+    double shared_bytes = 3.0 * ((double)H * I + (double)H * I / 16384);
+    double gate_bytes = (double)E * H * 2;
+    printf("bench_vs_ggml: %s layer %d: H %d, I %d, %d experts (%s), top-%d; %d threads; epmoe "
+           "%s\n",
+           dir, layer, H, I, E, mc_dtype_name(c.expert_dtype), k, threads,
+           gemm_impl_name(gemm_impl_best()));
+    printf("read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s (%s); layer load %.2f GB in "
+           "%.3f s = %.2f GB/s\n\n",
+           bw / 1e9, fl / 1e9, have_avx512() ? "zmm" : "ymm", load_bytes / 1e9, load_s,
+           load_bytes / load_s / 1e9);
+    printf(
+        "| T | experts hit | bytes read | memory bound | FMA bound | bound | epmoe (best of %d) | "
+        "÷ bound | ggml matmuls (best of %d) | epmoe ÷ ggml |\n",
+        runs, runs);
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nT; i++) {
+        int T = lr[i].T;
+        double bytes = lr[i].distinct * expert_bytes + shared_bytes + gate_bytes;
+        double macs = (double)T * (k + 1) * 3.0 * H * I;
+        double tm = bytes / bw, tf = 2 * macs / fl, tb = tm > tf ? tm : tf;
+        printf("| %d | %d | %.0f MB | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f | %.2f ms | "
+               "%.2f |\n",
+               T, lr[i].distinct, bytes / 1e6, tm * 1e3, tf * 1e3, tb * 1e3, lr[i].best_s * 1e3,
+               lr[i].best_s / tb, gg[i] * 1e3, lr[i].best_s / gg[i]);
+        free(lr[i].ids);
+    }
+    return 0;
+}
