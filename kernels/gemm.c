@@ -539,7 +539,9 @@ static void plan_of(const gemm_call *c, const gemm_kops *ops, size_t cap, int nt
     /* Tokens per tile: as many as fit GEMM_TILE_BYTES (at least one micro-tile), so that a
      * tile's prepared activations stay in L2 while every row unit runs against them. */
     size_t tb = ops->token_bytes(w, kc, p->ipath);
-    size_t tile_cap = cap < GEMM_TILE_BYTES ? cap : GEMM_TILE_BYTES;
+    /* the many-token FP8 path builds a weight panel per tile: twice the tokens amortise it */
+    size_t tile_max = p->ipath ? 2 * GEMM_TILE_BYTES : GEMM_TILE_BYTES;
+    size_t tile_cap = cap < tile_max ? cap : tile_max;
     if (tile_cap < tb * (size_t)want)
         tile_cap = cap < tb * (size_t)want ? cap : tb * (size_t)want;
     int mc = (int)(tile_cap / tb);

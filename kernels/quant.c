@@ -97,6 +97,31 @@ void qt_act_rows_f32(const float *x, int M, int K, bool pow2, uint8_t *q, float 
     qt_act_rows_f32_impl(GEMM_IMPL_AUTO, x, M, K, pow2, q, scale);
 }
 
+void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out)
+{
+    if (use_avx2(impl)) {
+        qt_avx2_bf16_n(x, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = fmt_f32_to_bf16(x[i]);
+}
+
+void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const uint16_t *last,
+                      int H, uint16_t *out)
+{
+    if (use_avx2(impl)) {
+        qt_avx2_sum_bf16_rows(rows, n, last, H, out);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        float y = 0.0f;
+        for (int i = 0; i < n; i++)
+            y = y + fmt_bf16_to_f32(rows[i][h]);
+        out[h] = fmt_f32_to_bf16(y + fmt_bf16_to_f32(last[h]));
+    }
+}
+
 void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q)
 {
     if (use_avx2(impl)) {

@@ -130,9 +130,7 @@ int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
                     dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] =
                         src[(size_t)(8 * o + r) * K + 4 * j + i];
         }
-    if (gemm_pack_fp8_int_tables(w, src, err) < 0)
-        return -1;
-    return gemm_pack_fp8_nanrows(w, src, err);
+    return f8_pack_tables(w, src, err);
 }
 
 /* ---- FP8 x MXFP4 ---- */

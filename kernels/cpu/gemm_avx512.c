@@ -180,21 +180,44 @@ int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *sc
     return 0;
 }
 
+/* The four 128-bit lanes of a, b, c, d transposed: out[l] = (a, b, c, d) lane l. */
+static inline void lanes4x4(__m512i a, __m512i b, __m512i c, __m512i d, __m512i out[4])
+{
+    __m512i t0 = _mm512_shuffle_i32x4(a, b, 0x44), t1 = _mm512_shuffle_i32x4(a, b, 0xEE);
+    __m512i t2 = _mm512_shuffle_i32x4(c, d, 0x44), t3 = _mm512_shuffle_i32x4(c, d, 0xEE);
+    out[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+    out[1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+    out[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+    out[3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
+}
+
 int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
     int N = w->N, K = w->K;
     if (gemm_pack_alloc(w, (size_t)N * (size_t)K, 0, err) < 0)
         return -1;
+    /* 64 k of an octet's 8 rows at a time: interleaving the bytes of rows 2L and 2L+1 gives, in
+     * 128-bit lane l, lane L of chunk 2l (low halves) or 2l+1 (high halves); a 4 x 4 lane
+     * transpose assembles the chunks. */
     for (int o = 0; o < N / 8; o++)
-        for (int j = 0; j < K / 8; j++) {
-            uint8_t *dst = w->data + ((size_t)o * (K / 8) + j) * 64;
-            for (int r = 0; r < 8; r++)
-                for (int i = 0; i < 8; i++)
-                    dst[16 * (r >> 1) + 2 * i + (r & 1)] = src[(size_t)(8 * o + r) * K + 8 * j + i];
+        for (int k0 = 0; k0 < K; k0 += 64) {
+            __m512i lo[4], hi[4], ch[4];
+            for (int L = 0; L < 4; L++) {
+                const uint8_t *r0 = src + (size_t)(8 * o + 2 * L) * K + k0;
+                __m512i a = _mm512_loadu_si512((const void *)r0);
+                __m512i b = _mm512_loadu_si512((const void *)(r0 + K));
+                lo[L] = _mm512_unpacklo_epi8(a, b);
+                hi[L] = _mm512_unpackhi_epi8(a, b);
+            }
+            uint8_t *dst = w->data + ((size_t)o * (K / 8) + k0 / 8) * 64;
+            lanes4x4(lo[0], lo[1], lo[2], lo[3], ch);
+            for (int l = 0; l < 4; l++)
+                _mm512_store_si512((void *)(dst + 64 * (2 * l)), ch[l]);
+            lanes4x4(hi[0], hi[1], hi[2], hi[3], ch);
+            for (int l = 0; l < 4; l++)
+                _mm512_store_si512((void *)(dst + 64 * (2 * l + 1)), ch[l]);
         }
-    if (gemm_pack_fp8_int_tables(w, src, err) < 0)
-        return -1;
-    return gemm_pack_fp8_nanrows(w, src, err);
+    return f8_pack_tables(w, src, err);
 }
 
 /* ---- vector helpers ---- */

@@ -98,10 +98,8 @@ int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scal
 int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
 
-/* Packing helpers shared by the SIMD packers (gemm_pack.c, plain C): the integer FP8 path's
- * per-(octet, 128-block) small-weight lists and overflow flags, and the NaN-row masks. */
-int gemm_pack_fp8_int_tables(gemm_weight *w, const uint8_t *src, ep_err *err);
-int gemm_pack_fp8_nanrows(gemm_weight *w, const uint8_t *src, ep_err *err);
+/* The packed weights' memory (gemm_pack.c): w->data of `data` bytes, 64-byte aligned (huge
+ * pages from 2 MiB on), and w->bscale of `scale` bytes when scale > 0. */
 int gemm_pack_alloc(gemm_weight *w, size_t data, size_t scale, ep_err *err);
 
 /* What a SIMD implementation gives the tiling driver (gemm_drive in gemm.c). Rows are handed

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -122,6 +123,111 @@ static inline int32_t hsum16x2(__m256i a, __m256i b)
     x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
     x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
     return _mm_cvtsi128_si32(x);
+}
+
+/* ---- FP8 packing tables (both SIMD packers) ----
+ * For the integer FP8 paths, per (octet, 128-block): the list of weights with |w| < 2^-3 (their
+ * exponent field e < 4: entries k | row << 8 | (w * 512) << 16) and whether every row's
+ * 128-term int32 sums of A * W cannot overflow: |A| <= 1792, so 1792 * sum |W| <= 2^31 - 1
+ * with W = w * 64 for e >= 4 (NaN codes included, as the kernels decode them). And the NaN
+ * rows of each (octet, block), NULL when there is no NaN code. One pass, 32 codes at a time;
+ * the lists and masks are rare in real weights, so their scalar parts cost little. */
+#define F8_SAFE_WSUM 1198372
+
+/* sum over 32 codes of |W| as 8 int32 lanes */
+static inline __m256i f8_absw_sum32(__m256i c)
+{
+    const __m256i plo = _mm256_setr_epi8(0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, (char)128, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, (char)128, 0, 0, 0, 0);
+    const __m256i phi = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8);
+    __m256i s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i v =
+            _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c));
+        __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 3), _mm256_set1_epi16(15));
+        __m256i pw = _mm256_or_si256(_mm256_shuffle_epi8(plo, e),
+                                     _mm256_slli_epi16(_mm256_shuffle_epi8(phi, e), 8));
+        __m256i mant =
+            _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi16(7)), _mm256_set1_epi16(8));
+        s = _mm256_add_epi32(s,
+                             _mm256_madd_epi16(_mm256_mullo_epi16(mant, pw), _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+
+static inline int32_t f8_wl(uint8_t c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    int32_t v = e == 0 ? m : (8 + m) << (e - 1);
+    return (c & 0x80) ? -v : v;
+}
+
+static int f8_pack_tables(gemm_weight *w, const uint8_t *src, ep_err *err)
+{
+    int N = w->N, K = w->K, KB = K / 128;
+    size_t nb = (size_t)(N / 8) * KB, cap = 1024, e = 0;
+    w->lo_off = malloc((nb + 1) * sizeof(uint32_t));
+    w->lo_ent = malloc(cap * sizeof(uint32_t));
+    w->int_safe = malloc(nb);
+    if (!w->lo_off || !w->lo_ent || !w->int_safe)
+        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
+    for (int o = 0; o < N / 8; o++)
+        for (int kb = 0; kb < KB; kb++) {
+            size_t i = (size_t)o * KB + kb;
+            w->lo_off[i] = (uint32_t)e;
+            int safe = 1;
+            unsigned nanb = 0;
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *row = src + (size_t)(8 * o + r) * K + 128 * kb;
+                __m256i sum = _mm256_setzero_si256();
+                for (int q = 0; q < 4; q++) {
+                    __m256i c = _mm256_loadu_si256((const __m256i *)(row + 32 * q));
+                    sum = _mm256_add_epi32(sum, f8_absw_sum32(c));
+                    __m256i mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
+                    __m256i z = _mm256_setzero_si256();
+                    /* e < 4 (bits 5, 6 clear) and not zero: a WL entry */
+                    uint32_t small = (uint32_t)_mm256_movemask_epi8(_mm256_andnot_si256(
+                        _mm256_cmpeq_epi8(mag, z),
+                        _mm256_cmpeq_epi8(_mm256_and_si256(c, _mm256_set1_epi8(0x60)), z)));
+                    nanb |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F)))
+                                ? 1u << r
+                                : 0;
+                    for (; small; small &= small - 1) {
+                        int k = 32 * q + __builtin_ctz(small);
+                        if (e == cap) {
+                            uint32_t *n2 = realloc(w->lo_ent, 2 * cap * sizeof(uint32_t));
+                            if (!n2)
+                                return ep_err_set(err, "gemm: out of memory packing a %dx%d weight",
+                                                  N, K);
+                            w->lo_ent = n2;
+                            cap *= 2;
+                        }
+                        w->lo_ent[e++] = (uint32_t)k | (uint32_t)r << 8 |
+                                         (uint32_t)(uint16_t)f8_wl(row[k]) << 16;
+                    }
+                }
+                __m128i s4 =
+                    _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+                safe &= _mm_cvtsi128_si32(s4) <= F8_SAFE_WSUM;
+            }
+            w->int_safe[i] = (uint8_t)safe;
+            if (nanb && !w->nanrows) {
+                w->nanrows = calloc(nb, 1);
+                if (!w->nanrows)
+                    return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
+                w->bytes += nb;
+            }
+            if (nanb)
+                w->nanrows[i] = (uint8_t)nanb;
+        }
+    if (e > UINT32_MAX)
+        return ep_err_set(err, "gemm: a %dx%d weight has too many small values", N, K);
+    w->lo_off[nb] = (uint32_t)e;
+    w->bytes += (nb + 1) * sizeof(uint32_t) + e * sizeof(uint32_t) + nb;
+    return 0;
 }
 
 /* Bytes ahead of the current block that the kernels prefetch: with two threads streaming

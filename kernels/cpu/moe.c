@@ -530,12 +530,9 @@ static void round_task(void *ctx, int i, int tid)
 {
     rows_task *t = ctx;
     size_t H = (size_t)t->l->H;
-    for (int r = i * MOE_ROW_TASK; r < t->R && r < (i + 1) * MOE_ROW_TASK; r++) {
-        const float *o = t->s->o + r * H;
-        uint16_t *dst = t->out + (t->dst ? t->dst[r] : (uint32_t)r) * H;
-        for (size_t h = 0; h < H; h++)
-            dst[h] = fmt_f32_to_bf16(o[h]);
-    }
+    for (int r = i * MOE_ROW_TASK; r < t->R && r < (i + 1) * MOE_ROW_TASK; r++)
+        qt_f32_to_bf16_n(t->l->impl, t->s->o + r * H, H,
+                         t->out + (t->dst ? t->dst[r] : (uint32_t)r) * H);
 }
 
 /* The expert MLPs of np pieces whose R rows are gathered into s->aq / s->aqs, in three
@@ -700,9 +697,6 @@ int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uin
 
 /* ---- combine ---- */
 
-/* Channels summed per pass: the fp32 accumulators live on the stack. */
-#define COMBINE_CHUNK 512
-
 void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *eo,
                  const uint16_t *shared, uint16_t *out)
 {
@@ -721,21 +715,10 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
             }
             slot[pos] = j;
         }
-        const uint16_t *sh = shared + (size_t)t * H;
-        uint16_t *o = out + (size_t)t * H;
-        for (int h0 = 0; h0 < H; h0 += COMBINE_CHUNK) {
-            int nh = H - h0 < COMBINE_CHUNK ? H - h0 : COMBINE_CHUNK;
-            float y[COMBINE_CHUNK];
-            for (int h = 0; h < nh; h++)
-                y[h] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const uint16_t *e = eo + ((size_t)t * k + (size_t)slot[i]) * H + h0;
-                for (int h = 0; h < nh; h++)
-                    y[h] = y[h] + fmt_bf16_to_f32(e[h]);
-            }
-            for (int h = 0; h < nh; h++)
-                o[h0 + h] = fmt_f32_to_bf16(y[h] + fmt_bf16_to_f32(sh[h0 + h]));
-        }
+        const uint16_t *rows[MC_MAX_TOPK];
+        for (int i = 0; i < n; i++)
+            rows[i] = eo + ((size_t)t * k + (size_t)slot[i]) * H;
+        qt_sum_bf16_rows(GEMM_IMPL_AUTO, rows, n, shared + (size_t)t * H, H, out + (size_t)t * H);
     }
 }
 

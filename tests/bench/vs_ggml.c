@@ -69,7 +69,7 @@ static double gauss(void)
 typedef struct bw_arg {
     const float *p;
     size_t n;
-    double sink;
+    double sink, t0, t1;
     pthread_barrier_t *bar;
 } bw_arg;
 
@@ -108,7 +108,9 @@ static void *bw_thread(void *va)
 {
     bw_arg *a = va;
     pthread_barrier_wait(a->bar);
+    a->t0 = now();
     a->sink = have_avx512() ? sum_avx512(a->p, a->n) : sum_avx2(a->p, a->n);
+    a->t1 = now();
     return NULL;
 }
 
@@ -125,20 +127,26 @@ static double read_bw(const float *buf, size_t n, int nthreads)
         pthread_create(&th[t], NULL, bw_thread, &arg[t]);
     }
     pthread_barrier_wait(&bar);
-    double t0 = now();
-    for (int t = 0; t < nthreads; t++)
+    /* first start to last end as the threads saw them (the caller may run late) */
+    double t0 = 1e30, t1 = 0;
+    for (int t = 0; t < nthreads; t++) {
         pthread_join(th[t], NULL);
-    double dt = now() - t0;
+        t0 = arg[t].t0 < t0 ? arg[t].t0 : t0;
+        t1 = arg[t].t1 > t1 ? arg[t].t1 : t1;
+    }
     pthread_barrier_destroy(&bar);
-    return (double)(per * (size_t)nthreads * sizeof(float)) / dt;
+    return (double)(per * (size_t)nthreads * sizeof(float)) / (t1 - t0);
 }
 
 #define FMA_ITERS 20000000L
 
 __attribute__((target("avx2,fma"))) static double fma_avx2(void)
 {
-    __m256 a0 = _mm256_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    /* distinct starting values: equal chains would be merged into one by the compiler */
+    __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3),
+           a3 = _mm256_set1_ps(4), a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6),
+           a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
+           a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
     __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
     for (long i = 0; i < FMA_ITERS; i++) {
         a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
@@ -159,8 +167,10 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(void)
 
 __attribute__((target("avx512f"))) static double fma_avx512(void)
 {
-    __m512 a0 = _mm512_set1_ps(1), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-           a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3),
+           a3 = _mm512_set1_ps(4), a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6),
+           a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8), a8 = _mm512_set1_ps(9),
+           a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
     __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     for (long i = 0; i < FMA_ITERS; i++) {
         a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c);
@@ -178,7 +188,7 @@ __attribute__((target("avx512f"))) static double fma_avx512(void)
 }
 
 typedef struct fma_arg {
-    double sink;
+    double sink, t0, t1;
     pthread_barrier_t *bar;
 } fma_arg;
 
@@ -186,7 +196,9 @@ static void *fma_thread(void *va)
 {
     fma_arg *a = va;
     pthread_barrier_wait(a->bar);
+    a->t0 = now();
     a->sink = have_avx512() ? fma_avx512() : fma_avx2();
+    a->t1 = now();
     return NULL;
 }
 
@@ -202,10 +214,13 @@ static double fma_peak(int nthreads)
         pthread_create(&th[t], NULL, fma_thread, &arg[t]);
     }
     pthread_barrier_wait(&bar);
-    double t0 = now();
-    for (int t = 0; t < nthreads; t++)
+    double t0 = 1e30, t1 = 0;
+    for (int t = 0; t < nthreads; t++) {
         pthread_join(th[t], NULL);
-    double dt = now() - t0;
+        t0 = arg[t].t0 < t0 ? arg[t].t0 : t0;
+        t1 = arg[t].t1 > t1 ? arg[t].t1 : t1;
+    }
+    double dt = t1 - t0;
     pthread_barrier_destroy(&bar);
     int lanes = have_avx512() ? 16 : 8;
     return (double)FMA_ITERS * 12 * lanes * 2 * nthreads / dt;
@@ -304,9 +319,12 @@ static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_ru
 static void fill_blocks(struct ggml_tensor *t)
 {
     size_t n = ggml_nbytes(t), bs = ggml_type_size(t->type);
-    uint8_t *p = t->data;
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint8_t)(unit() * 256);
+    uint8_t *p = t->data, pat[65521]; /* a prime-sized random pattern: ggml's speed does not
+                                         depend on the values, only the scales must be sane */
+    for (size_t i = 0; i < sizeof pat; i++)
+        pat[i] = (uint8_t)(unit() * 256);
+    for (size_t i = 0; i < n; i += sizeof pat)
+        memcpy(p + i, pat, n - i < sizeof pat ? n - i : sizeof pat);
     for (size_t b = 0; b + bs <= n; b += bs) {
         if (t->type == GGML_TYPE_MXFP4) {
             p[b] = (uint8_t)(120 + (int)(unit() * 8));
