@@ -570,11 +570,11 @@ static void round_rows(const moe_layer *l, mlp_scratch *s, int R, uint16_t *out,
 }
 
 /* Group the pairs by expert, keeping their order within an expert (counting sort): the pairs
- * of expert e are order[start[e] .. start[e+1]). */
+ * of expert e are order[start[e] .. start[e+1]). Expert E is the shared expert (moe_forward). */
 static int group_pairs(const moe_layer *l, int n_pairs, const uint32_t *pair_expert,
                        uint32_t *start, uint32_t *order, ep_err *err)
 {
-    int E = l->E;
+    int E = l->E + 1;
     uint32_t *fill = calloc((size_t)E, sizeof *fill);
     if (!fill)
         return ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
@@ -592,7 +592,9 @@ static int group_pairs(const moe_layer *l, int n_pairs, const uint32_t *pair_exp
 
 /* All experts' pairs in batches of at most MOE_GEMM_ROWS rows and MOE_BATCH_PIECES pieces (an
  * expert with more rows is cut into pieces), each batch as one mlp_batch: the one-token experts
- * of a decode step run as one parallel pass instead of one call each. */
+ * of a decode step run as one parallel pass instead of one call each. The shared expert's pairs
+ * (expert E; moe_forward only) go first, so its compute-bound GEMMs share passes with the
+ * memory-bound small experts. */
 static void experts_batched(const moe_layer *l, const uint8_t *q, const float *qs,
                             const uint32_t *pair_row, const float *pair_w, const uint32_t *start,
                             const uint32_t *order, uint16_t *out, mlp_scratch *s, uint32_t *dst,
@@ -601,9 +603,10 @@ static void experts_batched(const moe_layer *l, const uint8_t *q, const float *q
     size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
     mlp_piece pc[MOE_BATCH_PIECES];
     int np = 0, R = 0;
-    for (int e = 0; e <= l->E; e++) {
-        uint32_t c0 = e < l->E ? start[e] : 0, c1 = e < l->E ? start[e + 1] : 0;
-        while (c0 < c1 || (e == l->E && R > 0)) {
+    for (int i = 0; i <= l->E + 1; i++) {
+        int e = i == 0 ? l->E : i - 1, last = i == l->E + 1;
+        uint32_t c0 = last ? 0 : start[e], c1 = last ? 0 : start[e + 1];
+        while (c0 < c1 || (last && R > 0)) {
             int M = (int)(c1 - c0);
             if (M > MOE_GEMM_ROWS - R)
                 M = MOE_GEMM_ROWS - R;
@@ -616,11 +619,11 @@ static void experts_batched(const moe_layer *l, const uint8_t *q, const float *q
                     s->wrow[R + m] = pair_w[p];
                     dst[R + m] = p;
                 }
-                pc[np++] = (mlp_piece){l->experts[e]->w, R, M};
+                pc[np++] = (mlp_piece){e == l->E ? l->shared->w : l->experts[e]->w, R, M};
                 R += M;
                 c0 += (uint32_t)M;
             }
-            if (R == MOE_GEMM_ROWS || np == MOE_BATCH_PIECES || (e == l->E && R > 0)) {
+            if (R == MOE_GEMM_ROWS || np == MOE_BATCH_PIECES || (last && R > 0)) {
                 mlp_batch(l, pc, np, R, s->wrow, s, pool);
                 round_rows(l, s, R, out, dst, pool);
                 np = R = 0;
@@ -629,23 +632,14 @@ static void experts_batched(const moe_layer *l, const uint8_t *q, const float *q
     }
 }
 
-int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
-                const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
-                uint16_t *out, gemm_pool *pool, ep_err *err)
+/* moe_experts on checked pairs; pair_expert E means the shared expert (with pair_w 1). */
+static int experts_run(const moe_layer *l, const uint8_t *q, const float *qs, int n_pairs,
+                       const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
+                       uint16_t *out, gemm_pool *pool, ep_err *err)
 {
-    if (n_rows < 0 || n_pairs < 0)
-        return ep_err_set(err, "%s: moe_experts: %d rows, %d pairs", l->name, n_rows, n_pairs);
-    for (int p = 0; p < n_pairs; p++) {
-        if (pair_row[p] >= (uint32_t)n_rows)
-            return ep_err_set(err, "%s: pair %d: row %" PRIu32 " outside [0, %d)", l->name, p,
-                              pair_row[p], n_rows);
-        if (pair_expert[p] >= (uint32_t)l->E || !l->owned[pair_expert[p]])
-            return ep_err_set(err, "%s: pair %d: expert %" PRIu32 " is not loaded here", l->name, p,
-                              pair_expert[p]);
-    }
     if (n_pairs == 0)
         return 0;
-    uint32_t *start = calloc((size_t)l->E + 1, sizeof *start);
+    uint32_t *start = calloc((size_t)l->E + 2, sizeof *start);
     uint32_t *order = malloc((size_t)n_pairs * sizeof *order);
     uint32_t *dst = malloc(MOE_GEMM_ROWS * sizeof *dst);
     mlp_scratch s;
@@ -667,6 +661,23 @@ out:
     free(order);
     free(dst);
     return rc;
+}
+
+int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
+                const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
+                uint16_t *out, gemm_pool *pool, ep_err *err)
+{
+    if (n_rows < 0 || n_pairs < 0)
+        return ep_err_set(err, "%s: moe_experts: %d rows, %d pairs", l->name, n_rows, n_pairs);
+    for (int p = 0; p < n_pairs; p++) {
+        if (pair_row[p] >= (uint32_t)n_rows)
+            return ep_err_set(err, "%s: pair %d: row %" PRIu32 " outside [0, %d)", l->name, p,
+                              pair_row[p], n_rows);
+        if (pair_expert[p] >= (uint32_t)l->E || !l->owned[pair_expert[p]])
+            return ep_err_set(err, "%s: pair %d: expert %" PRIu32 " is not loaded here", l->name, p,
+                              pair_expert[p]);
+    }
+    return experts_run(l, q, qs, n_pairs, pair_row, pair_expert, pair_w, out, pool, err);
 }
 
 int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
@@ -725,7 +736,7 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
 /* ---- the whole layer ---- */
 
 typedef struct fwd_bufs {
-    uint16_t *xn, *eo, *sh;
+    uint16_t *xn, *eo;
     uint8_t *q;
     float *qs, *pw;
     uint32_t *prow, *pexp;
@@ -735,7 +746,6 @@ static void fwd_free(fwd_bufs *b)
 {
     free(b->xn);
     free(b->eo);
-    free(b->sh);
     free(b->q);
     free(b->qs);
     free(b->pw);
@@ -752,18 +762,27 @@ static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t
         return -1;
     moe_quant(l, T, b->xn, b->q, b->qs);
     /* One pair per slot, in (token, slot) order, so the experts write the output of slot
-     * (t, j) to row t * k + j of eo. moe_route never leaves a slot empty (-1). */
+     * (t, j) to row t * k + j of eo; then one pair per token for the shared expert (expert E,
+     * weight 1: SwiGLU multiplies by it exactly), whose rows follow: the routed and the shared
+     * experts run in the same passes. moe_route never leaves a slot empty (-1), and routes only
+     * to experts this layer owns (checked: the caller must own every expert). */
     int n = T * (int)k;
     for (int i = 0; i < n; i++) {
+        if (topk_ids[i] < 0 || topk_ids[i] >= l->E || !l->owned[topk_ids[i]])
+            return ep_err_set(err, "%s: token %d routes to expert %d, which is not loaded here",
+                              l->name, i / (int)k, topk_ids[i]);
         b->prow[i] = (uint32_t)(i / (int)k);
         b->pexp[i] = (uint32_t)topk_ids[i];
         b->pw[i] = topk_w[i];
     }
-    if (moe_experts(l, T, b->q, b->qs, n, b->prow, b->pexp, b->pw, b->eo, pool, err) < 0)
+    for (int t = 0; t < T; t++) {
+        b->prow[n + t] = (uint32_t)t;
+        b->pexp[n + t] = (uint32_t)l->E;
+        b->pw[n + t] = 1.0f;
+    }
+    if (experts_run(l, b->q, b->qs, n + T, b->prow, b->pexp, b->pw, b->eo, pool, err) < 0)
         return -1;
-    if (moe_shared(l, T, b->q, b->qs, b->sh, pool, err) < 0)
-        return -1;
-    moe_combine(T, l->k, l->H, topk_ids, b->eo, b->sh, out);
+    moe_combine(T, l->k, l->H, topk_ids, b->eo, b->eo + (size_t)n * l->H, out);
     return 0;
 }
 
@@ -780,16 +799,15 @@ int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids
     size_t H = (size_t)l->H, k = (size_t)l->k;
     fwd_bufs b = {
         .xn = malloc(P * H * sizeof(uint16_t)),
-        .eo = malloc(P * k * H * sizeof(uint16_t)),
-        .sh = malloc(P * H * sizeof(uint16_t)),
+        .eo = malloc(P * (k + 1) * H * sizeof(uint16_t)), /* routed slots, then shared rows */
         .q = malloc(P * H),
         .qs = malloc(P * (H / EP_FP8_BLOCK) * sizeof(float)),
-        .pw = malloc(P * k * sizeof(float)),
-        .prow = malloc(P * k * sizeof(uint32_t)),
-        .pexp = malloc(P * k * sizeof(uint32_t)),
+        .pw = malloc(P * (k + 1) * sizeof(float)),
+        .prow = malloc(P * (k + 1) * sizeof(uint32_t)),
+        .pexp = malloc(P * (k + 1) * sizeof(uint32_t)),
     };
     int rc = 0;
-    if (!b.xn || !b.eo || !b.sh || !b.q || !b.qs || !b.pw || !b.prow || !b.pexp) {
+    if (!b.xn || !b.eo || !b.q || !b.qs || !b.pw || !b.prow || !b.pexp) {
         rc = ep_err_set(err, "%s: out of memory for %zu tokens", l->name, P);
     } else {
         for (int t0 = 0; t0 < T && rc == 0; t0 += (int)P) {
