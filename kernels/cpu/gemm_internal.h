@@ -59,14 +59,8 @@ struct gemm_weight {
     size_t bytes; /* everything above, struct included */
 };
 
-/* One gemm_run call, as the implementations see it. */
-typedef struct gemm_call {
-    const gemm_weight *w;
-    int M;
-    const uint8_t *a;
-    const float *a_scale;
-    float *out;
-} gemm_call;
+/* One gemm_run call, as the implementations see it: a gemm_job (gemm.h). */
+typedef gemm_job gemm_call;
 
 /* ---- thread pool (gemm.c) ---- */
 

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "kernels/cpu/bf16_avx2.h"
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/formats.h"
 
@@ -118,31 +119,11 @@ void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *sc
 
 /* ---- bf16 outputs ---- */
 
-/* fmt_f32_to_bf16 on 8 lanes: RNE on the low 16 bits (a carry into the exponent is IEEE's
- * overflow to infinity), every NaN to 0x7FFF. */
-static inline __m128i bf16x8(__m256 v)
-{
-    __m256i u = _mm256_castps_si256(v);
-    __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
-    __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7F800000));
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
-    r = _mm256_srli_epi32(r, 16);
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FFF), nan);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-static inline __m256 f32x8_of_bf16(const uint16_t *p)
-{
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 void qt_avx2_bf16_n(const float *x, size_t n, uint16_t *out)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(out + i), bf16x8(_mm256_loadu_ps(x + i)));
+        _mm_storeu_si128((__m128i *)(out + i), ps_to_bf16x8(_mm256_loadu_ps(x + i)));
     for (; i < n; i++)
         out[i] = fmt_f32_to_bf16(x[i]);
 }
@@ -154,9 +135,9 @@ void qt_avx2_sum_bf16_rows(const uint16_t *const *rows, int n, const uint16_t *l
     for (; h + 8 <= H; h += 8) {
         __m256 y = _mm256_setzero_ps();
         for (int i = 0; i < n; i++)
-            y = _mm256_add_ps(y, f32x8_of_bf16(rows[i] + h));
-        y = _mm256_add_ps(y, f32x8_of_bf16(last + h));
-        _mm_storeu_si128((__m128i *)(out + h), bf16x8(y));
+            y = _mm256_add_ps(y, bf16x8_to_ps(rows[i] + h));
+        y = _mm256_add_ps(y, bf16x8_to_ps(last + h));
+        _mm_storeu_si128((__m128i *)(out + h), ps_to_bf16x8(y));
     }
     for (; h < H; h++) {
         float y = 0.0f;

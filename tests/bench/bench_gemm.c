@@ -21,9 +21,7 @@
  * machine's limit (an exact kernel can beat the FP32 FMA bound: it runs on integer units).
  * Every trial alternates with its baseline and each keeps its best (the machine is shared).
  */
-#include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_bounds.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -43,13 +42,6 @@
 #define MAX_RUNS 16
 /* measurement trials per result and run; each keeps the best */
 #define TRIALS 6
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng_s = 0x9E3779B97F4A7C15ull;
 static double unit(void)
@@ -64,126 +56,6 @@ static float gauss(void)
 {
     double u = unit() + 1e-12, v = unit();
     return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
-/* ---- baselines: read bandwidth and FMA peak ---- */
-
-typedef struct par_arg {
-    const float *p;
-    size_t n;
-    double sink, t0, t1;
-    int fma;
-    pthread_barrier_t *bar;
-} par_arg;
-
-__attribute__((target("avx2"))) static double sum_avx2(const float *p, size_t n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 32 <= n; i += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-    }
-    float f[8];
-    _mm256_storeu_ps(f, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    return f[0] + f[7];
-}
-
-__attribute__((target("avx512f"))) static double sum_avx512(const float *p, size_t n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 64 <= n; i += 64) {
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-
-#define FMA_ITERS     10000000L
-#define FMA_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
-__attribute__((target("avx2,fma"))) static double fma_avx2(void)
-{
-/* distinct starting values: equal chains would be merged into one by the compiler */
-#define D2(i) __m256 a##i = _mm256_set1_ps(1 + i);
-    FMA_CHAINS(D2)
-    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-#define F2(i) a##i = _mm256_fmadd_ps(a##i, m, c);
-        FMA_CHAINS(F2)
-        __asm__ volatile("" : "+x"(m), "+x"(c));
-    }
-    __m256 s = _mm256_setzero_ps();
-#define S2(i) s = _mm256_add_ps(s, a##i);
-    FMA_CHAINS(S2)
-    float f[8];
-    _mm256_storeu_ps(f, s);
-    return f[0];
-}
-
-__attribute__((target("avx512f"))) static double fma_avx512(void)
-{
-#define D5(i) __m512 a##i = _mm512_set1_ps(1 + i);
-    FMA_CHAINS(D5)
-    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-#define F5(i) a##i = _mm512_fmadd_ps(a##i, m, c);
-        FMA_CHAINS(F5)
-        __asm__ volatile("" : "+v"(m), "+v"(c));
-    }
-    __m512 s = _mm512_setzero_ps();
-#define S5(i) s = _mm512_add_ps(s, a##i);
-    FMA_CHAINS(S5)
-    return _mm512_reduce_add_ps(s);
-}
-
-static int wide(void)
-{
-    return __builtin_cpu_supports("avx512f");
-}
-
-static void *par_thread(void *va)
-{
-    par_arg *a = va;
-    pthread_barrier_wait(a->bar);
-    a->t0 = now();
-    if (a->fma)
-        a->sink = wide() ? fma_avx512() : fma_avx2();
-    else
-        a->sink = wide() ? sum_avx512(a->p, a->n) : sum_avx2(a->p, a->n);
-    a->t1 = now();
-    return NULL;
-}
-
-/* fma: FP32 FLOP/s of nthreads threads; else bytes/s reading buf [n floats] in slices */
-static double par_rate(int fma, const float *buf, size_t n, int nthreads)
-{
-    pthread_t th[64];
-    par_arg arg[64];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
-    size_t per = n / (size_t)nthreads / 64 * 64;
-    for (int t = 0; t < nthreads; t++) {
-        arg[t] = (par_arg){.p = buf + per * (size_t)t, .n = per, .fma = fma, .bar = &bar};
-        pthread_create(&th[t], NULL, par_thread, &arg[t]);
-    }
-    pthread_barrier_wait(&bar);
-    /* from the first thread's start to the last one's end, as the threads saw them (the
-     * caller may be scheduled late on a busy machine) */
-    double t0 = 1e30, t1 = 0;
-    for (int t = 0; t < nthreads; t++) {
-        pthread_join(th[t], NULL);
-        t0 = arg[t].t0 < t0 ? arg[t].t0 : t0;
-        t1 = arg[t].t1 > t1 ? arg[t].t1 : t1;
-    }
-    double dt = t1 - t0;
-    pthread_barrier_destroy(&bar);
-    if (fma)
-        return (double)FMA_ITERS * 12 * (wide() ? 16 : 8) * 2 * nthreads / dt;
-    return (double)(per * (size_t)nthreads * sizeof(float)) / dt;
 }
 
 /* ---- test data ---- */
@@ -378,12 +250,12 @@ static void bench_decode(int fp8, const gemm_impl *impls, int ni, gemm_pool *poo
                     gemm_run(ex[e], M, a, as, out, pool);
                 double bw = 0, best = 1e30;
                 for (int trial = 0; trial < TRIALS; trial++) {
-                    double b = par_rate(0, buf, nf, nthreads);
+                    double b = bench_read_bw(buf, nf, nthreads);
                     bw = b > bw ? b : bw;
-                    double t1 = now();
+                    double t1 = bench_now();
                     for (int e = 0; e < E; e++)
                         gemm_run(ex[e], M, a, as, out, pool);
-                    double dt = (now() - t1) / E;
+                    double dt = (bench_now() - t1) / E;
                     best = dt < best ? dt : best;
                 }
                 result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impls[i]));
@@ -410,9 +282,9 @@ static void bench_decode(int fp8, const gemm_impl *impls, int ni, gemm_pool *poo
 #ifdef EPMOE_HAVE_OPENBLAS
 static double sgemm_time(int M, int N, int K, const float *A, const float *W, float *C)
 {
-    double t0 = now();
+    double t0 = bench_now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, W, K, 0.0f, C, N);
-    double t = now() - t0;
+    double t = bench_now() - t0;
     usleep(150000); /* OpenBLAS's threads spin for a while after a call: let them sleep */
     return t;
 }
@@ -457,9 +329,9 @@ static void bench_prefill(int fp8, const gemm_impl *impls, int ni, gemm_pool *po
                     double b = sgemm_time(M, N, K, Af, Wf, out);
                     blas = blas == 0 || b < blas ? b : blas;
 #endif
-                    double t0 = now();
+                    double t0 = bench_now();
                     gemm_run(g, M, a, as, out, pool);
-                    double dt = now() - t0;
+                    double dt = bench_now() - t0;
                     best = dt < best ? dt : best;
                 }
                 result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impls[i]));
@@ -568,14 +440,14 @@ int main(int argc, char **argv)
         buf[i] = (float)(i & 1023);
     double fma = 0, bw = 0;
     for (int r = 0; r < 3; r++) {
-        double f = par_rate(1, NULL, 0, threads), b = par_rate(0, buf, nb, threads);
+        double f = bench_fma_peak(threads), b = bench_read_bw(buf, nb, threads);
         fma = f > fma ? f : fma;
         bw = b > bw ? b : bw;
     }
     free(buf);
     printf("FP32 FMA peak %.0f GFLOP/s (%s), read bandwidth %.1f GB/s (decode rows use the "
            "bandwidth measured beside each result)\n",
-           fma / 1e9, wide() ? "zmm" : "ymm", bw / 1e9);
+           fma / 1e9, bench_wide() ? "zmm" : "ymm", bw / 1e9);
     for (int run = 0; run < runs; run++) {
         for (int fp8 = 0; fp8 <= 1; fp8++) {
             if (only >= 0 && only != fp8)

@@ -23,14 +23,13 @@
  *           FMA the CPU has with the same threads (each measured best of several trials).
  * The load of the layer (checkpoint in the page cache -> packed weights) is timed as well.
  */
-#include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "bench_bounds.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "ggml-cpu.h"
@@ -41,13 +40,6 @@
 
 #define MAX_T    16
 #define MAX_RUNS 32
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double unit(void)
@@ -62,168 +54,6 @@ static double gauss(void)
 {
     double u = unit() + 1e-12, v = unit();
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* ---- bounds ---- */
-
-typedef struct bw_arg {
-    const float *p;
-    size_t n;
-    double sink, t0, t1;
-    pthread_barrier_t *bar;
-} bw_arg;
-
-__attribute__((target("avx2"))) static double sum_avx2(const float *p, size_t n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 32 <= n; i += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-    }
-    float f[8];
-    _mm256_storeu_ps(f, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    return f[0] + f[7];
-}
-
-__attribute__((target("avx512f"))) static double sum_avx512(const float *p, size_t n)
-{
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 64 <= n; i += 64) {
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-
-static int have_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f");
-}
-
-static void *bw_thread(void *va)
-{
-    bw_arg *a = va;
-    pthread_barrier_wait(a->bar);
-    a->t0 = now();
-    a->sink = have_avx512() ? sum_avx512(a->p, a->n) : sum_avx2(a->p, a->n);
-    a->t1 = now();
-    return NULL;
-}
-
-/* Read bandwidth in bytes/s of nthreads threads summing disjoint slices of buf. */
-static double read_bw(const float *buf, size_t n, int nthreads)
-{
-    pthread_t th[64];
-    bw_arg arg[64];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
-    size_t per = n / (size_t)nthreads / 64 * 64;
-    for (int t = 0; t < nthreads; t++) {
-        arg[t] = (bw_arg){.p = buf + per * (size_t)t, .n = per, .bar = &bar};
-        pthread_create(&th[t], NULL, bw_thread, &arg[t]);
-    }
-    pthread_barrier_wait(&bar);
-    /* first start to last end as the threads saw them (the caller may run late) */
-    double t0 = 1e30, t1 = 0;
-    for (int t = 0; t < nthreads; t++) {
-        pthread_join(th[t], NULL);
-        t0 = arg[t].t0 < t0 ? arg[t].t0 : t0;
-        t1 = arg[t].t1 > t1 ? arg[t].t1 : t1;
-    }
-    pthread_barrier_destroy(&bar);
-    return (double)(per * (size_t)nthreads * sizeof(float)) / (t1 - t0);
-}
-
-#define FMA_ITERS 20000000L
-
-__attribute__((target("avx2,fma"))) static double fma_avx2(void)
-{
-    /* distinct starting values: equal chains would be merged into one by the compiler */
-    __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3),
-           a3 = _mm256_set1_ps(4), a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6),
-           a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
-           a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
-    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-        a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
-        a2 = _mm256_fmadd_ps(a2, m, c), a3 = _mm256_fmadd_ps(a3, m, c);
-        a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
-        a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c);
-        a8 = _mm256_fmadd_ps(a8, m, c), a9 = _mm256_fmadd_ps(a9, m, c);
-        a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
-        __asm__ volatile("" : "+x"(m), "+x"(c));
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float f[8];
-    _mm256_storeu_ps(f, s);
-    return f[0]; /* 12 chains x 8 lanes x 2 flops per iteration */
-}
-
-__attribute__((target("avx512f"))) static double fma_avx512(void)
-{
-    __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3),
-           a3 = _mm512_set1_ps(4), a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6),
-           a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8), a8 = _mm512_set1_ps(9),
-           a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
-    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-        a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c);
-        a2 = _mm512_fmadd_ps(a2, m, c), a3 = _mm512_fmadd_ps(a3, m, c);
-        a4 = _mm512_fmadd_ps(a4, m, c), a5 = _mm512_fmadd_ps(a5, m, c);
-        a6 = _mm512_fmadd_ps(a6, m, c), a7 = _mm512_fmadd_ps(a7, m, c);
-        a8 = _mm512_fmadd_ps(a8, m, c), a9 = _mm512_fmadd_ps(a9, m, c);
-        a10 = _mm512_fmadd_ps(a10, m, c), a11 = _mm512_fmadd_ps(a11, m, c);
-        __asm__ volatile("" : "+v"(m), "+v"(c));
-    }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    return _mm512_reduce_add_ps(s);
-}
-
-typedef struct fma_arg {
-    double sink, t0, t1;
-    pthread_barrier_t *bar;
-} fma_arg;
-
-static void *fma_thread(void *va)
-{
-    fma_arg *a = va;
-    pthread_barrier_wait(a->bar);
-    a->t0 = now();
-    a->sink = have_avx512() ? fma_avx512() : fma_avx2();
-    a->t1 = now();
-    return NULL;
-}
-
-/* FP32 FMA peak in FLOP/s with nthreads threads (the widest FMA the CPU has). */
-static double fma_peak(int nthreads)
-{
-    pthread_t th[64];
-    fma_arg arg[64];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)nthreads + 1);
-    for (int t = 0; t < nthreads; t++) {
-        arg[t].bar = &bar;
-        pthread_create(&th[t], NULL, fma_thread, &arg[t]);
-    }
-    pthread_barrier_wait(&bar);
-    double t0 = 1e30, t1 = 0;
-    for (int t = 0; t < nthreads; t++) {
-        pthread_join(th[t], NULL);
-        t0 = arg[t].t0 < t0 ? arg[t].t0 : t0;
-        t1 = arg[t].t1 > t1 ? arg[t].t1 : t1;
-    }
-    double dt = t1 - t0;
-    pthread_barrier_destroy(&bar);
-    int lanes = have_avx512() ? 16 : 8;
-    return (double)FMA_ITERS * 12 * lanes * 2 * nthreads / dt;
 }
 
 /* ---- inputs ---- */
@@ -270,9 +100,9 @@ static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_ru
         return -1;
     }
     *load_bytes = shard_layer_bytes(m, c, layer, NULL, NULL, false);
-    double t0 = now();
+    double t0 = bench_now();
     mb_layer *l = shard_load_layer(be, m, c, layer, NULL, NULL, NULL, NULL, &err);
-    *load_s = now() - t0;
+    *load_s = bench_now() - t0;
     if (!l) {
         fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
         return -1;
@@ -287,12 +117,12 @@ static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_ru
         hidden_states(T, H, x);
         lr[i].best_s = 1e30;
         for (int r = 0; r <= runs; r++) { /* run 0 warms up */
-            double a = now();
+            double a = bench_now();
             if (mb_forward(be, l, T, x, tok, out, lr[i].ids, w, &err) < 0) {
                 fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
                 return -1;
             }
-            double dt = now() - a;
+            double dt = bench_now() - a;
             if (r > 0 && dt < lr[i].best_s)
                 lr[i].best_s = dt;
         }
@@ -394,12 +224,12 @@ static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, in
         ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s2, sact));
         best_s[i] = 1e30;
         for (int r = 0; r <= runs; r++) {
-            double a = now();
+            double a = bench_now();
             if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
                 fprintf(stderr, "bench_vs_ggml: ggml_graph_compute failed\n");
                 return -1;
             }
-            double dt = now() - a;
+            double dt = bench_now() - a;
             if (r > 0 && dt < best_s[i])
                 best_s[i] = dt;
         }
@@ -447,12 +277,12 @@ int main(int argc, char **argv)
         buf[i] = (float)(i & 1023);
     double bw = 0, fl = 0;
     for (int r = 0; r < 5; r++) {
-        double b = read_bw(buf, nbuf, threads);
+        double b = bench_read_bw(buf, nbuf, threads);
         bw = b > bw ? b : bw;
     }
     free(buf);
     for (int r = 0; r < 3; r++) {
-        double f = fma_peak(threads);
+        double f = bench_fma_peak(threads);
         fl = f > fl ? f : fl;
     }
     fprintf(stderr, "read %.1f GB/s, FMA %.0f GFLOP/s\n", bw / 1e9, fl / 1e9);
@@ -481,7 +311,7 @@ int main(int argc, char **argv)
            gemm_impl_name(gemm_impl_best()));
     printf("read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s (%s); layer load %.2f GB in "
            "%.3f s = %.2f GB/s\n\n",
-           bw / 1e9, fl / 1e9, have_avx512() ? "zmm" : "ymm", load_bytes / 1e9, load_s,
+           bw / 1e9, fl / 1e9, bench_wide() ? "zmm" : "ymm", load_bytes / 1e9, load_s,
            load_bytes / load_s / 1e9);
     printf(
         "| T | experts hit | bytes read | memory bound | FMA bound | bound | epmoe (best of %d) | "
