@@ -153,6 +153,7 @@ typedef struct diff_stat {
     const char *name;
     int64_t numel, differ;
     double max_abs;
+    double calc_diff; /* DeepGEMM's 1 - 2 sum(ab) / sum(a^2 + b^2); float tensors */
     int identical;
 } diff_stat;
 
@@ -197,6 +198,16 @@ static int diff_tensor(const st_tensor *a, const st_tensor *b, diff_stat *d, ep_
     d->identical = memcmp(a->data, b->data, a->nbytes) == 0;
     d->differ = 0;
     d->max_abs = 0;
+    d->calc_diff = 0;
+    if (!d->identical && (a->dtype == ST_BF16 || a->dtype == ST_F32)) {
+        double xy = 0, xx = 0, yy = 0;
+        for (int64_t i = 0; i < a->numel; i++) {
+            double x = diff_value(a, i), y = diff_value(b, i);
+            xy += x * y, xx += x * x, yy += y * y;
+        }
+        /* a non-finite value makes the tensors incomparable: the largest difference */
+        d->calc_diff = !isfinite(xy + xx + yy) ? 1.0 : xx + yy == 0 ? 0.0 : 1 - 2 * xy / (xx + yy);
+    }
     for (int64_t i = 0; !d->identical && i < a->numel; i++) {
         if (memcmp((const uint8_t *)a->data + i * es, (const uint8_t *)b->data + i * es, es) == 0)
             continue;
@@ -208,15 +219,31 @@ static int diff_tensor(const st_tensor *a, const st_tensor *b, diff_stat *d, ep_
     return 0;
 }
 
+static const char diff_usage[] =
+    "usage: epmoectl diff A.safetensors B.safetensors [--max-calc-diff X]\n"
+    "  exit 0: every tensor bit-identical (or, with --max-calc-diff, every float tensor within\n"
+    "  DeepGEMM's calc_diff X and every integer tensor identical: spec section 7's check of a\n"
+    "  tensor-core run); 1: some differ; 65: not comparable\n";
+
 int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
 {
     if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        printf("usage: epmoectl diff A.safetensors B.safetensors\n"
-               "  exit 0: every tensor bit-identical; 1: some differ; 65: not comparable\n");
+        printf("%s", diff_usage);
         return CMD_OK;
     }
+    double tol = -1;
+    if (argc == 5 && strcmp(argv[3], "--max-calc-diff") == 0) {
+        char *end;
+        tol = strtod(argv[4], &end);
+        if (*end != '\0' || !(tol >= 0 && tol <= 1)) {
+            fprintf(stderr, "epmoectl diff: --max-calc-diff %s: expected a number in [0, 1]\n",
+                    argv[4]);
+            return CMD_USAGE;
+        }
+        argc = 3;
+    }
     if (argc != 3) {
-        fprintf(stderr, "usage: epmoectl diff A.safetensors B.safetensors\n");
+        fprintf(stderr, "%s", diff_usage);
         return CMD_USAGE;
     }
     ep_err err;
@@ -239,12 +266,14 @@ int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
             rc = CMD_DATAERR;
             break;
         }
-        if (!ds[i].identical)
+        bool is_float = ta->dtype == ST_BF16 || ta->dtype == ST_F32;
+        if (!ds[i].identical && !(tol >= 0 && is_float && ds[i].calc_diff <= tol))
             rc = CMD_FAILED;
-        json_array_append_new(arr, json_pack("{s:s, s:b, s:I, s:I, s:f}", "name", ds[i].name,
-                                             "identical", ds[i].identical, "elements",
-                                             (json_int_t)ds[i].numel, "differ",
-                                             (json_int_t)ds[i].differ, "max_abs", ds[i].max_abs));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:b, s:I, s:I, s:f, s:f}", "name", ds[i].name,
+                                        "identical", ds[i].identical, "elements",
+                                        (json_int_t)ds[i].numel, "differ", (json_int_t)ds[i].differ,
+                                        "max_abs", ds[i].max_abs, "calc_diff", ds[i].calc_diff));
     }
     if (rc == CMD_OK && st_count(b) != n) {
         rc = CMD_DATAERR;
@@ -253,17 +282,20 @@ int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
     if (rc == CMD_DATAERR) {
         fprintf(stderr, "epmoectl diff: %s\n", err.msg);
     } else if (ctx->output == CMD_OUT_JSON) {
-        json_t *o = json_pack("{s:i, s:b, s:o}", "schema", 1, "identical", rc == CMD_OK, "tensors",
-                              json_incref(arr));
+        bool all_same = true;
+        for (int i = 0; i < n; i++)
+            all_same = all_same && ds[i].identical;
+        json_t *o = json_pack("{s:i, s:b, s:b, s:o}", "schema", 1, "identical", all_same, "ok",
+                              rc == CMD_OK, "tensors", json_incref(arr));
         char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
         printf("%s\n", s);
         free(s);
         json_decref(o);
     } else {
         for (int i = 0; i < n; i++)
-            printf("%-14s %s (%lld elements, %lld differ, max |a-b| %g)\n", ds[i].name,
-                   ds[i].identical ? "identical" : "DIFFERS", (long long)ds[i].numel,
-                   (long long)ds[i].differ, ds[i].max_abs);
+            printf("%-14s %s (%lld elements, %lld differ, max |a-b| %g, calc_diff %.3g)\n",
+                   ds[i].name, ds[i].identical ? "identical" : "DIFFERS", (long long)ds[i].numel,
+                   (long long)ds[i].differ, ds[i].max_abs, ds[i].calc_diff);
     }
     json_decref(arr);
     free(ds);
