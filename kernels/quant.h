@@ -19,7 +19,7 @@
  * or inf (x/inf = 0 for finite x, inf/inf = NaN).
  *
  * qt_act_rows and qt_act_rows_f32 use the best implementation (gemm_impl_best(), so
- * EPMOE_GEMM=ref selects the reference here too); the _impl variants take it explicitly, and
+ * EPMOE_ISA selects here too); the _impl variants take it explicitly, and
  * tests prove the implementations agree bit for bit.
  */
 #ifndef EPMOE_QUANT_H
