@@ -664,22 +664,45 @@ typedef struct many_ctx {
     int n;
     const gemm_kops *ops;
     gemm_pool *pool;
-    atomic_long next;
+    /* the items not taken yet: [head, tail) as head << 32 | tail */
+    atomic_uint_least64_t range;
 } many_ctx;
 
+/* Take the next item from the front (from_back 0) or the back; -1 when none is left. */
+static long many_take(many_ctx *r, int from_back)
+{
+    uint_least64_t v = atomic_load_explicit(&r->range, memory_order_relaxed), nv;
+    for (;;) {
+        uint32_t head = (uint32_t)(v >> 32), tail = (uint32_t)v;
+        if (head >= tail)
+            return -1;
+        nv = from_back ? v - 1 : v + ((uint_least64_t)1 << 32);
+        if (atomic_compare_exchange_weak_explicit(&r->range, &v, nv, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return from_back ? (long)tail - 1 : (long)head;
+    }
+}
+
+/* Half the threads work from the front of the item list and half from the back, each moving
+ * through the calls in order (so each prepares a call's activations about once): with the
+ * compute-bound calls first (the shared expert of a step) and memory-bound ones after (small
+ * experts), one thread computes while another streams weights, instead of both doing one kind
+ * of work at a time. */
 static void many_share(void *vctx, int tid, int nthreads)
 {
     many_ctx *r = vctx;
     void *scratch = gemm_pool_scratch(r->pool, tid);
-    int cur = -1;
+    int cur = -1, back = tid % 2;
     long prepared = -1;
     for (;;) {
-        long item = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed);
-        if (item >= r->first[r->n])
+        long item = many_take(r, back);
+        if (item < 0)
             break;
-        int i = cur < 0 ? 0 : cur;
+        int i = cur < 0 ? (back ? r->n - 1 : 0) : cur;
         while (item >= r->first[i + 1])
             i++;
+        while (item < r->first[i])
+            i--;
         if (i != cur) {
             cur = i;
             prepared = -1;
@@ -730,7 +753,7 @@ void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool)
             continue;
         many_ctx r = {
             .calls = calls, .plans = plans, .first = first, .n = m, .ops = ops, .pool = pool};
-        atomic_init(&r.next, 0);
+        atomic_init(&r.range, (uint_least64_t)first[m]); /* head 0, tail: every item */
         gemm_pool_run(pool, many_share, &r);
     }
 }
