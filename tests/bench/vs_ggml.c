@@ -20,7 +20,9 @@
  *   bound   max(memory, FMA): memory = the bytes the layer must read (every expert hit, the
  *           shared expert, the gate) / the read bandwidth of an AVX-512 (or AVX2) read-sum
  *           over 1 GiB with the same threads; FMA = 2 * MACs / the FP32 FMA peak of the widest
- *           FMA the CPU has with the same threads (each measured best of several trials).
+ *           FMA the CPU has with the same threads.
+ * The machine may be shared: every result and bound keeps its best trial, and the trials are
+ * spread over the run (each round runs every T once, after a trial of the bounds).
  * Before every timed run the caches are flushed (a 128 MiB read): in a model the other layers'
  * weights pass through them between two steps of a layer.
  * The load of the layer (checkpoint in the page cache -> packed weights) is timed as well.
@@ -88,6 +90,22 @@ static void flush_caches(void)
     flush_buf[0] = s * 0.0f;
 }
 
+/* The bounds: best read bandwidth and FMA peak over trials spread through the whole run (the
+ * machine is shared: the best trial is the least disturbed one, as for the results). */
+typedef struct bounds {
+    float *buf;
+    size_t n;
+    int threads;
+    double bw, fma;
+} bounds;
+
+static void bounds_trial(bounds *b)
+{
+    double bw = bench_read_bw(b->buf, b->n, b->threads), f = bench_fma_peak(b->threads);
+    b->bw = bw > b->bw ? bw : b->bw;
+    b->fma = f > b->fma ? f : b->fma;
+}
+
 /* ---- epmoe ---- */
 
 typedef struct layer_run {
@@ -98,7 +116,7 @@ typedef struct layer_run {
 } layer_run;
 
 static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_run *lr, int nT,
-                     mc_config *c, double *load_s, uint64_t *load_bytes)
+                     mc_config *c, double *load_s, uint64_t *load_bytes, bounds *bd)
 {
     ep_err err = {{0}};
     char path[4096];
@@ -122,19 +140,26 @@ static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_ru
         fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
         return -1;
     }
-    int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts;
+    int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts, maxT = 0;
+    for (int i = 0; i < nT; i++)
+        maxT = lr[i].T > maxT ? lr[i].T : maxT;
+    uint16_t *x[MAX_T], *out = malloc((size_t)maxT * H * 2);
+    int64_t *tok = calloc((size_t)maxT, sizeof *tok);
+    float *w = malloc((size_t)maxT * k * sizeof(float));
     for (int i = 0; i < nT; i++) {
-        int T = lr[i].T;
-        uint16_t *x = malloc((size_t)T * H * 2), *out = malloc((size_t)T * H * 2);
-        int64_t *tok = calloc((size_t)T, sizeof *tok);
-        float *w = malloc((size_t)T * k * sizeof(float));
-        lr[i].ids = malloc((size_t)T * k * sizeof(int32_t));
-        hidden_states(T, H, x);
+        x[i] = malloc((size_t)lr[i].T * H * 2);
+        hidden_states(lr[i].T, H, x[i]);
+        lr[i].ids = malloc((size_t)lr[i].T * k * sizeof(int32_t));
         lr[i].best_s = 1e30;
-        for (int r = 0; r <= runs; r++) { /* run 0 warms up */
+    }
+    /* round 0 warms up; every round runs each T once (after a bounds trial), so each result's
+     * trials are spread over the whole phase */
+    for (int r = 0; r <= runs; r++) {
+        bounds_trial(bd);
+        for (int i = 0; i < nT; i++) {
             flush_caches();
             double a = bench_now();
-            if (mb_forward(be, l, T, x, tok, out, lr[i].ids, w, &err) < 0) {
+            if (mb_forward(be, l, lr[i].T, x[i], tok, out, lr[i].ids, w, &err) < 0) {
                 fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
                 return -1;
             }
@@ -142,17 +167,19 @@ static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_ru
             if (r > 0 && dt < lr[i].best_s)
                 lr[i].best_s = dt;
         }
+    }
+    for (int i = 0; i < nT; i++) {
         char *hit = calloc((size_t)E, 1);
         lr[i].distinct = 0;
-        for (int j = 0; j < T * k; j++)
+        for (int j = 0; j < lr[i].T * k; j++)
             lr[i].distinct += hit[lr[i].ids[j]]++ == 0;
         free(hit);
-        free(x);
-        free(out);
-        free(tok);
-        free(w);
-        fprintf(stderr, "epmoe T=%d: %.3f ms\n", T, lr[i].best_s * 1e3);
+        free(x[i]);
+        fprintf(stderr, "epmoe T=%d: %.3f ms\n", lr[i].T, lr[i].best_s * 1e3);
     }
+    free(out);
+    free(tok);
+    free(w);
     mb_layer_free(&l);
     st_model_close(&m);
     mb_destroy(&be);
@@ -189,7 +216,7 @@ static void fill_f32(struct ggml_tensor *t, double scale)
 }
 
 static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, int nT,
-                    double *best_s)
+                    double *best_s, bounds *bd)
 {
     int H = c->hidden_size, I = c->moe_intermediate_size, E = c->n_routed_experts,
         k = c->num_experts_per_tok;
@@ -212,6 +239,8 @@ static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, in
     struct ggml_tensor *all[6] = {w1, w3, w2, s1, s3, s2};
     for (int i = 0; i < 6; i++)
         fill_blocks(all[i]);
+    struct ggml_context *ctx[MAX_T];
+    struct ggml_cgraph *gf[MAX_T];
     for (int i = 0; i < nT; i++) {
         int T = lr[i].T;
         size_t abytes = (size_t)T * (H + (size_t)k * I + H + I) * sizeof(float) * 3 +
@@ -220,29 +249,32 @@ static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, in
                                                   ggml_graph_overhead() + ((size_t)64 << 20),
                                       .mem_buffer = NULL,
                                       .no_alloc = false};
-        struct ggml_context *ctx = ggml_init(ap);
-        struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, H, 1, T);
-        struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, k, T);
-        struct ggml_tensor *act = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, I, k, T);
-        struct ggml_tensor *x2 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, H, T);
-        struct ggml_tensor *sact = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, I, T);
+        ctx[i] = ggml_init(ap);
+        struct ggml_tensor *x = ggml_new_tensor_3d(ctx[i], GGML_TYPE_F32, H, 1, T);
+        struct ggml_tensor *ids = ggml_new_tensor_2d(ctx[i], GGML_TYPE_I32, k, T);
+        struct ggml_tensor *act = ggml_new_tensor_3d(ctx[i], GGML_TYPE_F32, I, k, T);
+        struct ggml_tensor *x2 = ggml_new_tensor_2d(ctx[i], GGML_TYPE_F32, H, T);
+        struct ggml_tensor *sact = ggml_new_tensor_2d(ctx[i], GGML_TYPE_F32, I, T);
         fill_f32(x, 1.0);
         fill_f32(act, 0.1);
         fill_f32(x2, 1.0);
         fill_f32(sact, 0.1);
         memcpy(ids->data, lr[i].ids, (size_t)T * k * sizeof(int32_t));
-        struct ggml_cgraph *gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w1, x, ids));
-        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w3, x, ids));
-        ggml_build_forward_expand(gf, ggml_mul_mat_id(ctx, w2, act, ids));
-        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s1, x2));
-        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s3, x2));
-        ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s2, sact));
+        gf[i] = ggml_new_graph(ctx[i]);
+        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w1, x, ids));
+        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w3, x, ids));
+        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w2, act, ids));
+        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s1, x2));
+        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s3, x2));
+        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s2, sact));
         best_s[i] = 1e30;
-        for (int r = 0; r <= runs; r++) {
+    }
+    for (int r = 0; r <= runs; r++) { /* as for epmoe: round 0 warms up */
+        bounds_trial(bd);
+        for (int i = 0; i < nT; i++) {
             flush_caches();
             double a = bench_now();
-            if (ggml_graph_compute_with_ctx(ctx, gf, threads) != GGML_STATUS_SUCCESS) {
+            if (ggml_graph_compute_with_ctx(ctx[i], gf[i], threads) != GGML_STATUS_SUCCESS) {
                 fprintf(stderr, "bench_vs_ggml: ggml_graph_compute failed\n");
                 return -1;
             }
@@ -250,8 +282,10 @@ static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, in
             if (r > 0 && dt < best_s[i])
                 best_s[i] = dt;
         }
-        ggml_free(ctx);
-        fprintf(stderr, "ggml T=%d: %.3f ms\n", T, best_s[i] * 1e3);
+    }
+    for (int i = 0; i < nT; i++) {
+        ggml_free(ctx[i]);
+        fprintf(stderr, "ggml T=%d: %.3f ms\n", lr[i].T, best_s[i] * 1e3);
     }
     ggml_free(wctx);
     return 0;
@@ -287,23 +321,14 @@ int main(int argc, char **argv)
                         "[--tokens 1,8,64,256] [--runs R]\n");
         return 64;
     }
-    /* bounds first, on a quiet process */
-    size_t nbuf = (size_t)1 << 28; /* 1 GiB of floats */
-    float *buf = aligned_alloc(64, nbuf * sizeof(float));
-    for (size_t i = 0; i < nbuf; i++)
-        buf[i] = (float)(i & 1023);
+    /* bounds: trials now and in every round of both phases; each keeps its best */
+    bounds bd = {.n = (size_t)1 << 28, .threads = threads}; /* 1 GiB of floats */
+    bd.buf = aligned_alloc(64, bd.n * sizeof(float));
+    for (size_t i = 0; i < bd.n; i++)
+        bd.buf[i] = (float)(i & 1023);
     flush_buf = calloc(FLUSH_FLOATS, sizeof(float));
-    double bw = 0, fl = 0;
-    for (int r = 0; r < 5; r++) {
-        double b = bench_read_bw(buf, nbuf, threads);
-        bw = b > bw ? b : bw;
-    }
-    free(buf);
-    for (int r = 0; r < 10; r++) { /* short trials: the best is the undisturbed one */
-        double f = bench_fma_peak(threads);
-        fl = f > fl ? f : fl;
-    }
-    fprintf(stderr, "read %.1f GB/s, FMA %.0f GFLOP/s\n", bw / 1e9, fl / 1e9);
+    for (int r = 0; r < 3; r++)
+        bounds_trial(&bd);
 
     layer_run lr[MAX_T];
     memset(lr, 0, sizeof lr);
@@ -312,9 +337,11 @@ int main(int argc, char **argv)
     mc_config c;
     double load_s = 0, gg[MAX_T];
     uint64_t load_bytes = 0;
-    if (run_epmoe(dir, layer, threads, runs, lr, nT, &c, &load_s, &load_bytes) < 0 ||
-        run_ggml(&c, threads, runs, lr, nT, gg) < 0)
+    if (run_epmoe(dir, layer, threads, runs, lr, nT, &c, &load_s, &load_bytes, &bd) < 0 ||
+        run_ggml(&c, threads, runs, lr, nT, gg, &bd) < 0)
         return 1;
+    double bw = bd.bw, fl = bd.fma;
+    free(bd.buf);
 
     int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok,
         E = c.n_routed_experts;
