@@ -3,6 +3,12 @@
  * goes.
  *
  *   bench_layer [--threads N] [--experts N] [--only fp4|fp8] [--runs R] [--tokens 1,8,64,256]
+ *               [--model DIR] [--cpu-time 0|1]
+ *
+ * --model DIR measures layer 0 of that checkpoint with every expert loaded instead of the
+ * generated 16-expert layer below; --cpu-time 1 (with --threads 1) times the phases in thread
+ * CPU time, which the load of a shared machine does not inflate. Token inputs are hidden
+ * states with per-channel scales and outlier channels, as real ones.
  *
  * Shapes: H 4096, I 2048, 256 experts logically, top-6, one shared expert. Only the first
  * --experts (default 16) routed experts are materialised (generated with the tests' generator,
@@ -21,6 +27,7 @@
  * come from the fastest of --runs runs (the machine may be shared; the best run is the least
  * disturbed one), percentages of its layer time; SwiGLU is the fastest replay.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +45,14 @@
 #define MAX_RUNS 32
 #define MAX_T    4096
 
+/* --cpu-time: phases in the calling thread's CPU time (with --threads 1 every phase runs on
+ * it), which other jobs on a shared machine do not inflate */
+static int cpu_time;
+
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu_time ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -212,9 +223,17 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
         .prow = malloc(TT * k * 4),
         .pexp = malloc(TT * k * 4),
     };
+    /* hidden states as real ones look: per-channel scales spread log-normally (a product of
+     * uniforms stands in for exp(gauss)), four channels 30-100x the rest */
     uint64_t rs = 42;
+    float *scale = malloc((size_t)H * sizeof(float));
+    for (int c = 0; c < H; c++)
+        scale[c] = (float)exp(0.6 * 1.7 * (gen_unit(&rs) + gen_unit(&rs) + gen_unit(&rs)));
+    for (int i = 0; i < 4; i++)
+        scale[(int)((gen_unit(&rs) * 0.5 + 0.5) * H) % H] *= (float)(65.0 + 35.0 * gen_unit(&rs));
     for (size_t i = 0; i < TT * H; i++)
-        u.x[i] = fmt_f32_to_bf16((float)(1.5 * gen_unit(&rs)));
+        u.x[i] = fmt_f32_to_bf16((float)(0.2 * gen_unit(&rs) * scale[i % H]));
+    free(scale);
     for (size_t i = 0; i < (size_t)2 * 256 * 2048; i++) /* w1/w3-output-like values */
         u.acc[i] = (float)(4.0 * gen_unit(&rs));
 
@@ -279,6 +298,8 @@ int main(int argc, char **argv)
         i++;
         if (strcmp(a, "--threads") == 0) {
             threads = atoi(v);
+        } else if (strcmp(a, "--cpu-time") == 0) {
+            cpu_time = atoi(v) != 0;
         } else if (strcmp(a, "--model") == 0) {
             model = v;
         } else if (strcmp(a, "--experts") == 0) {
@@ -296,7 +317,7 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_layer [--threads N] [--experts N] [--only fp4|fp8] "
-                            "[--runs R] [--tokens 1,8,64,256] [--model DIR]\n");
+                            "[--runs R] [--tokens 1,8,64,256] [--model DIR] [--cpu-time 0|1]\n");
             return 64;
         }
     }

@@ -14,14 +14,15 @@
 #            minutes on 2 cores).
 # --work     where to build ggml and this bench and put the generated layer (default: a new
 #            mktemp folder, removed at the end; give one to keep and reuse them).
-# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 5).
+# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10): every
+#            result and bound keeps its best of --runs rounds spread over the run.
 #
 # Needs ~3.5 GB free on disk and ~8 GB of memory (the layer in the page cache, then epmoe's
 # packed layer, then ggml's copy, one after the other).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=5
+MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10
 while [ $# -gt 0 ]; do
     case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
-    -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
