@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
