@@ -213,39 +213,46 @@ static void wire_free_payloads(const wire_payload *payloads, int from, int n)
             payloads[i].free_fn((void *)payloads[i].data, payloads[i].hint);
 }
 
-int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
-              const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
-              bool dontwait, ep_err *err)
+int wire_send_packed(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+                     const uint8_t *body, size_t body_len, const wire_payload *payloads,
+                     int n_payloads, bool dontwait, ep_err *err)
 {
     uint8_t tb[2] = {(uint8_t)(type & 0xFF), (uint8_t)(type >> 8)};
-    size_t blen = body ? protobuf_c_message_get_packed_size(body) : 0;
-    uint8_t stackbuf[512];
-    uint8_t *bbuf = blen <= sizeof stackbuf ? stackbuf : malloc(blen);
-    int rc = -1, sent = 0;
-    if (bbuf == NULL) {
-        wire_free_payloads(payloads, 0, n_payloads);
-        return ep_err_set(err, "out of memory packing %s (%zu bytes)", wire_type_name(type), blen);
-    }
-    if (body)
-        protobuf_c_message_pack(body, bbuf);
+    int sent = 0;
     if (ident_len && wire_send_frame(sock, ident, ident_len, true, dontwait) != 0)
         goto fail_send;
     /* after the first frame the rest of a multipart message never blocks */
     if (wire_send_frame(sock, WIRE_VERSION, strlen(WIRE_VERSION), true, dontwait && !ident_len) ||
         wire_send_frame(sock, tb, 2, true, false) ||
-        wire_send_frame(sock, bbuf, blen, n_payloads > 0, false))
+        wire_send_frame(sock, body, body_len, n_payloads > 0, false))
         goto fail_send;
     for (; sent < n_payloads; sent++)
         if (wire_send_payload(sock, &payloads[sent], sent + 1 < n_payloads, false) != 0) {
             sent++; /* that payload was freed by wire_send_payload */
             goto fail_send;
         }
-    rc = 0;
-    goto done;
+    return 0;
 fail_send:
     ep_err_set(err, "sending %s: %s", wire_type_name(type), zmq_strerror(zmq_errno()));
     wire_free_payloads(payloads, sent, n_payloads);
-done:
+    return -1;
+}
+
+int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+              const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
+              bool dontwait, ep_err *err)
+{
+    size_t blen = body ? protobuf_c_message_get_packed_size(body) : 0;
+    uint8_t stackbuf[512];
+    uint8_t *bbuf = blen <= sizeof stackbuf ? stackbuf : malloc(blen);
+    if (bbuf == NULL) {
+        wire_free_payloads(payloads, 0, n_payloads);
+        return ep_err_set(err, "out of memory packing %s (%zu bytes)", wire_type_name(type), blen);
+    }
+    if (body)
+        protobuf_c_message_pack(body, bbuf);
+    int rc = wire_send_packed(sock, ident, ident_len, type, body ? bbuf : NULL, blen, payloads,
+                              n_payloads, dontwait, err);
     if (bbuf != stackbuf)
         free(bbuf);
     return rc;
@@ -294,6 +301,18 @@ void wire_free_unpacked(ProtobufCMessage *msg)
         protobuf_c_message_free_unpacked(msg, &a);
 }
 
+void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text)
+{
+    epmoe__error__init(e);
+    e->has_code = 1;
+    e->code = code;
+    e->message = text;
+    if (in_reply_to) {
+        e->has_in_reply_to = 1;
+        e->in_reply_to = in_reply_to;
+    }
+}
+
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)
 {
@@ -302,13 +321,7 @@ void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Epmoe__Error e = EPMOE__ERROR__INIT;
-    e.has_code = 1;
-    e.code = code;
-    e.message = text;
-    if (in_reply_to) {
-        e.has_in_reply_to = 1;
-        e.in_reply_to = in_reply_to;
-    }
+    Epmoe__Error e;
+    wire_error_init(&e, code, in_reply_to, text);
     wire_send(sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0, true, NULL);
 }

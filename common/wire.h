@@ -77,11 +77,18 @@ int wire_send(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
               const ProtobufCMessage *body, const wire_payload *payloads, int n_payloads,
               bool dontwait, ep_err *err);
 
+/* The same with a body already packed (body_len 0: empty frame). */
+int wire_send_packed(void *sock, const uint8_t *ident, size_t ident_len, uint16_t type,
+                     const uint8_t *body, size_t body_len, const wire_payload *payloads,
+                     int n_payloads, bool dontwait, ep_err *err);
+
 /* Decode m's body as desc with a bounded allocator. Free with wire_free_unpacked. */
 ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
                               ep_err *err);
 void wire_free_unpacked(ProtobufCMessage *msg);
 
+/* An Error body {code, text, in_reply_to (0: absent)}; text is borrowed. */
+void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text);
 /* Send an Error message (code, formatted message, in_reply_to type). Best effort. */
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)

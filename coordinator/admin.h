@@ -1,31 +1,62 @@
 /*
- * admin.h — the admin RPC of the coordinator (prefix adm_): AdminRequest in, AdminReply out,
- * on the ROUTER bound at coordinator.admin.
+ * admin.h — the admin RPC's wire format (prefix adm_): parse an AdminRequest, format an
+ * AdminReply. No state and no decisions: coord.c decides what a verb does (and hands FORWARD to
+ * the sequencer); the functions here only turn facts into replies, queued in an ob_box.
  *
- * Verbs: STATUS, WORKERS, SHARDS [layer], CONFIG, FORWARD (handed to the sequencer), SHUTDOWN
- * (replies ok, then stops the daemon). Every AdminReply echoes the request's id. A message that
- * is not a decodable AdminRequest gets an Error message (ERR_MALFORMED, ERR_UNKNOWN_TYPE) since
- * no id is known; a decoded request with a bad field gets AdminReply{ok: false, error_code:
- * ERR_BAD_REQUEST, error: "..."}.
+ * Verbs: STATUS, WORKERS, SHARDS [layer], CONFIG, FORWARD, SHUTDOWN. Every AdminReply echoes the
+ * request's id. A message that is not a decodable AdminRequest gets an Error message
+ * (ERR_MALFORMED, ERR_UNKNOWN_TYPE) since no id is known; a decoded request with a bad field gets
+ * AdminReply{ok: false, error_code: ERR_BAD_REQUEST, error: "..."}.
  */
 #ifndef EPMOE_ADMIN_H
 #define EPMOE_ADMIN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "common/model_config.h"
 #include "common/wire.h"
-#include "coordinator/coord.h"
+#include "coordinator/outbox.h"
+#include "coordinator/planner.h"
+#include "coordinator/spec.h"
 
-/* Read and handle every message waiting on the admin socket (at most a batch per call). */
-void adm_drain(coord *c);
+/* What the read-only verbs report, gathered by coord.c. */
+typedef struct adm_facts {
+    const spec_cluster *spec;
+    const mc_config *cfg;
+    uint64_t config_hash;
+    const plan_table *plan; /* the latest placement (what the workers were last told) */
+    uint64_t current_epoch; /* the epoch steps run in */
+    const char *problem;    /* why the cluster is blocked, "" otherwise */
+    const char *state;      /* the cluster state's name */
+    uint64_t steps_done, steps_failed;
+    Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
+    int n_workers;
+} adm_facts;
 
-/* Send an AdminReply (the id is set here) with optional payloads (owned by the call when their
- * free_fn is set). Best effort: a client that went away is logged at debug level. */
-void adm_send(coord *c, const uint8_t *ident, size_t ident_len, uint64_t id,
-              Epmoe__AdminReply *reply, const wire_payload *payloads, int n_payloads);
-/* Send AdminReply{ok: false, error_code, error} for request id. */
-void adm_send_error(coord *c, const uint8_t *ident, size_t ident_len, uint64_t id,
-                    Epmoe__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
+/* The AdminRequest m carries (free it with wire_free_unpacked), or NULL after queuing the
+ * answer: an Error message when m is not a decodable AdminRequest, AdminReply{ok: false} when
+ * it lacks an id or a verb or carries payloads on a verb other than FORWARD. */
+Epmoe__AdminRequest *adm_parse(const wire_msg *m, ob_box *out);
+
+/* Queue an AdminReply (the id is set here; ok is set from error when not set) with optional
+ * payloads (owned by the box when their free_fn is set). */
+void adm_reply(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
+               Epmoe__AdminReply *reply, const wire_payload *payloads, int n_payloads);
+/* Queue AdminReply{ok: false, error_code, error} for request id. */
+void adm_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
+               Epmoe__ErrorCode code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* STATUS (status: true) or WORKERS. */
+void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f,
+                       bool status);
+/* SHARDS: the placement of the epoch; rq->layer, when given, is checked and echoed. */
+void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                      const adm_facts *f);
+void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
+/* SHUTDOWN: ok, state stopping. */
+void adm_reply_shutdown(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
+/* An unknown verb. */
+void adm_reply_unknown_verb(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest *rq);
 
 #endif

@@ -1,11 +1,13 @@
 /*
- * coord.c — the coordinator's sockets and poll loop (see coord.h).
+ * coord.c — the coordinator's sockets, its poll loop and the order of events (see coord.h).
  */
 #include "coordinator/coord.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,10 @@
 #include "common/sdnotify.h"
 #include "common/wire.h"
 #include "coordinator/admin.h"
+#include "coordinator/ncclboot.h"
+#include "coordinator/outbox.h"
 #include "coordinator/registry.h"
+#include "coordinator/reload.h"
 #include "coordinator/sequencer.h"
 
 /* Worker messages handled per loop iteration before the admin socket gets its turn. */
@@ -28,6 +33,30 @@
 /* How long the last messages (SHUTDOWN to workers, the SHUTDOWN reply) may take to leave when
  * the daemon stops; LINGER is 0 the rest of the time. */
 #define COORD_STOP_LINGER_MS 1000
+
+struct coord {
+    spec_cluster *spec; /* the running spec (a reload swaps it) */
+    mc_config cfg;
+    uint64_t config_hash; /* mc_hash(&cfg) */
+    plan_epochs *pe;      /* placement and its epochs */
+    void *zctx;
+    void *wsock; /* ROUTER coordinator.listen (workers) */
+    void *asock; /* ROUTER coordinator.admin (operators) */
+    int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (reload) */
+    reg_registry *reg;
+    seq_sequencer *seq;
+    nb_boot *nb; /* data_plane nccl: the communicator of the epoch; NULL for zmq */
+    ob_box out;  /* what the handlers of the current input returned, not yet settled */
+    coord_state state;
+    bool stop;      /* leave the loop after this iteration */
+    int64_t now_ms; /* CLOCK_MONOTONIC, refreshed once per loop iteration */
+    int64_t next_heartbeat_ms;
+    uint64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
+    int64_t next_watchdog_ms;
+    int64_t change_ms;   /* when the placement change in progress began (0: none) */
+    rl_plan reload;      /* a validated reload waiting for the step in flight (spec != NULL) */
+    char not_ready[600]; /* seq_env.not_ready */
+};
 
 int64_t coord_clock_ms(void)
 {
@@ -47,6 +76,8 @@ const char *coord_state_name(coord_state s)
         return "ready";
     case COORD_STOPPING:
         return "stopping";
+    case COORD_BLOCKED:
+        return "blocked";
     }
     return "?";
 }
@@ -56,27 +87,333 @@ static void coord_notify_status(coord *c)
     int missing, not_ready;
     reg_counts(c->reg, &missing, &not_ready);
     int n = reg_size(c->reg);
-    sdn_notifyf("STATUS=cluster %s %s: %d/%d workers registered, %d ready", c->spec->name,
-                coord_state_name(c->state), n - missing, n, n - not_ready);
+    sdn_notifyf("STATUS=cluster %s %s, epoch %" PRIu64 ": %d/%d workers registered, %d ready",
+                c->spec->name, coord_state_name(c->state), plan_current(c->pe)->epoch, n - missing,
+                n, n - not_ready);
 }
 
-void coord_update_state(coord *c)
+/* Every member of t acknowledged t and is ready. */
+static bool coord_members_ready(const coord *c, const plan_table *t)
+{
+    for (int r = 0; r < t->n_ranks; r++)
+        if (t->member[r] && !reg_ready_in(c->reg, r, t->epoch))
+            return false;
+    return true;
+}
+
+static coord_state coord_compute_state(const coord *c)
+{
+    switch (plan_phase_of(c->pe)) {
+    case PLAN_BLOCKED:
+        return COORD_BLOCKED;
+    case PLAN_FORMING: {
+        int missing, not_ready;
+        reg_counts(c->reg, &missing, &not_ready);
+        return missing > 0 ? COORD_FORMING : COORD_LOADING;
+    }
+    case PLAN_PENDING:
+    case PLAN_APPLYING:
+        return COORD_LOADING;
+    case PLAN_STABLE:
+        break;
+    }
+    return coord_members_ready(c, plan_current(c->pe)) ? COORD_READY : COORD_LOADING;
+}
+
+/* The latest epoch is complete once every member acknowledged it; then recompute the cluster
+ * state, log and notify systemd on a change. */
+static void coord_update_state(coord *c)
 {
     if (c->state == COORD_STOPPING)
         return;
-    int missing, not_ready;
-    reg_counts(c->reg, &missing, &not_ready);
-    coord_state s = missing > 0 ? COORD_FORMING : not_ready > 0 ? COORD_LOADING : COORD_READY;
+    plan_phase ph = plan_phase_of(c->pe);
+    const plan_table *latest = plan_latest(c->pe);
+    if ((ph == PLAN_FORMING || ph == PLAN_APPLYING) && coord_members_ready(c, latest)) {
+        plan_applied(c->pe);
+        if (c->change_ms > 0)
+            log_info("cluster %s: placement epoch %" PRIu64 " applied by its %d members, %" PRId64
+                     " ms after the change began (%s)",
+                     c->spec->name, latest->epoch, latest->n_members, c->now_ms - c->change_ms,
+                     plan_why(c->pe));
+        c->change_ms = 0;
+    }
+    coord_state s = coord_compute_state(c);
+    if (s == COORD_READY && c->nb != NULL && !nb_ready(c->nb))
+        s = COORD_LOADING; /* every member loaded, the NCCL communicator not built yet */
     if (s == c->state)
         return;
-    log_info("cluster %s: %s -> %s (%d/%d workers ready)", c->spec->name,
-             coord_state_name(c->state), coord_state_name(s), reg_size(c->reg) - not_ready,
-             reg_size(c->reg));
+    log_info("cluster %s: %s -> %s (epoch %" PRIu64 "%s%s)", c->spec->name,
+             coord_state_name(c->state), coord_state_name(s), plan_current(c->pe)->epoch,
+             s == COORD_BLOCKED ? ": " : "", s == COORD_BLOCKED ? plan_problem(c->pe) : "");
     c->state = s;
     coord_notify_status(c);
 }
 
-void coord_stop(coord *c, const char *reason)
+/* ---- the facts each passive module gets ---- */
+
+static reg_env coord_reg_env(const coord *c)
+{
+    return (reg_env){.spec = c->spec,
+                     .cfg = &c->cfg,
+                     .config_hash = c->config_hash,
+                     .plan = plan_latest(c->pe),
+                     .now_ms = c->now_ms};
+}
+
+static seq_env coord_seq_env(coord *c)
+{
+    bool ready = c->state == COORD_READY && c->reload.spec == NULL;
+    c->not_ready[0] = '\0';
+    if (c->state == COORD_BLOCKED)
+        snprintf(c->not_ready, sizeof c->not_ready, "%s", plan_problem(c->pe));
+    else if (!ready)
+        reg_not_ready_text(c->reg, c->not_ready, sizeof c->not_ready);
+    if (!ready && c->not_ready[0] == '\0' && c->nb != NULL)
+        nb_not_ready_text(c->nb, c->spec, c->not_ready, sizeof c->not_ready);
+    /* once formed, a cluster that changes epochs (or swaps in a reloaded spec, or waits for a
+     * restarted member) keeps requests queued instead of refusing them */
+    bool changing = plan_phase_of(c->pe) != PLAN_FORMING && c->state == COORD_LOADING;
+    return (seq_env){.spec = c->spec,
+                     .cfg = &c->cfg,
+                     .plan = plan_current(c->pe),
+                     .now_ms = c->now_ms,
+                     .state = coord_state_name(c->state),
+                     .ready = ready,
+                     .wait = !ready && (changing || c->reload.spec != NULL),
+                     .stopping = c->state == COORD_STOPPING,
+                     .not_ready = c->not_ready};
+}
+
+static nb_env coord_nb_env(const coord *c)
+{
+    const plan_table *p = plan_current(c->pe);
+    return (nb_env){.spec = c->spec,
+                    .epoch = p->epoch,
+                    .member = p->member,
+                    .now_ms = c->now_ms,
+                    .all_ready = coord_compute_state(c) == COORD_READY && !c->stop};
+}
+
+/* The ranks that may own experts now: registered, usable, not drained. */
+static void coord_eligible(const coord *c, uint8_t *eligible)
+{
+    for (int r = 0; r < c->spec->n_workers; r++)
+        eligible[r] = reg_can_own(c->reg, r) && !plan_drained(c->pe, r);
+}
+
+/* Replan after a change (why: for the log and the workers); force: a new epoch even when the
+ * table stays. Returns plan_replan's answer. */
+static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
+{
+    char why[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
+    if (eligible == NULL) {
+        log_error("placement: out of memory (%s)", why);
+        return 0;
+    }
+    coord_eligible(c, eligible);
+    int rc = force ? plan_replan_new(c->pe, eligible, from_base, why)
+                   : plan_replan(c->pe, eligible, from_base, why);
+    free(eligible);
+    if (rc != 0 && c->change_ms == 0)
+        c->change_ms = c->now_ms;
+    return rc;
+}
+
+/* ---- settling: send what the handlers returned, route their events ---- */
+
+static void coord_free_payloads(ob_msg *m)
+{
+    for (int i = 0; i < m->n_payloads; i++)
+        if (m->payload[i].free_fn)
+            m->payload[i].free_fn((void *)m->payload[i].data, m->payload[i].hint);
+}
+
+static void coord_send(coord *c, ob_msg *m)
+{
+    void *sock = m->to == OB_TO_ADMIN ? c->asock : c->wsock;
+    const uint8_t *ident = m->ident;
+    size_t len = m->ident_len;
+    int rank = m->rank;
+    if (m->to == OB_TO_RANK) {
+        reg_worker *w = reg_worker_at(c->reg, m->rank);
+        ident = w ? w->ident : NULL;
+        len = w ? w->ident_len : 0;
+    } else if (m->to == OB_TO_WORKER_ID) {
+        reg_worker *w = reg_find_ident(c->reg, m->ident, m->ident_len);
+        rank = w && reg_registered(w) ? w->spec->rank : -1;
+    }
+    ep_err err;
+    int rc, zerr = 0;
+    if (len == 0) {
+        ep_err_set(&err, "sending %s: the worker has never registered", wire_type_name(m->type));
+        coord_free_payloads(m);
+        rc = -1;
+    } else {
+        rc = wire_send_packed(sock, ident, len, m->type, m->body, m->body_len, m->payload,
+                              m->n_payloads, true, &err);
+        zerr = rc != 0 ? zmq_errno() : 0;
+    }
+    ob_mark_sent(&c->out);
+    if (rc == 0)
+        return;
+    log_debug(LOG_SUB_NET, "%s to %s: %s", wire_type_name(m->type),
+              m->to == OB_TO_ADMIN ? "an admin client" : "a worker", err.msg);
+    /* ROUTER_MANDATORY: the routing id is gone, so is the worker's connection. Declared dead
+     * first, so that a step it was part of fails naming the loss and the epoch change. */
+    if (zerr == EHOSTUNREACH && m->to != OB_TO_ADMIN && rank >= 0 &&
+        reg_registered(reg_worker_at(c->reg, rank)))
+        reg_unreachable(c->reg, rank, zmq_strerror(zerr), &c->out);
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP && m->to == OB_TO_RANK) {
+        ob_event_add(&c->out, OB_EV_SEND_FAILED, m->rank, "%s", err.msg);
+        ob_event *e = ob_last_event(&c->out);
+        if (e != NULL)
+            e->step_id = m->step_id;
+    }
+}
+
+static void coord_flush(coord *c)
+{
+    while (c->out.n_sent < c->out.n_msg)
+        coord_send(c, &c->out.msg[c->out.n_sent]);
+}
+
+/* A worker is gone: a new placement for the survivors (once the cluster has formed), then the
+ * step in flight fails naming the worker and the epoch change. */
+static void coord_on_lost(coord *c, const ob_event *e)
+{
+    const char *name = c->spec->workers[e->rank].name;
+    char why[EP_ERR_MSG_MAX + 256];
+    int rc = coord_replan(c, false, false, "worker %s lost: %s", name, e->text);
+    if (rc > 0)
+        snprintf(why, sizeof why,
+                 "%s; placement epoch %" PRIu64 " -> %" PRIu64
+                 " moves its experts to the other workers",
+                 e->text, plan_current(c->pe)->epoch, plan_last_epoch(c->pe));
+    else if (rc < 0)
+        snprintf(why, sizeof why, "%s; the cluster is blocked: %s", e->text, plan_problem(c->pe));
+    else
+        snprintf(why, sizeof why, "%s", e->text);
+    coord_update_state(c);
+    seq_env senv = coord_seq_env(c);
+    seq_worker_lost(c->seq, &senv, e->rank, why, &c->out);
+}
+
+/* A worker acknowledged an epoch. One that owns nothing in the latest epoch and is not drained
+ * has come back: rejoin restore gives the spec's placement back; stay keeps it as a spare (a
+ * blocked cluster replans with it). */
+static void coord_on_ready(coord *c, const ob_event *e)
+{
+    plan_phase ph = plan_phase_of(c->pe);
+    bool restore = plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE;
+    const char *name = c->spec->workers[e->rank].name;
+    if (ph == PLAN_FORMING || plan_drained(c->pe, e->rank))
+        return;
+    if (ph == PLAN_BLOCKED) /* one more worker may be all a blocked cluster needs */
+        coord_replan(c, restore, false, "worker %s is ready (rejoin: %s)", name,
+                     spec_rejoin_name(plan_rejoin(c->pe)));
+    else if (!plan_is_member(plan_latest(c->pe), e->rank) && restore)
+        coord_replan(c, true, false, "worker %s rejoined (rejoin: restore)", name);
+}
+
+static void coord_on_load_failed(coord *c, const ob_event *e)
+{
+    const plan_table *latest = plan_latest(c->pe);
+    if (plan_phase_of(c->pe) != PLAN_APPLYING || !plan_is_member(latest, e->rank))
+        return;
+    char problem[EP_ERR_MSG_MAX];
+    snprintf(problem, sizeof problem,
+             "worker %s could not load its experts of epoch %" PRIu64 ": %s",
+             c->spec->workers[e->rank].name, latest->epoch, e->text);
+    plan_block(c->pe, problem);
+}
+
+/* Hand one event to the module that handles it. */
+static void coord_route(coord *c, const ob_event *e)
+{
+    seq_env senv = coord_seq_env(c);
+    switch (e->kind) {
+    case OB_EV_LOST:
+        coord_on_lost(c, e);
+        break;
+    case OB_EV_DECLARE_DEAD:
+        reg_declare_dead(c->reg, e->rank, e->text, &c->out);
+        break;
+    case OB_EV_READY:
+        coord_on_ready(c, e);
+        break;
+    case OB_EV_SEND_FAILED:
+        seq_send_failed(c->seq, &senv, e->rank, e->step_id, e->text, &c->out);
+        break;
+    case OB_EV_ERROR: {
+        reg_worker *w = reg_worker_at(c->reg, e->rank);
+        if (w != NULL)
+            reg_set_error(w, "%s", e->text);
+        break;
+    }
+    case OB_EV_LOAD_FAILED:
+        coord_on_load_failed(c, e);
+        break;
+    }
+}
+
+static void coord_swap_reload(coord *c);
+
+/* A decided epoch is sent once no step is in flight (a step never spans two epochs). */
+static void coord_send_epoch(coord *c)
+{
+    const plan_table *t = plan_send(c->pe);
+    reg_env renv = coord_reg_env(c);
+    log_info("cluster %s: sending placement epoch %" PRIu64 " (%d members): %s", c->spec->name,
+             t->epoch, t->n_members, plan_why(c->pe));
+    reg_send_epoch(c->reg, &renv, plan_why(c->pe), &c->out);
+}
+
+/* After every input: send, route events in order, send a decided epoch or swap a reloaded spec
+ * when no step is in flight, and let the sequencer move on only when nothing else is pending.
+ * Each pass hands one event to one module, so no handler runs inside another. */
+static void coord_settle(coord *c)
+{
+    for (;;) {
+        coord_flush(c);
+        coord_update_state(c);
+        ob_event e;
+        if (ob_take_event(&c->out, &e)) {
+            coord_route(c, &e);
+            continue;
+        }
+        if (!seq_busy(c->seq) && c->reload.spec != NULL && !c->stop) {
+            coord_swap_reload(c);
+            continue;
+        }
+        if (!seq_busy(c->seq) && plan_phase_of(c->pe) == PLAN_PENDING && !c->stop) {
+            coord_send_epoch(c);
+            continue;
+        }
+        int before = c->out.n_msg + c->out.n_ev;
+        if (c->nb != NULL) {
+            nb_env nenv = coord_nb_env(c);
+            nb_pump(c->nb, &nenv, &c->out);
+            coord_update_state(c);
+        }
+        seq_env senv = coord_seq_env(c);
+        seq_pump(c->seq, &senv, &c->out);
+        if (c->out.n_msg + c->out.n_ev == before)
+            break;
+    }
+    ob_clear(&c->out);
+}
+
+/* Begin an orderly stop (SIGTERM, admin SHUTDOWN): stop taking work, answer queued requests
+ * with ERR_SHUTTING_DOWN, send SHUTDOWN to the workers; the loop exits after this iteration. */
+static void coord_stop(coord *c, const char *reason)
 {
     if (c->stop)
         return;
@@ -84,11 +421,100 @@ void coord_stop(coord *c, const char *reason)
     c->state = COORD_STOPPING;
     c->stop = true;
     sdn_notifyf("STOPPING=1\nSTATUS=stopping: %s", reason);
-    seq_stop(c);
-    reg_shutdown(c, reason);
+    seq_stop(c->seq, &c->out);
+    reg_shutdown(c->reg, reason, &c->out);
 }
 
-/* ---- setup ---- */
+/* ---- reload ---- */
+
+/* Drains carried over by name into a new planner. */
+static void coord_carry_drains(const plan_epochs *old, const spec_cluster *os, plan_epochs *pe,
+                               const spec_cluster *ns)
+{
+    for (int r = 0; r < os->n_workers; r++) {
+        const spec_worker *w =
+            plan_drained(old, r) ? spec_find_worker(ns, os->workers[r].name) : NULL;
+        if (w != NULL)
+            plan_set_drained(pe, w->rank, true);
+    }
+}
+
+/* A new world (ranks, peers or timeouts): new registry, planner and sequencer size; every
+ * registered worker is welcomed again into the new placement. Returns -1 (old state kept) when
+ * memory runs out. */
+static int coord_swap_world(coord *c, ep_err *err)
+{
+    rl_plan *rl = &c->reload;
+    bool formed = plan_phase_of(c->pe) != PLAN_FORMING;
+    reg_registry *reg = reg_create(rl->spec, err);
+    plan_epochs *pe = reg ? plan_epochs_create(rl->base, rl->spec->rejoin,
+                                               rl->spec->max_experts_per_worker, formed, err)
+                          : NULL;
+    if (pe == NULL || seq_resize(c->seq, rl->spec->n_workers, err) != 0) {
+        reg_destroy(&reg);
+        plan_epochs_destroy(&pe);
+        return -1;
+    }
+    reg_adopt(reg, c->reg, "removed from the cluster spec by a reload", &c->out);
+    coord_carry_drains(c->pe, c->spec, pe, rl->spec);
+    reg_destroy(&c->reg);
+    plan_epochs_destroy(&c->pe);
+    spec_free(&c->spec);
+    c->reg = reg;
+    c->pe = pe;
+    c->spec = rl->spec;
+    rl->spec = NULL;
+    if (formed) {
+        coord_replan(c, plan_rejoin(pe) == SPEC_REJOIN_RESTORE, true, "cluster spec reloaded");
+        plan_send(pe);
+    }
+    reg_env renv = coord_reg_env(c);
+    reg_rewelcome(c->reg, &renv, &c->out);
+    return 0;
+}
+
+/* Swap the validated reload in (no step is in flight). */
+static void coord_swap_reload(coord *c)
+{
+    rl_plan *rl = &c->reload;
+    ep_err err;
+    int rc = 0;
+    if (rl->world_changed) {
+        rc = coord_swap_world(c, &err);
+    } else if (plan_reconfigure(c->pe, rl->base, rl->spec->rejoin,
+                                rl->spec->max_experts_per_worker) != 0) {
+        rc = ep_err_set(&err, "out of memory");
+    } else {
+        reg_respec(c->reg, rl->spec);
+        spec_free(&c->spec);
+        c->spec = rl->spec;
+        rl->spec = NULL;
+        coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false, "cluster spec reloaded");
+    }
+    if (rc != 0)
+        log_error("reload of %s failed while swapping; the old spec keeps serving: %s",
+                  rl->spec->file, err.msg);
+    else
+        log_info("cluster %s: reloaded cluster spec %s (%s)", c->spec->name, c->spec->file,
+                 rl->summary);
+    rl_free(rl);
+}
+
+/* Build and validate; the swap follows once no step is in flight. 0, or -1 with err. */
+static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
+{
+    if (c->reload.spec != NULL)
+        return ep_err_set(err, "a reload is already waiting for the step in flight");
+    rl_plan rl;
+    if (rl_build(c->spec->file, c->spec, c->cfg.n_routed_experts, plan_last_epoch(c->pe), &rl,
+                 err) != 0) {
+        log_error("reload of %s failed; the old spec keeps serving: %s", c->spec->file, err->msg);
+        return -1;
+    }
+    snprintf(summary, cap, "%s", rl.summary);
+    c->reload = rl;
+    return 0;
+}
 
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       ep_err *err)
@@ -128,28 +554,38 @@ static int coord_signals(coord *c, ep_err *err)
     return 0;
 }
 
-coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_table *plan,
-                    ep_err *err)
+coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
 {
     ep_err_clear(err);
     coord *c = calloc(1, sizeof *c);
     if (c == NULL) {
+        spec_free(spec_p);
         ep_err_set(err, "out of memory");
         return NULL;
     }
-    c->spec = spec;
-    c->cfg = cfg;
+    c->spec = *spec_p;
+    *spec_p = NULL;
+    const spec_cluster *spec = c->spec;
+    c->cfg = *cfg;
     c->config_hash = mc_hash(cfg);
-    c->plan = plan;
     c->sigfd = -1;
     c->state = COORD_FORMING;
     if (coord_signals(c, err) != 0)
         goto fail;
-    c->reg = reg_create(spec, plan, err);
+    plan_table *base = plan_build(spec->placement, cfg->n_routed_experts, spec->n_workers, 1, err);
+    if (base == NULL)
+        goto fail;
+    c->pe = plan_epochs_create(base, spec->rejoin, spec->max_experts_per_worker, false, err);
+    plan_free(&base);
+    if (c->pe == NULL)
+        goto fail;
+    c->reg = reg_create(spec, err);
     if (c->reg == NULL)
         goto fail;
     c->seq = seq_create(spec->n_workers, err);
     if (c->seq == NULL)
+        goto fail;
+    if (spec->data_plane == SPEC_PLANE_NCCL && (c->nb = nb_create(spec->n_workers, err)) == NULL)
         goto fail;
     c->zctx = zmq_ctx_new();
     if (c->zctx == NULL) {
@@ -180,8 +616,9 @@ void coord_destroy(coord **self_p)
     if (self_p == NULL || *self_p == NULL)
         return;
     coord *c = *self_p;
-    /* the sequencer's requests hold frames; free them before the context goes */
+    /* the sequencer's requests and the outbox hold frames; free them before the context goes */
     seq_destroy(&c->seq);
+    ob_free(&c->out);
     if (c->wsock)
         zmq_close(c->wsock);
     if (c->asock)
@@ -189,15 +626,90 @@ void coord_destroy(coord **self_p)
     if (c->zctx)
         zmq_ctx_term(c->zctx);
     reg_destroy(&c->reg);
+    nb_destroy(&c->nb);
+    plan_epochs_destroy(&c->pe);
+    rl_free(&c->reload);
+    spec_free(&c->spec);
     if (c->sigfd >= 0)
         close(c->sigfd);
     free(c);
     *self_p = NULL;
 }
 
-/* ---- the loop ---- */
+/* ---- inputs ---- */
 
-static void coord_drain_workers(coord *c)
+/* Message types a worker may send on coordinator.listen. */
+static bool coord_worker_type(const coord *c, uint16_t type)
+{
+    switch (type) {
+    case EPMOE__MSG_TYPE__MSG_COMM_ID:
+    case EPMOE__MSG_TYPE__MSG_COMM_DONE:
+        return c->nb != NULL;
+    case EPMOE__MSG_TYPE__MSG_REGISTER:
+    case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
+    case EPMOE__MSG_TYPE__MSG_LOADING:
+    case EPMOE__MSG_TYPE__MSG_READY:
+    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
+    case EPMOE__MSG_TYPE__MSG_ERROR:
+    case EPMOE__MSG_TYPE__MSG_STEP_DONE:
+    case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* A STEP_FAILED that says the worker aborted its NCCL communicator: the next step needs a new
+ * one (the sequencer still handles the failure itself). */
+static void coord_comm_aborted(coord *c, int rank, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__StepFailed *f =
+        (Epmoe__StepFailed *)wire_unpack(&epmoe__step_failed__descriptor, m, &err);
+    if (f != NULL && f->has_comm_aborted && f->comm_aborted) {
+        char why[128];
+        snprintf(why, sizeof why, "step %" PRIu64 " failed on rank %d (%s)", f->step_id, rank,
+                 c->spec->workers[rank].name);
+        nb_invalidate(c->nb, why);
+    }
+    wire_free_unpacked(f ? &f->base : NULL);
+}
+
+/* One message from the worker socket: the registry says who sent it; step answers go to the
+ * sequencer (and, on the NCCL plane, failures to the communicator too), NCCL bootstrap answers to
+ * the communicator, lifecycle messages to the registry. */
+static void coord_on_worker(coord *c, const wire_msg *m)
+{
+    reg_env renv = coord_reg_env(c);
+    if (!coord_worker_type(c, m->type)) {
+        ob_error(&c->out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len,
+                 EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE, m->type,
+                 "coordinator.listen does not accept %s from a worker", wire_type_name(m->type));
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_REGISTER) {
+        reg_on_register(c->reg, &renv, m, &c->out);
+        return;
+    }
+    int rank = reg_sender(c->reg, &renv, m, &c->out);
+    if (rank < 0)
+        return;
+    if (m->type == EPMOE__MSG_TYPE__MSG_COMM_ID || m->type == EPMOE__MSG_TYPE__MSG_COMM_DONE) {
+        nb_env nenv = coord_nb_env(c);
+        nb_on_message(c->nb, &nenv, rank, m, &c->out);
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED && c->nb != NULL)
+        coord_comm_aborted(c, rank, m);
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_DONE || m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED) {
+        seq_env senv = coord_seq_env(c);
+        seq_on_message(c->seq, &senv, rank, m, &c->out);
+    } else {
+        reg_on_message(c->reg, &renv, rank, m, &c->out);
+    }
+}
+
+static void coord_read_workers(coord *c)
 {
     for (int i = 0; i < COORD_BATCH && !c->stop; i++) {
         wire_msg m;
@@ -209,53 +721,299 @@ static void coord_drain_workers(coord *c)
         if (rc == WIRE_ERR) {
             log_warn("worker socket: %s", err.msg);
             if (m.ident_len > 0) {
-                reg_worker *w = reg_find_ident(c->reg, m.ident, m.ident_len);
-                if (w != NULL && w->state != REG_DEAD)
-                    w->last_seen_ms = c->now_ms; /* garbage, but alive */
-                wire_send_error(c->wsock, m.ident, m.ident_len, EPMOE__ERROR_CODE__ERR_MALFORMED, 0,
-                                "%s", err.msg);
+                reg_touch(c->reg, m.ident, m.ident_len, c->now_ms);
+                ob_error(&c->out, OB_TO_WORKER_ID, -1, m.ident, m.ident_len,
+                         EPMOE__ERROR_CODE__ERR_MALFORMED, 0, "%s", err.msg);
             }
+            coord_settle(c);
             continue;
         }
         if (log_debug_enabled(LOG_SUB_NET))
             log_debug(LOG_SUB_NET, "worker socket: %s (%zu body bytes, %d payloads)",
                       wire_type_name(m.type), m.body_len, m.n_payloads);
-        reg_on_message(c, &m);
+        coord_on_worker(c, &m);
         wire_msg_close(&m);
+        coord_settle(c);
     }
 }
 
-static void coord_signal(coord *c)
+/* The facts the read-only verbs report; workers[] is allocated (free it). */
+static int coord_facts(coord *c, adm_facts *f)
+{
+    reg_env renv = coord_reg_env(c);
+    int n = reg_size(c->reg);
+    *f = (adm_facts){.spec = c->spec,
+                     .cfg = &c->cfg,
+                     .config_hash = c->config_hash,
+                     .plan = plan_latest(c->pe),
+                     .current_epoch = plan_current(c->pe)->epoch,
+                     .problem = plan_problem(c->pe),
+                     .state = coord_state_name(c->state),
+                     .steps_done = seq_steps_done(c->seq),
+                     .steps_failed = seq_steps_failed(c->seq),
+                     .n_workers = n};
+    Epmoe__WorkerInfo *wi = calloc((size_t)n, sizeof *wi);
+    f->workers = calloc((size_t)n, sizeof *f->workers);
+    if (wi == NULL || f->workers == NULL) {
+        free(wi);
+        free(f->workers);
+        f->workers = NULL;
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        reg_worker_info(c->reg, &renv, i, &wi[i]);
+        wi[i].has_drained = 1;
+        wi[i].drained = plan_drained(c->pe, i);
+        f->workers[i] = &wi[i];
+    }
+    return 0;
+}
+
+static void coord_facts_free(adm_facts *f)
+{
+    if (f->workers != NULL)
+        free(f->workers[0]); /* the WorkerInfo array */
+    free(f->workers);
+    f->workers = NULL;
+}
+
+/* DRAIN and UNDRAIN answer the epoch that carries the change, and what happens. */
+static void coord_reply_epoch(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                              const char *text)
+{
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.has_epoch = 1;
+    rep.epoch = plan_last_epoch(c->pe);
+    rep.message = (char *)text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
+/* The rank of the worker a DRAIN/UNDRAIN names, or -1 after answering why not. */
+static int coord_verb_worker(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                             const char *verb)
+{
+    const spec_worker *w = rq->worker ? spec_find_worker(c->spec, rq->worker) : NULL;
+    if (w == NULL) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "%s: %s%.64s%s is not a worker of cluster spec %s", verb, rq->worker ? "\"" : "",
+                  rq->worker ? rq->worker : "no worker named", rq->worker ? "\"" : "",
+                  c->spec->file);
+        return -1;
+    }
+    if (plan_phase_of(c->pe) == PLAN_FORMING) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                  "%s %s: cluster %s is still forming its first placement", verb, w->name,
+                  c->spec->name);
+        return -1;
+    }
+    return w->rank;
+}
+
+static void coord_on_drain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    int r = coord_verb_worker(c, m, rq, "DRAIN");
+    if (r < 0)
+        return;
+    const char *name = c->spec->workers[r].name;
+    char text[EP_ERR_MSG_MAX + 128];
+    if (!plan_drained(c->pe, r)) {
+        uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
+        ep_err err;
+        if (eligible == NULL) {
+            adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BUSY,
+                      "the coordinator is out of memory");
+            return;
+        }
+        coord_eligible(c, eligible);
+        eligible[r] = 0;
+        int ok = plan_try(c->pe, eligible, &err);
+        free(eligible);
+        if (ok != 0) {
+            adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                      "DRAIN %s: the other workers cannot take its experts: %s", name, err.msg);
+            return;
+        }
+        plan_set_drained(c->pe, r, true);
+        coord_replan(c, false, false, "worker %s drained by an operator", name);
+    }
+    snprintf(text, sizeof text,
+             "worker %s is drained; it owns no experts from placement epoch %" PRIu64
+             " on and can be stopped once that epoch is current",
+             name, plan_last_epoch(c->pe));
+    coord_reply_epoch(c, m, rq, text);
+}
+
+static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    int r = coord_verb_worker(c, m, rq, "UNDRAIN");
+    if (r < 0)
+        return;
+    const char *name = c->spec->workers[r].name;
+    if (plan_drained(c->pe, r)) {
+        plan_set_drained(c->pe, r, false);
+        coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false,
+                     "worker %s undrained by an operator", name);
+    }
+    const char *how = plan_is_member(plan_latest(c->pe), r) || plan_phase_of(c->pe) == PLAN_PENDING
+                          ? "it may own experts again"
+                      : !reg_can_own(c->reg, r) ? "it gets experts once it is registered and ready"
+                      : plan_rejoin(c->pe) == SPEC_REJOIN_STAY
+                          ? "it waits as a spare (rejoin: stay)"
+                          : "no expert moves";
+    char text[EP_ERR_MSG_MAX];
+    snprintf(text, sizeof text, "worker %s is not drained; %s (placement epoch %" PRIu64 ")", name,
+             how, plan_last_epoch(c->pe));
+    coord_reply_epoch(c, m, rq, text);
+}
+
+static void coord_on_reload(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    char summary[EP_ERR_MSG_MAX], text[EP_ERR_MSG_MAX + 128];
+    ep_err err;
+    if (coord_reload(c, summary, sizeof summary, &err) != 0) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "reload failed, the old cluster spec keeps serving: %s", err.msg);
+        return;
+    }
+    snprintf(text, sizeof text, "cluster spec %s reloaded: %s", c->spec->file, summary);
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.message = text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
+/* One admin request; takes ownership of m (heap). */
+static void coord_on_admin(coord *c, wire_msg *m)
+{
+    Epmoe__AdminRequest *rq = adm_parse(m, &c->out);
+    if (rq == NULL)
+        goto done;
+    if (rq->verb == EPMOE__ADMIN_VERB__ADMIN_FORWARD) {
+        seq_env senv = coord_seq_env(c);
+        seq_submit(c->seq, &senv, m, rq, &c->out); /* owns both from here */
+        return;
+    }
+    adm_facts f;
+    if (coord_facts(c, &f) != 0) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the coordinator is out of memory");
+        goto done;
+    }
+    switch (rq->verb) {
+    case EPMOE__ADMIN_VERB__ADMIN_STATUS:
+        adm_reply_workers(&c->out, m, rq->id, &f, true);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_WORKERS:
+        adm_reply_workers(&c->out, m, rq->id, &f, false);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_SHARDS:
+        adm_reply_shards(&c->out, m, rq, &f);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_CONFIG:
+        adm_reply_config(&c->out, m, rq->id, &f);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN:
+        adm_reply_shutdown(&c->out, m, rq->id, &f);
+        coord_stop(c, "admin SHUTDOWN");
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_DRAIN:
+        coord_on_drain(c, m, rq);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_UNDRAIN:
+        coord_on_undrain(c, m, rq);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_RELOAD:
+        coord_on_reload(c, m, rq);
+        break;
+    default:
+        adm_reply_unknown_verb(&c->out, m, rq);
+        break;
+    }
+    coord_facts_free(&f);
+done:
+    if (rq)
+        wire_free_unpacked(&rq->base);
+    wire_msg_close(m);
+    free(m);
+}
+
+static void coord_read_admin(coord *c)
+{
+    for (int i = 0; i < COORD_BATCH && !c->stop; i++) {
+        wire_msg *m = malloc(sizeof *m);
+        if (m == NULL) {
+            log_error("admin socket: out of memory");
+            return;
+        }
+        ep_err err;
+        wire_rc rc =
+            wire_recv(c->asock, true, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, m, &err);
+        if (rc == WIRE_AGAIN) {
+            free(m);
+            return;
+        }
+        if (rc == WIRE_ERR) {
+            log_warn("admin socket: %s", err.msg);
+            if (m->ident_len > 0)
+                ob_error(&c->out, OB_TO_ADMIN, -1, m->ident, m->ident_len,
+                         EPMOE__ERROR_CODE__ERR_MALFORMED, 0, "%s", err.msg);
+            free(m);
+        } else {
+            coord_on_admin(c, m);
+        }
+        coord_settle(c);
+    }
+}
+
+static void coord_read_signals(coord *c)
 {
     struct signalfd_siginfo si;
     while (read(c->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo == SIGHUP)
-            log_warn("SIGHUP: reloading the cluster spec is not implemented yet; ignored");
-        else
+        if (si.ssi_signo == SIGHUP) {
+            char summary[EP_ERR_MSG_MAX];
+            ep_err err;
+            if (coord_reload(c, summary, sizeof summary, &err) == 0)
+                log_info("SIGHUP: cluster spec %s validated: %s", c->spec->file, summary);
+        } else {
             coord_stop(c, si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+        }
     }
+    coord_settle(c);
 }
 
 /* Heartbeats, liveness, step deadlines and the watchdog. */
 static void coord_timers(coord *c)
 {
     if (c->now_ms >= c->next_heartbeat_ms) {
-        reg_tick(c);
+        reg_env renv = coord_reg_env(c);
+        reg_tick(c->reg, &renv, &c->out);
         c->next_heartbeat_ms = c->now_ms + c->spec->heartbeat_ms;
+        coord_settle(c);
     }
-    seq_tick(c);
-    if (c->watchdog_ms > 0 && c->now_ms >= c->next_watchdog_ms) {
+    seq_env senv = coord_seq_env(c);
+    seq_tick(c->seq, &senv, &c->out);
+    coord_settle(c);
+    if (c->nb != NULL) {
+        nb_env nenv = coord_nb_env(c);
+        nb_tick(c->nb, &nenv, &c->out);
+        coord_settle(c);
+    }
+    if (c->watchdog_ms > 0 && c->next_watchdog_ms < c->now_ms + 1) {
         sdn_notify("WATCHDOG=1"); /* the loop turned: that is the liveness we vouch for */
         c->next_watchdog_ms = c->now_ms + (int64_t)c->watchdog_ms;
     }
 }
 
-static long coord_poll_timeout(const coord *c)
+static long coord_poll_timeout(coord *c)
 {
     int64_t next = c->next_heartbeat_ms;
-    int64_t s = seq_next_deadline(c);
+    seq_env senv = coord_seq_env(c);
+    int64_t s = seq_next_deadline(c->seq, &senv);
     if (s < next)
         next = s;
+    if (c->nb != NULL && nb_next_deadline(c->nb) < next)
+        next = nb_next_deadline(c->nb);
     if (c->watchdog_ms > 0 && c->next_watchdog_ms < next)
         next = c->next_watchdog_ms;
     int64_t wait = next - coord_clock_ms();
@@ -266,12 +1024,12 @@ static void coord_log_plan(const coord *c)
 {
     if (!log_debug_enabled(LOG_SUB_PLAN))
         return;
-    int *e = malloc((size_t)c->plan->n_experts * sizeof *e);
-    for (int r = 0; e != NULL && r < c->plan->n_ranks; r++) {
-        int n = plan_rank_experts(c->plan, r, e, c->plan->n_experts);
-        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d",
-                  c->plan->epoch, r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1,
-                  n > 0 ? e[n - 1] : -1);
+    const plan_table *p = plan_latest(c->pe);
+    int *e = malloc((size_t)p->n_experts * sizeof *e);
+    for (int r = 0; e != NULL && r < p->n_ranks; r++) {
+        int n = plan_rank_experts(p, r, e, p->n_experts);
+        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d", p->epoch,
+                  r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1, n > 0 ? e[n - 1] : -1);
     }
     free(e);
 }
@@ -280,7 +1038,8 @@ int coord_run(coord *c, ep_err *err)
 {
     coord_log_plan(c);
     log_info("cluster %s: serving workers on %s, admin on %s (%d workers, epoch %" PRIu64 ")",
-             c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers, c->plan->epoch);
+             c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers,
+             plan_latest(c->pe)->epoch);
     sdn_notify("READY=1");
     coord_notify_status(c);
     while (!c->stop) {
@@ -294,11 +1053,11 @@ int coord_run(coord *c, ep_err *err)
             return ep_err_set(err, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         c->now_ms = coord_clock_ms();
         if (n > 0 && (items[2].revents & ZMQ_POLLIN))
-            coord_signal(c);
+            coord_read_signals(c);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN))
-            coord_drain_workers(c);
+            coord_read_workers(c);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
-            adm_drain(c);
+            coord_read_admin(c);
         if (!c->stop)
             coord_timers(c);
     }

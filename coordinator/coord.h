@@ -1,18 +1,31 @@
 /*
- * coord.h — the coordinator daemon: its sockets, its poll loop and the state its modules share
+ * coord.h — the coordinator daemon: its sockets, its poll loop and the order of events
  * (prefix coord_).
  *
  * One thread owns everything (anchors-ops-style §1.1, §2.9 mdbroker): the ROUTER for workers
  * (coordinator.listen), the ROUTER for operators (coordinator.admin), and a signalfd, all in one
- * zmq_poll loop whose timeout is never infinite. Three modules act on the shared struct coord:
+ * zmq_poll loop whose timeout is never infinite. coord.c is the only module that reads or
+ * writes a socket and the only one that calls the others:
  *
  *   registry  (reg_)  worker lifecycle: REGISTER .. READY, heartbeats, liveness
+ *   planner   (plan_) the placement tables and their epochs
+ *   reload    (rl_)   builds and validates a reloaded spec (coord.c swaps it in)
  *   sequencer (seq_)  the FIFO of forward requests and the one step in flight
- *   admin     (adm_)  the admin RPC verbs and their replies
+ *   admin     (adm_)  parses AdminRequests and formats AdminReplies
+ *   outbox    (ob_)   what a handler returns: messages to send, events to route
  *
- * They call each other directly (a worker lost fails the step in flight; a FORWARD goes to the
- * sequencer), always from the loop's thread. coord_update_state recomputes the cluster state
- * after anything that can change it, logs and reports the change to systemd.
+ * The registry, planner and sequencer are passive state machines: a handler changes its own
+ * state and returns what happened in an ob_box; it never calls another module. After each
+ * input (a message, a signal, a timer) coord.c settles: it sends the queued messages in order,
+ * then routes the queued events one at a time (a worker lost -> the sequencer; a worker to
+ * declare dead -> the registry; ...), recomputing the cluster state before each, and lets the
+ * sequencer start the next step only when nothing else is pending. So no handler ever runs
+ * inside another, and the order of events is decided here, in one place.
+ *
+ * Placement epochs (docs/protocol.md): a worker lost, a drain, an undrain, a rejoin or a reload
+ * makes the planner decide a new table; coord.c sends it (EPOCH) once no step is in flight,
+ * holds new steps meanwhile (queued requests wait, each at most step_timeout_ms), and the
+ * epoch is current when every member has acknowledged it (READY {epoch}).
  *
  * Contract: coord_create binds both sockets (errors name the spec line of the endpoint);
  * coord_run serves until SIGTERM/SIGINT or an admin SHUTDOWN, then stops in order (SHUTDOWN to
@@ -23,7 +36,6 @@
 #ifndef EPMOE_COORD_H
 #define EPMOE_COORD_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/error.h"
@@ -32,48 +44,24 @@
 #include "coordinator/spec.h"
 
 typedef enum coord_state {
-    COORD_FORMING = 0, /* some worker never registered, or is dead */
-    COORD_LOADING = 1, /* every worker registered, some not ready */
-    COORD_READY = 2,   /* every worker ready: forward steps run */
-    COORD_STOPPING = 3 /* SHUTDOWN or SIGTERM: no new work */
+    COORD_FORMING = 0,  /* the first placement: some worker of the spec has not registered */
+    COORD_LOADING = 1,  /* a placement epoch is being applied (or a member reloads its shard) */
+    COORD_READY = 2,    /* every member of the epoch is ready: forward steps run */
+    COORD_STOPPING = 3, /* SHUTDOWN or SIGTERM: no new work */
+    COORD_BLOCKED = 4   /* no placement over the workers left (STATUS.problem says why) */
 } coord_state;
 
-typedef struct reg_registry reg_registry;
-typedef struct seq_sequencer seq_sequencer;
+typedef struct coord coord;
 
-typedef struct coord {
-    const spec_cluster *spec; /* borrowed from main, outlives the daemon */
-    const mc_config *cfg;
-    uint64_t config_hash; /* mc_hash(cfg) */
-    const plan_table *plan;
-    void *zctx;
-    void *wsock; /* ROUTER coordinator.listen (workers) */
-    void *asock; /* ROUTER coordinator.admin (operators) */
-    int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (ignored for now) */
-    reg_registry *reg;
-    seq_sequencer *seq;
-    coord_state state;
-    bool stop;      /* leave the loop after this iteration */
-    int64_t now_ms; /* CLOCK_MONOTONIC, refreshed once per loop iteration */
-    int64_t next_heartbeat_ms;
-    uint64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
-    int64_t next_watchdog_ms;
-} coord;
-
-/* Create the daemon and bind both sockets. The spec, config and plan are borrowed. */
-coord *coord_create(const spec_cluster *spec, const mc_config *cfg, const plan_table *plan,
-                    ep_err *err);
+/* Create the daemon and bind both sockets. Takes the spec (*spec_p is cleared, also on
+ * failure: a reload replaces it); the config is copied. */
+coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err);
 /* Serve until stopped; returns 0 after an orderly stop, -1 when the loop itself failed. */
 int coord_run(coord *c, ep_err *err);
 void coord_destroy(coord **self_p);
 
-/* Recompute the cluster state from the registry; log and notify systemd on a change. */
-void coord_update_state(coord *c);
-/* Begin an orderly stop (SIGTERM, admin SHUTDOWN): stop taking work, answer queued requests
- * with ERR_SHUTTING_DOWN, send SHUTDOWN to the workers; the loop exits after this iteration. */
-void coord_stop(coord *c, const char *reason);
-
-const char *coord_state_name(coord_state s); /* "forming", "loading", "ready", "stopping" */
-int64_t coord_clock_ms(void);                /* CLOCK_MONOTONIC in ms */
+/* "forming", "loading", "ready", "stopping", "blocked" */
+const char *coord_state_name(coord_state s);
+int64_t coord_clock_ms(void); /* CLOCK_MONOTONIC in ms */
 
 #endif

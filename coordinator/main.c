@@ -31,7 +31,8 @@ static void usage(FILE *out)
             "  --cluster FILE  the cluster spec (docs/cluster-spec.md)\n"
             "  --check         validate the spec and the model's config.json, print the\n"
             "                  placement and exit\n\n"
-            "Signals: SIGTERM or SIGINT stop the daemon in order (workers get SHUTDOWN).\n"
+            "Signals: SIGTERM or SIGINT stop the daemon in order (workers get SHUTDOWN);\n"
+            "SIGHUP re-reads the cluster spec (a spec that fails keeps the old one serving).\n"
             "Debug output: EPMOE_DEBUG=net,plan,step (or all).\n"
             "Exit codes: 0 ok, 64 usage, 69 cannot bind or serve, 78 bad spec or config.json\n");
 }
@@ -68,6 +69,7 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
     printf("  config hash 0x%016" PRIx64 "\n", mc_hash(c));
     printf("placement %s, epoch %" PRIu64 ", dispatch %s (the same for every layer)\n",
            spec_placement_name(p->placement), p->epoch, spec_dispatch_name(s->dispatch));
+    printf("  data plane %s\n", spec_data_plane_name(s->data_plane));
     printf("  %-4s  %-16s  %-16s  %-8s  %-28s  %s\n", "RANK", "WORKER", "NODE", "DEVICE", "DATA",
            "EXPERTS");
     int *e = malloc((size_t)p->n_experts * sizeof *e);
@@ -128,7 +130,7 @@ int main(int argc, char **argv)
         goto done;
     }
     rc = EXIT_UNAVAILABLE;
-    c = coord_create(spec, &cfg, plan, &err);
+    c = coord_create(&spec, &cfg, &err);
     if (c == NULL || coord_run(c, &err) != 0)
         goto fail;
     rc = 0;

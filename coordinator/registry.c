@@ -12,19 +12,16 @@
 
 #include "common/log.h"
 #include "common/model_msg.h"
-#include "coordinator/sequencer.h"
 
 struct reg_registry {
     int n;
     reg_worker *w; /* [n], index == rank */
-    /* WELCOME tables, the same for every worker of the epoch */
-    uint32_t *owner; /* [n_experts] */
-    size_t n_owner;
+    /* WELCOME's peer table, the same for every worker */
     Epmoe__Peer *peers;    /* [n] */
     Epmoe__Peer **peer_ps; /* [n] */
 };
 
-reg_registry *reg_create(const spec_cluster *spec, const plan_table *plan, ep_err *err)
+reg_registry *reg_create(const spec_cluster *spec, ep_err *err)
 {
     reg_registry *r = calloc(1, sizeof *r);
     if (r == NULL)
@@ -33,12 +30,8 @@ reg_registry *reg_create(const spec_cluster *spec, const plan_table *plan, ep_er
     r->w = calloc((size_t)r->n, sizeof *r->w);
     r->peers = calloc((size_t)r->n, sizeof *r->peers);
     r->peer_ps = calloc((size_t)r->n, sizeof *r->peer_ps);
-    r->owner = calloc((size_t)plan->n_experts, sizeof *r->owner);
-    if (r->w == NULL || r->peers == NULL || r->peer_ps == NULL || r->owner == NULL)
+    if (r->w == NULL || r->peers == NULL || r->peer_ps == NULL)
         goto fail_alloc;
-    r->n_owner = (size_t)plan->n_experts;
-    for (int e = 0; e < plan->n_experts; e++)
-        r->owner[e] = (uint32_t)plan->owner[e];
     for (int i = 0; i < r->n; i++) {
         const spec_worker *sw = &spec->workers[i];
         r->w[i].spec = sw;
@@ -64,7 +57,6 @@ void reg_destroy(reg_registry **self_p)
     free(r->w);
     free(r->peers);
     free(r->peer_ps);
-    free(r->owner);
     free(r);
     *self_p = NULL;
 }
@@ -108,9 +100,23 @@ const char *reg_state_name(reg_state s)
     return "?";
 }
 
-static bool reg_registered(const reg_worker *w)
+bool reg_registered(const reg_worker *w)
 {
     return w->state != REG_ABSENT && w->state != REG_DEAD;
+}
+
+bool reg_can_own(const reg_registry *r, int rank)
+{
+    if (rank < 0 || rank >= r->n)
+        return false;
+    const reg_worker *w = &r->w[rank];
+    return (w->state == REG_WELCOMED && !w->hash_refused) || w->state == REG_LOADING ||
+           w->state == REG_READY;
+}
+
+bool reg_ready_in(const reg_registry *r, int rank, uint64_t epoch)
+{
+    return rank >= 0 && rank < r->n && r->w[rank].state == REG_READY && r->w[rank].acked == epoch;
 }
 
 void reg_counts(const reg_registry *r, int *n_missing, int *n_not_ready)
@@ -170,50 +176,123 @@ void reg_set_error(reg_worker *w, const char *fmt, ...)
 
 /* ---- sending ---- */
 
-static void reg_send(coord *c, reg_worker *w, uint16_t type, const ProtobufCMessage *body)
+static void reg_send(ob_box *out, reg_worker *w, uint16_t type, const ProtobufCMessage *body)
 {
-    ep_err err;
-    if (wire_send(c->wsock, w->ident, w->ident_len, type, body, NULL, 0, true, &err) != 0)
-        log_debug(LOG_SUB_NET, "worker %s: %s", w->spec->name, err.msg);
+    ob_send(out, OB_TO_WORKER_ID, w->spec->rank, w->ident, w->ident_len, type, body, NULL, 0);
 }
 
-static void reg_send_welcome(coord *c, reg_worker *w)
+/* The placement as EPOCH and WELCOME carry it: owner [E] and the members, ascending. */
+typedef struct reg_tables {
+    uint32_t *owner;
+    uint32_t *members;
+    size_t n_members;
+} reg_tables;
+
+static int reg_tables_fill(const plan_table *p, reg_tables *t)
 {
-    reg_registry *r = c->reg;
+    t->owner = malloc((size_t)p->n_experts * sizeof *t->owner);
+    t->members = malloc((size_t)p->n_ranks * sizeof *t->members);
+    t->n_members = 0;
+    if (t->owner == NULL || t->members == NULL)
+        return -1;
+    for (int e = 0; e < p->n_experts; e++)
+        t->owner[e] = (uint32_t)p->owner[e];
+    for (int r = 0; r < p->n_ranks; r++)
+        if (p->member[r])
+            t->members[t->n_members++] = (uint32_t)r;
+    return 0;
+}
+
+static void reg_tables_free(reg_tables *t)
+{
+    free(t->owner);
+    free(t->members);
+}
+
+static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w, ob_box *out)
+{
     const spec_worker *sw = w->spec;
+    const plan_table *p = env->plan;
+    reg_tables tb;
+    if (reg_tables_fill(p, &tb) != 0) {
+        reg_tables_free(&tb);
+        log_error("worker %s: out of memory for WELCOME", sw->name);
+        return;
+    }
     Epmoe__ModelConfig mc;
-    mmsg_from_config(c->cfg, &mc);
+    mmsg_from_config(env->cfg, &mc);
     Epmoe__Welcome m = EPMOE__WELCOME__INIT;
-    m.cluster = (char *)c->spec->name;
+    m.cluster = (char *)env->spec->name;
     m.has_rank = 1;
     m.rank = (uint32_t)sw->rank;
     m.has_world_size = 1;
     m.world_size = (uint32_t)r->n;
     m.has_epoch = 1;
-    m.epoch = c->plan->epoch;
+    m.epoch = p->epoch;
     m.config = &mc;
     m.has_config_hash = 1;
-    m.config_hash = c->config_hash;
-    m.model_path = (char *)c->spec->model_path;
-    m.n_expert_owner = r->n_owner;
-    m.expert_owner = r->owner;
+    m.config_hash = env->config_hash;
+    m.model_path = (char *)env->spec->model_path;
+    m.n_expert_owner = (size_t)p->n_experts;
+    m.expert_owner = tb.owner;
+    m.n_members = tb.n_members;
+    m.members = tb.members;
     m.n_peers = (size_t)r->n;
     m.peers = r->peer_ps;
     m.has_dispatch = 1;
-    m.dispatch = c->spec->dispatch == SPEC_DISPATCH_BF16 ? EPMOE__DISPATCH_FORMAT__DISPATCH_BF16
-                                                         : EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
+    m.dispatch = env->spec->dispatch == SPEC_DISPATCH_BF16 ? EPMOE__DISPATCH_FORMAT__DISPATCH_BF16
+                                                           : EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
     m.has_heartbeat_ms = 1;
-    m.heartbeat_ms = (uint32_t)c->spec->heartbeat_ms;
+    m.heartbeat_ms = (uint32_t)env->spec->heartbeat_ms;
     m.has_liveness = 1;
-    m.liveness = (uint32_t)c->spec->liveness;
+    m.liveness = (uint32_t)env->spec->liveness;
     m.has_step_timeout_ms = 1;
-    m.step_timeout_ms = (uint32_t)c->spec->step_timeout_ms;
+    m.step_timeout_ms = (uint32_t)env->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
     m.device = (char *)sw->device;
+    m.has_data_plane = 1;
+    m.data_plane = env->spec->data_plane == SPEC_PLANE_NCCL ? EPMOE__DATA_PLANE__DATA_PLANE_NCCL
+                                                            : EPMOE__DATA_PLANE__DATA_PLANE_ZMQ;
     m.has_gpu_gemm = 1;
-    m.gpu_gemm = c->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
-                                                         : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
-    reg_send(c, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
+    m.gpu_gemm = env->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
+                                                           : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
+    reg_send(out, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
+    reg_tables_free(&tb);
+    w->state = REG_WELCOMED;
+    w->epoch = p->epoch;
+}
+
+void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out)
+{
+    const plan_table *p = env->plan;
+    reg_tables tb;
+    if (reg_tables_fill(p, &tb) != 0) {
+        reg_tables_free(&tb);
+        log_error("out of memory for EPOCH %" PRIu64, p->epoch);
+        return;
+    }
+    Epmoe__Epoch m = EPMOE__EPOCH__INIT;
+    m.has_epoch = 1;
+    m.epoch = p->epoch;
+    m.n_expert_owner = (size_t)p->n_experts;
+    m.expert_owner = tb.owner;
+    m.n_members = tb.n_members;
+    m.members = tb.members;
+    m.reason = (char *)reason;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        /* a worker whose load failed is sent a placement only when it still owns experts in
+         * it (it retries); otherwise it stays load-failed, not eligible, until it registers
+         * again or an operator drains it */
+        bool retry = w->state == REG_LOAD_FAILED && plan_is_member(p, i);
+        if (w->state != REG_LOADING && w->state != REG_READY && !retry)
+            continue;
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH, &m.base);
+        w->state = REG_LOADING;
+        w->epoch = p->epoch;
+        w->bytes_done = w->bytes_total = 0;
+    }
+    reg_tables_free(&tb);
 }
 
 /* Keep REGISTER's device description (strings copied, bounded). */
@@ -237,11 +316,11 @@ static void reg_keep_device(reg_worker *w, const Epmoe__DeviceInfo *d)
     w->device.sm_minor = d->sm_minor;
 }
 
-static void reg_error(coord *c, const wire_msg *m, Epmoe__ErrorCode code, const char *fmt, ...)
+static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Error to the sender of m, also logged (these are worker bugs or misconfigurations). */
-static void reg_error(coord *c, const wire_msg *m, Epmoe__ErrorCode code, const char *fmt, ...)
+static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, const char *fmt, ...)
 {
     char text[EP_ERR_MSG_MAX];
     va_list ap;
@@ -249,32 +328,38 @@ static void reg_error(coord *c, const wire_msg *m, Epmoe__ErrorCode code, const 
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     log_warn("worker socket: %s", text);
-    wire_send_error(c->wsock, m->ident, m->ident_len, code, m->type, "%s", text);
+    ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len, code, m->type, "%s", text);
 }
 
 /* ---- lifecycle ---- */
 
-void reg_declare_dead(coord *c, int rank, const char *why)
+void reg_declare_dead(reg_registry *r, int rank, const char *why, ob_box *out)
 {
-    reg_worker *w = reg_worker_at(c->reg, rank);
+    reg_worker *w = reg_worker_at(r, rank);
     if (w == NULL || !reg_registered(w))
         return;
     log_info("worker %s (rank %d) is dead: %s", w->spec->name, rank, why);
     reg_set_error(w, "dead: %s", why);
     w->state = REG_DEAD;
-    coord_update_state(c);
-    seq_worker_lost(c, rank, why);
+    ob_event_add(out, OB_EV_LOST, rank, "%s", why);
+}
+
+void reg_unreachable(reg_registry *r, int rank, const char *err, ob_box *out)
+{
+    char why[EP_ERR_MSG_MAX];
+    snprintf(why, sizeof why, "its connection is gone (%s)", err);
+    reg_declare_dead(r, rank, why, out);
 }
 
 /* The list of spec workers for the unknown-worker message, cut to fit. */
-static void reg_names_text(const coord *c, char *buf, size_t cap)
+static void reg_names_text(const spec_cluster *spec, char *buf, size_t cap)
 {
     size_t len = 0;
     buf[0] = '\0';
-    for (int i = 0; i < c->spec->n_workers; i++) {
-        const char *name = c->spec->workers[i].name;
+    for (int i = 0; i < spec->n_workers; i++) {
+        const char *name = spec->workers[i].name;
         if (len + strlen(name) + 24 > cap || i == 32) {
-            snprintf(buf + len, cap - len, ", ... (%d in all)", c->spec->n_workers);
+            snprintf(buf + len, cap - len, ", ... (%d in all)", spec->n_workers);
             return;
         }
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", name);
@@ -287,59 +372,74 @@ static int reg_name_ok(const char *name)
     return n > 0 && n <= SPEC_NAME_MAX;
 }
 
-static void reg_on_register(coord *c, const wire_msg *m)
+/* The spec worker a REGISTER claims, or NULL after answering why not. */
+static const spec_worker *reg_check_register(reg_registry *r, const reg_env *env, const wire_msg *m,
+                                             const Epmoe__Register *rq, ob_box *out)
+{
+    const spec_cluster *spec = env->spec;
+    if (rq->name == NULL || !reg_name_ok(rq->name)) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "REGISTER without a worker name (1..%d characters)", SPEC_NAME_MAX);
+        return NULL;
+    }
+    const spec_worker *sw = spec_find_worker(spec, rq->name);
+    if (sw == NULL) {
+        char names[600];
+        reg_names_text(spec, names, sizeof names);
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER,
+                  "worker \"%s\" is not in cluster spec %s (workers: %s)", rq->name, spec->file,
+                  names);
+        return NULL;
+    }
+    if (rq->device != NULL && rq->device[0] != '\0' && strcmp(rq->device, sw->device) != 0) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "worker %s registered with device \"%.32s\" but cluster spec %s:%d:%d assigns "
+                  "\"%s\"",
+                  sw->name, rq->device, spec->file, sw->device_pos.line, sw->device_pos.col,
+                  sw->device);
+        return NULL;
+    }
+    reg_worker *w = &r->w[sw->rank];
+    bool same_ident = w->ident_len == m->ident_len && memcmp(w->ident, m->ident, m->ident_len) == 0;
+    int64_t expiry = (int64_t)spec->heartbeat_ms * spec->liveness;
+    if (reg_registered(w) && !same_ident && env->now_ms - w->last_seen_ms < expiry) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_DUPLICATE,
+                  "worker %s is already registered from another connection (last seen %" PRId64
+                  " ms ago); another process under this name can register once that one has "
+                  "been silent for %" PRId64 " ms (or its connection is gone)",
+                  sw->name, env->now_ms - w->last_seen_ms, expiry);
+        return NULL;
+    }
+    return sw;
+}
+
+void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *out)
 {
     ep_err err;
     Epmoe__Register *rq = (Epmoe__Register *)wire_unpack(&epmoe__register__descriptor, m, &err);
     if (rq == NULL) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
         return;
     }
-    if (rq->name == NULL || !reg_name_ok(rq->name)) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "REGISTER without a worker name (1..%d characters)", SPEC_NAME_MAX);
+    const spec_worker *sw = reg_check_register(r, env, m, rq, out);
+    if (sw == NULL)
         goto done;
-    }
-    const spec_worker *sw = spec_find_worker(c->spec, rq->name);
-    if (sw == NULL) {
-        char names[600];
-        reg_names_text(c, names, sizeof names);
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER,
-                  "worker \"%s\" is not in cluster spec %s (workers: %s)", rq->name, c->spec->file,
-                  names);
-        goto done;
-    }
-    if (rq->device != NULL && rq->device[0] != '\0' && strcmp(rq->device, sw->device) != 0) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "worker %s registered with device \"%.32s\" but cluster spec %s:%d:%d assigns "
-                  "\"%s\"",
-                  sw->name, rq->device, c->spec->file, sw->device_pos.line, sw->device_pos.col,
-                  sw->device);
-        goto done;
-    }
-    reg_worker *w = &c->reg->w[sw->rank];
-    bool same_ident = w->ident_len == m->ident_len && memcmp(w->ident, m->ident, m->ident_len) == 0;
-    int64_t expiry = (int64_t)c->spec->heartbeat_ms * c->spec->liveness;
-    if (reg_registered(w) && !same_ident && c->now_ms - w->last_seen_ms < expiry) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_DUPLICATE,
-                  "worker %s is already registered from another connection (last seen %" PRId64
-                  " ms ago); a restarted worker must use its name as routing id, or wait %" PRId64
-                  " ms until the old registration expires",
-                  sw->name, c->now_ms - w->last_seen_ms, expiry);
-        goto done;
-    }
+    reg_worker *w = &r->w[sw->rank];
     /* A connection that registered before under another name gives that name up. */
-    reg_worker *other = reg_find_ident(c->reg, m->ident, m->ident_len);
+    reg_worker *other = reg_find_ident(r, m->ident, m->ident_len);
     if (other != NULL && other != w && reg_registered(other))
-        reg_declare_dead(c, other->spec->rank,
-                         "its connection registered again under another name");
+        reg_declare_dead(r, other->spec->rank, "its connection registered again under another name",
+                         out);
     bool restart = reg_registered(w);
     w->state = REG_WELCOMED;
     memcpy(w->ident, m->ident, m->ident_len);
     w->ident_len = m->ident_len;
-    w->last_seen_ms = c->now_ms;
+    w->last_seen_ms = env->now_ms;
     w->bytes_done = w->bytes_total = 0;
     w->n_experts = 0;
+    w->acked = 0;
+    w->bytes_read = 0;
+    w->hash_refused = false;
     w->pid = rq->has_pid ? rq->pid : 0;
     snprintf(w->hostname, sizeof w->hostname, "%s", rq->hostname ? rq->hostname : "");
     snprintf(w->version, sizeof w->version, "%s", rq->version ? rq->version : "");
@@ -349,68 +449,74 @@ static void reg_on_register(coord *c, const wire_msg *m)
     log_info("worker %s (rank %d) %s from %s pid %u", sw->name, sw->rank,
              restart ? "registered again (restart; its step in flight is lost)" : "registered",
              w->hostname[0] ? w->hostname : "?", (unsigned)w->pid);
-    reg_send_welcome(c, w);
-    /* the state first: the sequencer must not start the next step with this worker in it */
-    coord_update_state(c);
+    reg_send_welcome(r, env, w, out);
     if (restart)
-        seq_worker_lost(c, sw->rank, "the worker registered again (restarted)");
+        ob_event_add(out, OB_EV_LOST, sw->rank, "the worker registered again (restarted)");
 done:
     wire_free_unpacked(&rq->base);
 }
 
-static void reg_on_config_ack(coord *c, reg_worker *w, const wire_msg *m)
+static void reg_on_config_ack(reg_registry *r, const reg_env *env, reg_worker *w, const wire_msg *m,
+                              ob_box *out)
 {
     ep_err err;
     Epmoe__ConfigAck *a = (Epmoe__ConfigAck *)wire_unpack(&epmoe__config_ack__descriptor, m, &err);
     if (a == NULL) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
         return;
     }
+    uint64_t epoch = env->plan->epoch;
     if (w->state != REG_WELCOMED) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: CONFIG_ACK in state %s (expected once, after WELCOME)", w->spec->name,
                   reg_state_name(w->state));
     } else if (!a->has_config_hash) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: CONFIG_ACK without config_hash", w->spec->name);
-    } else if (a->has_epoch && a->epoch != c->plan->epoch) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "worker %s: CONFIG_ACK for epoch %" PRIu64 ", the current epoch is %" PRIu64,
-                  w->spec->name, a->epoch, c->plan->epoch);
-    } else if (a->config_hash != c->config_hash) {
+    } else if (a->has_epoch && a->epoch != w->epoch) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "worker %s: CONFIG_ACK for epoch %" PRIu64
+                  ", it was welcomed into epoch %" PRIu64,
+                  w->spec->name, a->epoch, w->epoch);
+    } else if (w->epoch != epoch && a->config_hash == env->config_hash) {
+        /* the placement changed since the WELCOME: welcome it into the latest one */
+        log_debug(LOG_SUB_NET, "worker %s: welcomed into epoch %" PRIu64 ", now %" PRIu64,
+                  w->spec->name, w->epoch, epoch);
+        reg_send_welcome(r, env, w, out);
+    } else if (a->config_hash != env->config_hash) {
         reg_set_error(w,
                       "config hash mismatch: the worker computed 0x%016" PRIx64
                       ", the coordinator 0x%016" PRIx64,
-                      a->config_hash, c->config_hash);
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_CONFIG_HASH,
+                      a->config_hash, env->config_hash);
+        w->hash_refused = true;
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_CONFIG_HASH,
                   "worker %s: config hash 0x%016" PRIx64
                   " differs from the coordinator's 0x%016" PRIx64
                   " (the worker rebuilt another config from WELCOME: different epmoe versions?); "
                   "it gets no work",
-                  w->spec->name, a->config_hash, c->config_hash);
+                  w->spec->name, a->config_hash, env->config_hash);
     } else {
         Epmoe__Load l = EPMOE__LOAD__INIT;
         l.has_epoch = 1;
-        l.epoch = c->plan->epoch;
+        l.epoch = epoch;
         w->state = REG_LOADING;
         w->error[0] = '\0';
         log_debug(LOG_SUB_NET, "worker %s: config hash ok, LOAD", w->spec->name);
-        reg_send(c, w, EPMOE__MSG_TYPE__MSG_LOAD, &l.base);
-        coord_update_state(c);
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_LOAD, &l.base);
     }
     wire_free_unpacked(&a->base);
 }
 
-static void reg_on_loading(coord *c, reg_worker *w, const wire_msg *m)
+static void reg_on_loading(reg_worker *w, const wire_msg *m, ob_box *out)
 {
     ep_err err;
     Epmoe__Loading *l = (Epmoe__Loading *)wire_unpack(&epmoe__loading__descriptor, m, &err);
     if (l == NULL) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
         return;
     }
     if (w->state != REG_LOADING && w->state != REG_LOAD_FAILED) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: LOADING in state %s (expected after LOAD)", w->spec->name,
                   reg_state_name(w->state));
     } else {
@@ -425,54 +531,68 @@ static void reg_on_loading(coord *c, reg_worker *w, const wire_msg *m)
     wire_free_unpacked(&l->base);
 }
 
-static void reg_on_ready(coord *c, reg_worker *w, const wire_msg *m)
+static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, ob_box *out)
 {
     ep_err err;
     Epmoe__Ready *r = (Epmoe__Ready *)wire_unpack(&epmoe__ready__descriptor, m, &err);
     if (r == NULL) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s", err.msg);
         return;
     }
-    int owned = plan_rank_experts(c->plan, w->spec->rank, NULL, 0);
-    if (w->state != REG_LOADING && w->state != REG_LOAD_FAILED) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+    uint64_t epoch = w->epoch;
+    int owned = plan_rank_experts(env->plan, w->spec->rank, NULL, 0);
+    if (r->has_epoch && r->epoch < epoch &&
+        (w->state == REG_LOADING || w->state == REG_LOAD_FAILED)) {
+        /* it finished an epoch that was replaced while it loaded; the newer one follows */
+        log_debug(LOG_SUB_NET,
+                  "worker %s: READY for superseded epoch %" PRIu64 " (now %" PRIu64 "): dropped",
+                  w->spec->name, r->epoch, epoch);
+    } else if (w->state != REG_LOADING && w->state != REG_LOAD_FAILED) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: READY in state %s (expected after LOAD)", w->spec->name,
                   reg_state_name(w->state));
-    } else if (!r->has_epoch || r->epoch != c->plan->epoch) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "worker %s: READY for epoch %" PRIu64 "%s, the current epoch is %" PRIu64,
+    } else if (!r->has_epoch || r->epoch != epoch) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "worker %s: READY for epoch %" PRIu64 "%s, the worker was told epoch %" PRIu64,
                   w->spec->name, r->has_epoch ? r->epoch : 0, r->has_epoch ? "" : " (absent)",
-                  c->plan->epoch);
-    } else if (!r->has_config_hash || r->config_hash != c->config_hash) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_CONFIG_HASH,
+                  epoch);
+    } else if (!r->has_config_hash || r->config_hash != env->config_hash) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_CONFIG_HASH,
                   "worker %s: READY with config hash 0x%016" PRIx64 "%s, the coordinator's is "
                   "0x%016" PRIx64,
                   w->spec->name, r->has_config_hash ? r->config_hash : 0,
-                  r->has_config_hash ? "" : " (absent)", c->config_hash);
+                  r->has_config_hash ? "" : " (absent)", env->config_hash);
     } else if (r->has_n_experts && (int)r->n_experts != owned) {
-        reg_error(c, m, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: READY with %u experts, but rank %d owns %d in epoch %" PRIu64,
-                  w->spec->name, (unsigned)r->n_experts, w->spec->rank, owned, c->plan->epoch);
+                  w->spec->name, (unsigned)r->n_experts, w->spec->rank, owned, epoch);
     } else {
         w->state = REG_READY;
+        w->acked = epoch;
         w->n_experts = (uint32_t)owned;
         if (r->has_bytes_loaded)
             w->bytes_done = w->bytes_total = r->bytes_loaded;
-        if (r->has_bytes_read && r->has_load_ms) {
-            w->load_read = r->bytes_read;
+        w->bytes_read = r->has_bytes_read ? r->bytes_read : w->bytes_done;
+        if (r->has_bytes_read && r->has_load_ms && r->bytes_read > 0) {
+            w->load_read = r->bytes_read; /* a load that kept every expert has no rate */
             w->load_ms = r->load_ms;
         }
         snprintf(w->backend, sizeof w->backend, "%s", r->backend ? r->backend : "");
         w->error[0] = '\0';
-        log_info("worker %s (rank %d) is ready (%s, %d experts)", w->spec->name, w->spec->rank,
-                 w->backend[0] ? w->backend : "backend?", owned);
-        coord_update_state(c);
+        log_info("worker %s (rank %d) is ready in epoch %" PRIu64
+                 " (%s, %d experts, %u kept, %" PRIu64 " bytes read)",
+                 w->spec->name, w->spec->rank, epoch, w->backend[0] ? w->backend : "backend?",
+                 owned, r->has_experts_kept ? (unsigned)r->experts_kept : 0, w->bytes_read);
+        ob_event_add(out, OB_EV_READY, w->spec->rank, "ready");
+        ob_event *e = ob_last_event(out);
+        if (e != NULL)
+            e->epoch = epoch;
     }
     wire_free_unpacked(&r->base);
 }
 
 /* An Error from a worker: a load failure, or a complaint about one of our messages. */
-static void reg_on_error(coord *c, reg_worker *w, const wire_msg *m)
+static void reg_on_error(reg_worker *w, const wire_msg *m, ob_box *out)
 {
     ep_err err;
     Epmoe__Error *e = (Epmoe__Error *)wire_unpack(&epmoe__error__descriptor, m, &err);
@@ -489,9 +609,10 @@ static void reg_on_error(coord *c, reg_worker *w, const wire_msg *m)
         if (w->state == REG_LOADING || w->state == REG_READY) {
             bool was_ready = w->state == REG_READY;
             w->state = REG_LOAD_FAILED;
-            coord_update_state(c);
             if (was_ready)
-                seq_worker_lost(c, w->spec->rank, "the worker reported a load failure");
+                ob_event_add(out, OB_EV_LOST, w->spec->rank, "the worker reported a load failure");
+            else
+                ob_event_add(out, OB_EV_LOAD_FAILED, w->spec->rank, "%s", text);
         }
     } else {
         log_warn("worker %s reports error %d%s%s: %s", w->spec->name,
@@ -502,37 +623,9 @@ static void reg_on_error(coord *c, reg_worker *w, const wire_msg *m)
     wire_free_unpacked(&e->base);
 }
 
-/* Message types a worker may send on coordinator.listen. */
-static bool reg_worker_type(uint16_t type)
+int reg_sender(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *out)
 {
-    switch (type) {
-    case EPMOE__MSG_TYPE__MSG_REGISTER:
-    case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
-    case EPMOE__MSG_TYPE__MSG_LOADING:
-    case EPMOE__MSG_TYPE__MSG_READY:
-    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
-    case EPMOE__MSG_TYPE__MSG_ERROR:
-    case EPMOE__MSG_TYPE__MSG_STEP_DONE:
-    case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
-        return true;
-    default:
-        return false;
-    }
-}
-
-void reg_on_message(coord *c, const wire_msg *m)
-{
-    if (!reg_worker_type(m->type)) {
-        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE,
-                        m->type, "coordinator.listen does not accept %s from a worker",
-                        wire_type_name(m->type));
-        return;
-    }
-    if (m->type == EPMOE__MSG_TYPE__MSG_REGISTER) {
-        reg_on_register(c, m);
-        return;
-    }
-    reg_worker *w = reg_find_ident(c->reg, m->ident, m->ident_len);
+    reg_worker *w = reg_find_ident(r, m->ident, m->ident_len);
     /* Peers we do not count as registered: never answer an Error (two confused peers would
      * ping-pong forever), and never a HEARTBEAT — an answer is a sign of life to the worker, so
      * answering its heartbeats would keep it from ever timing out and registering again (after
@@ -541,82 +634,93 @@ void reg_on_message(coord *c, const wire_msg *m)
         m->type != EPMOE__MSG_TYPE__MSG_ERROR && m->type != EPMOE__MSG_TYPE__MSG_HEARTBEAT;
     if (w == NULL) {
         if (answer)
-            wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_NOT_REGISTERED,
-                            m->type,
-                            "%s from a connection that has not registered: send REGISTER first",
-                            wire_type_name(m->type));
+            ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len,
+                     EPMOE__ERROR_CODE__ERR_NOT_REGISTERED, m->type,
+                     "%s from a connection that has not registered: send REGISTER first",
+                     wire_type_name(m->type));
         else
             log_debug(LOG_SUB_NET, "%s from a connection that has not registered: dropped",
                       wire_type_name(m->type));
-        return;
+        return -1;
     }
     if (w->state == REG_DEAD) {
         if (answer)
-            wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
-                            m->type, "worker %s was declared %s; register again", w->spec->name,
-                            w->error);
+            ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len,
+                     EPMOE__ERROR_CODE__ERR_WORKER_LOST, m->type,
+                     "worker %s was declared %s; register again", w->spec->name, w->error);
         else
             log_debug(LOG_SUB_NET, "%s from dead worker %s: dropped", wire_type_name(m->type),
                       w->spec->name);
-        return;
+        return -1;
     }
-    w->last_seen_ms = c->now_ms;
+    w->last_seen_ms = env->now_ms;
+    return w->spec->rank;
+}
+
+void reg_on_message(reg_registry *r, const reg_env *env, int rank, const wire_msg *m, ob_box *out)
+{
+    reg_worker *w = reg_worker_at(r, rank);
+    if (w == NULL)
+        return;
     switch (m->type) {
     case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
-        reg_on_config_ack(c, w, m);
+        reg_on_config_ack(r, env, w, m, out);
         break;
     case EPMOE__MSG_TYPE__MSG_LOADING:
-        reg_on_loading(c, w, m);
+        reg_on_loading(w, m, out);
         break;
     case EPMOE__MSG_TYPE__MSG_READY:
-        reg_on_ready(c, w, m);
+        reg_on_ready(env, w, m, out);
         break;
     case EPMOE__MSG_TYPE__MSG_ERROR:
-        reg_on_error(c, w, m);
-        break;
-    case EPMOE__MSG_TYPE__MSG_STEP_DONE:
-    case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
-        seq_on_message(c, w->spec->rank, m);
+        reg_on_error(w, m, out);
         break;
     default:
         break; /* HEARTBEAT: the sign of life is all it carries */
     }
 }
 
-void reg_tick(coord *c)
+void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms)
 {
-    int64_t expiry = (int64_t)c->spec->heartbeat_ms * c->spec->liveness;
+    reg_worker *w = reg_find_ident(r, ident, len);
+    if (w != NULL && w->state != REG_DEAD)
+        w->last_seen_ms = now_ms; /* garbage, but alive */
+}
+
+void reg_tick(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;
     Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
     hb.has_epoch = 1;
-    hb.epoch = c->plan->epoch;
-    for (int i = 0; i < c->reg->n; i++) {
-        reg_worker *w = &c->reg->w[i];
+    hb.epoch = env->plan->epoch;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
         if (!reg_registered(w))
             continue;
-        int64_t silent = c->now_ms - w->last_seen_ms;
+        int64_t silent = env->now_ms - w->last_seen_ms;
         if (silent > expiry) {
             char why[160];
             snprintf(why, sizeof why, "silent for %" PRId64 " ms (liveness %d x heartbeat %d ms)",
-                     silent, c->spec->liveness, c->spec->heartbeat_ms);
-            reg_declare_dead(c, i, why);
+                     silent, env->spec->liveness, env->spec->heartbeat_ms);
+            reg_declare_dead(r, i, why, out);
             continue;
         }
-        reg_send(c, w, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
     }
 }
 
-void reg_shutdown(coord *c, const char *reason)
+void reg_shutdown(reg_registry *r, const char *reason, ob_box *out)
 {
     Epmoe__Shutdown s = EPMOE__SHUTDOWN__INIT;
     s.reason = (char *)reason;
-    for (int i = 0; i < c->reg->n; i++)
-        if (reg_registered(&c->reg->w[i]))
-            reg_send(c, &c->reg->w[i], EPMOE__MSG_TYPE__MSG_SHUTDOWN, &s.base);
+    for (int i = 0; i < r->n; i++)
+        if (reg_registered(&r->w[i]))
+            reg_send(out, &r->w[i], EPMOE__MSG_TYPE__MSG_SHUTDOWN, &s.base);
 }
 
-void reg_worker_info(coord *c, int rank, Epmoe__WorkerInfo *o)
+void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__WorkerInfo *o)
 {
-    reg_worker *w = &c->reg->w[rank];
+    reg_worker *w = &r->w[rank];
     const spec_worker *sw = w->spec;
     epmoe__worker_info__init(o);
     o->name = (char *)sw->name;
@@ -635,7 +739,7 @@ void reg_worker_info(coord *c, int rank, Epmoe__WorkerInfo *o)
         o->load_gbps = (double)w->load_read / (double)w->load_ms / 1e6;
     }
     if (w->last_seen_ms > 0) {
-        int64_t ago = c->now_ms - w->last_seen_ms;
+        int64_t ago = env->now_ms - w->last_seen_ms;
         o->has_last_seen_ms = 1;
         o->last_seen_ms = ago < 0 ? 0 : ago > UINT32_MAX ? UINT32_MAX : (uint32_t)ago;
     }
@@ -648,9 +752,64 @@ void reg_worker_info(coord *c, int rank, Epmoe__WorkerInfo *o)
     if (w->backend[0])
         o->backend = w->backend;
     o->has_n_experts = 1;
-    o->n_experts = (uint32_t)plan_rank_experts(c->plan, sw->rank, NULL, 0);
+    o->n_experts = (uint32_t)plan_rank_experts(env->plan, sw->rank, NULL, 0);
+    if (w->acked) {
+        o->has_epoch = 1;
+        o->epoch = w->acked;
+        o->has_bytes_read = 1;
+        o->bytes_read = w->bytes_read;
+    }
+    o->has_member = 1;
+    o->member = plan_is_member(env->plan, sw->rank);
     if (w->error[0])
         o->error = w->error;
     if (w->has_device)
         o->device_info = &w->device;
+}
+
+void reg_adopt(reg_registry *dst, const reg_registry *old, const char *reason, ob_box *out)
+{
+    Epmoe__Shutdown s = EPMOE__SHUTDOWN__INIT;
+    s.reason = (char *)reason;
+    for (int i = 0; i < old->n; i++) {
+        const reg_worker *o = &old->w[i];
+        reg_worker *w = NULL;
+        for (int j = 0; j < dst->n && w == NULL; j++)
+            if (strcmp(dst->w[j].spec->name, o->spec->name) == 0)
+                w = &dst->w[j];
+        if (w == NULL) {
+            if (reg_registered(o)) {
+                log_info("worker %s is not in the new cluster spec: SHUTDOWN", o->spec->name);
+                ob_send(out, OB_TO_WORKER_ID, -1, o->ident, o->ident_len,
+                        EPMOE__MSG_TYPE__MSG_SHUTDOWN, &s.base, NULL, 0);
+            }
+            continue;
+        }
+        const spec_worker *sw = w->spec;
+        *w = *o;
+        w->spec = sw;
+        w->device.name = w->dev_name; /* they pointed into the old registry */
+        w->device.backend = w->dev_backend;
+    }
+}
+
+void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        if (!reg_registered(w) || w->hash_refused)
+            continue;
+        w->bytes_done = w->bytes_total = 0;
+        reg_send_welcome(r, env, w, out);
+    }
+}
+
+void reg_respec(reg_registry *r, const spec_cluster *spec)
+{
+    for (int i = 0; i < r->n && i < spec->n_workers; i++) {
+        const spec_worker *sw = &spec->workers[i];
+        r->w[i].spec = sw;
+        r->peers[i].name = (char *)sw->name;
+        r->peers[i].data_endpoint = (char *)sw->data;
+    }
 }

@@ -1,6 +1,11 @@
 /*
  * registry.h — the workers of the cluster and their lifecycle (prefix reg_).
  *
+ * A passive state machine (coord.h): every function gets the facts it needs in a reg_env,
+ * changes only the registry, and returns what happened in an ob_box — messages to send and
+ * events (OB_EV_LOST when a registered worker is gone, OB_EV_READY when one acknowledged the
+ * epoch). It never calls the sequencer or the planner; coord.c routes the events.
+ *
  * One entry per worker of the spec, index == rank. A worker moves
  *
  *   absent --REGISTER--> welcomed --CONFIG_ACK(hash ok)--> loading --READY--> ready
@@ -8,15 +13,23 @@
  *                          |  Error ERR_LOAD_FAILED from the worker: load-failed (LOADING or
  *                          |  READY later moves it on again)
  *   any registered state --silent for liveness x heartbeat_ms--> dead --REGISTER--> welcomed
+ *   loading, ready, load-failed --EPOCH sent--> loading --READY{epoch}--> ready
+ *
+ * Placement epochs: each worker remembers the epoch it was last told (WELCOME or EPOCH) and the
+ * one it last acknowledged (READY). READY for an older epoch than the one the worker was told
+ * is a superseded acknowledgement (it was still loading when a newer epoch came): dropped. A
+ * CONFIG_ACK for a welcome whose epoch has since been replaced is answered with a new WELCOME.
+ * A worker whose connection is gone (a send fails with EHOSTUNREACH) is declared dead at once:
+ * ZeroMQ has already dropped its routing id, so nothing will reach it until it registers again.
  *
  * A REGISTER for a worker that is already registered (a restart: with ROUTER_HANDOVER the new
- * connection takes the routing id over) starts it again at welcomed and fails its in-flight
- * step with ERR_WORKER_LOST. A REGISTER under a name whose current registration is alive but
- * comes from another routing id is refused with ERR_DUPLICATE.
+ * connection takes the routing id over) starts it again at welcomed and reports it lost
+ * (OB_EV_LOST). A REGISTER under a name whose current registration is alive but comes from
+ * another routing id is refused with ERR_DUPLICATE.
  *
  * Workers are found by the routing id they registered from; any message from a registered
  * worker counts as a sign of life. Messages from a routing id that has not registered get
- * Error ERR_BAD_REQUEST ("send REGISTER first"); messages from a worker declared dead get
+ * Error ERR_NOT_REGISTERED ("send REGISTER first"); messages from a worker declared dead get
  * Error ERR_WORKER_LOST ("register again"); HEARTBEATs from either are dropped unanswered, so
  * such a worker stops hearing from us and registers again by its own liveness rule.
  */
@@ -27,8 +40,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/model_config.h"
 #include "common/wire.h"
-#include "coordinator/coord.h"
+#include "coordinator/outbox.h"
+#include "coordinator/planner.h"
+#include "coordinator/spec.h"
 
 typedef enum reg_state {
     REG_ABSENT = 0,  /* never registered */
@@ -52,6 +68,10 @@ typedef struct reg_worker {
     uint32_t load_ms;   /* ... in this long (0: unknown) */
     uint32_t pid;
     uint32_t n_experts;
+    uint64_t epoch;      /* the epoch it was last told (WELCOME, EPOCH) */
+    uint64_t acked;      /* the epoch of its last accepted READY (0: none) */
+    uint64_t bytes_read; /* checkpoint bytes its last READY read */
+    bool hash_refused;   /* its CONFIG_ACK hash differed: it gets no work */
     char hostname[EP_MAX_NAME];
     char version[64];
     char backend[64];
@@ -63,34 +83,75 @@ typedef struct reg_worker {
     char dev_backend[64];
 } reg_worker;
 
-reg_registry *reg_create(const spec_cluster *spec, const plan_table *plan, ep_err *err);
+/* What the registry needs to know from the rest of the daemon, per call. */
+typedef struct reg_env {
+    const spec_cluster *spec;
+    const mc_config *cfg;
+    uint64_t config_hash;
+    const plan_table *plan; /* the latest placement: WELCOME, LOAD, READY and EPOCH refer to it */
+    int64_t now_ms;
+} reg_env;
+
+typedef struct reg_registry reg_registry;
+
+reg_registry *reg_create(const spec_cluster *spec, ep_err *err);
 void reg_destroy(reg_registry **self_p);
 
 int reg_size(const reg_registry *r);
 reg_worker *reg_worker_at(reg_registry *r, int rank); /* NULL when out of range */
 /* The registered worker (any state but absent) that uses this routing id, or NULL. */
 reg_worker *reg_find_ident(reg_registry *r, const uint8_t *ident, size_t len);
+bool reg_registered(const reg_worker *w); /* neither absent nor dead */
 
 /* Counts for the cluster state: workers never registered or dead, and workers not ready. */
 void reg_counts(const reg_registry *r, int *n_missing, int *n_not_ready);
+/* Whether the worker of rank may own experts: registered, its config hash accepted and its
+ * last load not failed (a drain is the planner's business). */
+bool reg_can_own(const reg_registry *r, int rank);
+/* Whether the worker of rank acknowledged epoch and is ready. */
+bool reg_ready_in(const reg_registry *r, int rank, uint64_t epoch);
 /* "a1 (absent), a2 (loading 40%)": the workers that are not ready, for error messages. */
 void reg_not_ready_text(const reg_registry *r, char *buf, size_t cap);
 
-/* Handle a lifecycle message from the worker socket (REGISTER, CONFIG_ACK, LOADING, READY,
- * HEARTBEAT, ERROR). Errors go back to the sender as Error messages. */
-void reg_on_message(coord *c, const wire_msg *m);
+/* REGISTER from the worker socket. */
+void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *out);
+/* The rank of the registered, live worker that sent m (any message counts as a sign of life),
+ * or -1 when the sender is unknown or dead: then the sender was told so in out (never for an
+ * Error or a HEARTBEAT, see above). */
+int reg_sender(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *out);
+/* A lifecycle message (CONFIG_ACK, LOADING, READY, HEARTBEAT, ERROR) from the worker of rank
+ * (as reg_sender found it). */
+void reg_on_message(reg_registry *r, const reg_env *env, int rank, const wire_msg *m, ob_box *out);
+/* A malformed message from this routing id: still a sign of life from a registered worker. */
+void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms);
 /* Every heartbeat_ms: declare silent workers dead, send HEARTBEAT to the others. */
-void reg_tick(coord *c);
-/* Declare a registered worker dead now (log, error text, fail its step, update the state). */
-void reg_declare_dead(coord *c, int rank, const char *why);
-/* Send SHUTDOWN{reason} to every registered worker (best effort). */
-void reg_shutdown(coord *c, const char *reason);
+void reg_tick(reg_registry *r, const reg_env *env, ob_box *out);
+/* Declare a registered worker dead now (logged, error text set, OB_EV_LOST). */
+void reg_declare_dead(reg_registry *r, int rank, const char *why, ob_box *out);
 /* Record an error text on a worker (shown by status). */
 void reg_set_error(reg_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Send EPOCH {env->plan, reason} to every worker with a session (loading, ready or
+ * load-failed); they move to loading. */
+void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out);
+/* A send to the worker of rank failed because its connection is gone: declared dead. */
+void reg_unreachable(reg_registry *r, int rank, const char *err, ob_box *out);
+/* Send SHUTDOWN{reason} to every registered worker (best effort). */
+void reg_shutdown(reg_registry *r, const char *reason, ob_box *out);
 
-/* Fill a WorkerInfo for admin replies; strings point into the registry (valid until the next
- * registry change). */
-void reg_worker_info(coord *c, int rank, Epmoe__WorkerInfo *out);
+/* A reload: take over the state of every worker of old whose name is in dst's spec (its
+ * connection, lifecycle state and epochs; the rank may differ). Workers of old that are not in
+ * dst's spec are sent SHUTDOWN{reason}. */
+void reg_adopt(reg_registry *dst, const reg_registry *old, const char *reason, ob_box *out);
+/* A reload that keeps the world: the same workers in the same order, now described by spec
+ * (the registry's references move to it before the old spec is freed). */
+void reg_respec(reg_registry *r, const spec_cluster *spec);
+/* Welcome every registered worker again into env->plan (the world changed: ranks, peers or
+ * timeouts); they keep what they have loaded that they still own. */
+void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out);
+
+/* Fill a WorkerInfo for admin replies; strings point into the registry and the spec (valid
+ * until the next registry change). */
+void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__WorkerInfo *out);
 
 const char *reg_state_name(reg_state s); /* absent welcomed loading load-failed ready dead */
 

@@ -20,7 +20,6 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "coordinator/admin.h"
-#include "coordinator/registry.h"
 
 typedef struct seq_request {
     atomic_int refs; /* the sequencer's own + one per payload slice held by ZeroMQ */
@@ -29,6 +28,7 @@ typedef struct seq_request {
     int layer;
     int n_tokens;
     bool has_ids;
+    int64_t queued_ms; /* when it was queued: it waits for a ready cluster step_timeout_ms */
     struct seq_request *next;
 } seq_request;
 
@@ -39,6 +39,7 @@ typedef struct seq_step {
     bool active;
     seq_request *req; /* NULL once the client has been answered with an error */
     uint64_t step_id;
+    uint64_t epoch; /* the placement epoch it runs in */
     int layer, n_tokens, hidden, topk;
     struct timespec t0;
     int64_t deadline_ms;       /* step_timeout_ms after the start */
@@ -140,9 +141,9 @@ int seq_queued(const seq_sequencer *s)
 }
 
 /* "layers.3" / "mtp.0" for messages. */
-static const char *seq_layer_name(const coord *c, int layer, char *buf, size_t cap)
+static const char *seq_layer_name(const mc_config *cfg, int layer, char *buf, size_t cap)
 {
-    int n = ck_layer_prefix(c->cfg, layer, buf, cap);
+    int n = ck_layer_prefix(cfg, layer, buf, cap);
     if (n > 0 && buf[n - 1] == '.')
         buf[n - 1] = '\0';
     else if (n <= 0)
@@ -152,38 +153,38 @@ static const char *seq_layer_name(const coord *c, int layer, char *buf, size_t c
 
 /* ---- admission ---- */
 
-static int seq_check_ids(const coord *c, const uint8_t *p, int T, ep_err *err)
+static int seq_check_ids(const mc_config *cfg, const uint8_t *p, int T, ep_err *err)
 {
     for (int t = 0; t < T; t++) {
         int64_t id;
         memcpy(&id, p + (size_t)t * 8, 8); /* frames carry no alignment promise */
-        if (id < 0 || id >= c->cfg->vocab_size)
+        if (id < 0 || id >= cfg->vocab_size)
             return ep_err_set(err,
                               "token %d: id %" PRId64 " is out of range (expected 0..%d, the "
                               "model's vocab_size is %d)",
-                              t, id, c->cfg->vocab_size - 1, c->cfg->vocab_size);
+                              t, id, cfg->vocab_size - 1, cfg->vocab_size);
     }
     return 0;
 }
 
 /* Validate a FORWARD request against the model; fills layer and T. */
-static int seq_validate(const coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__AdminRequest *rq,
                         int *layer, int *T, ep_err *err)
 {
     char lname[64];
     if (rq->layer == NULL)
         return ep_err_set(err, "FORWARD without a layer (expected L, layers.L or mtp.I)");
-    if (ck_layer_parse(c->cfg, rq->layer, layer, err) != 0)
+    if (ck_layer_parse(cfg, rq->layer, layer, err) != 0)
         return -1;
-    seq_layer_name(c, *layer, lname, sizeof lname);
+    seq_layer_name(cfg, *layer, lname, sizeof lname);
     if (!rq->has_n_tokens || rq->n_tokens < 1 || rq->n_tokens > EP_MAX_TOKENS)
         return ep_err_set(err, "n_tokens %s%u is out of range (expected 1..%d)",
                           rq->has_n_tokens ? "" : "(absent) ", rq->has_n_tokens ? rq->n_tokens : 0,
                           EP_MAX_TOKENS);
     *T = (int)rq->n_tokens;
-    size_t H = (size_t)c->cfg->hidden_size;
+    size_t H = (size_t)cfg->hidden_size;
     size_t want = (size_t)*T * H * 2;
-    bool hash = mc_layer_is_hash(c->cfg, *layer);
+    bool hash = mc_layer_is_hash(cfg, *layer);
     if (m->n_payloads < 1)
         return ep_err_set(err, "FORWARD without the hidden payload (bf16 [%d, %zu], %zu bytes)", *T,
                           H, want);
@@ -204,7 +205,7 @@ static int seq_validate(const coord *c, const wire_msg *m, const Epmoe__AdminReq
         if (m->n_payloads > 2)
             return ep_err_set(err, "%d payloads, expected 2 (hidden bf16 [T, H], ids int64 [T])",
                               m->n_payloads);
-        return seq_check_ids(c, m->payload[1], *T, err);
+        return seq_check_ids(cfg, m->payload[1], *T, err);
     }
     if ((rq->has_has_ids && rq->has_ids) || m->n_payloads > 1)
         return ep_err_set(err,
@@ -214,43 +215,50 @@ static int seq_validate(const coord *c, const wire_msg *m, const Epmoe__AdminReq
     return 0;
 }
 
-static void seq_pump(coord *c);
-
-void seq_submit(coord *c, wire_msg *m, Epmoe__AdminRequest *rq)
+/* A refusal of request id with the cluster's state: ERR_SHUTTING_DOWN or ERR_NOT_READY. */
+static void seq_refuse_not_ready(const seq_env *env, const uint8_t *ident, size_t ident_len,
+                                 uint64_t id, ob_box *out)
 {
-    seq_sequencer *s = c->seq;
+    if (env->stopping) {
+        adm_error(out, ident, ident_len, id, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
+                  "the coordinator is stopping");
+        return;
+    }
+    adm_error(out, ident, ident_len, id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+              "cluster %s is %s, not ready; workers not ready: %s", env->spec->name, env->state,
+              env->not_ready);
+}
+
+void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminRequest *rq,
+                ob_box *out)
+{
     uint64_t id = rq->has_id ? rq->id : 0;
     int layer = 0, T = 0;
     ep_err err;
     seq_request *r = NULL;
-    if (c->state == COORD_STOPPING) {
-        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
-                       "the coordinator is stopping");
+    if (env->stopping) {
+        seq_refuse_not_ready(env, m->ident, m->ident_len, id, out);
         goto reject;
     }
-    if (seq_validate(c, m, rq, &layer, &T, &err) != 0) {
-        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                       "FORWARD: %s", err.msg);
+    if (seq_validate(env->cfg, m, rq, &layer, &T, &err) != 0) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "FORWARD: %s", err.msg);
         goto reject;
     }
-    if (c->state != COORD_READY) {
-        char who[600];
-        reg_not_ready_text(c->reg, who, sizeof who);
-        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_NOT_READY,
-                       "cluster %s is %s, not ready; workers not ready: %s", c->spec->name,
-                       coord_state_name(c->state), who);
+    if (!env->ready && !env->wait) {
+        seq_refuse_not_ready(env, m->ident, m->ident_len, id, out);
         goto reject;
     }
     if (s->n_queued >= EP_MAX_QUEUED_STEPS) {
-        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
-                       "%d forward requests are already queued (EP_MAX_QUEUED_STEPS); retry later",
-                       s->n_queued);
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "%d forward requests are already queued (EP_MAX_QUEUED_STEPS); retry later",
+                  s->n_queued);
         goto reject;
     }
     r = calloc(1, sizeof *r);
     if (r == NULL) {
-        adm_send_error(c, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
-                       "the coordinator is out of memory");
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the coordinator is out of memory");
         goto reject;
     }
     atomic_init(&r->refs, 1);
@@ -258,7 +266,8 @@ void seq_submit(coord *c, wire_msg *m, Epmoe__AdminRequest *rq)
     r->id = id;
     r->layer = layer;
     r->n_tokens = T;
-    r->has_ids = mc_layer_is_hash(c->cfg, layer);
+    r->has_ids = mc_layer_is_hash(env->cfg, layer);
+    r->queued_ms = env->now_ms;
     if (s->tail)
         s->tail->next = r;
     else
@@ -268,7 +277,6 @@ void seq_submit(coord *c, wire_msg *m, Epmoe__AdminRequest *rq)
     log_debug(LOG_SUB_STEP, "forward request %" PRIu64 " queued (layer %d, %d tokens, %d queued)",
               id, layer, T, s->n_queued);
     wire_free_unpacked(&rq->base);
-    seq_pump(c);
     return;
 reject:
     wire_free_unpacked(&rq->base);
@@ -287,43 +295,39 @@ static const char *seq_answer_name(int a)
 }
 
 /* Answer the client of the step in flight with an error (once). */
-static void seq_answer_error(coord *c, Epmoe__ErrorCode code, const char *text)
+static void seq_answer_error(seq_sequencer *s, Epmoe__ErrorCode code, const char *text, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     if (st->failed)
         return;
     st->failed = true;
-    c->seq->steps_failed++;
+    s->steps_failed++;
     if (st->req != NULL)
-        adm_send_error(c, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s",
-                       text);
+        adm_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s", text);
     seq_step_release(st);
 }
 
-static void seq_send_abort(coord *c)
+static void seq_send_abort(seq_sequencer *s, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     Epmoe__StepAbort a = EPMOE__STEP_ABORT__INIT;
     a.has_step_id = 1;
     a.step_id = st->step_id;
-    for (int r = 0; r < c->seq->P; r++) {
+    for (int r = 0; r < s->P; r++) {
         if (st->answer[r] == SEQ_FAILED || st->answer[r] == SEQ_GONE)
             continue;
-        reg_worker *w = reg_worker_at(c->reg, r);
-        ep_err err;
-        if (wire_send(c->wsock, w->ident, w->ident_len, EPMOE__MSG_TYPE__MSG_STEP_ABORT, &a.base,
-                      NULL, 0, true, &err) != 0)
-            log_debug(LOG_SUB_STEP, "STEP_ABORT to %s: %s", w->spec->name, err.msg);
+        ob_to_rank(out, r, EPMOE__MSG_TYPE__MSG_STEP_ABORT, &a.base, NULL, 0);
     }
 }
 
-static void seq_fail(coord *c, Epmoe__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__ErrorCode code,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* The first failure of a step: answer the client, abort the step on every worker. */
-static void seq_fail(coord *c, Epmoe__ErrorCode code, const char *fmt, ...)
+static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__ErrorCode code,
+                     const char *fmt, ...)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     if (!st->active || st->failed)
         return;
     char text[EP_ERR_MSG_MAX];
@@ -332,9 +336,9 @@ static void seq_fail(coord *c, Epmoe__ErrorCode code, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     log_info("step %" PRIu64 " failed: %s", st->step_id, text);
-    seq_answer_error(c, code, text);
-    st->abort_deadline_ms = c->now_ms + c->spec->step_timeout_ms;
-    seq_send_abort(c);
+    seq_answer_error(s, code, text, out);
+    st->abort_deadline_ms = env->now_ms + env->spec->step_timeout_ms;
+    seq_send_abort(s, out);
 }
 
 static double seq_seconds_since(const struct timespec *t0)
@@ -344,9 +348,9 @@ static double seq_seconds_since(const struct timespec *t0)
     return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
 }
 
-static void seq_answer_ok(coord *c)
+static void seq_answer_ok(seq_sequencer *s, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     Epmoe__ForwardInfo fi = EPMOE__FORWARD_INFO__INIT;
     fi.has_step_id = 1;
     fi.step_id = st->step_id;
@@ -372,20 +376,20 @@ static void seq_answer_ok(coord *c)
         {.data = st->ids, .len = T * k * 4, .free_fn = wire_free_malloc},
         {.data = st->wts, .len = T * k * 4, .free_fn = wire_free_malloc},
     };
-    st->out = st->ids = st->wts = NULL; /* owned by the send now */
-    c->seq->steps_done++;
+    st->out = st->ids = st->wts = NULL; /* owned by the outbox now */
+    s->steps_done++;
     log_debug(LOG_SUB_STEP, "step %" PRIu64 " done: %zu tokens in %.6f s", st->step_id, T,
               fi.seconds);
-    adm_send(c, st->req->msg->ident, st->req->msg->ident_len, st->req->id, &rep, p, 3);
+    adm_reply(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, &rep, p, 3);
     seq_step_release(st);
 }
 
 /* Close the step: every rank answered or is gone. */
-static void seq_finish(coord *c)
+static void seq_finish(seq_sequencer *s, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     if (!st->failed)
-        seq_answer_ok(c);
+        seq_answer_ok(s, out);
     seq_step_release(st);
     st->active = false;
 }
@@ -399,18 +403,17 @@ static int seq_alloc_outputs(seq_step *st)
     return st->out && st->ids && st->wts ? 0 : -1;
 }
 
-/* Send rank r its STEP; 0 or -1 with err. */
-static int seq_send_step(coord *c, int r, ep_err *err)
+/* Queue rank r's STEP. */
+static void seq_send_step(seq_sequencer *s, const seq_env *env, int r, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
+    seq_step *st = &s->step;
     seq_request *rq = st->req;
-    reg_worker *w = reg_worker_at(c->reg, r);
     size_t H = (size_t)st->hidden, b = (size_t)st->begin[r], n = (size_t)st->count[r];
     Epmoe__Step m = EPMOE__STEP__INIT;
     m.has_step_id = 1;
     m.step_id = st->step_id;
     m.has_epoch = 1;
-    m.epoch = c->plan->epoch;
+    m.epoch = st->epoch;
     m.has_layer = 1;
     m.layer = (uint32_t)st->layer;
     m.has_n_tokens = 1;
@@ -427,13 +430,13 @@ static int seq_send_step(coord *c, int r, ep_err *err)
         p[i].hint = rq;
         atomic_fetch_add(&rq->refs, 1);
     }
-    return wire_send(c->wsock, w->ident, w->ident_len, EPMOE__MSG_TYPE__MSG_STEP, &m.base, p, np,
-                     true, err);
+    ob_msg *om = ob_to_rank(out, r, EPMOE__MSG_TYPE__MSG_STEP, &m.base, p, np);
+    if (om != NULL)
+        om->step_id = st->step_id;
 }
 
-static void seq_start(coord *c, seq_request *rq)
+static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_box *out)
 {
-    seq_sequencer *s = c->seq;
     seq_step *st = &s->step;
     int P = s->P, T = rq->n_tokens;
     *st = (seq_step){.answer = st->answer, .begin = st->begin, .count = st->count};
@@ -442,56 +445,77 @@ static void seq_start(coord *c, seq_request *rq)
     st->step_id = ++s->last_step_id;
     st->layer = rq->layer;
     st->n_tokens = T;
-    st->hidden = c->cfg->hidden_size;
-    st->topk = c->cfg->num_experts_per_tok;
+    st->hidden = env->cfg->hidden_size;
+    st->topk = env->cfg->num_experts_per_tok;
     clock_gettime(CLOCK_MONOTONIC, &st->t0);
-    st->deadline_ms = c->now_ms + c->spec->step_timeout_ms;
-    st->pending = P;
+    st->deadline_ms = env->now_ms + env->spec->step_timeout_ms;
+    /* the epoch's members, in rank order, own the tokens as data-parallel ranks would: the
+     * i-th member of M gets [floor(i*T/M), floor((i+1)*T/M)); other ranks get no STEP */
+    const plan_table *plan = env->plan;
+    int M = plan->n_members, i = 0;
+    st->epoch = plan->epoch;
+    st->pending = M;
     for (int r = 0; r < P; r++) {
-        st->answer[r] = SEQ_PENDING;
-        /* rank r owns [floor(r*T/P), floor((r+1)*T/P)), as data-parallel ranks would */
-        st->begin[r] = (int)((int64_t)r * T / P);
-        st->count[r] = (int)((int64_t)(r + 1) * T / P) - st->begin[r];
+        st->answer[r] = plan_is_member(plan, r) ? SEQ_PENDING : SEQ_GONE;
+        st->begin[r] = st->count[r] = 0;
+        if (st->answer[r] != SEQ_PENDING)
+            continue;
+        st->begin[r] = (int)((int64_t)i * T / M);
+        st->count[r] = (int)((int64_t)(i + 1) * T / M) - st->begin[r];
+        i++;
     }
     if (seq_alloc_outputs(st) != 0) {
         for (int r = 0; r < P; r++)
             st->answer[r] = SEQ_GONE;
         st->pending = 0;
-        seq_answer_error(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
-                         "the coordinator is out of memory for the step's outputs");
+        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "the coordinator is out of memory for the step's outputs", out);
         return; /* settled: seq_pump closes it */
     }
     char lname[64];
-    log_debug(LOG_SUB_STEP, "step %" PRIu64 ": layer %s, %d tokens over %d ranks", st->step_id,
-              seq_layer_name(c, st->layer, lname, sizeof lname), T, P);
-    int unreachable = -1;
-    ep_err err;
-    for (int r = 0; r < P; r++) {
-        if (unreachable >= 0 || seq_send_step(c, r, &err) != 0) {
-            if (unreachable < 0)
-                unreachable = r;
-            st->answer[r] = SEQ_GONE; /* never got the step: nothing to wait for */
-            st->pending--;
-        }
-    }
-    if (unreachable >= 0) {
-        reg_worker *w = reg_worker_at(c->reg, unreachable);
-        seq_fail(c, EPMOE__ERROR_CODE__ERR_WORKER_LOST, "worker %s (rank %d) is unreachable: %s",
-                 w->spec->name, unreachable, err.msg);
-    }
+    log_debug(
+        LOG_SUB_STEP, "step %" PRIu64 ": layer %s, %d tokens over %d ranks (epoch %" PRIu64 ")",
+        st->step_id, seq_layer_name(env->cfg, st->layer, lname, sizeof lname), T, M, st->epoch);
+    for (int r = 0; r < P; r++)
+        if (st->answer[r] == SEQ_PENDING)
+            seq_send_step(s, env, r, out);
 }
 
-/* Close the step in flight once it has settled, then start queued requests while no step is
- * in flight; requests that find the cluster not ready are answered ERR_NOT_READY. */
-static void seq_pump(coord *c)
+/* While the cluster changes epochs, queued requests wait; one that has waited step_timeout_ms
+ * is answered ERR_TIMEOUT (it never started: nothing was computed for it). */
+static void seq_expire(seq_sequencer *s, const seq_env *env, ob_box *out)
 {
-    seq_sequencer *s = c->seq;
+    seq_request **pp = &s->head, *last = NULL;
+    while (*pp != NULL) {
+        seq_request *r = *pp;
+        if (env->now_ms - r->queued_ms < env->spec->step_timeout_ms) {
+            last = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        s->n_queued--;
+        adm_error(out, r->msg->ident, r->msg->ident_len, r->id, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                  "the request waited step_timeout_ms %d for cluster %s to be ready and never "
+                  "ran (%s; workers not ready: %s)",
+                  env->spec->step_timeout_ms, env->spec->name, env->state, env->not_ready);
+        seq_req_unref(r);
+    }
+    s->tail = last;
+}
+
+void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out)
+{
     for (;;) {
         if (s->step.active) {
             if (s->step.pending > 0)
                 return;
-            seq_finish(c);
+            seq_finish(s, out);
             continue;
+        }
+        if (!env->ready && env->wait) {
+            seq_expire(s, env, out);
+            return;
         }
         seq_request *r = s->head;
         if (r == NULL)
@@ -501,25 +525,21 @@ static void seq_pump(coord *c)
             s->tail = NULL;
         s->n_queued--;
         r->next = NULL;
-        if (c->state != COORD_READY) {
-            char who[600];
-            reg_not_ready_text(c->reg, who, sizeof who);
-            adm_send_error(c, r->msg->ident, r->msg->ident_len, r->id,
-                           c->state == COORD_STOPPING ? EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN
-                                                      : EPMOE__ERROR_CODE__ERR_NOT_READY,
-                           "cluster %s is %s, not ready; workers not ready: %s", c->spec->name,
-                           coord_state_name(c->state), who);
+        if (!env->ready) {
+            seq_refuse_not_ready(env, r->msg->ident, r->msg->ident_len, r->id, out);
             seq_req_unref(r);
             continue;
         }
-        seq_start(c, r);
+        seq_start(s, env, r, out);
+        return; /* the STEPs must leave before anything else happens */
     }
 }
 
-/* A worker's answer for the step in flight, or NULL (logged) when it is for another step. */
-static bool seq_current(coord *c, int rank, bool has_id, uint64_t step_id, const char *what)
+/* Whether a worker's answer is for the step in flight (else it is logged and dropped). */
+static bool seq_current(const seq_sequencer *s, int rank, bool has_id, uint64_t step_id,
+                        const char *what)
 {
-    seq_step *st = &c->seq->step;
+    const seq_step *st = &s->step;
     if (st->active && has_id && step_id == st->step_id && st->answer[rank] == SEQ_PENDING)
         return true;
     log_debug(LOG_SUB_STEP,
@@ -552,30 +572,31 @@ static int seq_check_done(const seq_step *st, int r, const Epmoe__StepDone *d, c
     return 0;
 }
 
-static void seq_on_done(coord *c, int r, const wire_msg *m)
+static void seq_on_done(seq_sequencer *s, const seq_env *env, int r, const wire_msg *m, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
-    reg_worker *w = reg_worker_at(c->reg, r);
+    seq_step *st = &s->step;
+    const char *name = env->spec->workers[r].name;
     ep_err err;
     Epmoe__StepDone *d = (Epmoe__StepDone *)wire_unpack(&epmoe__step_done__descriptor, m, &err);
     if (d == NULL) {
-        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type,
-                        "%s", err.msg);
+        ob_error(out, OB_TO_RANK, r, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s",
+                 err.msg);
         /* we cannot tell which step it meant: the step timeout covers a lost answer */
-        log_warn("worker %s: %s", w->spec->name, err.msg);
+        log_warn("worker %s: %s", name, err.msg);
         return;
     }
-    if (!seq_current(c, r, d->has_step_id, d->step_id, "STEP_DONE"))
+    if (!seq_current(s, r, d->has_step_id, d->step_id, "STEP_DONE"))
         goto done;
     st->answer[r] = SEQ_DONE;
     st->pending--;
     if (seq_check_done(st, r, d, m, &err) != 0) {
         st->answer[r] = SEQ_FAILED;
-        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                        m->type, "step %" PRIu64 ": %s", st->step_id, err.msg);
-        reg_set_error(w, "step %" PRIu64 ": malformed STEP_DONE: %s", st->step_id, err.msg);
-        seq_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
-                 "worker %s (rank %d): malformed STEP_DONE: %s", w->spec->name, r, err.msg);
+        ob_error(out, OB_TO_RANK, r, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, m->type,
+                 "step %" PRIu64 ": %s", st->step_id, err.msg);
+        ob_event_add(out, OB_EV_ERROR, r, "step %" PRIu64 ": malformed STEP_DONE: %s", st->step_id,
+                     err.msg);
+        seq_fail(s, env, out, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                 "worker %s (rank %d): malformed STEP_DONE: %s", name, r, err.msg);
     } else if (!st->failed) {
         size_t b = (size_t)st->begin[r], H = (size_t)st->hidden, k = (size_t)st->topk;
         memcpy(st->out + b * H * 2, m->payload[0], m->payload_len[0]);
@@ -586,119 +607,157 @@ static void seq_on_done(coord *c, int r, const wire_msg *m)
     }
 done:
     wire_free_unpacked(&d->base);
-    seq_pump(c);
 }
 
-static void seq_on_failed(coord *c, int r, const wire_msg *m)
+static void seq_on_failed(seq_sequencer *s, const seq_env *env, int r, const wire_msg *m,
+                          ob_box *out)
 {
-    seq_step *st = &c->seq->step;
-    reg_worker *w = reg_worker_at(c->reg, r);
+    seq_step *st = &s->step;
+    const char *name = env->spec->workers[r].name;
     ep_err err;
     Epmoe__StepFailed *f =
         (Epmoe__StepFailed *)wire_unpack(&epmoe__step_failed__descriptor, m, &err);
     if (f == NULL) {
-        wire_send_error(c->wsock, m->ident, m->ident_len, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type,
-                        "%s", err.msg);
-        log_warn("worker %s: %s", w->spec->name, err.msg);
+        ob_error(out, OB_TO_RANK, r, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s",
+                 err.msg);
+        log_warn("worker %s: %s", name, err.msg);
         return;
     }
-    if (seq_current(c, r, f->has_step_id, f->step_id, "STEP_FAILED")) {
+    if (seq_current(s, r, f->has_step_id, f->step_id, "STEP_FAILED")) {
         const char *text = f->message && f->message[0] ? f->message : "(no message)";
         st->answer[r] = SEQ_FAILED;
         st->pending--;
         if (!st->failed) { /* after our STEP_ABORT this is only the acknowledgement */
-            reg_set_error(w, "step %" PRIu64 ": %s", st->step_id, text);
-            seq_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "worker %s (rank %d): %s",
-                     w->spec->name, r, text);
+            ob_event_add(out, OB_EV_ERROR, r, "step %" PRIu64 ": %s", st->step_id, text);
+            seq_fail(s, env, out, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "worker %s (rank %d): %s",
+                     name, r, text);
         }
     }
     wire_free_unpacked(&f->base);
-    seq_pump(c);
 }
 
-void seq_on_message(coord *c, int rank, const wire_msg *m)
+void seq_on_message(seq_sequencer *s, const seq_env *env, int rank, const wire_msg *m, ob_box *out)
 {
-    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_DONE)
-        seq_on_done(c, rank, m);
-    else
-        seq_on_failed(c, rank, m);
-}
-
-void seq_worker_lost(coord *c, int rank, const char *why)
-{
-    seq_step *st = &c->seq->step;
-    if (!st->active || rank < 0 || rank >= c->seq->P || st->answer[rank] != SEQ_PENDING)
+    if (rank < 0 || rank >= s->P)
         return;
-    reg_worker *w = reg_worker_at(c->reg, rank);
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_DONE)
+        seq_on_done(s, env, rank, m, out);
+    else
+        seq_on_failed(s, env, rank, m, out);
+}
+
+void seq_worker_lost(seq_sequencer *s, const seq_env *env, int rank, const char *why, ob_box *out)
+{
+    seq_step *st = &s->step;
+    if (!st->active || rank < 0 || rank >= s->P || st->answer[rank] != SEQ_PENDING)
+        return;
     st->answer[rank] = SEQ_GONE;
     st->pending--;
-    seq_fail(c, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
-             "worker %s (rank %d) was lost during step %" PRIu64 ": %s", w->spec->name, rank,
-             st->step_id, why);
-    seq_pump(c);
+    seq_fail(s, env, out, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+             "worker %s (rank %d) was lost during step %" PRIu64 ": %s",
+             env->spec->workers[rank].name, rank, st->step_id, why);
+}
+
+void seq_send_failed(seq_sequencer *s, const seq_env *env, int rank, uint64_t step_id,
+                     const char *err, ob_box *out)
+{
+    seq_step *st = &s->step;
+    if (!st->active || st->step_id != step_id || rank < 0 || rank >= s->P ||
+        st->answer[rank] != SEQ_PENDING)
+        return;
+    st->answer[rank] = SEQ_GONE; /* never got the step: nothing to wait for */
+    st->pending--;
+    seq_fail(s, env, out, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+             "worker %s (rank %d) is unreachable: %s", env->spec->workers[rank].name, rank, err);
 }
 
 /* "a1 (rank 1), a3 (rank 3)": the ranks still pending. */
-static void seq_pending_text(coord *c, char *buf, size_t cap)
+static void seq_pending_text(const seq_sequencer *s, const seq_env *env, char *buf, size_t cap)
 {
-    seq_step *st = &c->seq->step;
+    const seq_step *st = &s->step;
     size_t len = 0;
     buf[0] = '\0';
-    for (int r = 0; r < c->seq->P && len + 80 < cap; r++)
+    for (int r = 0; r < s->P && len + 80 < cap; r++)
         if (st->answer[r] == SEQ_PENDING)
             len += (size_t)snprintf(buf + len, cap - len, "%s%s (rank %d)", len ? ", " : "",
-                                    reg_worker_at(c->reg, r)->spec->name, r);
+                                    env->spec->workers[r].name, r);
 }
 
-void seq_tick(coord *c)
+void seq_tick(seq_sequencer *s, const seq_env *env, ob_box *out)
 {
-    seq_step *st = &c->seq->step;
-    if (st->active && !st->failed && c->now_ms >= st->deadline_ms) {
+    seq_step *st = &s->step;
+    if (st->active && !st->failed && env->now_ms >= st->deadline_ms) {
         char who[600], lname[64];
-        seq_pending_text(c, who, sizeof who);
-        seq_fail(c, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+        seq_pending_text(s, env, who, sizeof who);
+        seq_fail(s, env, out, EPMOE__ERROR_CODE__ERR_TIMEOUT,
                  "step %" PRIu64 " (layer %s, %d tokens) exceeded step_timeout_ms %d; no answer "
                  "from %s",
-                 st->step_id, seq_layer_name(c, st->layer, lname, sizeof lname), st->n_tokens,
-                 c->spec->step_timeout_ms, who);
-    } else if (st->active && st->failed && c->now_ms >= st->abort_deadline_ms) {
-        /* A live worker that ignores STEP_ABORT would hold the queue forever. */
-        uint64_t id = st->step_id;
-        for (int r = 0; r < c->seq->P && st->active && st->step_id == id; r++) {
+                 st->step_id, seq_layer_name(env->cfg, st->layer, lname, sizeof lname),
+                 st->n_tokens, env->spec->step_timeout_ms, who);
+    } else if (st->active && st->failed && env->now_ms >= st->abort_deadline_ms) {
+        /* A live worker that ignores STEP_ABORT would hold the queue forever: nothing more is
+         * waited for from it, and it is declared dead. */
+        for (int r = 0; r < s->P; r++) {
             if (st->answer[r] != SEQ_PENDING)
                 continue;
-            char why[160];
-            snprintf(why, sizeof why, "no answer to STEP_ABORT for step %" PRIu64 " within %d ms",
-                     id, c->spec->step_timeout_ms);
-            reg_declare_dead(c, r, why);
-            if (st->active && st->step_id == id && st->answer[r] == SEQ_PENDING) {
-                st->answer[r] = SEQ_GONE; /* it was not registered: nothing more to wait for */
-                st->pending--;
-            }
+            st->answer[r] = SEQ_GONE;
+            st->pending--;
+            ob_event_add(out, OB_EV_DECLARE_DEAD, r,
+                         "no answer to STEP_ABORT for step %" PRIu64 " within %d ms", st->step_id,
+                         env->spec->step_timeout_ms);
         }
     }
-    seq_pump(c);
 }
 
-int64_t seq_next_deadline(const coord *c)
+int64_t seq_next_deadline(const seq_sequencer *s, const seq_env *env)
 {
-    const seq_step *st = &c->seq->step;
-    if (!st->active)
-        return INT64_MAX;
-    return st->failed ? st->abort_deadline_ms : st->deadline_ms;
+    const seq_step *st = &s->step;
+    if (st->active)
+        return st->failed ? st->abort_deadline_ms : st->deadline_ms;
+    if (s->head != NULL && !env->ready && env->wait)
+        return s->head->queued_ms + env->spec->step_timeout_ms;
+    return INT64_MAX;
 }
 
-void seq_stop(coord *c)
+bool seq_busy(const seq_sequencer *s)
 {
-    seq_sequencer *s = c->seq;
+    return s->step.active;
+}
+
+int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err)
+{
     if (s->step.active)
-        seq_answer_error(c, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
-                         "the coordinator is stopping; the step was abandoned");
+        return ep_err_set(err, "sequencer: a step is in flight");
+    if (n_ranks == s->P)
+        return 0;
+    uint8_t *a = calloc((size_t)n_ranks, 1);
+    int *b = calloc((size_t)n_ranks, sizeof *b), *c = calloc((size_t)n_ranks, sizeof *c);
+    if (a == NULL || b == NULL || c == NULL) {
+        free(a);
+        free(b);
+        free(c);
+        return ep_err_set(err, "sequencer: out of memory");
+    }
+    free(s->step.answer);
+    free(s->step.begin);
+    free(s->step.count);
+    s->step.answer = a;
+    s->step.begin = b;
+    s->step.count = c;
+    s->P = n_ranks;
+    return 0;
+}
+
+void seq_stop(seq_sequencer *s, ob_box *out)
+{
+    if (s->step.active)
+        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
+                         "the coordinator is stopping; the step was abandoned", out);
     while (s->head) {
         seq_request *r = s->head;
         s->head = r->next;
-        adm_send_error(c, r->msg->ident, r->msg->ident_len, r->id,
-                       EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN, "the coordinator is stopping");
+        adm_error(out, r->msg->ident, r->msg->ident_len, r->id,
+                  EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN, "the coordinator is stopping");
         seq_req_unref(r);
     }
     s->tail = NULL;

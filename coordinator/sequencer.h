@@ -2,10 +2,13 @@
  * sequencer.h — forward requests in, one step at a time out (prefix seq_).
  *
  * A FORWARD request is validated before it is queued (layer, n_tokens 1..EP_MAX_TOKENS, payload
- * sizes, token ids iff the layer is hash-routed and each id in [0, vocab)), admitted only while
- * the cluster is ready (ERR_NOT_READY otherwise, naming the workers that are not), and queued
- * FIFO up to EP_MAX_QUEUED_STEPS (ERR_BUSY beyond). One step is in flight at a time: rank r gets
- * tokens [floor(r*T/P), floor((r+1)*T/P)) as zero-copy slices of the request's own frames, the
+ * sizes, token ids iff the layer is hash-routed and each id in [0, vocab)), admitted while the
+ * cluster is ready or changing placement epochs (ERR_NOT_READY otherwise, naming the workers
+ * that are not), and queued FIFO up to EP_MAX_QUEUED_STEPS (ERR_BUSY beyond). While an epoch is
+ * being applied queued requests wait, each at most step_timeout_ms (then ERR_TIMEOUT), and run
+ * in the new epoch. One step is in flight at a time, on the members of the epoch (the ranks that
+ * own experts): the i-th of M members gets tokens [floor(i*T/M), floor((i+1)*T/M)) as zero-copy
+ * slices of the request's own frames, the
  * STEP_DONE chunks are checked and reassembled in input order, and the client gets one
  * AdminReply with out bf16 [T, H], topk_ids int32 [T, k], topk_weights f32 [T, k].
  *
@@ -16,14 +19,39 @@
  * or is dead; a worker that still has not answered step_timeout_ms after the abort is declared
  * dead (it ignores the protocol), so the queue can never stall for good. Requests still queued
  * when the cluster leaves ready are answered with ERR_NOT_READY when their turn comes.
+ *
+ * A passive state machine (coord.h): the facts it needs come in a seq_env, and what it decides
+ * goes into an ob_box — STEP and STEP_ABORT to ranks, AdminReplies to clients (formatted by
+ * admin.h), and events: OB_EV_DECLARE_DEAD for a worker that ignored STEP_ABORT, OB_EV_ERROR
+ * for an error text to show on a worker. Only seq_pump closes a settled step and starts the
+ * next one, and only coord.c calls it, after it has routed every event of the loop turn.
  */
 #ifndef EPMOE_SEQUENCER_H
 #define EPMOE_SEQUENCER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "common/model_config.h"
 #include "common/wire.h"
-#include "coordinator/coord.h"
+#include "coordinator/outbox.h"
+#include "coordinator/planner.h"
+#include "coordinator/spec.h"
+
+/* What the sequencer needs to know from the rest of the daemon, per call. */
+typedef struct seq_env {
+    const spec_cluster *spec; /* worker names (index == rank), step_timeout_ms */
+    const mc_config *cfg;
+    const plan_table *plan; /* the epoch steps run in */
+    int64_t now_ms;
+    const char *state;     /* the cluster state's name, for messages */
+    bool ready;            /* steps may start */
+    bool wait;             /* not ready, but an epoch is being applied: requests wait queued */
+    bool stopping;         /* refuse with ERR_SHUTTING_DOWN */
+    const char *not_ready; /* "a1 (absent), ..." when not ready, for ERR_NOT_READY */
+} seq_env;
+
+typedef struct seq_sequencer seq_sequencer;
 
 seq_sequencer *seq_create(int n_ranks, ep_err *err);
 /* Free queued requests and the step record (no replies are sent: see seq_stop). */
@@ -31,17 +59,28 @@ void seq_destroy(seq_sequencer **self_p);
 
 /* A FORWARD request from the admin socket. Takes ownership of m (heap-allocated, from
  * wire_recv) and req; replies at once on a validation or admission error. */
-void seq_submit(coord *c, wire_msg *m, Epmoe__AdminRequest *req);
+void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminRequest *req,
+                ob_box *out);
 /* STEP_DONE or STEP_FAILED from the worker of rank. */
-void seq_on_message(coord *c, int rank, const wire_msg *m);
+void seq_on_message(seq_sequencer *s, const seq_env *env, int rank, const wire_msg *m, ob_box *out);
 /* A worker died or re-registered: its part of the step in flight is lost. */
-void seq_worker_lost(coord *c, int rank, const char *why);
-/* Time-driven work: the step deadline, the abort deadline; starts the next step when it can. */
-void seq_tick(coord *c);
-/* The next time seq_tick has something to do (INT64_MAX when nothing). */
-int64_t seq_next_deadline(const coord *c);
+void seq_worker_lost(seq_sequencer *s, const seq_env *env, int rank, const char *why, ob_box *out);
+/* The STEP of step_id could not be sent to rank (err: why). */
+void seq_send_failed(seq_sequencer *s, const seq_env *env, int rank, uint64_t step_id,
+                     const char *err, ob_box *out);
+/* Time-driven work: the step deadline, the abort deadline. */
+void seq_tick(seq_sequencer *s, const seq_env *env, ob_box *out);
+/* Close the step in flight once every rank answered or is gone, then start queued requests
+ * while no step is in flight (or answer them ERR_NOT_READY when the cluster is not ready). */
+void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out);
+/* The next time seq_tick or seq_pump has something to do (INT64_MAX when nothing). */
+int64_t seq_next_deadline(const seq_sequencer *s, const seq_env *env);
+/* A step is in flight (a new placement is sent only when none is). */
+bool seq_busy(const seq_sequencer *s);
+/* The spec's worker count changed (a reload); only while no step is in flight. */
+int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err);
 /* Orderly stop: answer the step in flight and every queued request with ERR_SHUTTING_DOWN. */
-void seq_stop(coord *c);
+void seq_stop(seq_sequencer *s, ob_box *out);
 
 uint64_t seq_steps_done(const seq_sequencer *s);
 uint64_t seq_steps_failed(const seq_sequencer *s);

@@ -12,7 +12,7 @@
  *      model): each mapping is one spec_section, each key one spec_field naming its handler,
  *      its destination (offsetof) and its range. Unknown keys, duplicate keys, wrong node
  *      types and missing required keys are handled once, in spec_walk.
- * Cross-field rules (unique names and endpoints, one worker per GPU on a node) run last, over
+ * Cross-field rules (unique names and endpoints, one worker per GPU with NCCL) run last, over
  * the filled struct. The first error wins; nothing partial is returned.
  */
 #include "coordinator/spec.h"
@@ -583,6 +583,8 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 
 static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
+static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
+static const char *const spec_rejoin_names[] = {"restore", "stay"};
 static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
@@ -602,6 +604,26 @@ static int spec_h_dispatch(spec_ctx *c, const ynode *key, const ynode *val, cons
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->dispatch = (spec_dispatch)i;
+    return 0;
+}
+
+static int spec_h_data_plane(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                             const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "data plane", spec_data_plane_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->data_plane = (spec_data_plane)i;
+    return 0;
+}
+
+static int spec_h_rejoin(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                         const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "rejoin policy", spec_rejoin_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->rejoin = (spec_rejoin)i;
     return 0;
 }
 
@@ -790,7 +812,13 @@ SPEC_SECTION(spec_model_section, spec_model_fields);
 static const spec_field spec_ep_fields[] = {
     {.key = "placement", .handle = spec_h_placement, SPEC_POS(spec_cluster, placement_pos)},
     {.key = "redundant_experts", .handle = spec_h_redundant},
-    {.key = "dispatch", .handle = spec_h_dispatch},
+    {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
+    {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
+    {.key = "rejoin", .handle = spec_h_rejoin},
+    {.key = "max_experts_per_worker",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, max_experts_per_worker, 0, MC_MAX_EXPERTS),
+     SPEC_POS(spec_cluster, max_experts_pos)},
     {.key = "gpu_gemm", .handle = spec_h_gpu_gemm},
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
@@ -898,13 +926,50 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "line %d, column %d)",
                          path, w->data, o->name, o->data_pos.line, o->data_pos.col);
     /* Several workers may share one GPU (each has its own stream and arena; tests and small
-     * models do this); the data plane decides whether it can (NCCL cannot). */
+     * models do this), but NCCL refuses two ranks of a communicator on one device. */
+    if (c->s->data_plane == SPEC_PLANE_NCCL && w->node_index == o->node_index &&
+        w->cuda_index >= 0 && w->cuda_index == o->cuda_index)
+        return spec_fail(c, w->device_pos,
+                         "%s.device: device \"%s\" is already used by worker %s on this node "
+                         "(line %d, column %d); data_plane nccl (line %d, column %d) needs one "
+                         "worker per GPU",
+                         path, w->device, o->name, o->device_pos.line, o->device_pos.col,
+                         c->s->data_plane_pos.line, c->s->data_plane_pos.col);
+    return 0;
+}
+
+/* NCCL moves device memory between GPUs: every worker must be on one, and the NCCL step
+ * driver sends what the GPU quantized (fp8); bf16 dispatch is a ZeroMQ-plane option. */
+static int spec_check_nccl(const spec_ctx *c)
+{
+    const spec_cluster *s = c->s;
+    if (s->data_plane != SPEC_PLANE_NCCL)
+        return 0;
+    if (s->dispatch != SPEC_DISPATCH_FP8)
+        return spec_fail(c, s->dispatch_pos,
+                         "expert_parallel.dispatch: data_plane nccl (line %d, column %d) sends "
+                         "fp8 dispatch only, found %s",
+                         s->data_plane_pos.line, s->data_plane_pos.col,
+                         spec_dispatch_name(s->dispatch));
+    for (int i = 0; i < s->n_workers; i++) {
+        const spec_worker *w = &s->workers[i];
+        if (w->cuda_index >= 0)
+            continue;
+        char path[96];
+        spec_worker_path(s, i, path, sizeof path);
+        return spec_fail(c, w->device_pos,
+                         "%s.device: data_plane nccl (line %d, column %d) requires every worker "
+                         "on a cuda:N device, worker %s is on \"%s\"",
+                         path, s->data_plane_pos.line, s->data_plane_pos.col, w->name, w->device);
+    }
     return 0;
 }
 
 static int spec_cross_check(const spec_ctx *c)
 {
     const spec_cluster *s = c->s;
+    if (spec_check_nccl(c) != 0)
+        return -1;
     if (strcmp(s->listen, s->admin) == 0)
         return spec_fail(c, s->admin_pos,
                          "coordinator.admin: endpoint \"%s\" is also coordinator.listen (line %d, "
@@ -1122,6 +1187,13 @@ int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err)
                           "evenly (placement contiguous needs n_routed_experts %% workers == 0; "
                           "round_robin does not)",
                           s->file, at.line, at.col, p, n_experts);
+    int most = (n_experts + p - 1) / p; /* what the spec's placement gives its busiest worker */
+    spec_pos mp = s->max_experts_pos;
+    if (s->max_experts_per_worker > 0 && s->max_experts_per_worker < most)
+        return ep_err_set(err,
+                          "%s:%d:%d: expert_parallel.max_experts_per_worker: %d is less than the "
+                          "%d experts the placement gives a worker (%d experts over %d workers)",
+                          s->file, mp.line, mp.col, s->max_experts_per_worker, most, n_experts, p);
     return 0;
 }
 
@@ -1138,4 +1210,14 @@ const char *spec_gpu_gemm_name(spec_gpu_gemm g)
 const char *spec_dispatch_name(spec_dispatch d)
 {
     return (unsigned)d < 2 ? spec_dispatch_names[d] : "unknown";
+}
+
+const char *spec_data_plane_name(spec_data_plane p)
+{
+    return (unsigned)p < 2 ? spec_data_plane_names[p] : "unknown";
+}
+
+const char *spec_rejoin_name(spec_rejoin r)
+{
+    return (unsigned)r < 2 ? spec_rejoin_names[r] : "unknown";
 }

@@ -41,6 +41,17 @@ typedef enum spec_dispatch {
     SPEC_DISPATCH_BF16 = 1
 } spec_dispatch;
 
+/* How dispatch and combine move between workers (docs/cluster-spec.md, docs/protocol.md). */
+typedef enum spec_data_plane {
+    SPEC_PLANE_ZMQ = 0, /* PUSH/PULL between the workers' data endpoints; any device mix */
+    SPEC_PLANE_NCCL = 1 /* NCCL send/recv from device memory; every worker on cuda:N, fp8 */
+} spec_data_plane;
+
+/* What a worker that comes back after its experts moved to the others gets (issue 8). */
+typedef enum spec_rejoin {
+    SPEC_REJOIN_RESTORE = 0, /* a new epoch restores the spec's placement (default) */
+    SPEC_REJOIN_STAY = 1     /* the placement stays; the worker waits as a spare */
+} spec_rejoin;
 /* Expert GEMMs of CUDA workers (kernels/moe_backend.h mb_gemm_mode): exact gives the CPU
  * backend's bits; fast uses tensor cores within spec §7's tolerances. */
 typedef enum spec_gpu_gemm { SPEC_GPU_GEMM_EXACT = 0, SPEC_GPU_GEMM_FAST = 1 } spec_gpu_gemm;
@@ -76,13 +87,17 @@ typedef struct spec_cluster {
     spec_placement placement;
     int redundant_experts; /* always 0 for now */
     spec_dispatch dispatch;
-    spec_gpu_gemm gpu_gemm; /* default exact */
+    spec_data_plane data_plane;
+    spec_rejoin rejoin;
+    int max_experts_per_worker; /* 0: no limit; else the most experts a failover may give one */
+    spec_gpu_gemm gpu_gemm;     /* default exact */
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;
     spec_node *nodes; /* [n_nodes] in file order */
     spec_pos pos;     /* the top-level mapping */
-    spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos;
+    spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos, max_experts_pos;
+    spec_pos dispatch_pos, data_plane_pos;
 } spec_cluster;
 
 /* Read and parse a spec file (at most SPEC_MAX_BYTES). A relative model path is resolved
@@ -103,11 +118,14 @@ const spec_worker *spec_find_worker(const spec_cluster *s, const char *name);
 
 /* Cross-check the cluster with the model's routed expert count: every placement needs
  * n_workers <= n_experts (each worker owns at least one expert), contiguous also needs
- * n_experts % n_workers == 0. The error points at the spec's nodes: key. */
+ * n_experts % n_workers == 0 (the error points at the spec's nodes: key); a
+ * max_experts_per_worker must hold the spec's own placement (ceil(E / P) experts). */
 int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 
-const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" */
-const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
-const char *spec_gpu_gemm_name(spec_gpu_gemm g);   /* "exact" / "fast" */
+const char *spec_placement_name(spec_placement p);   /* "contiguous" / "round_robin" */
+const char *spec_dispatch_name(spec_dispatch d);     /* "fp8" / "bf16" */
+const char *spec_data_plane_name(spec_data_plane p); /* "zmq" / "nccl" */
+const char *spec_rejoin_name(spec_rejoin r);         /* "restore" / "stay" */
+const char *spec_gpu_gemm_name(spec_gpu_gemm g);     /* "exact" / "fast" */
 
 #endif

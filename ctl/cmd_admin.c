@@ -147,16 +147,12 @@ static int protocol_error(const char *cmd, const cmd_ctx *ctx, const char *what)
     return CMD_PROTOCOL;
 }
 
-/* One request; prints the transport error itself. */
-static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, const char *layer,
-                bool idempotent, rpc_reply *out)
+/* One request; prints the transport error itself (and the coordinator's, when it refused). */
+static int call_rq(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminRequest *rq, bool idempotent,
+                   rpc_reply *out)
 {
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = 1;
-    rq.verb = verb;
-    rq.layer = (char *)layer;
     ep_err err;
-    int rc = rpc_call(ctx, &rq, NULL, 0, idempotent, out, &err);
+    int rc = rpc_call(ctx, rq, NULL, 0, idempotent, out, &err);
     if (rc != CMD_OK) {
         fprintf(stderr, "epmoectl %s: %s\n", cmd, err.msg);
         return rc;
@@ -166,6 +162,27 @@ static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, cons
         rpc_reply_free(out);
     }
     return rc;
+}
+
+static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, const char *layer,
+                bool idempotent, rpc_reply *out)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = verb;
+    rq.layer = (char *)layer;
+    return call_rq(ctx, cmd, &rq, idempotent, out);
+}
+
+/* A verb about one worker (DRAIN, UNDRAIN); sent once. */
+static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb,
+                       const char *worker, rpc_reply *out)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = verb;
+    rq.worker = (char *)worker;
+    return call_rq(ctx, cmd, &rq, false, out);
 }
 
 /* "-o json" after the verb, as the offline commands accept it: 1 consumed (argv[*i] moved on),
@@ -265,6 +282,12 @@ static json_t *worker_json(const Epmoe__WorkerInfo *w)
     json_object_set_new(o, "n_experts", json_integer(w->n_experts));
     json_object_set_new(o, "error", jstr(w->error));
     json_object_set_new(o, "device_info", device_json(w->device_info));
+    json_object_set_new(o, "epoch",
+                        w->has_epoch ? json_integer((json_int_t)w->epoch) : json_null());
+    json_object_set_new(o, "member", json_boolean(w->member));
+    json_object_set_new(o, "drained", json_boolean(w->drained));
+    json_object_set_new(o, "bytes_read",
+                        w->has_bytes_read ? json_integer((json_int_t)w->bytes_read) : json_null());
     return o;
 }
 
@@ -286,7 +309,9 @@ static void workers_table(const Epmoe__AdminReply *r, bool wide)
         tbl_row(&t, "WORKER", "RANK", "NODE", "DEVICE", "STATE", "LOAD", "LAST SEEN", "ERROR");
     for (size_t i = 0; i < r->n_workers; i++) {
         const Epmoe__WorkerInfo *w = r->workers[i];
-        char rank[16], load[40], ago[32], ex[16], pid[16], dev[256];
+        char rank[16], load[40], ago[32], ex[16], pid[16], dev[256], state[64];
+        snprintf(state, sizeof state, "%s%s", w->state ? w->state : "?",
+                 w->drained ? ", drained" : "");
         device_text(w, dev, sizeof dev);
         snprintf(rank, sizeof rank, "%u", w->rank);
         load_text(w, load, sizeof load);
@@ -294,10 +319,10 @@ static void workers_table(const Epmoe__AdminReply *r, bool wide)
         snprintf(ex, sizeof ex, "%u", w->n_experts);
         snprintf(pid, sizeof pid, "%u", w->pid);
         if (wide)
-            tbl_row(&t, w->name, rank, w->node, dev, w->state, load, ago, ex, w->data_endpoint,
+            tbl_row(&t, w->name, rank, w->node, dev, state, load, ago, ex, w->data_endpoint,
                     w->hostname, w->has_pid ? pid : NULL, w->backend, w->error);
         else
-            tbl_row(&t, w->name, rank, w->node, dev, w->state, load, ago, w->error);
+            tbl_row(&t, w->name, rank, w->node, dev, state, load, ago, w->error);
     }
     tbl_print(&t);
 }
@@ -318,6 +343,8 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+        json_object_set_new(o, "current_epoch", json_integer((json_int_t)r->current_epoch));
+        json_object_set_new(o, "problem", jstr(r->problem));
         json_object_set_new(o, "config_hash", json_string(hash));
         json_object_set_new(o, "model_path", jstr(r->model_path));
         json_object_set_new(o, "steps_done", json_integer((json_int_t)r->steps_done));
@@ -331,7 +358,13 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         ready += r->workers[i]->state && strcmp(r->workers[i]->state, "ready") == 0;
     printf("cluster      %s\n", r->cluster);
     printf("state        %s (%d/%zu workers ready)\n", r->state, ready, r->n_workers);
-    printf("epoch        %" PRIu64 "\n", r->epoch);
+    if (r->current_epoch == r->epoch)
+        printf("epoch        %" PRIu64 "\n", r->epoch);
+    else
+        printf("epoch        %" PRIu64 " (epoch %" PRIu64 " is being applied)\n", r->current_epoch,
+               r->epoch);
+    if (r->problem)
+        printf("problem      %s\n", r->problem);
     printf("config hash  %s\n", hash);
     printf("model        %s\n", r->model_path ? r->model_path : "-");
     printf("steps        %" PRIu64 " done, %" PRIu64 " failed\n\n", r->steps_done, r->steps_failed);
@@ -620,6 +653,144 @@ int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
     } else {
         printf("cluster %s: %s\n", r->cluster ? r->cluster : "-", r->state ? r->state : "stopping");
     }
+    rpc_reply_free(&rr);
+    return CMD_OK;
+}
+
+/* ---- drain, undrain, reload ---- */
+
+static const char drain_usage[] =
+    "usage: epmoectl [-o table|json] drain NAME [--no-wait] [--wait-timeout S]\n"
+    "       epmoectl [-o table|json] undrain NAME\n\n"
+    "drain moves worker NAME's experts to the other workers through a new placement epoch (the\n"
+    "step in flight finishes first; no step fails) and, unless --no-wait, waits until that epoch\n"
+    "is current: then NAME takes part in no step and can be stopped. The coordinator refuses a\n"
+    "drain the other workers cannot absorb (max_experts_per_worker). undrain lets NAME own\n"
+    "experts again (rejoin: restore gives it the spec's placement back; stay keeps it a spare).\n\n"
+    "  --no-wait          return once the coordinator accepted the drain\n"
+    "  --wait-timeout S   seconds to wait for the epoch (default 60); exit 1 when it is not\n"
+    "                     current by then\n";
+
+/* Poll STATUS until current_epoch >= epoch and the cluster is ready. */
+static int wait_epoch(const cmd_ctx *ctx, const char *cmd, uint64_t epoch, long wait_s)
+{
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        rpc_reply rr;
+        int rc = call(ctx, cmd, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL, true, &rr);
+        if (rc != CMD_OK)
+            return rc;
+        const Epmoe__AdminReply *r = rr.reply;
+        bool done = r->current_epoch >= epoch && r->state && strcmp(r->state, "ready") == 0;
+        char state[64];
+        snprintf(state, sizeof state, "%s", r->state ? r->state : "?");
+        uint64_t cur = r->current_epoch;
+        rpc_reply_free(&rr);
+        if (done)
+            return CMD_OK;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec >= wait_s) {
+            fprintf(stderr,
+                    "epmoectl %s: placement epoch %" PRIu64 " is not current after %ld s (the "
+                    "cluster is %s in epoch %" PRIu64 ")\n",
+                    cmd, epoch, wait_s, state, cur);
+            return CMD_FAILED;
+        }
+        usleep(100000);
+    }
+}
+
+static void message_print(const cmd_ctx *ctx, const char *cmd, const Epmoe__AdminReply *r)
+{
+    if (ctx->output == CMD_OUT_JSON) {
+        json_t *o = reply_json(r);
+        json_object_set_new(o, "epoch",
+                            r->has_epoch ? json_integer((json_int_t)r->epoch) : json_null());
+        json_object_set_new(o, "message", jstr(r->message));
+        json_print(o);
+    } else {
+        printf("%s\n", r->message ? r->message : cmd);
+    }
+}
+
+/* drain (undrain: false) NAME [--no-wait] [--wait-timeout S] */
+static int drain_cmd(const cmd_ctx *gctx, int argc, char **argv, bool drain)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    const char *cmd = drain ? "drain" : "undrain", *name = NULL;
+    bool wait = drain;
+    long wait_s = 60;
+    for (int i = 1; i < argc; i++) {
+        int o = output_opt(cmd, argc, argv, &i, ctx);
+        if (o == 1)
+            continue;
+        if (o != 0)
+            return o;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", drain_usage);
+            return CMD_OK;
+        } else if (drain && strcmp(argv[i], "--no-wait") == 0) {
+            wait = false;
+        } else if (drain && strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
+            char *end;
+            wait_s = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
+                fprintf(stderr, "epmoectl drain: --wait-timeout %s: expected seconds, 1..86400\n",
+                        argv[i]);
+                return CMD_USAGE;
+            }
+        } else if (name == NULL && argv[i][0] != '-') {
+            name = argv[i];
+        } else {
+            fprintf(stderr, "epmoectl %s: unexpected argument \"%s\" (see epmoectl %s --help)\n",
+                    cmd, argv[i], cmd);
+            return CMD_USAGE;
+        }
+    }
+    if (name == NULL) {
+        fprintf(stderr, "epmoectl %s: which worker? (see epmoectl %s --help)\n", cmd, cmd);
+        return CMD_USAGE;
+    }
+    rpc_reply rr;
+    int rc = call_worker(ctx, cmd,
+                         drain ? EPMOE__ADMIN_VERB__ADMIN_DRAIN : EPMOE__ADMIN_VERB__ADMIN_UNDRAIN,
+                         name, &rr);
+    if (rc != CMD_OK)
+        return rc;
+    uint64_t epoch = rr.reply->has_epoch ? rr.reply->epoch : 0;
+    message_print(ctx, cmd, rr.reply);
+    rpc_reply_free(&rr);
+    return wait ? wait_epoch(ctx, cmd, epoch, wait_s) : CMD_OK;
+}
+
+int cmd_drain(const cmd_ctx *ctx, int argc, char **argv)
+{
+    return drain_cmd(ctx, argc, argv, true);
+}
+
+int cmd_undrain(const cmd_ctx *ctx, int argc, char **argv)
+{
+    return drain_cmd(ctx, argc, argv, false);
+}
+
+static const char reload_usage[] =
+    "usage: epmoectl [-o table|json] reload\n\n"
+    "Make the coordinator read its cluster spec again (like SIGHUP): it builds and validates\n"
+    "the new state, then swaps it in once no step is in flight (workers added or removed,\n"
+    "timeouts and placement rules changed). A spec that fails keeps the old one serving; the\n"
+    "error names FILE:LINE:COLUMN and the exit code is 78. Sent once (never retried).\n";
+
+int cmd_reload(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    int rc = no_args("reload", argc, argv, reload_usage, ctx);
+    if (rc >= 0)
+        return rc;
+    rpc_reply rr;
+    if ((rc = call(ctx, "reload", EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL, false, &rr)) != CMD_OK)
+        return rc == CMD_FAILED ? CMD_CONFIG : rc;
+    message_print(ctx, "reload", rr.reply);
     rpc_reply_free(&rr);
     return CMD_OK;
 }

@@ -50,5 +50,8 @@ int cmd_workers(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_shards(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_config(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_shutdown(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_drain(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_undrain(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_reload(const cmd_ctx *ctx, int argc, char **argv);
 
 #endif

@@ -30,6 +30,9 @@ static const struct {
     {"shards", cmd_shards, "which experts each rank owns"},
     {"config", cmd_config, "the model config the coordinator broadcasts"},
     {"shutdown", cmd_shutdown, "stop the coordinator (workers get SHUTDOWN)"},
+    {"drain", cmd_drain, "move a worker's experts to the others (then it can be stopped)"},
+    {"undrain", cmd_undrain, "let a drained worker own experts again"},
+    {"reload", cmd_reload, "make the coordinator re-read its cluster spec (like SIGHUP)"},
 };
 
 static void ctl_usage(FILE *out)

@@ -42,10 +42,12 @@ static const char *const wctl_state_names[] = {"registering", "welcomed",    "lo
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
-    void *dealer; /* NULL while backing off */
+    void *dealer;  /* NULL while backing off */
+    void *retired; /* the DEALER given up at the last backoff, closed at the reconnect */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
+    char ident[EP_MAX_NAME + 16]; /* the DEALER's routing id: NAME/random, one per process */
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -154,6 +156,10 @@ static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
                           (int)w->gpu_gemm);
     if (w->has_step_timeout_ms && w->step_timeout_ms == 0)
         return ep_err_set(err, "WELCOME: step_timeout_ms 0, expected > 0");
+    if (w->has_data_plane && w->data_plane != EPMOE__DATA_PLANE__DATA_PLANE_ZMQ &&
+        w->data_plane != EPMOE__DATA_PLANE__DATA_PLANE_NCCL)
+        return ep_err_set(err, "WELCOME: data_plane %d, expected DATA_PLANE_ZMQ or DATA_PLANE_NCCL",
+                          (int)w->data_plane);
     return 0;
 }
 
@@ -166,34 +172,30 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
         ep_err_prefix(err, "WELCOME: config");
         return NULL;
     }
-    if (w->n_expert_owner != (size_t)c.n_routed_experts) {
-        ep_err_set(err, "WELCOME: expert_owner has %zu entries, expected n_routed_experts %d",
-                   w->n_expert_owner, c.n_routed_experts);
-        return NULL;
-    }
-    for (size_t e = 0; e < w->n_expert_owner; e++)
-        if (w->expert_owner[e] >= w->world_size) {
-            ep_err_set(err, "WELCOME: expert_owner[%zu] = %u, expected < world_size %u", e,
-                       w->expert_owner[e], w->world_size);
-            return NULL;
-        }
     exec_session *s = exec_session_new(c.n_routed_experts, (int)w->world_size);
     if (s == NULL) {
         ep_err_set(err, "out of memory");
+        return NULL;
+    }
+    s->config = c;
+    if (exec_check_placement(s, true, w->expert_owner, w->n_expert_owner, w->members, w->n_members,
+                             err) != 0) {
+        ep_err_prefix(err, "WELCOME");
+        exec_session_free(&s);
         return NULL;
     }
     if (wctl_check_peers(w, s, err) != 0 || wctl_check_strings(w, s, err) != 0) {
         exec_session_free(&s);
         return NULL;
     }
-    s->config = c;
     s->config_hash = mc_hash(&c);
     s->rank = (int)w->rank;
     s->epoch = w->epoch;
-    memcpy(s->expert_owner, w->expert_owner, w->n_expert_owner * sizeof *w->expert_owner);
+    exec_set_placement(s, w->expert_owner, w->members, w->n_members);
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
     s->gpu_gemm = w->has_gpu_gemm && w->gpu_gemm == EPMOE__GPU_GEMM__GPU_GEMM_FAST ? MB_GEMM_FAST
                                                                                    : MB_GEMM_EXACT;
+    s->nccl = w->has_data_plane && w->data_plane == EPMOE__DATA_PLANE__DATA_PLANE_NCCL;
     s->step_timeout_ms =
         w->has_step_timeout_ms
             ? (int)(w->step_timeout_ms > 86400000u ? 86400000u : w->step_timeout_ms)
@@ -231,8 +233,9 @@ static void wctl_send_register(wctl *w)
     char sm[16];
     snprintf(sm, sizeof sm, "sm_%d%d", w->dev.sm_major, w->dev.sm_minor);
     /* "cpu" and every instruction set this CPU can run the kernels with (the chosen one is in
-     * device_info.backend, e.g. cpu-avx512; EPMOE_ISA may have capped it below the best) */
-    char *caps[GEMM_IMPL_COUNT + 3] = {"cpu"};
+     * device_info.backend, e.g. cpu-avx512; EPMOE_ISA may have capped it below the best), then
+     * the GPU's */
+    char *caps[GEMM_IMPL_COUNT + 4] = {"cpu"};
     size_t n_caps = 1;
     for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
         if (gemm_impl_supported((gemm_impl)i))
@@ -240,6 +243,8 @@ static void wctl_send_register(wctl *w)
     if (w->dev.kind == MB_DEV_CUDA) {
         caps[n_caps++] = "cuda";
         caps[n_caps++] = sm;
+        if (tp_nccl_ops() != NULL)
+            caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
     }
     Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;
     d.name = w->dev.name;
@@ -266,13 +271,20 @@ static void wctl_send_register(wctl *w)
 
 static int wctl_connect(wctl *w, ep_err *err)
 {
+    /* The DEALER of the last backoff is closed only now, a backoff later: a worker that was
+     * frozen (SIGSTOP) or cut off sees its connections fail the moment it runs again, and
+     * closing a socket in that same instant can make libzmq 4.3 abort on a half-sent multipart
+     * message (session_base_t::clean_pipes); by now its I/O thread has cleaned up. */
+    if (w->retired)
+        zmq_close(w->retired);
+    w->retired = NULL;
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
     if (d == NULL)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
     if (wire_socket_defaults(d, EP_MAX_DATA_MSG, err) != 0 ||
-        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->ident, strlen(w->ident)) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {
@@ -308,10 +320,13 @@ static void wctl_exec_reset(wctl *w)
 /* The coordinator went silent (or refused us for now): forget everything, retry later. */
 static void wctl_backoff(wctl *w, const char *why)
 {
-    log_warn("%s: dropping state, registering again in %d ms", why, w->backoff_ms);
+    log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms", why,
+             w->backoff_ms);
     wctl_exec_reset(w);
-    if (w->dealer)
-        zmq_close(w->dealer);
+    /* Not closed now: see wctl_connect. */
+    if (w->retired)
+        zmq_close(w->retired);
+    w->retired = w->dealer;
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
     w->backoff_ms =
@@ -427,6 +442,34 @@ static void wctl_on_load(wctl *w, wire_msg *m)
     wctl_set_state(w, WCTL_LOADING, "loading the shard");
 }
 
+/* A new placement epoch: the executor keeps what it still owns and loads what it gains. */
+static void wctl_on_epoch(wctl *w, wire_msg *m)
+{
+    ep_err err;
+    const uint16_t EPOCH = EPMOE__MSG_TYPE__MSG_EPOCH;
+    Epmoe__Epoch *ep = (Epmoe__Epoch *)wire_unpack(&epmoe__epoch__descriptor, m, &err);
+    if (ep == NULL || !ep->has_epoch) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, EPOCH, "%s",
+                        ep ? "EPOCH without an epoch" : err.msg);
+        wire_free_unpacked(ep ? &ep->base : NULL);
+        return;
+    }
+    uint64_t epoch = ep->epoch;
+    wire_free_unpacked(&ep->base);
+    if (w->state != WCTL_LOADING && w->state != WCTL_READY && w->state != WCTL_LOAD_FAILED) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH,
+                        "worker %s: EPOCH in state %s (expected after LOAD)", w->opt->name,
+                        wctl_state_names[w->state]);
+        return;
+    }
+    /* the executor handles it after a load in progress, so epochs apply in order */
+    w->epoch = epoch;
+    wctl_relay(m, exec_pipe(w->exec), false);
+    char detail[128];
+    snprintf(detail, sizeof detail, "loading placement epoch %llu", (unsigned long long)epoch);
+    wctl_set_state(w, WCTL_LOADING, detail);
+}
+
 static void wctl_on_step(wctl *w, wire_msg *m)
 {
     if (w->state == WCTL_READY) {
@@ -472,10 +515,14 @@ static void wctl_on_coordinator(wctl *w, wire_msg *m)
     case EPMOE__MSG_TYPE__MSG_LOAD:
         wctl_on_load(w, m);
         break;
+    case EPMOE__MSG_TYPE__MSG_EPOCH:
+        wctl_on_epoch(w, m);
+        break;
     case EPMOE__MSG_TYPE__MSG_STEP:
         wctl_on_step(w, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT: /* the executor owns the NCCL communicator */
         if (w->state == WCTL_READY)
             wctl_relay(m, exec_pipe(w->exec), false);
         break;
@@ -515,6 +562,16 @@ static void wctl_read_dealer(wctl *w)
 /* ---- executor messages ------------------------------------------------------------------------
  */
 
+/* The epoch a READY from the executor is for (0 when it does not say): a READY for an epoch
+ * that a newer EPOCH replaced while it loaded does not make the worker ready. */
+static uint64_t wctl_ready_epoch(const wire_msg *m)
+{
+    Epmoe__Ready *r = (Epmoe__Ready *)wire_unpack(&epmoe__ready__descriptor, m, NULL);
+    uint64_t epoch = r && r->has_epoch ? r->epoch : 0;
+    wire_free_unpacked(r ? &r->base : NULL);
+    return epoch;
+}
+
 static void wctl_on_exec(wctl *w, wire_msg *m)
 {
     if (m->type == EXEC_EVT_RESET_DONE) {
@@ -526,7 +583,8 @@ static void wctl_on_exec(wctl *w, wire_msg *m)
         log_debug(LOG_SUB_NET, "discarding %s of a previous session", wire_type_name(m->type));
         return;
     }
-    if (m->type == EPMOE__MSG_TYPE__MSG_READY && w->state == WCTL_LOADING) {
+    if (m->type == EPMOE__MSG_TYPE__MSG_READY && w->state == WCTL_LOADING &&
+        wctl_ready_epoch(m) == w->epoch) {
         char detail[128];
         snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
                  (unsigned long long)w->epoch);
@@ -696,6 +754,13 @@ int wctl_run(const wctl_options *opt)
     }
     mb_device(be, &w.dev);
     snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
+    /* One routing id per process: a reconnect of this process (after the coordinator was silent)
+     * takes its connection over, while a second process under the same name (an operator's
+     * mistake) gets its own and is refused with ERR_DUPLICATE instead of hijacking ours. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(w.ident, sizeof w.ident, "%s/%08x", opt->name,
+             (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     w.exec = exec_start(w.zctx, &be, &err);
     if (w.exec == NULL)
         goto fail_exec;
@@ -711,6 +776,8 @@ int wctl_run(const wctl_options *opt)
     exec_stop(&w.exec);
     if (w.dealer)
         zmq_close(w.dealer);
+    if (w.retired)
+        zmq_close(w.retired);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);
     return w.exit_code;

@@ -2,23 +2,27 @@
  * control.h — the worker's main thread: the coordinator link and the worker lifecycle
  * (prefix wctl_).
  *
- * The main thread owns the DEALER to the coordinator (routing id = the worker's name, set
- * before connect), the executor's pipe (worker/exec.h) and a signalfd, all in one zmq_poll
- * loop whose timeout never exceeds one second. Lifecycle (docs/protocol.md, docs/operations.md):
+ * The main thread owns the DEALER to the coordinator (routing id NAME/random, chosen once per
+ * process and set before connect: a reconnect of this process takes its connection over, a
+ * second process under the same name is refused with ERR_DUPLICATE), the executor's pipe
+ * (worker/exec.h) and a signalfd, all in one zmq_poll loop whose timeout never exceeds one
+ * second. Lifecycle (docs/protocol.md, docs/operations.md):
  *
  *   registering --WELCOME--> welcomed --LOAD--> loading --READY--> ready
  *                                                      \--Error--> load-failed (LOAD retries)
+ *   loading, ready, load-failed --EPOCH--> loading (the executor keeps the experts it still
+ *   owns and loads the gained ones) --READY of that epoch--> ready
  *   any state, coordinator silent for liveness x heartbeat_ms --> backoff: the executor drops
- *   its state, the DEALER is closed, and after 1, 2, 4 ... 32 s (Paranoid Pirate) it is
- *   reopened and REGISTER sent again.
+ *   its session and data plane (the loaded layers stay), the DEALER is closed, and after 1,
+ *   2, 4 ... 32 s (Paranoid Pirate) it is reopened and REGISTER sent again.
  *
  * The WELCOME is validated field by field before anything is acknowledged; CONFIG_ACK carries
- * this worker's own mc_hash of the config it rebuilt. LOAD, STEP and STEP_ABORT are relayed to
- * the executor verbatim and its answers relayed back verbatim; a STEP when not ready is answered
- * STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed, and any
- * message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST} ("declared dead"),
- * Error{ERR_DUPLICATE} and Error{ERR_BAD_REQUEST, "... send REGISTER first"} (the coordinator
- * restarted) also lead to backoff and a new REGISTER.
+ * this worker's own mc_hash of the config it rebuilt. LOAD, EPOCH, STEP and STEP_ABORT are
+ * relayed to the executor verbatim and its answers relayed back verbatim; a STEP when not ready is
+ * answered STEP_FAILED{ERR_NOT_READY} here. HEARTBEAT goes out every heartbeat_ms once welcomed,
+ * and any message from the coordinator counts as a sign of life. Error{ERR_WORKER_LOST} ("declared
+ * dead"), Error{ERR_DUPLICATE} and Error{ERR_BAD_REQUEST, "... send REGISTER first"} (the
+ * coordinator restarted) also lead to backoff and a new REGISTER.
  *
  * Exit: SHUTDOWN from the coordinator, SIGTERM or SIGINT -> 0 (the executor is stopped first);
  * Error{ERR_UNKNOWN_WORKER} or Error{ERR_CONFIG_HASH} -> 78 (EX_CONFIG: an operator must fix

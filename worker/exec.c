@@ -37,6 +37,7 @@
 #include "common/wire.h"
 #include "kernels/formats.h"
 #include "worker/shard.h"
+#include "worker/step_nccl.h"
 
 /* LOADING messages per second at most. */
 #define EXEC_PROGRESS_INTERVAL_S 0.1
@@ -58,11 +59,18 @@ typedef struct exec_state {
     void *pipe; /* the thread's end */
     mb_backend *be;
     exec_session *session;
-    mb_layer **layers;
+    mb_layer **layers; /* stay across sessions while the model and config do (shard_*) */
     int n_layers;
-    uint64_t load_bytes; /* checkpoint bytes the last load read, and its duration */
-    double load_s;
-    tp_transport *tp;
+    uint64_t shard_hash;           /* the config the layers were loaded for */
+    char shard_model[EP_MAX_PATH]; /* and the checkpoint */
+    tp_transport *tp;              /* data_plane zmq */
+    /* what tp was built for: a later session or epoch with the same world reuses it */
+    int tp_rank, tp_world, tp_hidden, tp_experts;
+    char tp_bind[EP_MAX_PATH];
+    char **tp_peers;  /* [tp_world] */
+    tp_comm *comm;    /* data_plane nccl: kept across the epochs of one session */
+    sn_driver *sn;    /* for the communicator of the last COMM_INIT */
+    int cuda_ordinal; /* N of cuda:N, for the communicator (tp_nccl_ops' ctx) */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -90,7 +98,9 @@ exec_session *exec_session_new(int n_experts, int world_size)
     s->expert_owner = calloc((size_t)n_experts, sizeof *s->expert_owner);
     s->peer_endpoint = calloc((size_t)world_size, sizeof *s->peer_endpoint);
     s->peer_name = calloc((size_t)world_size, sizeof *s->peer_name);
-    if (s->expert_owner == NULL || s->peer_endpoint == NULL || s->peer_name == NULL)
+    s->member = calloc((size_t)world_size, 1);
+    if (s->expert_owner == NULL || s->peer_endpoint == NULL || s->peer_name == NULL ||
+        s->member == NULL)
         exec_session_free(&s);
     return s;
 }
@@ -109,8 +119,49 @@ void exec_session_free(exec_session **self_p)
     free(s->peer_endpoint);
     free(s->peer_name);
     free(s->expert_owner);
+    free(s->member);
     free(s);
     *self_p = NULL;
+}
+
+int exec_check_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
+                         size_t n_owner, const uint32_t *members, size_t n_members, ep_err *err)
+{
+    if (!has_epoch)
+        return ep_err_set(err, "epoch missing");
+    if (n_owner != (size_t)s->config.n_routed_experts)
+        return ep_err_set(err, "expert_owner has %zu entries, expected n_routed_experts %d",
+                          n_owner, s->config.n_routed_experts);
+    for (size_t e = 0; e < n_owner; e++)
+        if (owner[e] >= (uint32_t)s->world_size)
+            return ep_err_set(err, "expert_owner[%zu] = %u, expected < world_size %d", e, owner[e],
+                              s->world_size);
+    if (n_members > (size_t)s->world_size)
+        return ep_err_set(err, "%zu members, more than world_size %d", n_members, s->world_size);
+    for (size_t i = 0; i < n_members; i++)
+        if (members[i] >= (uint32_t)s->world_size || (i > 0 && members[i] <= members[i - 1]))
+            return ep_err_set(err, "members[%zu] = %u: expected ascending ranks < world_size %d", i,
+                              members[i], s->world_size);
+    /* every owner must be a member: the others never get a STEP and would never answer */
+    for (size_t e = 0; e < n_owner && n_members > 0; e++) {
+        size_t i = 0;
+        while (i < n_members && members[i] != owner[e])
+            i++;
+        if (i == n_members)
+            return ep_err_set(err, "expert %zu belongs to rank %u, which is not a member", e,
+                              owner[e]);
+    }
+    return 0;
+}
+
+void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *members,
+                        size_t n_members)
+{
+    memcpy(s->expert_owner, owner, (size_t)s->config.n_routed_experts * sizeof *owner);
+    memset(s->member, n_members == 0, (size_t)s->world_size);
+    for (size_t i = 0; i < n_members; i++)
+        s->member[members[i]] = 1;
+    s->n_members = n_members == 0 ? s->world_size : (int)n_members;
 }
 
 const char *exec_backend_name(const exec_actor *a)
@@ -172,21 +223,43 @@ static void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmo
 /* ---- state ------------------------------------------------------------------------------------
  */
 
-static void exec_unload(exec_state *st)
+static void exec_free_layers(mb_layer **layers, int n)
 {
-    for (int i = 0; i < st->n_layers; i++)
-        mb_layer_free(&st->layers[i]);
-    free(st->layers);
+    for (int i = 0; layers && i < n; i++)
+        mb_layer_free(&layers[i]);
+    free(layers);
+}
+
+static void exec_free_shard(exec_state *st)
+{
+    exec_free_layers(st->layers, st->n_layers);
     st->layers = NULL;
     st->n_layers = 0;
+}
+
+/* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
+static void exec_close_plane(exec_state *st)
+{
     tp_destroy(&st->tp);
+    for (int r = 0; st->tp_peers && r < st->tp_world; r++)
+        free(st->tp_peers[r]);
+    free(st->tp_peers);
+    st->tp_peers = NULL;
     st->ready = false;
     st->have_last = false;
 }
 
+/* The session goes; the data plane stays open (unused) until the next LOAD or EPOCH replaces
+ * it or the thread ends. Closing it here, in the same instant a frozen or cut-off worker's
+ * sockets see their connections fail (SIGCONT after SIGSTOP, a link back up), lets libzmq 4.3
+ * abort in session_base_t::clean_pipes on a half-sent multipart message; a second later its
+ * I/O threads have cleaned up and the close is harmless. */
 static void exec_drop_session(exec_state *st)
 {
-    exec_unload(st);
+    st->ready = false;
+    st->have_last = false;
+    sn_destroy(&st->sn); /* an NCCL communicator belongs to its session */
+    tp_comm_destroy(&st->comm);
     exec_session_free(&st->session);
 }
 
@@ -197,7 +270,7 @@ typedef struct exec_progress {
     exec_state *st;
     uint64_t total;
     int layers_done, layers_total;
-    double start, last;
+    double start, last; /* when the layers' load began; the last LOADING */
 } exec_progress;
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
@@ -210,7 +283,7 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     m.bytes_total = p->total;
     m.layers_done = (uint32_t)p->layers_done;
     m.layers_total = (uint32_t)p->layers_total;
-    m.has_elapsed_ms = 1;
+    m.has_elapsed_ms = 1; /* bytes_done / elapsed_ms: the load's rate in status / workers */
     m.elapsed_ms = (uint32_t)((exec_now() - p->start) * 1000.0);
     exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
     p->last = exec_now();
@@ -230,9 +303,55 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
     return atomic_load(&p->st->actor->cancel) > 0;
 }
 
+static int exec_nccl_open(exec_state *st, ep_err *err);
+
+/* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes) and
+ * its epoch is newer: then only the placement changes (tp_set_placement). A plane is never
+ * reused for an epoch that is not newer (a restarted coordinator starts again at 1), so no
+ * message of another coordinator's epoch can be taken for one of this. */
+static bool exec_plane_fits(const exec_state *st)
+{
+    const exec_session *s = st->session;
+    if (st->tp == NULL || st->tp_peers == NULL || s->rank != st->tp_rank ||
+        s->world_size != st->tp_world || s->config.hidden_size != st->tp_hidden ||
+        s->config.n_routed_experts != st->tp_experts || s->epoch <= tp_epoch(st->tp) ||
+        strcmp(s->data_endpoint, st->tp_bind) != 0)
+        return false;
+    for (int r = 0; r < s->world_size; r++)
+        if (r != s->rank && strcmp(s->peer_endpoint[r], st->tp_peers[r]) != 0)
+            return false;
+    return true;
+}
+
+/* Remember what the plane was built for (exec_plane_fits). */
+static int exec_plane_key(exec_state *st, ep_err *err)
+{
+    const exec_session *s = st->session;
+    st->tp_rank = s->rank;
+    st->tp_world = s->world_size;
+    st->tp_hidden = s->config.hidden_size;
+    st->tp_experts = s->config.n_routed_experts;
+    snprintf(st->tp_bind, sizeof st->tp_bind, "%s", s->data_endpoint);
+    st->tp_peers = calloc((size_t)s->world_size, sizeof *st->tp_peers);
+    for (int r = 0; st->tp_peers && r < s->world_size; r++)
+        if ((st->tp_peers[r] = strdup(s->peer_endpoint[r])) == NULL)
+            return ep_err_set(err, "out of memory");
+    return st->tp_peers ? 0 : ep_err_set(err, "out of memory");
+}
+
+/* The data plane of the session's epoch: the open one with the new placement when it fits,
+ * else a new one. Rebinding drops whatever the peers had in flight to the old sockets and
+ * makes them reconnect; keeping the sockets within a coordinator's epochs avoids both. */
 static int exec_open_data_plane(exec_state *st, ep_err *err)
 {
     exec_session *s = st->session;
+    if (s->nccl) {
+        exec_close_plane(st);
+        return exec_nccl_open(st, err);
+    }
+    if (exec_plane_fits(st))
+        return tp_set_placement(st->tp, s->epoch, s->expert_owner, err);
+    exec_close_plane(st);
     tp_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
                      .epoch = s->epoch,
@@ -241,41 +360,62 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
                      .expert_owner = s->expert_owner,
                      .bind_endpoint = s->data_endpoint};
     st->tp = tp_create(st->actor->zctx, &cfg, err);
-    if (st->tp == NULL)
+    if (st->tp == NULL || exec_plane_key(st, err) != 0)
         return -1;
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
 
-/* Load every layer; 1 when cancelled (RESET or TERM pending), -1 on error. */
-static int exec_load_layers(exec_state *st, const st_model *m, ep_err *err)
+/* The experts the layers hold (the same in every layer), or none. */
+static void exec_held(const exec_state *st, uint8_t *have, int E)
+{
+    for (int e = 0; e < E; e++)
+        have[e] = st->n_layers > 0 && st->layers[0] && mb_layer_owns(st->layers[0], e);
+}
+
+/* Load every layer with the experts this rank owns, keeping those the old layers hold; 1 when
+ * cancelled (RESET or TERM pending), -1 on error. *kept: owned experts that were held. */
+static int exec_load_layers(exec_state *st, const st_model *m, exec_progress *p, int *kept,
+                            ep_err *err)
 {
     exec_session *s = st->session;
     const mc_config *c = &s->config;
     int E = c->n_routed_experts, L = mc_num_layers(c);
-    uint8_t *want = calloc((size_t)L * (size_t)E, 1);
-    st->layers = calloc((size_t)L, sizeof *st->layers);
-    if (want == NULL || st->layers == NULL) {
-        free(want);
-        return ep_err_set(err, "out of memory");
+    uint8_t *want = calloc((size_t)L * (size_t)E, 1), *have = calloc((size_t)E, 1);
+    mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    int rc = -1;
+    if (want == NULL || have == NULL || layers == NULL) {
+        ep_err_set(err, "out of memory");
+        goto done;
     }
+    exec_held(st, have, E);
+    *kept = 0;
+    for (int e = 0; e < E; e++)
+        *kept += have[e] && s->expert_owner[e] == (uint32_t)s->rank;
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++)
             want[(size_t)l * E + e] = s->expert_owner[e] == (uint32_t)s->rank;
-    exec_progress p = {.st = st, .start = exec_now()};
-    int rc = mb_set_gemm(st->be, s->gpu_gemm, err);
+    rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
-        rc = shard_load(st->be, m, c, want, NULL, EP_MAX_TOKENS, st->layers, exec_on_progress, &p,
-                        err);
+        rc = shard_load(st->be, m, c, want, st->n_layers == L ? st->layers : NULL, EP_MAX_TOKENS,
+                        layers, exec_on_progress, p, err);
+    /* the old layers gave their kept experts to the new ones (or the load failed half-way and
+     * they may have): either way only the new layers are to be trusted */
+    exec_free_shard(st);
     if (rc == 0) {
+        st->layers = layers;
         st->n_layers = L;
-        st->load_bytes = p.total;
-        st->load_s = exec_now() - p.start;
+        layers = NULL;
+        st->shard_hash = s->config_hash;
+        snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
     }
+done:
+    free(layers);
     free(want);
+    free(have);
     return rc;
 }
 
-static void exec_send_ready(exec_state *st)
+static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept, double load_s)
 {
     exec_session *s = st->session;
     uint64_t bytes = 0;
@@ -290,45 +430,94 @@ static void exec_send_ready(exec_state *st)
     r.config_hash = s->config_hash;
     r.bytes_loaded = bytes;
     r.n_experts = owned;
+    r.has_bytes_read = r.has_experts_kept = r.has_load_ms = 1;
+    r.bytes_read = bytes_read;
+    r.experts_kept = (uint32_t)kept;
+    r.load_ms = (uint32_t)(load_s * 1000.0);
     r.backend = (char *)mb_name(st->be);
-    r.has_bytes_read = r.has_load_ms = 1;
-    r.bytes_read = st->load_bytes;
-    r.load_ms = (uint32_t)(st->load_s * 1000.0);
+    if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
+        r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
+        r.comm_epoch = tp_comm_epoch(st->comm);
+        r.comm_generation = tp_comm_generation(st->comm);
+        r.comm_rank = (uint32_t)tp_comm_rank(st->comm);
+        r.comm_size = (uint32_t)tp_comm_size(st->comm);
+    }
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
 
-static void exec_load(exec_state *st)
+/* LOAD and EPOCH: the data plane of the session's epoch, then the layers. */
+static void exec_load(exec_state *st, uint16_t in_reply_to)
 {
-    const uint16_t LOAD = EPMOE__MSG_TYPE__MSG_LOAD;
     if (st->session == NULL) {
-        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, LOAD, "LOAD before WELCOME");
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, in_reply_to, "%s before WELCOME",
+                   wire_type_name(in_reply_to));
         return;
     }
-    exec_unload(st);
+    st->ready = false;
+    st->have_last = false;
+    if (st->n_layers > 0 && (st->shard_hash != st->session->config_hash ||
+                             strcmp(st->shard_model, st->session->model_path) != 0))
+        exec_free_shard(st); /* another model or config: nothing to keep */
     double t0 = exec_now();
     ep_err err = {{0}};
     st_model *m = NULL;
+    exec_progress p = {.st = st};
+    int kept = 0;
     int rc = exec_open_data_plane(st, &err);
     if (rc == 0 && (m = st_model_open(st->session->model_path, &err)) == NULL)
         rc = -1;
+    p.start = exec_now();
     if (rc == 0)
-        rc = exec_load_layers(st, m, &err);
+        rc = exec_load_layers(st, m, &p, &kept, &err);
+    double load_s = exec_now() - p.start;
     st_model_close(&m);
     if (rc != 0) {
-        exec_unload(st);
+        exec_close_plane(st);
         if (rc > 0) {
             log_info("load abandoned (reset or shutdown)");
             return;
         }
         log_error("load failed: %s", err.msg);
-        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, LOAD, "%s", err.msg);
+        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, in_reply_to, "%s", err.msg);
         return;
     }
     st->ready = true;
-    log_info("loaded %d layers from %s in %.2f s (%.2f GB read at %.2f GB/s); data plane at %s",
-             st->n_layers, st->session->model_path, exec_now() - t0, st->load_bytes / 1e9,
-             st->load_s > 0 ? st->load_bytes / st->load_s / 1e9 : 0.0, tp_endpoint(st->tp));
-    exec_send_ready(st);
+    int owned = 0;
+    for (int e = 0; e < st->session->config.n_routed_experts; e++)
+        owned += st->session->expert_owner[e] == (uint32_t)st->session->rank;
+    log_info("epoch %llu: %d layers with %d experts (%d kept, %d read: %llu bytes at %.2f GB/s) "
+             "from %s in %.2f s; data plane %s (%d members)",
+             (unsigned long long)st->session->epoch, st->n_layers, owned, kept, owned - kept,
+             (unsigned long long)p.total, load_s > 0 ? (double)p.total / load_s / 1e9 : 0.0,
+             st->session->model_path, exec_now() - t0,
+             st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", st->session->n_members);
+    exec_send_ready(st, p.total, kept, load_s);
+}
+
+/* EPOCH: validate against the session, adopt the placement, load. */
+static void exec_epoch(exec_state *st, const wire_msg *m)
+{
+    const uint16_t EPOCH = EPMOE__MSG_TYPE__MSG_EPOCH;
+    ep_err err;
+    Epmoe__Epoch *ep = (Epmoe__Epoch *)wire_unpack(&epmoe__epoch__descriptor, m, &err);
+    if (ep == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, EPOCH, "%s", err.msg);
+        return;
+    }
+    exec_session *s = st->session;
+    if (s == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH before WELCOME");
+    } else if (exec_check_placement(s, ep->has_epoch, ep->expert_owner, ep->n_expert_owner,
+                                    ep->members, ep->n_members, &err) != 0) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH: %s", err.msg);
+    } else {
+        s->epoch = ep->epoch;
+        exec_set_placement(s, ep->expert_owner, ep->members, ep->n_members);
+        log_info("epoch %llu: %s", (unsigned long long)s->epoch,
+                 ep->reason ? ep->reason : "new placement");
+        exec_load(st, EPOCH);
+    }
+    wire_free_unpacked(&ep->base);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------
@@ -348,6 +537,7 @@ typedef struct exec_step_s {
     uint8_t *q;
     float *qs;
     uint16_t *eo;       /* [T, k, H] expert output per slot */
+    uint16_t *out;      /* [T, H] when the step computed it itself (the NCCL plane) */
     int *n_pairs_to;    /* [P] pairs sent to each rank (own rank: computed locally) */
     uint32_t **slot_to; /* [P][n_pairs_to]: t*k + j of each pair, in wire order */
     uint8_t *heard_d;   /* [P] */
@@ -364,6 +554,7 @@ typedef struct exec_step_s {
 
 static void exec_step_free(exec_step_s *s)
 {
+    free(s->out);
     free(s->x);
     free(s->ids);
     free(s->xn);
@@ -568,7 +759,7 @@ static int exec_send_dispatches(exec_step_s *s)
 {
     exec_session *ses = s->st->session;
     for (int r = 0; r < s->P; r++) {
-        if (r == s->rank)
+        if (r == s->rank || !ses->member[r])
             continue;
         tp_msg d = {.kind = TP_DISPATCH,
                     .step_id = s->step_id,
@@ -722,7 +913,11 @@ static int exec_drain(exec_step_s *s)
     tp_msg m;
     while (tp_take(s->st->tp, s->step_id, &m)) {
         int rc = 0;
-        if (m.kind == TP_DISPATCH)
+        if (!s->st->session->member[m.src_rank])
+            log_warn("step %llu: dropped a message from rank %d, not a member of epoch %llu",
+                     (unsigned long long)s->step_id, m.src_rank,
+                     (unsigned long long)s->st->session->epoch);
+        else if (m.kind == TP_DISPATCH)
             rc = exec_on_dispatch(s, &m);
         else
             exec_on_combine(s, &m);
@@ -739,7 +934,7 @@ static void exec_missing(const exec_step_s *s, char *buf, size_t cap)
     size_t n = 0;
     buf[0] = '\0';
     for (int r = 0; r < s->P && n < cap; r++) {
-        if (r == s->rank || (s->heard_d[r] && s->heard_c[r]))
+        if (r == s->rank || !s->st->session->member[r] || (s->heard_d[r] && s->heard_c[r]))
             continue;
         n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s): %s%s%s", n ? ", " : "", r,
                               s->st->session->peer_name[r], s->heard_d[r] ? "" : "DISPATCH",
@@ -831,14 +1026,15 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
 static void exec_send_done(exec_step_s *s)
 {
     size_t T = (size_t)s->T, H = (size_t)s->H, k = (size_t)s->k;
-    uint16_t *out = malloc(T * H * 2 + 1);
+    uint16_t *out = s->out ? s->out : malloc(T * H * 2 + 1);
+    s->out = NULL; /* the message's (or freed) from here */
     if (out == NULL) {
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
                          "out of memory for the output");
         return;
     }
     double t0 = exec_now();
-    if (mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
+    if (s->ms != NULL && mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
         free(out);
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
                          s->err.msg);
@@ -889,6 +1085,229 @@ static int exec_step_run(exec_step_s *s)
     return exec_wait_peers(s, deadline);
 }
 
+/* ---- the NCCL data plane (data_plane nccl; docs/protocol.md "NCCL data plane") -------------
+ *
+ * The executor owns the communicator (tp_comm over NCCL) and the step driver (step_nccl.h).
+ * COMM_INIT builds the communicator, waiting with its deadline while it still reads the pipe;
+ * a STEP runs sn_run instead of the ZeroMQ exchange above, and a failed one tells the
+ * coordinator that the communicator was aborted (StepFailed.comm_aborted).
+ */
+
+/* The communicator object and the driver; the library's communicator comes with COMM_INIT. */
+static int exec_nccl_open(exec_state *st, ep_err *err)
+{
+    exec_session *s = st->session;
+    mb_device_info info;
+    if (mb_device(st->be, &info) != 0 || info.kind != MB_DEV_CUDA)
+        return ep_err_set(err,
+                          "data_plane nccl needs a cuda:N device; this worker runs the %s "
+                          "backend",
+                          mb_name(st->be));
+    if (s->dispatch != TP_FMT_FP8)
+        return ep_err_set(err, "data_plane nccl sends fp8 dispatch only");
+    st->cuda_ordinal = info.ordinal;
+    if (st->comm == NULL &&
+        (st->comm = tp_comm_create(tp_nccl_ops(), &st->cuda_ordinal, err)) == NULL)
+        return -1;
+    return 0;
+}
+
+/* The step driver for the communicator COMM_INIT built (its world: the epoch's members). */
+static int exec_nccl_driver(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
+{
+    exec_session *s = st->session;
+    sn_config cfg = {.rank = s->rank,
+                     .world_size = s->world_size,
+                     .comm_rank = tp_comm_rank(st->comm),
+                     .comm_size = tp_comm_size(st->comm),
+                     .members = ci->n_members ? ci->members : NULL,
+                     .epoch = s->epoch,
+                     .hidden = s->config.hidden_size,
+                     .topk = s->config.num_experts_per_tok,
+                     .n_experts = s->config.n_routed_experts,
+                     .expert_owner = s->expert_owner,
+                     .scales_e8m0 = s->config.act_ue8m0,
+                     .peer_name = (const char *const *)s->peer_name};
+    sn_destroy(&st->sn);
+    st->sn = sn_create(&cfg, sn_cuda_dev_ops(), st->be, st->comm, err);
+    return st->sn != NULL ? 0 : -1;
+}
+
+/* Between polls of a step's waits: the step's own pipe handling (STEP_ABORT, RESET, TERM). */
+static int exec_nccl_idle(void *ctx, ep_err *err)
+{
+    exec_step_s *s = ctx;
+    if (exec_step_pipe(s) == 0)
+        return 0;
+    return ep_err_set(err, "%s", s->abandoned ? "the session was reset" : s->err.msg);
+}
+
+static int exec_nccl_step(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    s->out = malloc((size_t)s->T * (size_t)s->H * 2 + 1);
+    if (s->out == NULL || st->sn == NULL)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "STEP %llu: %s",
+                         (unsigned long long)s->step_id,
+                         s->out ? "no NCCL communicator yet (COMM_INIT)" : "out of memory");
+    sn_step io = {.step_id = s->step_id,
+                  .layer = s->layer,
+                  .layer_index = (uint32_t)mb_layer_index(s->layer),
+                  .T = s->T,
+                  .x = s->x,
+                  .ids = s->ids,
+                  .topk_ids = s->topk_ids,
+                  .topk_w = s->topk_w,
+                  .out = s->out,
+                  .expert_tokens = s->expert_tokens,
+                  .deadline = exec_now() + st->session->step_timeout_ms / 1000.0,
+                  .idle = exec_nccl_idle,
+                  .idle_ctx = s};
+    double t0 = exec_now();
+    int code = 0;
+    ep_err err = {{0}};
+    int rc = sn_run(st->sn, &io, &code, &err);
+    s->compute_s += exec_now() - t0; /* on the GPU the exchange overlaps the kernels */
+    s->dispatch_bytes = io.dispatch_bytes;
+    s->combine_bytes = io.combine_bytes;
+    return rc == 0 ? 0 : exec_fail(s, (Epmoe__ErrorCode)code, "%s", err.msg);
+}
+
+static void exec_nccl_failed(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    log_warn("step %llu failed: %s", (unsigned long long)s->step_id, s->err.msg);
+    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
+    f.has_step_id = f.has_code = f.has_comm_aborted = 1;
+    f.step_id = s->step_id;
+    f.code = s->code;
+    f.message = s->err.msg;
+    f.comm_aborted = st->comm != NULL && tp_comm_get_state(st->comm) != TP_COMM_READY;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
+}
+
+static void exec_comm_done(exec_state *st, uint64_t epoch, uint32_t gen, bool ok, const char *why)
+{
+    Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+    d.has_epoch = d.has_generation = d.has_ok = 1;
+    d.epoch = epoch;
+    d.generation = gen;
+    d.ok = ok;
+    d.message = ok ? NULL : (char *)why;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base, NULL, 0);
+}
+
+/* While a communicator is being built the pipe is still read: a STEP is refused, and RESET,
+ * TERM, SESSION, LOAD or a newer COMM_INIT end the wait (they are handled next). */
+static int exec_comm_idle(void *ctx, ep_err *err)
+{
+    exec_state *st = ctx;
+    wire_msg m;
+    ep_err e;
+    if (wire_recv(st->pipe, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &e) !=
+        WIRE_OK)
+        return 0;
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP) {
+        Epmoe__Step *o = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, &m, &e);
+        exec_step_failed(st, o && o->has_step_id, o ? o->step_id : 0,
+                         EPMOE__ERROR_CODE__ERR_NOT_READY, "the NCCL communicator is being built");
+        wire_free_unpacked(o ? &o->base : NULL);
+        wire_msg_close(&m);
+        return 0;
+    }
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP_ABORT) {
+        wire_msg_close(&m);
+        return 0;
+    }
+    uint16_t type = m.type;
+    exec_stash(st, &m);
+    return ep_err_set(err, "interrupted by %s",
+                      type == EXEC_CMD_RESET  ? "a reset"
+                      : type == EXEC_CMD_TERM ? "shutdown"
+                                              : wire_type_name(type));
+}
+
+/* This worker's rank and the size of the communicator COMM_INIT describes (absent: the
+ * session's); the members, when given, must place this worker at that rank. */
+static int exec_comm_world(const exec_session *s, const Epmoe__CommInit *ci, int *rank, int *size,
+                           ep_err *err)
+{
+    *rank = ci->has_rank ? (int)ci->rank : s->rank;
+    *size = ci->has_size ? (int)ci->size : s->world_size;
+    if (*size < 1 || *size > s->world_size || *rank < 0 || *rank >= *size ||
+        (ci->n_members &&
+         (ci->n_members != (size_t)*size || ci->members[*rank] != (uint32_t)s->rank)))
+        return ep_err_set(err,
+                          "COMM_INIT: communicator rank %d of %d (%zu members) is not this "
+                          "worker's place (rank %d of %d)",
+                          *rank, *size, ci->n_members, s->rank, s->world_size);
+    return 0;
+}
+
+/* Begin the communicator COMM_INIT asks for (rank 0 of a new one creates the id first). */
+static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
+{
+    int rank, size;
+    if (exec_comm_world(st->session, ci, &rank, &size, err) != 0)
+        return -1;
+    if (ci->has_shrink && ci->shrink)
+        return tp_comm_begin_shrink(st->comm, ci->epoch, ci->generation, ci->parent_epoch,
+                                    ci->parent_generation, ci->exclude_ranks,
+                                    (int)ci->n_exclude_ranks, rank, size, err);
+    tp_comm_id id;
+    if (ci->has_nccl_id) {
+        if (ci->nccl_id.len != TP_COMM_ID_BYTES)
+            return ep_err_set(err, "COMM_INIT: nccl_id of %zu bytes, expected %d", ci->nccl_id.len,
+                              TP_COMM_ID_BYTES);
+        memcpy(id.bytes, ci->nccl_id.data, TP_COMM_ID_BYTES);
+    } else {
+        if (rank != 0)
+            return ep_err_set(err, "COMM_INIT without nccl_id: only rank 0 creates the id");
+        if (tp_comm_new_id(st->comm, &id, err) != 0)
+            return -1;
+        Epmoe__CommId m = EPMOE__COMM_ID__INIT;
+        m.has_epoch = m.has_generation = m.has_nccl_id = 1;
+        m.epoch = ci->epoch;
+        m.generation = ci->generation;
+        m.nccl_id.len = TP_COMM_ID_BYTES;
+        m.nccl_id.data = id.bytes;
+        exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_ID, &m.base, NULL, 0);
+    }
+    return tp_comm_begin_init(st->comm, ci->epoch, ci->generation, rank, size, &id, err);
+}
+
+static void exec_comm_init(exec_state *st, const wire_msg *m)
+{
+    ep_err err = {{0}};
+    Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, &err);
+    if (ci == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s", err.msg);
+        return;
+    }
+    int rc = 0;
+    if (st->session == NULL || !st->session->nccl || !st->ready || st->comm == NULL)
+        rc = ep_err_set(&err, "COMM_INIT: this worker has no loaded NCCL data plane");
+    else if (!ci->has_epoch || ci->epoch != st->session->epoch || !ci->has_generation ||
+             !ci->has_timeout_ms || ci->timeout_ms == 0)
+        rc = ep_err_set(&err,
+                        "COMM_INIT: epoch (this worker's is %llu), generation or timeout_ms "
+                        "missing or wrong",
+                        (unsigned long long)st->session->epoch);
+    if (rc == 0)
+        rc = exec_comm_begin(st, ci, &err);
+    if (rc == 0)
+        rc = tp_comm_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
+                                &err);
+    if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
+        tp_comm_abort(st->comm, err.msg);
+        rc = -1;
+    }
+    if (rc != 0)
+        log_warn("%s", err.msg);
+    exec_comm_done(st, ci->epoch, ci->generation, rc == 0, err.msg);
+    wire_free_unpacked(&ci->base);
+}
+
 static void exec_step(exec_state *st, wire_msg *m)
 {
     ep_err err;
@@ -911,7 +1330,15 @@ static void exec_step(exec_state *st, wire_msg *m)
     s.H = c->hidden_size;
     s.P = st->session->world_size;
     s.rank = st->session->rank;
-    s.need_d = s.need_c = s.P - 1;
+    if (!st->session->member[s.rank]) {
+        exec_step_failed(st, true, s.step_id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                         "STEP %llu: rank %d owns no experts in epoch %llu (not a member)",
+                         (unsigned long long)s.step_id, s.rank,
+                         (unsigned long long)st->session->epoch);
+        wire_free_unpacked(&req->base);
+        return;
+    }
+    s.need_d = s.need_c = st->session->n_members - 1;
     int rc = exec_step_parse(&s, req, m);
     wire_free_unpacked(&req->base);
     if (rc != 0) {
@@ -921,12 +1348,15 @@ static void exec_step(exec_state *st, wire_msg *m)
     }
     log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s.step_id,
               mb_layer_index(s.layer), s.T);
-    rc = exec_step_run(&s);
+    rc = st->session->nccl ? exec_nccl_step(&s) : exec_step_run(&s);
     if (rc == 0)
         exec_send_done(&s);
+    else if (st->session->nccl && !s.abandoned)
+        exec_nccl_failed(&s);
     else if (!s.abandoned)
         exec_step_failed(st, true, s.step_id, s.code, "%s", s.err.msg);
-    tp_finish(st->tp, s.step_id);
+    if (st->tp)
+        tp_finish(st->tp, s.step_id);
     st->have_last = true;
     st->last_step = s.step_id;
     exec_step_free(&s);
@@ -962,13 +1392,19 @@ static void exec_handle(exec_state *st, wire_msg *m)
         st->stop = true;
         break;
     case EPMOE__MSG_TYPE__MSG_LOAD:
-        exec_load(st);
+        exec_load(st, EPMOE__MSG_TYPE__MSG_LOAD);
+        break;
+    case EPMOE__MSG_TYPE__MSG_EPOCH:
+        exec_epoch(st, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP:
         exec_step(st, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
         log_debug(LOG_SUB_STEP, "STEP_ABORT for a step not running: ignored");
+        break;
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT:
+        exec_comm_init(st, m);
         break;
     default:
         log_warn("executor: unexpected %s on the pipe", wire_type_name(m->type));
@@ -1019,6 +1455,8 @@ static void *exec_main(void *arg)
         exec_loop(&st);
     }
     exec_drop_session(&st);
+    exec_close_plane(&st);
+    exec_free_shard(&st);
     for (int i = 0; i < st.n_stash; i++)
         wire_msg_close(&st.stash[i]);
     zmq_close(st.pipe);

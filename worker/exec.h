@@ -10,14 +10,20 @@
  * verbatim, plus EXEC_EVT_RESET_DONE.
  *
  *   EXEC_CMD_SESSION  body: an exec_session pointer (ownership passes): the placement to work
- *                     under from now on. Frees any loaded state first.
- *   EXEC_CMD_RESET    drop the session and everything loaded; answered by EXEC_EVT_RESET_DONE,
- *                     so the caller can discard answers that belonged to the old session.
+ *                     under from now on. Drops the data plane; the loaded layers stay.
+ *   EXEC_CMD_RESET    drop the session and the data plane; answered by EXEC_EVT_RESET_DONE, so
+ *                     the caller can discard answers that belonged to the old session. The
+ *                     loaded layers stay (a coordinator restart does not make a worker read its
+ *                     shard again).
  *   EXEC_CMD_TERM     leave the thread (exec_stop sends it).
  *   LOAD              bind the data plane, connect to the peers, load every MoE layer (main
  *                     and MTP) with the experts this rank owns; LOADING progress (at most ~10
  *                     per second) then READY, or Error{ERR_LOAD_FAILED} naming the cause (the
- *                     executor stays up, not ready).
+ *                     executor stays up, not ready). Layers already loaded for the same model
+ *                     and config keep the experts the rank still owns: only the others are
+ *                     read (READY.experts_kept, READY.bytes_read say how it went).
+ *   EPOCH             the session moves to a new placement (epoch, owners, members), then
+ *                     exactly as LOAD: gained experts are read, lost ones dropped, READY{epoch}.
  *   STEP              route, dispatch, experts, combine (docs/protocol.md "Forward steps");
  *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}.
  *   STEP_ABORT        abandon that step if running (STEP_FAILED); otherwise ignored.
@@ -29,6 +35,8 @@
 #ifndef EPMOE_EXEC_H
 #define EPMOE_EXEC_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
@@ -57,16 +65,28 @@ typedef struct exec_session {
     char model_path[EP_MAX_PATH];
     char data_endpoint[EP_MAX_PATH]; /* where to bind */
     uint32_t *expert_owner;          /* [n_routed_experts] */
-    char **peer_endpoint;            /* [world_size], by rank */
-    char **peer_name;                /* [world_size], by rank */
+    uint8_t *member;                 /* [world_size]: the rank takes part in steps */
+    int n_members;
+    char **peer_endpoint; /* [world_size], by rank */
+    char **peer_name;     /* [world_size], by rank */
     tp_format dispatch;
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
+    bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
 } exec_session;
 
 /* An empty session with its tables allocated (E experts, P ranks); NULL when out of memory. */
 exec_session *exec_session_new(int n_experts, int world_size);
 void exec_session_free(exec_session **self_p);
+
+/* Check a placement (WELCOME or EPOCH) against the session's config and world: one owner per
+ * routed expert, each < world_size; members ascending, < world_size, and holding every owner
+ * (n_members 0: every rank). Errors name the field and what was expected. */
+int exec_check_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
+                         size_t n_owner, const uint32_t *members, size_t n_members, ep_err *err);
+/* Adopt a checked placement: owners and members (n_members 0: every rank). */
+void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *members,
+                        size_t n_members);
 
 typedef struct exec_actor exec_actor;
 

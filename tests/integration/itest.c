@@ -103,7 +103,7 @@ static int it_write_files(itest *t)
         return -1;
     }
     /* ports: hold every socket until all are chosen so none is handed out twice */
-    int fds[2 + IT_MAX_WORKERS], ports[2 + IT_MAX_WORKERS], nf = 2 + t->o.n_workers;
+    int fds[2 + IT_MAX_WORKERS], ports[2 + IT_MAX_WORKERS], nf = 2 + IT_MAX_WORKERS;
     for (int i = 0; i < nf; i++)
         fds[i] = it_port_socket(&ports[i]);
     for (int i = 0; i < nf; i++)
@@ -111,20 +111,32 @@ static int it_write_files(itest *t)
             close(fds[i]);
     snprintf(t->listen, sizeof t->listen, "tcp://127.0.0.1:%d", ports[0]);
     snprintf(t->admin, sizeof t->admin, "tcp://127.0.0.1:%d", ports[1]);
+    for (int i = 0; i < IT_MAX_WORKERS; i++)
+        t->data_port[i] = ports[2 + i];
+    return it_write_spec(t);
+}
+
+int it_write_spec(itest *t)
+{
+    char text[8192];
     size_t len = (size_t)snprintf(
         text, sizeof text,
         "cluster:\n  name: itest\ncoordinator:\n  listen: \"%s\"\n  admin: \"%s\"\n"
         "  heartbeat_ms: %d\n  liveness: %d\n  step_timeout_ms: %d\nmodel:\n  path: model\n"
-        "expert_parallel:\n  placement: contiguous\n  dispatch: fp8\nnodes:\n",
-        t->listen, t->admin, t->o.heartbeat_ms, t->o.liveness, t->o.step_timeout_ms);
+        "expert_parallel:\n  placement: contiguous\n  dispatch: fp8\n  data_plane: %s\n%snodes:\n",
+        t->listen, t->admin, t->o.heartbeat_ms, t->o.liveness, t->o.step_timeout_ms,
+        t->o.nccl ? "nccl" : "zmq", t->o.ep_extra ? t->o.ep_extra : "");
     int n0 = (t->o.n_workers + 1) / 2;
     for (int r = 0; r < t->o.n_workers; r++) {
         if (r == 0 || r == n0)
             len += (size_t)snprintf(text + len, sizeof text - len, "  - name: n%d\n    workers:\n",
                                     r == 0 ? 0 : 1);
+        char dev[16] = "cpu";
+        if (t->o.nccl)
+            snprintf(dev, sizeof dev, "\"cuda:%d\"", r);
         len += (size_t)snprintf(text + len, sizeof text - len,
-                                "      - {name: %s, device: cpu, data: \"tcp://127.0.0.1:%d\"}\n",
-                                it_worker_name(t, r), ports[2 + r]);
+                                "      - {name: %s, device: %s, data: \"tcp://127.0.0.1:%d\"}\n",
+                                it_worker_name(t, r), dev, t->data_port[r]);
     }
     return it_write(t->spec_path, text);
 }
@@ -211,6 +223,10 @@ static void it_client_clear(it_client *c)
 
 static void it_worker_free(it_worker *w)
 {
+    if (w->slow_step) {
+        wire_msg_close(w->slow_step);
+        free(w->slow_step);
+    }
     if (w->welcome)
         wire_free_unpacked(&w->welcome->base);
     if (w->sock)
@@ -283,6 +299,7 @@ it_worker *it_worker_new(itest *t, const char *name)
     it_worker *w = calloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
     w->rank = -1;
+    w->nccl = t->o.nccl;
     t->w[t->n_w++] = w;
     it_worker_reconnect(t, w);
     return w;
@@ -297,6 +314,8 @@ void it_worker_reconnect(itest *t, it_worker *w)
     zmq_connect(w->sock, t->listen);
     w->welcomed = w->loaded = false;
     w->held_step = 0;
+    w->auto_join = false;
+    w->ready_due_ms = 0;
 }
 
 int it_worker_send(it_worker *w, uint16_t type, const ProtobufCMessage *body)
@@ -312,7 +331,42 @@ static void it_send_step_failed(it_worker *w, uint64_t step_id, const char *text
     f.has_code = 1;
     f.code = EPMOE__ERROR_CODE__ERR_STEP_FAILED;
     f.message = (char *)text;
+    f.has_comm_aborted = w->nccl; /* as the NCCL step driver does on every failure */
+    f.comm_aborted = w->nccl;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base);
+}
+
+/* COMM_INIT: rank 0 of a new communicator makes an id and sends COMM_ID; then COMM_DONE. */
+static void it_on_comm_init(it_worker *w, const wire_msg *m)
+{
+    Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, NULL);
+    if (ci == NULL)
+        return;
+    w->n_comm_inits++;
+    w->comm_gen = ci->generation;
+    w->got_id = ci->has_nccl_id && ci->nccl_id.len == sizeof w->comm_id;
+    if (w->got_id)
+        memcpy(w->comm_id, ci->nccl_id.data, sizeof w->comm_id);
+    if (!w->comm_silent) {
+        if (!ci->has_nccl_id) {
+            for (size_t i = 0; i < sizeof w->comm_id; i++)
+                w->comm_id[i] = (uint8_t)(i * 7 + ci->generation);
+            Epmoe__CommId id = EPMOE__COMM_ID__INIT;
+            id.has_epoch = id.has_generation = id.has_nccl_id = 1;
+            id.epoch = ci->epoch;
+            id.generation = ci->generation;
+            id.nccl_id.len = sizeof w->comm_id;
+            id.nccl_id.data = w->comm_id;
+            it_worker_send(w, EPMOE__MSG_TYPE__MSG_COMM_ID, &id.base);
+        }
+        Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+        d.has_epoch = d.has_generation = d.has_ok = 1;
+        d.epoch = ci->epoch;
+        d.generation = ci->generation;
+        d.ok = 1;
+        it_worker_send(w, EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base);
+    }
+    wire_free_unpacked(&ci->base);
 }
 
 /* The fake step: see itest.h for the function it computes. */
@@ -342,6 +396,8 @@ static void it_answer_step(it_worker *w, const Epmoe__Step *s, const wire_msg *m
         wts[i * IT_K] = (float)in[1];
         wts[i * IT_K + 1] = (float)n;
     }
+    w->last_step = s->step_id;
+    w->step_members = w->members;
     Epmoe__StepDone d = EPMOE__STEP_DONE__INIT;
     d.has_step_id = 1;
     d.step_id = s->step_id;
@@ -357,13 +413,22 @@ static void it_answer_step(it_worker *w, const Epmoe__Step *s, const wire_msg *m
     wire_send(w->sock, NULL, 0, EPMOE__MSG_TYPE__MSG_STEP_DONE, &d.base, p, 3, false, NULL);
 }
 
-static void it_on_step(it_worker *w, const wire_msg *m)
+/* Returns true when it kept m (IT_SLOW answers later). */
+static bool it_on_step(it_worker *w, wire_msg *m)
 {
     Epmoe__Step *s = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, m, NULL);
     if (s == NULL)
-        return;
+        return false;
     w->n_steps++;
+    bool kept = false;
     switch (w->behaviour) {
+    case IT_SLOW:
+        if (w->slow_step == NULL) {
+            w->slow_step = m;
+            w->slow_due_ms = it_now_ms() + w->step_delay_ms;
+            kept = true;
+        }
+        break;
     case IT_FAIL: {
         char text[128];
         snprintf(text, sizeof text, "injected failure on %s", w->name);
@@ -378,9 +443,72 @@ static void it_on_step(it_worker *w, const wire_msg *m)
         break;
     }
     wire_free_unpacked(&s->base);
+    return kept;
 }
 
-static void it_worker_handle(it_worker *w, const wire_msg *m)
+/* IT_SLOW: answer the kept STEP once it is due. */
+static void it_slow_answer(it_worker *w)
+{
+    if (w->slow_step == NULL || it_now_ms() < w->slow_due_ms)
+        return;
+    Epmoe__Step *s = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, w->slow_step, NULL);
+    if (s != NULL)
+        it_answer_step(w, s, w->slow_step);
+    wire_free_unpacked(s ? &s->base : NULL);
+    wire_msg_close(w->slow_step);
+    free(w->slow_step);
+    w->slow_step = NULL;
+}
+
+/* Members as a bit mask (absent: every rank of the world) and the experts rank owns. */
+static void it_placement(it_worker *w, const uint32_t *members, size_t n_members,
+                         const uint32_t *owner, size_t n_owner)
+{
+    w->members = 0;
+    for (size_t i = 0; i < n_members; i++)
+        if (members[i] < 32)
+            w->members |= 1u << members[i];
+    if (n_members == 0)
+        w->members = w->world_size >= 32 ? ~0u : (1u << w->world_size) - 1;
+    w->owned = 0;
+    for (size_t e = 0; e < n_owner; e++)
+        w->owned += owner[e] == (uint32_t)w->rank;
+}
+
+static void it_on_epoch(it_worker *w, const wire_msg *m)
+{
+    Epmoe__Epoch *ep = (Epmoe__Epoch *)wire_unpack(&epmoe__epoch__descriptor, m, NULL);
+    if (ep == NULL || !ep->has_epoch) {
+        wire_free_unpacked(ep ? &ep->base : NULL);
+        return;
+    }
+    w->n_epochs++;
+    w->epoch = ep->epoch;
+    it_placement(w, ep->members, ep->n_members, ep->expert_owner, ep->n_expert_owner);
+    w->ready_due_ms = it_now_ms() + w->epoch_delay_ms;
+    wire_free_unpacked(&ep->base);
+}
+
+static void it_send_ready(it_worker *w)
+{
+    Epmoe__Ready rd = EPMOE__READY__INIT;
+    rd.has_epoch = 1;
+    rd.epoch = w->epoch;
+    rd.has_config_hash = 1;
+    rd.config_hash = w->config_hash;
+    rd.has_n_experts = 1;
+    rd.n_experts = w->owned;
+    rd.has_bytes_loaded = 1;
+    rd.bytes_loaded = 100;
+    rd.backend = "fake";
+    rd.has_bytes_read = rd.has_load_ms = 1; /* 4.5 GB read in 1.5 s: 3.00 GB/s */
+    rd.bytes_read = 4500000000ull;
+    rd.load_ms = 1500;
+    it_worker_send(w, EPMOE__MSG_TYPE__MSG_READY, &rd.base);
+}
+
+/* Returns true when it kept m. */
+static bool it_worker_handle(it_worker *w, wire_msg *m)
 {
     switch (m->type) {
     case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
@@ -398,14 +526,30 @@ static void it_worker_handle(it_worker *w, const wire_msg *m)
         w->world_size = (int)wl->world_size;
         w->epoch = wl->epoch;
         w->config_hash = wl->config_hash;
+        it_placement(w, wl->members, wl->n_members, wl->expert_owner, wl->n_expert_owner);
+        if (w->auto_join) {
+            mc_config cfg;
+            Epmoe__ConfigAck a = EPMOE__CONFIG_ACK__INIT;
+            a.has_config_hash = a.has_epoch = 1;
+            a.config_hash = mmsg_to_config(wl->config, &cfg, NULL) == 0 ? mc_hash(&cfg) : 0;
+            a.epoch = wl->epoch;
+            it_worker_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &a.base);
+        }
         break;
     }
+    case EPMOE__MSG_TYPE__MSG_EPOCH:
+        it_on_epoch(w, m);
+        break;
     case EPMOE__MSG_TYPE__MSG_LOAD:
         w->loaded = true;
+        if (w->auto_join)
+            w->ready_due_ms = it_now_ms() + w->epoch_delay_ms;
+        break;
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT:
+        it_on_comm_init(w, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP:
-        it_on_step(w, m);
-        break;
+        return it_on_step(w, m);
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT: {
         Epmoe__StepAbort *a =
             (Epmoe__StepAbort *)wire_unpack(&epmoe__step_abort__descriptor, m, NULL);
@@ -436,6 +580,7 @@ static void it_worker_handle(it_worker *w, const wire_msg *m)
     default:
         break;
     }
+    return false;
 }
 
 /* Takes ownership of m (heap). */
@@ -481,6 +626,11 @@ void it_pump(itest *t, int ms)
                 it_worker_send(w, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base);
                 w->next_hb_ms = now + t->o.heartbeat_ms;
             }
+            it_slow_answer(w);
+            if (w->ready_due_ms > 0 && now >= w->ready_due_ms) {
+                w->ready_due_ms = 0;
+                it_send_ready(w);
+            }
             items[n] = (zmq_pollitem_t){.socket = w->sock, .events = ZMQ_POLLIN};
             kind[n] = 0;
             idx[n++] = i;
@@ -505,9 +655,10 @@ void it_pump(itest *t, int ms)
                     break;
                 }
                 if (kind[j] == 0) {
-                    it_worker_handle(t->w[idx[j]], m);
-                    wire_msg_close(m);
-                    free(m);
+                    if (!it_worker_handle(t->w[idx[j]], m)) {
+                        wire_msg_close(m);
+                        free(m);
+                    }
                 } else {
                     it_client_handle(t->cl[idx[j]], m);
                 }
@@ -544,7 +695,7 @@ int it_worker_register(itest *t, it_worker *w)
 {
     Epmoe__Register r = EPMOE__REGISTER__INIT;
     r.name = w->name;
-    r.device = "cpu";
+    r.device = w->nccl ? "" : "cpu"; /* nccl: takes WELCOME.device (cuda:R) */
     r.hostname = "itest";
     r.has_pid = 1;
     r.pid = (uint32_t)getpid();
@@ -571,24 +722,10 @@ int it_worker_register(itest *t, it_worker *w)
     l.has_bytes_total = 1;
     l.bytes_total = 100;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_LOADING, &l.base);
-    uint32_t owned = 0;
-    for (size_t e = 0; e < w->welcome->n_expert_owner; e++)
-        owned += w->welcome->expert_owner[e] == (uint32_t)w->rank;
-    Epmoe__Ready rd = EPMOE__READY__INIT;
-    rd.has_epoch = 1;
-    rd.epoch = w->epoch;
-    rd.has_config_hash = 1;
-    rd.config_hash = a.config_hash;
-    rd.has_n_experts = 1;
-    rd.n_experts = owned;
-    rd.has_bytes_loaded = 1;
-    rd.bytes_loaded = 100;
-    rd.backend = "fake";
-    rd.has_bytes_read = rd.has_load_ms = 1; /* 4.5 GB in 1.5 s: 3.00 GB/s */
-    rd.bytes_read = 4500000000ull;
-    rd.load_ms = 1500;
-    it_worker_send(w, EPMOE__MSG_TYPE__MSG_READY, &rd.base);
+    w->config_hash = a.config_hash;
+    it_send_ready(w);
     w->next_hb_ms = 0;
+    w->auto_join = true;
     return 0;
 }
 
@@ -652,7 +789,8 @@ Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const 
     return it_wait(t, c, 10000);
 }
 
-int it_wait_state(itest *t, const char *state, int ms)
+/* Poll STATUS until it says state (and, when epoch > 0, current_epoch == epoch). */
+static int it_wait_status(itest *t, const char *state, uint64_t epoch, int ms)
 {
     if (t->state_client == NULL)
         t->state_client = it_client_new(t);
@@ -660,14 +798,64 @@ int it_wait_state(itest *t, const char *state, int ms)
     int64_t end = it_now_ms() + ms;
     do {
         Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-        if (r && r->state && strcmp(r->state, state) == 0)
+        if (r && r->state && strcmp(r->state, state) == 0 &&
+            (epoch == 0 || r->current_epoch == epoch))
             return 0;
         it_pump(t, 20);
     } while (it_now_ms() < end);
     return -1;
 }
 
+int it_wait_state(itest *t, const char *state, int ms)
+{
+    return it_wait_status(t, state, 0, ms);
+}
+
+int it_wait_epoch(itest *t, uint64_t epoch, const char *state, int ms)
+{
+    return it_wait_status(t, state, epoch, ms);
+}
+
 /* ---- forward data ---- */
+
+it_fwd it_fwd_make(int T, uint32_t seed, bool ids)
+{
+    it_fwd in = {.T = T,
+                 .hidden = malloc((size_t)T * IT_H * 2 + 2),
+                 .ids = ids ? malloc((size_t)T * 8 + 8) : NULL};
+    it_make_input(T, seed, in.hidden, in.ids);
+    return in;
+}
+
+void it_fwd_free(it_fwd *in)
+{
+    free(in->hidden);
+    free(in->ids);
+}
+
+void it_fwd_send(itest *t, it_client *c, const char *layer, const it_fwd *in)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
+    rq.layer = (char *)layer;
+    rq.has_n_tokens = 1;
+    rq.n_tokens = (uint32_t)in->T;
+    rq.has_has_ids = 1;
+    rq.has_ids = in->ids != NULL;
+    wire_payload p[2] = {{.data = in->hidden, .len = (size_t)in->T * IT_H * 2},
+                         {.data = in->ids, .len = (size_t)in->T * 8}};
+    it_send(t, c, &rq, p, in->ids ? 2 : 1);
+}
+
+int it_fwd_check(const itest *t, const it_client *c, const it_fwd *in)
+{
+    char why[512] = "";
+    int rc = it_check_forward(t, c, in->T, in->hidden, in->ids, why, sizeof why);
+    if (rc != 0)
+        printf("  T=%d: %s\n", in->T, why);
+    return rc;
+}
 
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids)
 {
@@ -684,7 +872,18 @@ int it_check_forward(const itest *t, const it_client *c, int T, const uint16_t *
                      const int64_t *ids, char *why, size_t cap)
 {
     const Epmoe__AdminReply *r = c->reply;
-    int P = t->o.n_workers;
+    /* the members of the epoch the latest step ran in, in rank order */
+    int rank_of[IT_MAX_WORKERS], P = 0;
+    uint64_t latest = 0;
+    uint32_t members = 0;
+    for (int i = 0; i < t->n_w; i++)
+        if (t->w[i]->last_step > latest) {
+            latest = t->w[i]->last_step;
+            members = t->w[i]->step_members;
+        }
+    for (int k = 0; k < t->o.n_workers; k++)
+        if (members & (1u << k))
+            rank_of[P++] = k;
     if (r == NULL || !r->ok)
         return snprintf(why, cap, "no ok reply (%s)", r && r->error ? r->error : "none"), -1;
     const Epmoe__ForwardInfo *f = r->forward;
@@ -692,7 +891,7 @@ int it_check_forward(const itest *t, const it_client *c, int T, const uint16_t *
         return snprintf(why, cap, "forward info missing or wrong"), -1;
     uint64_t disp = 0;
     for (int k = 0; k < P; k++)
-        disp += 1000 + (uint64_t)k;
+        disp += 1000 + (uint64_t)rank_of[k];
     if (f->dispatch_bytes != disp || f->combine_bytes != 10 * (uint64_t)T)
         return snprintf(why, cap, "bytes %llu/%llu, expected %llu/%llu",
                         (unsigned long long)f->dispatch_bytes, (unsigned long long)f->combine_bytes,
@@ -703,12 +902,12 @@ int it_check_forward(const itest *t, const it_client *c, int T, const uint16_t *
         m->payload_len[1] != (size_t)T * IT_K * 4 || m->payload_len[2] != (size_t)T * IT_K * 4)
         return snprintf(why, cap, "reply payloads have the wrong sizes"), -1;
     for (int tok = 0; tok < T; tok++) {
-        /* the rank whose chunk [floor(r T / P), floor((r+1) T / P)) holds tok (protocol.md) */
+        /* the member whose chunk [floor(i T / M), floor((i+1) T / M)) holds tok (protocol.md) */
         int rank = -1, n_chunk = 0;
         for (int k = 0; k < P; k++) {
             long b = (long)k * T / P, e = (long)(k + 1) * T / P;
             if (tok >= b && tok < e) {
-                rank = k;
+                rank = rank_of[k];
                 n_chunk = (int)(e - b);
             }
         }

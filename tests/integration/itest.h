@@ -19,6 +19,10 @@
  *   topk_ids[i]   = {r, has_ids ? id[i] : in[i][0]}
  *   topk_wts[i]   = {(float)in[i][1], (float)n}
  * and STEP_DONE reports dispatch_bytes 1000 + r, combine_bytes 10 n.
+ *
+ * Placement epochs: a fake worker answers EPOCH with READY {epoch, n_experts it owns}, after
+ * epoch_delay_ms (a worker loading gained experts), and records the epoch's members; the
+ * chunk rule of it_check_forward uses the members of the epoch the latest step ran in.
  */
 #ifndef EPMOE_ITEST_H
 #define EPMOE_ITEST_H
@@ -43,11 +47,12 @@
 #define IT_MAX_CLIENTS 8
 
 typedef enum it_behaviour {
-    IT_OK = 0,  /* answer STEP with STEP_DONE */
-    IT_FAIL,    /* answer STEP with STEP_FAILED */
-    IT_HOLD,    /* keep the STEP unanswered; answer STEP_FAILED on STEP_ABORT */
-    IT_MUTE,    /* read nothing, send nothing (a hung or vanished worker) */
-    IT_BAD_DONE /* answer STEP_DONE with a short out payload */
+    IT_OK = 0,   /* answer STEP with STEP_DONE */
+    IT_FAIL,     /* answer STEP with STEP_FAILED */
+    IT_HOLD,     /* keep the STEP unanswered; answer STEP_FAILED on STEP_ABORT */
+    IT_MUTE,     /* read nothing, send nothing (a hung or vanished worker) */
+    IT_BAD_DONE, /* answer STEP_DONE with a short out payload */
+    IT_SLOW      /* answer STEP with STEP_DONE step_delay_ms after it came */
 } it_behaviour;
 
 typedef struct it_worker {
@@ -65,6 +70,25 @@ typedef struct it_worker {
     int last_error_code;
     char last_error[1024];
     uint64_t last_abort;
+    /* data_plane nccl: COMM_INIT is answered (rank 0 sends COMM_ID first) unless comm_silent */
+    bool nccl, comm_silent;
+    int n_comm_inits;
+    uint32_t comm_gen;    /* of the last COMM_INIT */
+    bool got_id;          /* the last COMM_INIT carried an id ... */
+    uint8_t comm_id[128]; /* ... this one (rank 0: the one it made) */
+    /* placement epochs */
+    int n_epochs;          /* EPOCH messages received */
+    int epoch_delay_ms;    /* answer EPOCH this long after it came (0: at once) */
+    int64_t ready_due_ms;  /* a READY to send for `epoch` (0: none) */
+    uint32_t members;      /* bit r: rank r is a member of `epoch` */
+    uint32_t owned;        /* experts it owns in `epoch` */
+    uint64_t last_step;    /* the last STEP it answered with STEP_DONE */
+    uint32_t step_members; /* `members` when it answered it */
+    int step_delay_ms;     /* IT_SLOW */
+    wire_msg *slow_step;   /* IT_SLOW: the STEP it will answer at slow_due_ms */
+    int64_t slow_due_ms;
+    bool auto_join; /* after it_worker_register: a later WELCOME is answered by
+                     * itself (CONFIG_ACK, then READY on LOAD) */
 } it_worker;
 
 typedef struct it_client {
@@ -82,12 +106,15 @@ typedef struct it_opts {
     int liveness;             /* default 5 */
     int step_timeout_ms;      /* default 5000 */
     const char *expert_dtype; /* NULL: config.json has no expert_dtype */
+    bool nccl;                /* data_plane nccl, workers on cuda:R */
+    const char *ep_extra;     /* more expert_parallel lines ("  rejoin: stay\n"), or NULL */
 } it_opts;
 
 typedef struct itest {
     char dir[64];
     char spec_path[128], log_path[128];
     char listen[64], admin[64];
+    int data_port[IT_MAX_WORKERS]; /* for every possible worker, so a reload can add some */
     it_opts o;
     mc_config cfg; /* parsed by the test from the config.json it wrote */
     pid_t pid;
@@ -112,6 +139,9 @@ itest *it_start(const char *coord_bin, const it_opts *o);
 int it_finish(itest **t, bool dump_log);
 /* Wait for the process to exit; returns its exit code, 128+signal, or -1 on timeout. */
 int it_wait_exit(itest *t, int ms);
+
+/* Write cluster.yaml from t->o again (a test changes t->o, then reloads). 0 or -1. */
+int it_write_spec(itest *t);
 
 /* Spec worker i's name: a0, a1 on node n0, then b0, b1, ... on n1. */
 const char *it_worker_name(const itest *t, int rank);
@@ -140,6 +170,22 @@ int it_wait_state(itest *t, const char *state, int ms);
 
 /* FORWARD input for T tokens: hidden bf16 bits and (when layer is a hash layer) ids. */
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids);
+/* A FORWARD's input: T tokens of hidden bf16 and (hash layers) ids, from it_make_input. */
+typedef struct it_fwd {
+    int T;
+    uint16_t *hidden;
+    int64_t *ids; /* NULL on score layers */
+} it_fwd;
+
+it_fwd it_fwd_make(int T, uint32_t seed, bool ids);
+void it_fwd_free(it_fwd *in);
+/* Send FORWARD {layer, in} from c (no wait). */
+void it_fwd_send(itest *t, it_client *c, const char *layer, const it_fwd *in);
+/* it_check_forward on c's reply; prints why and returns -1 when it is not right. */
+int it_fwd_check(const itest *t, const it_client *c, const it_fwd *in);
+/* Pump until STATUS says state with current_epoch == epoch, or ms pass; 0 when reached. */
+int it_wait_epoch(itest *t, uint64_t epoch, const char *state, int ms);
+
 /* Check a FORWARD reply against the fake workers' function (and the chunk rule of
  * docs/protocol.md for which rank got which token); 0, or -1 with why. */
 int it_check_forward(const itest *t, const it_client *c, int T, const uint16_t *hidden,

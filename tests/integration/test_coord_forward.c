@@ -9,7 +9,8 @@
  * n_tokens, extra payloads); a worker's STEP_FAILED reaches the client as ERR_STEP_FAILED
  * naming the worker, the others get STEP_ABORT and the next forward works; a malformed
  * STEP_DONE fails the step the same way; a worker that stops heartbeating mid-step fails it with
- * ERR_WORKER_LOST and the cluster is ready again once it re-registers; a step that exceeds
+ * ERR_WORKER_LOST naming the epoch change, the survivors serve in the next epoch, and the
+ * worker's return restores the placement in another; a step that exceeds
  * step_timeout_ms gets ERR_TIMEOUT naming the silent worker; a full queue answers ERR_BUSY.
  *
  * Usage: test_coord_forward PATH/epmoe-coordinator
@@ -42,51 +43,6 @@ static itest *start_ready(int step_timeout_ms)
     return t;
 }
 
-typedef struct fwd_in {
-    int T;
-    uint16_t *hidden;
-    int64_t *ids;
-} fwd_in;
-
-static fwd_in make_in(int T, uint32_t seed, bool ids)
-{
-    fwd_in in = {.T = T,
-                 .hidden = malloc((size_t)T * IT_H * 2 + 2),
-                 .ids = ids ? malloc((size_t)T * 8 + 8) : NULL};
-    it_make_input(T, seed, in.hidden, in.ids);
-    return in;
-}
-
-static void free_in(fwd_in *in)
-{
-    free(in->hidden);
-    free(in->ids);
-}
-
-static void send_forward(itest *t, it_client *c, const char *layer, const fwd_in *in)
-{
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = 1;
-    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
-    rq.layer = (char *)layer;
-    rq.has_n_tokens = 1;
-    rq.n_tokens = (uint32_t)in->T;
-    rq.has_has_ids = 1;
-    rq.has_ids = in->ids != NULL;
-    wire_payload p[2] = {{.data = in->hidden, .len = (size_t)in->T * IT_H * 2},
-                         {.data = in->ids, .len = (size_t)in->T * 8}};
-    it_send(t, c, &rq, p, in->ids ? 2 : 1);
-}
-
-static void check_ok(itest *t, it_client *c, const fwd_in *in)
-{
-    char why[512] = "";
-    int rc = it_check_forward(t, c, in->T, in->hidden, in->ids, why, sizeof why);
-    if (rc != 0)
-        printf("  T=%d: %s\n", in->T, why);
-    CHECK_EQ(rc, 0);
-}
-
 TEST(forward_reassembles_in_input_order)
 {
     itest *t = start_ready(0);
@@ -97,32 +53,32 @@ TEST(forward_reassembles_in_input_order)
     const int Ts[] = {1, 3, 64, 300};
     uint64_t last_step = 0;
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-        fwd_in in = make_in(Ts[i], (uint32_t)i + 1, false);
-        send_forward(t, c, "layers.2", &in);
+        it_fwd in = it_fwd_make(Ts[i], (uint32_t)i + 1, false);
+        it_fwd_send(t, c, "layers.2", &in);
         CHECK(it_wait(t, c, 5000) != NULL);
-        check_ok(t, c, &in);
+        CHECK_EQ(it_fwd_check(t, c, &in), 0);
         if (c->reply && c->reply->forward) {
             CHECK(c->reply->forward->step_id > last_step);
             last_step = c->reply->forward->step_id;
             CHECK_EQ(c->reply->forward->layer, 2);
             CHECK(c->reply->forward->seconds >= 0 && c->reply->forward->seconds < 5);
         }
-        free_in(&in);
+        it_fwd_free(&in);
     }
     /* a hash layer: the ids reach the workers (they echo them in topk_ids[.][1]) */
-    fwd_in in = make_in(37, 9, true);
-    send_forward(t, c, "0", &in);
+    it_fwd in = it_fwd_make(37, 9, true);
+    it_fwd_send(t, c, "0", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
-    free_in(&in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    it_fwd_free(&in);
     /* the MTP layer (score-routed) by name */
-    in = make_in(5, 11, false);
-    send_forward(t, c, "mtp.0", &in);
+    in = it_fwd_make(5, 11, false);
+    it_fwd_send(t, c, "mtp.0", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
     if (c->reply && c->reply->forward)
         CHECK_EQ(c->reply->forward->layer, IT_L);
-    free_in(&in);
+    it_fwd_free(&in);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
     CHECK(r && r->steps_done == 6 && r->steps_failed == 0);
     FINISH(t);
@@ -135,17 +91,17 @@ TEST(concurrent_clients_get_their_own_answers)
     if (t == NULL)
         return;
     it_client *c[3];
-    fwd_in in[3];
+    it_fwd in[3];
     for (int i = 0; i < 3; i++) {
         c[i] = it_client_new(t);
-        in[i] = make_in(50 + 17 * i, 100 + (uint32_t)i, false);
+        in[i] = it_fwd_make(50 + 17 * i, 100 + (uint32_t)i, false);
     }
     for (int i = 0; i < 3; i++)
-        send_forward(t, c[i], "layers.1", &in[i]);
+        it_fwd_send(t, c[i], "layers.1", &in[i]);
     for (int i = 0; i < 3; i++) {
         CHECK(it_wait(t, c[i], 5000) != NULL);
-        check_ok(t, c[i], &in[i]);
-        free_in(&in[i]);
+        CHECK_EQ(it_fwd_check(t, c[i], &in[i]), 0);
+        it_fwd_free(&in[i]);
     }
     FINISH(t);
 }
@@ -160,8 +116,8 @@ TEST(forward_not_ready_names_workers)
         return;
     CHECK_EQ(it_worker_register(t, it_worker_new(t, "a0")), 0);
     it_client *c = it_client_new(t);
-    fwd_in in = make_in(4, 1, false);
-    send_forward(t, c, "layers.1", &in);
+    it_fwd in = it_fwd_make(4, 1, false);
+    it_fwd_send(t, c, "layers.1", &in);
     Epmoe__AdminReply *r = it_wait(t, c, 3000);
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_NOT_READY);
     if (r && r->error) {
@@ -170,7 +126,7 @@ TEST(forward_not_ready_names_workers)
         CHECK_STR_HAS(r->error, "b1 (absent)");
         CHECK(strstr(r->error, "a0") == NULL);
     }
-    free_in(&in);
+    it_fwd_free(&in);
     FINISH(t);
 }
 
@@ -242,10 +198,10 @@ TEST(forward_validation_errors_name_the_problem)
     for (int k = 0; k < t->n_w; k++)
         CHECK_EQ(t->w[k]->n_steps, 0);
     ids[5] = 999;
-    fwd_in in = {.T = 8, .hidden = hidden, .ids = ids};
-    send_forward(t, c, "layers.0", &in);
+    it_fwd in = {.T = 8, .hidden = hidden, .ids = ids};
+    it_fwd_send(t, c, "layers.0", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
     FINISH(t);
 }
 
@@ -258,8 +214,8 @@ TEST(step_failed_names_worker_aborts_others_next_works)
     it_client *c = it_client_new(t);
     t->w[1]->behaviour = IT_FAIL;
     t->w[2]->behaviour = IT_HOLD; /* answers only once it hears STEP_ABORT */
-    fwd_in in = make_in(16, 5, false);
-    send_forward(t, c, "layers.3", &in);
+    it_fwd in = it_fwd_make(16, 5, false);
+    it_fwd_send(t, c, "layers.3", &in);
     Epmoe__AdminReply *r = it_wait(t, c, 5000);
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     if (r && r->error)
@@ -272,16 +228,16 @@ TEST(step_failed_names_worker_aborts_others_next_works)
     CHECK_EQ(t->w[2]->held_step, 0);
     for (int k = 0; k < t->n_w; k++)
         t->w[k]->behaviour = IT_OK;
-    send_forward(t, c, "layers.3", &in);
+    it_fwd_send(t, c, "layers.3", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
     r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
     CHECK(r && r->steps_done == 1 && r->steps_failed == 1);
     if (r && r->n_workers == 4)
         CHECK(r->workers[1]->error && strstr(r->workers[1]->error, "injected failure") != NULL);
     /* a malformed STEP_DONE fails the step too, naming the worker and the payload */
     t->w[3]->behaviour = IT_BAD_DONE;
-    send_forward(t, c, "layers.3", &in);
+    it_fwd_send(t, c, "layers.3", &in);
     r = it_wait(t, c, 5000);
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     if (r && r->error) {
@@ -291,10 +247,10 @@ TEST(step_failed_names_worker_aborts_others_next_works)
     it_pump(t, 100);
     CHECK_EQ(t->w[3]->last_error_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
     t->w[3]->behaviour = IT_OK;
-    send_forward(t, c, "layers.3", &in);
+    it_fwd_send(t, c, "layers.3", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
-    free_in(&in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    it_fwd_free(&in);
     FINISH(t);
 }
 
@@ -307,31 +263,32 @@ TEST(worker_lost_mid_step_then_back)
     it_client *c = it_client_new(t);
     it_worker *w = t->w[2];
     w->behaviour = IT_MUTE; /* takes the step and goes silent */
-    fwd_in in = make_in(20, 7, false);
-    send_forward(t, c, "layers.1", &in);
+    it_fwd in = it_fwd_make(20, 7, false);
+    it_fwd_send(t, c, "layers.1", &in);
     Epmoe__AdminReply *r = it_wait(t, c, 5000);
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_WORKER_LOST);
     if (r && r->error) {
         CHECK_STR_HAS(r->error, "worker b0 (rank 2) was lost");
         CHECK_STR_HAS(r->error, "silent for");
     }
-    r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->state && strcmp(r->state, "forming") == 0);
-    /* not ready while b0 is away */
-    send_forward(t, c, "layers.1", &in);
-    r = it_wait(t, c, 3000);
-    CHECK(r && r->error_code == EPMOE__ERROR_CODE__ERR_NOT_READY);
     if (r && r->error)
-        CHECK_STR_HAS(r->error, "b0 (dead)");
-    /* the worker restarts and registers again */
+        CHECK_STR_HAS(r->error, "placement epoch 1 -> 2 moves its experts to the other workers");
+    /* the three survivors serve in epoch 2: b0's chunk goes to them */
+    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    it_fwd_send(t, c, "layers.1", &in);
+    CHECK(it_wait(t, c, 5000) != NULL);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    CHECK_EQ(t->w[0]->members, 0xBu);
+    /* the worker restarts and registers again: epoch 3 gives it its experts back */
     w->behaviour = IT_OK;
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
-    CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
-    send_forward(t, c, "layers.1", &in);
+    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    it_fwd_send(t, c, "layers.1", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
-    free_in(&in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    CHECK_EQ(t->w[0]->members, 0xFu);
+    it_fwd_free(&in);
     FINISH(t);
 }
 
@@ -344,8 +301,8 @@ TEST(restart_mid_step_fails_it_and_recovers)
     it_client *c = it_client_new(t);
     it_worker *w = t->w[1];
     w->behaviour = IT_HOLD;
-    fwd_in in = make_in(12, 3, false);
-    send_forward(t, c, "layers.1", &in);
+    it_fwd in = it_fwd_make(12, 3, false);
+    it_fwd_send(t, c, "layers.1", &in);
     it_pump(t, 100);
     CHECK(w->held_step != 0);
     /* a1 restarts (same routing id) while it holds the step */
@@ -361,10 +318,10 @@ TEST(restart_mid_step_fails_it_and_recovers)
                                 "again");
     CHECK_EQ(it_worker_register(t, w), 0);
     CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
-    send_forward(t, c, "layers.1", &in);
+    it_fwd_send(t, c, "layers.1", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
-    free_in(&in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    it_fwd_free(&in);
     FINISH(t);
 }
 
@@ -376,9 +333,9 @@ TEST(step_timeout_names_silent_worker)
         return;
     it_client *c = it_client_new(t);
     t->w[1]->behaviour = IT_HOLD;
-    fwd_in in = make_in(10, 2, false);
+    it_fwd in = it_fwd_make(10, 2, false);
     int64_t t0 = it_now_ms();
-    send_forward(t, c, "layers.2", &in);
+    it_fwd_send(t, c, "layers.2", &in);
     Epmoe__AdminReply *r = it_wait(t, c, 5000);
     int64_t took = it_now_ms() - t0;
     CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_TIMEOUT);
@@ -389,10 +346,10 @@ TEST(step_timeout_names_silent_worker)
     CHECK(took >= 290 && took < 2000);
     /* the held worker answered the abort: the next step runs */
     t->w[1]->behaviour = IT_OK;
-    send_forward(t, c, "layers.2", &in);
+    it_fwd_send(t, c, "layers.2", &in);
     CHECK(it_wait(t, c, 5000) != NULL);
-    check_ok(t, c, &in);
-    free_in(&in);
+    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    it_fwd_free(&in);
     FINISH(t);
 }
 
@@ -407,7 +364,7 @@ TEST(full_queue_is_busy_and_shutdown_answers_all)
     void *sock = zmq_socket(t->zctx, ZMQ_DEALER);
     wire_socket_defaults(sock, (int64_t)EP_MAX_DATA_MSG, NULL);
     zmq_connect(sock, t->admin);
-    fwd_in in = make_in(2, 1, false);
+    it_fwd in = it_fwd_make(2, 1, false);
     Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
     rq.has_verb = 1;
     rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
@@ -456,7 +413,7 @@ TEST(full_queue_is_busy_and_shutdown_answers_all)
     CHECK_EQ(other, 0);
     CHECK_EQ(it_wait_exit(t, 5000), 0);
     zmq_close(sock);
-    free_in(&in);
+    it_fwd_free(&in);
     FINISH(t);
 }
 

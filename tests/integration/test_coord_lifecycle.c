@@ -7,7 +7,8 @@
  * gets ERR_UNKNOWN_WORKER naming the spec's workers and the daemon keeps serving; a wrong config
  * hash gets ERR_CONFIG_HASH naming both hashes and no LOAD; STATUS, WORKERS, SHARDS and CONFIG
  * answer what the test computes from its own spec and config.json; a silent worker is declared
- * dead and the cluster goes back to forming until it registers again; a restarted worker (same
+ * dead, its experts move to the others in epoch 2 and come back in epoch 3 when it registers
+ * again; a worker whose shard fails is replaced the same way; a restarted worker (same
  * routing id) is welcomed again; SHUTDOWN and SIGTERM stop the daemon with exit 0 after sending
  * SHUTDOWN to the workers; spec and config errors exit 78 with file:line:column messages.
  *
@@ -267,7 +268,8 @@ TEST(silent_worker_dies_and_comes_back)
     it_worker *w = t->w[2];
     w->behaviour = IT_MUTE;
     int64_t t0 = it_now_ms();
-    CHECK_EQ(it_wait_state(t, "forming", 3000), 0);
+    /* the survivors take its experts over in epoch 2 */
+    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
     int64_t took = it_now_ms() - t0;
     CHECK(took >= 400); /* liveness 5 x 100 ms, give or take a tick */
     it_client *c = it_client_new(t);
@@ -277,6 +279,9 @@ TEST(silent_worker_dies_and_comes_back)
         CHECK_STR_EQ(r->workers[2]->state, "dead");
         CHECK(r->workers[2]->error && strstr(r->workers[2]->error, "silent for") != NULL);
         CHECK_STR_EQ(r->workers[1]->state, "ready");
+        CHECK_EQ(r->workers[2]->n_experts, 0);
+        CHECK_EQ(r->workers[0]->n_experts + r->workers[1]->n_experts + r->workers[3]->n_experts,
+                 IT_E);
     }
     /* the dead registration: its heartbeats go unanswered (so that a worker relying on its own
      * liveness rule times out and registers again), other messages are refused */
@@ -306,7 +311,10 @@ TEST(silent_worker_dies_and_comes_back)
     CHECK_STR_HAS(u->last_error, "send REGISTER first");
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
-    CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
+    /* rejoin: restore (the default) gives it its experts back in epoch 3 */
+    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
+    CHECK(r && r->n_workers == 4 && r->workers[2]->n_experts == IT_E / 4);
     FINISH(t);
 }
 
@@ -361,7 +369,8 @@ TEST(load_failure_is_visible)
     e.code = EPMOE__ERROR_CODE__ERR_LOAD_FAILED;
     e.message = "layers.0.ffn.experts.2.w1.weight: expected I8 [128, 64], found F8_E4M3";
     it_worker_send(t->w[1], EPMOE__MSG_TYPE__MSG_ERROR, &e.base);
-    CHECK_EQ(it_wait_state(t, "loading", 2000), 0);
+    /* it can no longer serve its experts: the others take them over in epoch 2 */
+    CHECK_EQ(it_wait_epoch(t, 2, "ready", 2000), 0);
     it_client *c = it_client_new(t);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
     CHECK(r && r->n_workers == 4);
@@ -442,7 +451,7 @@ static int run_coord(const char *spec, char *err, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-TEST(busy_ports_exit_69_and_sighup_is_ignored)
+TEST(busy_ports_exit_69_and_sighup_reloads_an_unchanged_spec)
 {
     itest *t = start();
     CHECK(t != NULL);
@@ -452,11 +461,12 @@ TEST(busy_ports_exit_69_and_sighup_is_ignored)
     CHECK_EQ(run_coord(t->spec_path, err, sizeof err), 69);
     CHECK_STR_HAS(err, "cluster.yaml:4:11: coordinator.listen: cannot bind tcp://127.0.0.1:");
     CHECK_STR_HAS(err, "Address already in use");
+    /* SIGHUP reloads the spec; unchanged, nothing moves and the daemon serves on */
     kill(t->pid, SIGHUP);
     it_pump(t, 100);
     it_client *c = it_client_new(t);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->ok);
+    CHECK(r && r->ok && r->epoch == 1);
     FINISH(t);
 }
 
@@ -560,6 +570,6 @@ int main(int argc, char **argv)
     RUN(admin_shutdown_stops_workers_and_exits_0);
     RUN(sigterm_answers_queued_work_and_exits_0);
     RUN(startup_errors_exit_78_with_position);
-    RUN(busy_ports_exit_69_and_sighup_is_ignored);
+    RUN(busy_ports_exit_69_and_sighup_reloads_an_unchanged_spec);
     return test_report();
 }

@@ -141,10 +141,37 @@ static int free_port(void)
 /* ---- the fake coordinator ---------------------------------------------------------------------
  */
 
+/* Workers' routing ids are NAME/random (one per process): the fake coordinator keeps the last
+ * id each name sent from, and addresses workers by name. */
+#define FC_MAX_IDS 16
+
 typedef struct fc {
     void *router;
     char endpoint[128];
+    char name[FC_MAX_IDS][64], ident[FC_MAX_IDS][128];
+    int n_ids;
 } fc;
+
+static const char *fc_ident(const fc *f, const char *who)
+{
+    for (int i = 0; i < f->n_ids; i++)
+        if (strcmp(f->name[i], who) == 0)
+            return f->ident[i];
+    return who;
+}
+
+static void fc_learn(fc *f, const char *who, const char *ident)
+{
+    int i = 0;
+    while (i < f->n_ids && strcmp(f->name[i], who) != 0)
+        i++;
+    if (i == FC_MAX_IDS)
+        return;
+    if (i == f->n_ids)
+        f->n_ids++;
+    snprintf(f->name[i], sizeof f->name[i], "%s", who);
+    snprintf(f->ident[i], sizeof f->ident[i], "%s", ident);
+}
 
 static void fc_open(fc *f)
 {
@@ -167,7 +194,8 @@ static void fc_send(fc *f, const char *who, uint16_t type, const ProtobufCMessag
                     const wire_payload *pl, int n)
 {
     ep_err err = {{0}};
-    if (wire_send(f->router, (const uint8_t *)who, strlen(who), type, body, pl, n, true, &err))
+    const char *id = fc_ident(f, who);
+    if (wire_send(f->router, (const uint8_t *)id, strlen(id), type, body, pl, n, true, &err))
         TEST_FAIL_AT("sending %s to %s: %s", wire_type_name(type), who, err.msg);
 }
 
@@ -187,9 +215,12 @@ static int fc_recv(fc *f, double timeout_s, wire_msg *m, char *who, size_t cap)
             printf("  fake coordinator: %s\n", err.msg);
             continue;
         }
-        size_t n = m->ident_len < cap - 1 ? m->ident_len : cap - 1;
-        memcpy(who, m->ident, n);
-        who[n] = '\0';
+        char ident[128];
+        size_t n = m->ident_len < sizeof ident - 1 ? m->ident_len : sizeof ident - 1;
+        memcpy(ident, m->ident, n);
+        ident[n] = '\0';
+        snprintf(who, cap, "%.*s", (int)strcspn(ident, "/"), ident);
+        fc_learn(f, who, ident);
         return 0;
     }
 }

@@ -2,7 +2,10 @@
  * test_planner.c — expert placement tables (coordinator/planner.h).
  *
  * Expected tables are written out by hand from the definitions: contiguous gives rank r the
- * range [r*E/P, (r+1)*E/P) (spec §1.4); round_robin gives expert e to rank e % P.
+ * range [r*E/P, (r+1)*E/P) (spec §1.4); round_robin gives expert e to rank e % P; the failover
+ * rule (planner.h) gives each orphaned expert, in ascending id, to the eligible rank holding the
+ * fewest at that moment (ties: lowest rank), up to max_per_rank. The epoch machinery's phases
+ * are driven by hand: decided (pending), sent (applying), acknowledged (stable), blocked.
  */
 #include "coordinator/planner.h"
 
@@ -174,6 +177,86 @@ TEST(bad_shapes_are_refused_with_the_rule)
     CHECK_STR_HAS(err.msg, "unknown placement 7");
 }
 
+TEST(spread_keeps_the_survivors_and_evens_the_load)
+{
+    plan_table *t = plan_build(SPEC_PLACE_CONTIGUOUS, 16, 4, 1, &err);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    /* rank 1 (4..7) is lost: 4 -> 0, 5 -> 2, 6 -> 3 (each then holds 5), 7 -> 0 */
+    const uint8_t el[4] = {1, 0, 1, 1};
+    plan_table *s = plan_spread(t, el, 0, 2, &err);
+    const int want[16] = {0, 0, 0, 0, 0, 2, 3, 0, 2, 2, 2, 2, 3, 3, 3, 3};
+    check_owners(s, want, 16);
+    if (s != NULL) {
+        CHECK_EQ(s->epoch, 2);
+        CHECK_EQ(s->n_members, 3);
+        CHECK(!plan_is_member(s, 1) && plan_is_member(s, 0));
+        CHECK(!plan_same(s, t));
+    }
+    /* everyone eligible again: nothing moves (spreading from the failover table) */
+    const uint8_t all[4] = {1, 1, 1, 1};
+    plan_table *u = s ? plan_spread(s, all, 0, 3, &err) : NULL;
+    CHECK(u != NULL && plan_same(u, s));
+    /* a limit of 5: 4 -> 0, 5 -> 2, 6 -> 3, 7 has nowhere to go */
+    CHECK(plan_spread(t, el, 5, 2, &err) == NULL);
+    CHECK_STR_HAS(err.msg, "3 workers can hold at most 15 of the 16 experts "
+                           "(max_experts_per_worker 5)");
+    const uint8_t none[4] = {0, 0, 0, 0};
+    CHECK(plan_spread(t, none, 0, 2, &err) == NULL);
+    CHECK_STR_HAS(err.msg, "no worker is left that can own experts");
+    plan_free(&u);
+    plan_free(&s);
+    plan_free(&t);
+}
+
+TEST(epochs_move_through_their_phases)
+{
+    plan_table *base = plan_build(SPEC_PLACE_CONTIGUOUS, 8, 4, 1, &err);
+    plan_epochs *pe = base ? plan_epochs_create(base, SPEC_REJOIN_RESTORE, 0, false, &err) : NULL;
+    CHECK(pe != NULL);
+    if (pe == NULL) {
+        plan_free(&base);
+        return;
+    }
+    const uint8_t lost2[4] = {1, 1, 0, 1}, all[4] = {1, 1, 1, 1};
+    CHECK_EQ(plan_phase_of(pe), PLAN_FORMING);
+    CHECK_EQ(plan_replan(pe, lost2, false, "x"), 0); /* forming: losses wait for the worker */
+    plan_applied(pe);
+    CHECK_EQ(plan_phase_of(pe), PLAN_STABLE);
+    CHECK_EQ(plan_replan(pe, lost2, false, "rank 2 lost"), 1);
+    CHECK_EQ(plan_phase_of(pe), PLAN_PENDING);
+    CHECK_EQ(plan_latest(pe)->epoch, 1); /* not sent yet */
+    CHECK_EQ(plan_replan(pe, lost2, false, "again"), 0);
+    const plan_table *sent = plan_send(pe);
+    CHECK_EQ(sent->epoch, 2);
+    CHECK_EQ(plan_phase_of(pe), PLAN_APPLYING);
+    CHECK_EQ(plan_current(pe)->epoch, 1);
+    plan_applied(pe);
+    CHECK_EQ(plan_phase_of(pe), PLAN_STABLE);
+    CHECK_EQ(plan_current(pe)->epoch, 2);
+    CHECK_STR_EQ(plan_why(pe), "rank 2 lost");
+    /* restore from the spec's placement when rank 2 is back */
+    CHECK_EQ(plan_replan(pe, all, true, "back"), 1);
+    CHECK(plan_send(pe)->epoch == 3 && plan_same(plan_latest(pe), base));
+    plan_applied(pe);
+    /* a member that cannot load blocks; the next change decides a new epoch */
+    CHECK_EQ(plan_replan(pe, lost2, false, "lost again"), 1);
+    plan_send(pe);
+    plan_block(pe, "worker a0 could not load");
+    CHECK_EQ(plan_phase_of(pe), PLAN_BLOCKED);
+    CHECK_STR_EQ(plan_problem(pe), "worker a0 could not load");
+    CHECK_EQ(plan_replan(pe, lost2, false, "retry"), 1);
+    CHECK_EQ(plan_last_epoch(pe), 5);
+    CHECK_STR_EQ(plan_problem(pe), "");
+    /* drains are remembered per rank */
+    plan_set_drained(pe, 3, true);
+    CHECK(plan_drained(pe, 3) && !plan_drained(pe, 2) && !plan_drained(pe, 99));
+    plan_epochs_destroy(&pe);
+    CHECK(pe == NULL);
+    plan_free(&base);
+}
+
 int main(void)
 {
     RUN(contiguous_16_experts_4_ranks);
@@ -183,5 +266,7 @@ int main(void)
     RUN(every_expert_is_owned_exactly_once);
     RUN(rank_experts_reports_the_count_beyond_cap);
     RUN(bad_shapes_are_refused_with_the_rule);
+    RUN(spread_keeps_the_survivors_and_evens_the_load);
+    RUN(epochs_move_through_their_phases);
     return test_report();
 }

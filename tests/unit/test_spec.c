@@ -189,8 +189,12 @@ TEST(omitted_fields_take_their_defaults)
     CHECK_EQ(s->placement, SPEC_PLACE_CONTIGUOUS);
     CHECK_EQ(s->redundant_experts, 0);
     CHECK_EQ(s->dispatch, SPEC_DISPATCH_FP8);
+    CHECK_EQ(s->rejoin, SPEC_REJOIN_RESTORE);
+    CHECK_EQ(s->max_experts_per_worker, 0);
     CHECK_STR_EQ(spec_placement_name(s->placement), "contiguous");
     CHECK_STR_EQ(spec_dispatch_name(s->dispatch), "fp8");
+    CHECK_EQ(s->data_plane, SPEC_PLANE_ZMQ);
+    CHECK_STR_EQ(spec_data_plane_name(s->data_plane), "zmq");
     CHECK_STR_EQ(s->listen, "tcp://c:7400");
     CHECK_EQ(s->n_workers, 1);
     spec_free(&s);
@@ -561,6 +565,94 @@ TEST(bad_choices_list_the_allowed_values)
                "bf16)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {redundant_experts: 2}\n" L_NODES W0,
                "4:38", "expert_parallel.redundant_experts: only 0 is supported");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {rejoin: back}\n" L_NODES W0, "4:27",
+               "expert_parallel.rejoin: unknown rejoin policy \"back\" (expected one of restore, "
+               "stay)");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {max_experts_per_worker: -1}\n" L_NODES W0,
+               "4:43",
+               "expert_parallel.max_experts_per_worker: -1 is out of range (expected "
+               "0..4096)");
+}
+
+/* rejoin and max_experts_per_worker: parsed, and the limit checked against the placement. */
+TEST(failover_rules_parse_and_the_limit_must_hold_the_placement)
+{
+    const char *text = L_CLUSTER L_COORD L_MODEL
+        "expert_parallel: {rejoin: stay, max_experts_per_worker: 3}\n" /* 4 */
+        "nodes:\n"
+        "  - name: n0\n"
+        "    workers:\n" W("w0", "cpu", "tcp://h:1") W("w1", "cpu", "tcp://h:2")
+            W("w2", "cpu", "tcp://h:3");
+    spec_cluster *s = parse_as(text, TFILE);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return;
+    CHECK_EQ(s->rejoin, SPEC_REJOIN_STAY);
+    CHECK_STR_EQ(spec_rejoin_name(s->rejoin), "stay");
+    CHECK_EQ(s->max_experts_per_worker, 3);
+    CHECK_EQ(spec_check_experts(s, 9, &err), 0); /* 3 each */
+    CHECK_EQ(spec_check_experts(s, 12, &err), -1);
+    CHECK_STR_HAS(err.msg, TFILE ":4:57: expert_parallel.max_experts_per_worker: 3 is less than "
+                                 "the 4 experts the placement gives a worker (12 experts over 3 "
+                                 "workers)");
+    spec_free(&s);
+}
+
+/* data_plane sits on line 4 ("expert_parallel: {data_plane: nccl}": the value at column 31),
+ * so the workers start on line 8. */
+#define L_NCCL "expert_parallel: {data_plane: nccl}\n"
+
+TEST(nccl_data_plane_needs_gpu_workers_and_fp8)
+{
+    const char *ok = L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+        W("w1", "cuda:1", "tcp://h:7501");
+    spec_cluster *s = parse_as(ok, TFILE);
+    CHECK(s != NULL);
+    if (s != NULL) {
+        CHECK_EQ(s->data_plane, SPEC_PLANE_NCCL);
+        CHECK_STR_EQ(spec_data_plane_name(s->data_plane), "nccl");
+        CHECK_EQ(s->data_plane_pos.line, 4);
+        CHECK_EQ(s->data_plane_pos.col, 31);
+        spec_free(&s);
+    }
+    /* the second worker's device value: line 9, column 28 */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+                   W("w1", "cpu", "tcp://h:7501"),
+               "9:28",
+               "nodes[0].workers[1].device: data_plane nccl (line 4, column 31) requires every "
+               "worker on a cuda:N device, worker w1 is on \"cpu\"");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {dispatch: bf16, data_plane: nccl}\n" L_NODES W("w0", "cuda:0",
+                                                                                 "tcp://h:7500"),
+               "4:29",
+               "expert_parallel.dispatch: data_plane nccl (line 4, column 47) sends fp8 dispatch "
+               "only, found bf16");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {data_plane: mpi}\n" L_NODES W0, "4:31",
+               "expert_parallel.data_plane: unknown data plane \"mpi\" (expected one of zmq, "
+               "nccl)");
+    /* NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the spec does: the
+     * second worker's device value, line 9, column 28 */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+                   W("w1", "cuda:0", "tcp://h:7501"),
+               "9:28",
+               "nodes[0].workers[1].device: device \"cuda:0\" is already used by worker w0 on "
+               "this node (line 8, column 28); data_plane nccl (line 4, column 31) needs one "
+               "worker per GPU");
+    /* the same ordinal on two nodes is two GPUs */
+    CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL L_NCCL
+                             "nodes:\n"
+                             "  - name: n0\n"
+                             "    workers:\n" W("w0", "cuda:0",
+                                                "tcp://h:7500") "  - name: n1\n"
+                                                                "    workers:\n" W("w1", "cuda:0",
+                                                                                   "tcp://g:7500")),
+                 "");
+    /* zmq takes any device mix */
+    CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL
+                             "expert_parallel: {data_plane: zmq}\n" L_NODES W0 W("w1", "cuda:0",
+                                                                                 "tcp://h:7501")),
+                 "");
 }
 
 TEST(empty_sequences_are_rejected)
@@ -752,6 +844,7 @@ int main(void)
     RUN(bad_endpoints_say_what_is_wrong);
     RUN(bad_names_are_rejected);
     RUN(bad_choices_list_the_allowed_values);
+    RUN(failover_rules_parse_and_the_limit_must_hold_the_placement);
     RUN(empty_sequences_are_rejected);
     RUN(anchors_aliases_and_tags_are_rejected);
     RUN(deep_nesting_is_rejected_while_loading);
@@ -760,6 +853,7 @@ int main(void)
     RUN(empty_and_non_mapping_documents);
     RUN(oversized_specs_are_refused_before_parsing);
     RUN(worker_count_is_bounded);
+    RUN(nccl_data_plane_needs_gpu_workers_and_fp8);
     RUN(check_experts_contiguous_needs_an_even_split);
     RUN(check_experts_round_robin_needs_only_enough_experts);
     return test_report();

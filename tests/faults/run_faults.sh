@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# run_faults.sh — the fault-injection suite (docs/operations.md "Failures"): a coordinator and
+# four workers, each in its own network namespace (lib.sh), serve three client processes that
+# issue forwards continuously and count every request as answered bit-identical to
+# `forward --local`, failed with an explicit error, lost (no answer within step_timeout_ms + 5 s)
+# or wrong (client.sh). Meanwhile, one after the other:
+#
+#   kill9_worker      kill -9 a worker mid-step (three clients keep a step in flight nearly all
+#                     the time); the survivors serve in a new epoch within
+#                     liveness x heartbeat + the time to load the gained experts + 1 s; the
+#                     worker restarts and rejoins (rejoin: restore)
+#   sigstop_worker    SIGSTOP a worker for 2 x liveness x heartbeat, then SIGCONT: declared dead,
+#                     its experts move, it registers again and rejoins
+#   link_down         ip link set eth0 down on a worker's host for 2 x liveness x heartbeat, then
+#                     up: the same
+#   drain             drain a worker under load (no step fails), stop it, start it, undrain it
+#   kill9_coordinator kill -9 the coordinator and start it again: the workers register again and
+#                     keep their shards (no expert is read again)
+#   reload_broken     epmoectl reload and SIGHUP with a spec that fails: the old spec serves on,
+#                     the error names file:line:column (exit 78)
+#   duplicate_name    a second worker process under a live worker's name, from another host: it
+#                     is refused (ERR_DUPLICATE), the live worker and the epoch are untouched
+#   garbage           malformed ZeroMQ messages and raw bytes to every socket: the cluster serves
+#                     on in the same epoch
+#
+# Each case is bounded in time and says what it checked. The suite ends with a table of time to
+# ready per fault and the line "faults survived N/N, requests lost L, wrong W"; it exits 0 only
+# when every case survived and L = W = 0. Needs root and iproute2 (skips with 77 otherwise).
+#
+#   run_faults.sh CTL_DIR COORDINATOR WORKER ZMQ_POKE
+set -u
+CTL=$1/epmoectl
+COORD=$2
+WORKER=$3
+POKE=$4
+. "$(dirname "$0")/lib.sh"
+
+fl_init
+fl_inputs
+RESULTS=()
+SURVIVED=0
+N_CASES=0
+LIVE_MS=$((FL_HB * FL_LIVENESS))
+
+# One case: case_begin NAME; checks call bad "why"; case_end TTR_MS BOUND_MS NOTE
+case_begin() {
+    CASE=$1
+    CASE_OK=1
+    CASE_T0=$(fl_now)
+    CASE_FAIL0=$(fl_count FAIL)
+    CASE_ALL0=$(fl_count)
+    echo "---- $CASE"
+}
+bad() {
+    echo "  FAIL $CASE: $*"
+    CASE_OK=0
+}
+case_end() {
+    local failed=$(($(fl_count FAIL) - CASE_FAIL0)) issued=$(($(fl_count) - CASE_ALL0))
+    N_CASES=$((N_CASES + 1))
+    [ "$CASE_OK" -eq 1 ] && SURVIVED=$((SURVIVED + 1))
+    RESULTS+=("$(printf '%-18s %9s %9s %7d %7d  %s' "$CASE" "$1" "$2" "$issued" "$failed" \
+        "$([ "$CASE_OK" -eq 1 ] && echo ok || echo FAILED): $3")")
+    echo "  $CASE: $([ "$CASE_OK" -eq 1 ] && echo survived || echo FAILED) ($(($(fl_now) - CASE_T0)) ms)"
+}
+
+# The epoch the cluster is ready in now (waits up to 30 s for it).
+ready_epoch() { fl_wait_ready "${1:-1}" "${2:-30}"; }
+
+# Longest "placement epoch N applied ... X ms after the change began" since line $1 of the log.
+apply_ms() {
+    tail -n +"$1" "$TMP/coord.log" | sed -n 's/.*applied by its .* members, \([0-9]*\) ms after.*/\1/p' |
+        sort -n | tail -1
+}
+
+# ---- start ----
+fl_start_coord
+for ((r = 0; r < FL_P; r++)); do fl_start_worker "$r"; done
+E0=$(ready_epoch 1 60) || { echo "FAIL: the cluster did not become ready"; tail -30 "$TMP"/*.log; exit 1; }
+fl_start_clients
+sleep 1
+
+# A worker goes away (INJECT, a command), stays away (AWAY_MS), comes back (RESTORE); the
+# survivors must be ready in a new epoch within liveness x heartbeat + SLACK_MS + the longest
+# load of gained experts + 1 s, and the worker must rejoin (rejoin: restore) within REJOIN_S.
+# Sets ttr, bound and ep for case_end.
+away_and_back() {
+    local inject=$1 away_ms=$2 restore=$3 slack_ms=$4 rejoin_s=$5 what=$6
+    local l0=$(($(wc -l <"$TMP/coord.log") + 1)) ep0 t0 left
+    ep0=$(fl_state | cut -d' ' -f2)
+    t0=$(fl_now)
+    eval "$inject"
+    ttr=-; bound=-
+    if ep=$(ready_epoch $((ep0 + 1)) 30); then
+        ttr=$(($(fl_now) - t0))
+        load=$(apply_ms "$l0")
+        bound=$((LIVE_MS + slack_ms + ${load:-0} + 1000))
+        [ "$ttr" -le "$bound" ] || bad "ready in epoch $ep after $ttr ms, more than $bound ms"
+    else
+        bad "not ready in a new epoch within 30 s while $what"
+    fi
+    left=$((away_ms - ($(fl_now) - t0)))
+    [ "$left" -gt 0 ] && sleep "$(awk "BEGIN{print $left/1000}")"
+    eval "$restore"
+    ready_epoch $((ep0 + 2)) "$rejoin_s" >/dev/null || bad "no rejoin within $rejoin_s s after $what"
+}
+
+# kill -9 a worker while the clients run (its connection is gone: noticed at the next
+# heartbeat, within liveness x heartbeat); then start it again
+case_begin kill9_worker
+away_and_back 'kill -9 "${FL_WPID[2]}"' 0 'fl_start_worker 2' 0 30 "w2 was killed"
+# 8 experts over 3 survivors: two gain one expert each, keeping the two they had
+gained=$(grep -c "is ready in epoch ${ep:-0} (.*, 3 experts, 2 kept" "$TMP/coord.log")
+[ "$gained" -eq 2 ] || bad "$gained survivors kept 2 and gained 1 expert in epoch ${ep:-?}, expected 2"
+fl_ctl shards | grep -qE "^2 +w2 +2 +4-5" || bad "rejoin restore did not give w2 experts 4-5 back"
+case_end "$ttr" "$bound" "the survivors served in epoch ${ep:-?}, w2 rejoined"
+
+# SIGSTOP a worker for 2 x liveness, then SIGCONT (silence is noticed at a heartbeat tick)
+case_begin sigstop_worker
+away_and_back 'kill -STOP "${FL_WPID[1]}"' $((2 * LIVE_MS)) 'kill -CONT "${FL_WPID[1]}"' "$FL_HB" 40 \
+    "w1 was stopped"
+case_end "$ttr" "$bound" "declared dead, experts moved; after SIGCONT it registered again"
+
+# cut a worker's link for 2 x liveness, then restore it
+case_begin link_down
+away_and_back 'ip -n "${FL_PFX}h4" link set eth0 down' $((2 * LIVE_MS)) \
+    'ip -n "${FL_PFX}h4" link set eth0 up' "$FL_HB" 60 "w3's link was down"
+case_end "$ttr" "$bound" "link down: dead, experts moved; link up: w3 registered again"
+
+# drain under load: no step may fail while the worker leaves
+case_begin drain
+ep0=$(fl_state | cut -d' ' -f2)
+t0=$(fl_now)
+fl_ctl drain w0 --wait-timeout 30 >"$TMP/drain.out" 2>&1 || bad "drain: $(cat "$TMP/drain.out")"
+ttr=$(($(fl_now) - t0))
+fl_ctl shards | grep -qE "^0 +w0 +0( |$)" || bad "w0 still owns experts after the drain"
+kill "${FL_WPID[0]}"
+sleep $((2 * LIVE_MS / 1000 + 1))
+read -r st ep <<<"$(fl_state)"
+[ "$st" = ready ] && [ "$ep" -eq $((ep0 + 1)) ] || bad "stopping the drained w0: cluster $st in epoch $ep"
+failed=$(($(fl_count FAIL) - CASE_FAIL0))
+[ "$failed" -eq 0 ] || bad "$failed requests failed during the drain"
+fl_start_worker 0
+fl_ctl undrain w0 >/dev/null || bad "undrain"
+ready_epoch $((ep0 + 2)) 30 >/dev/null || bad "w0 did not own experts again after undrain"
+case_end "$ttr" "-" "drained under load ($failed failed), stopped, started, undrained"
+
+# kill -9 the coordinator and start it again: workers keep their shards
+case_begin kill9_coordinator
+ready_epoch 1 30 >/dev/null
+fl_ctl shards | grep -qE "^0 +w0 +2 +0-1" || bad "the placement is not the spec's before the restart"
+L0=$(($(wc -l <"$TMP/coord.log") + 1))
+t0=$(fl_now)
+kill -9 "$FL_COORD_PID"
+wait "$FL_COORD_PID" 2>/dev/null # gone, and its sockets with it, as before a service restart
+fl_start_coord
+ttr=-
+if ready_epoch 1 60 >/dev/null; then
+    ttr=$(($(fl_now) - t0))
+    kept=$(tail -n +"$L0" "$TMP/coord.log" | grep -c "is ready in epoch 1 (.*, 2 experts, 2 kept")
+    [ "$kept" -eq "$FL_P" ] || bad "$kept of $FL_P workers kept their experts"
+else
+    bad "the restarted coordinator did not become ready within 60 s"
+fi
+case_end "$ttr" "-" "workers registered again; ${kept:-0}/$FL_P kept their shards (no expert read)"
+
+# a broken spec: reload and SIGHUP; the old spec serves on
+case_begin reload_broken
+ep0=$(fl_state | cut -d' ' -f2)
+fl_write_spec 5
+fl_ctl reload >"$TMP/reload.out" 2>&1
+rc=$?
+[ "$rc" -eq 78 ] || bad "reload of a broken spec exited $rc, expected 78"
+grep -q "cluster.yaml:5:17: coordinator.heartbeat_ms: 5 is out of range" "$TMP/reload.out" ||
+    bad "reload: $(cat "$TMP/reload.out")"
+n0=$(grep -c "the old spec keeps serving: .*cluster.yaml:5:17" "$TMP/coord.log")
+kill -HUP "$FL_COORD_PID"
+sleep 0.5
+n1=$(grep -c "the old spec keeps serving: .*cluster.yaml:5:17" "$TMP/coord.log")
+[ "$n1" -gt "$n0" ] || bad "SIGHUP: no file:line:column error in the log"
+read -r st ep <<<"$(fl_state)"
+[ "$st" = ready ] && [ "$ep" -eq "$ep0" ] || bad "after the broken reloads: $st in epoch $ep"
+fl_write_spec
+fl_ctl reload >/dev/null || bad "reload of the good spec failed"
+case_end 0 "-" "old spec kept, error with file:line:column (exit 78)"
+
+# a second worker process under a live worker's name, from the spare host
+case_begin duplicate_name
+ep0=$(fl_state | cut -d' ' -f2)
+fl_start_worker 1 $((FL_P + 1))
+imp=${FL_PIDS[-1]}
+end=$(($(fl_now) + 10000))
+until grep -q "ERR_DUPLICATE" "$TMP/w1.h$((FL_P + 1)).log" 2>/dev/null || [ "$(fl_now)" -ge "$end" ]; do
+    sleep 0.1
+done
+grep -q "ERR_DUPLICATE" "$TMP/w1.h$((FL_P + 1)).log" || bad "the impostor was not refused"
+kill "$imp"
+sleep 1
+read -r st ep <<<"$(fl_state)"
+[ "$st" = ready ] && [ "$ep" -eq "$ep0" ] || bad "after the impostor: $st in epoch $ep (was $ep0)"
+case_end 0 "-" "refused with ERR_DUPLICATE; w1 and epoch $ep0 untouched"
+
+# garbage to every socket
+case_begin garbage
+ep0=$(fl_state | cut -d' ' -f2)
+for k in badversion notype badtype nobody garbage unknown junk toomany register_empty; do
+    fl_on 0 "$POKE" "$LISTEN" dealer "$k" >/dev/null
+    fl_on 0 "$POKE" "$ADMIN" dealer "$k" >/dev/null
+    for ((r = 0; r < FL_P; r++)); do
+        fl_on 0 "$POKE" "tcp://$(fl_addr $((r + 1))):7500" push "$k" >/dev/null
+    done
+done
+for port in "$(fl_addr 0) 7400" "127.0.0.1 7401" "$(fl_addr 1) 7500"; do
+    read -r host p <<<"$port"
+    fl_on 0 bash -c "head -c 65536 /dev/urandom >/dev/tcp/$host/$p" 2>/dev/null
+done
+sleep 1
+read -r st ep <<<"$(fl_state)"
+[ "$st" = ready ] && [ "$ep" -eq "$ep0" ] || bad "after the garbage: $st in epoch $ep (was $ep0)"
+for p in "$FL_COORD_PID" "${FL_WPID[@]}"; do kill -0 "$p" 2>/dev/null || bad "process $p died"; done
+case_end 0 "-" "every daemon up, same epoch"
+
+# ---- the end ----
+sleep 1
+fl_stop_clients
+echo
+printf '%-18s %9s %9s %7s %7s  %s\n' FAULT "READY_MS" "BOUND_MS" ISSUED FAILED RESULT
+for r in "${RESULTS[@]}"; do echo "$r"; done
+echo
+fl_report
+echo "faults survived $SURVIVED/$N_CASES, requests lost $LOST, wrong $WRONG"
+if [ "$SURVIVED" -ne "$N_CASES" ] || [ "$LOST" -ne 0 ] || [ "$WRONG" -ne 0 ] || [ "$OK" -eq 0 ]; then
+    FL_KEEP=1
+    echo "logs kept in $TMP"
+    exit 1
+fi
+exit 0
