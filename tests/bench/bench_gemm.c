@@ -215,6 +215,44 @@ static double median(const double *v, int n)
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
+/* one shape's weights and Mmax input rows, with room for the output */
+typedef struct {
+    weights wt;
+    uint8_t *a;
+    float *as, *out;
+} shape_data;
+
+static void shape_data_make(int fp8, int s, int Mmax, gemm_pool *pool, shape_data *d)
+{
+    int N = shapes[s].N, K = shapes[s].K;
+    make_weights(fp8, N, K, &d->wt);
+    d->a = malloc((size_t)Mmax * K);
+    d->as = malloc((size_t)Mmax * (K / 128) * sizeof(float));
+    d->out = malloc((size_t)Mmax * N * sizeof(float));
+    make_input(fp8, s, Mmax, d->a, d->as, pool);
+}
+
+static void shape_data_free(shape_data *d)
+{
+    free_weights(&d->wt);
+    free(d->a);
+    free(d->as);
+    free(d->out);
+}
+
+static void result_add(const char *kind, int s, int M, gemm_impl impl, double bytes, double t,
+                       double bw, double fma, double blas)
+{
+    int N = shapes[s].N, K = shapes[s].K;
+    result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impl));
+    r->bytes = bytes;
+    r->t[r->n] = t;
+    r->tmem[r->n] = bytes / bw;
+    r->tfma[r->n] = 2.0 * M * N * K / fma;
+    r->blas[r->n] = blas;
+    r->n++;
+}
+
 /* ---- decode: weights from DRAM ---- */
 
 static const int DECODE_M[] = {1, 2, 4, 8, 16, 32, 64};
@@ -225,13 +263,12 @@ static void bench_decode(int fp8, const gemm_impl *impls, int ni, gemm_pool *poo
 {
     const char *kind = fp8 ? "fp8" : "mxfp4";
     for (int s = 0; s < 2; s++) {
-        int N = shapes[s].N, K = shapes[s].K, Mmax = DECODE_M[N_DECODE - 1];
-        weights wt;
-        make_weights(fp8, N, K, &wt);
-        uint8_t *a = malloc((size_t)Mmax * K);
-        float *as = malloc((size_t)Mmax * (K / 128) * sizeof(float));
-        float *out = malloc((size_t)Mmax * N * sizeof(float));
-        make_input(fp8, s, Mmax, a, as, pool);
+        int N = shapes[s].N, K = shapes[s].K;
+        shape_data d;
+        shape_data_make(fp8, s, DECODE_M[N_DECODE - 1], pool, &d);
+        weights wt = d.wt;
+        uint8_t *a = d.a;
+        float *as = d.as, *out = d.out;
         for (int i = 0; i < ni; i++) {
             gemm_weight *first = pack_one(fp8, N, K, &wt, impls[i]);
             size_t wb = gemm_weight_bytes(first);
@@ -259,22 +296,14 @@ static void bench_decode(int fp8, const gemm_impl *impls, int ni, gemm_pool *poo
                     double dt = (bench_now() - t1) / E;
                     best = dt < best ? dt : best;
                 }
-                result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impls[i]));
-                r->bytes = (double)wb;
-                r->t[r->n] = best;
-                r->tmem[r->n] = (double)wb / bw;
-                r->tfma[r->n] = 2.0 * M * N * K / fma;
-                r->n++;
+                result_add(kind, s, M, impls[i], (double)wb, best, bw, fma, 0);
             }
             for (int e = 0; e < E; e++)
                 gemm_weight_free(&ex[e]);
             free(ex);
             free(buf);
         }
-        free_weights(&wt);
-        free(a);
-        free(as);
-        free(out);
+        shape_data_free(&d);
     }
 }
 
@@ -297,12 +326,11 @@ static void bench_prefill(int fp8, const gemm_impl *impls, int ni, gemm_pool *po
     const char *kind = fp8 ? "fp8" : "mxfp4";
     for (int s = 0; s < 2; s++) {
         int N = shapes[s].N, K = shapes[s].K, Mmax = 512;
-        weights wt;
-        make_weights(fp8, N, K, &wt);
-        uint8_t *a = malloc((size_t)Mmax * K);
-        float *as = malloc((size_t)Mmax * (K / 128) * sizeof(float));
-        float *out = malloc((size_t)Mmax * N * sizeof(float));
-        make_input(fp8, s, Mmax, a, as, pool);
+        shape_data d;
+        shape_data_make(fp8, s, Mmax, pool, &d);
+        weights wt = d.wt;
+        uint8_t *a = d.a;
+        float *as = d.as, *out = d.out;
 #ifdef EPMOE_HAVE_OPENBLAS
         float *Wf = malloc((size_t)N * K * sizeof(float));
         float *Af = malloc((size_t)Mmax * K * sizeof(float));
@@ -335,13 +363,7 @@ static void bench_prefill(int fp8, const gemm_impl *impls, int ni, gemm_pool *po
                     double dt = bench_now() - t0;
                     best = dt < best ? dt : best;
                 }
-                result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impls[i]));
-                r->bytes = (double)gemm_weight_bytes(g);
-                r->t[r->n] = best;
-                r->tmem[r->n] = r->bytes / bw;
-                r->tfma[r->n] = 2.0 * M * N * K / fma;
-                r->blas[r->n] = blas;
-                r->n++;
+                result_add(kind, s, M, impls[i], (double)gemm_weight_bytes(g), best, bw, fma, blas);
             }
             gemm_weight_free(&g);
         }
@@ -349,10 +371,7 @@ static void bench_prefill(int fp8, const gemm_impl *impls, int ni, gemm_pool *po
         free(Wf);
         free(Af);
 #endif
-        free_weights(&wt);
-        free(a);
-        free(as);
-        free(out);
+        shape_data_free(&d);
     }
 }
 
