@@ -277,7 +277,7 @@ typedef struct exec_progress {
     exec_state *st;
     uint64_t total;
     int layers_done, layers_total;
-    double last;
+    double start, last; /* when the layers' load began; the last LOADING */
 } exec_progress;
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
@@ -290,6 +290,8 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     m.bytes_total = p->total;
     m.layers_done = (uint32_t)p->layers_done;
     m.layers_total = (uint32_t)p->layers_total;
+    m.has_elapsed_ms = 1; /* bytes_done / elapsed_ms: the load's rate in status / workers */
+    m.elapsed_ms = (uint32_t)((exec_now() - p->start) * 1000.0);
     exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
     p->last = exec_now();
 }
@@ -451,7 +453,7 @@ done:
     return rc;
 }
 
-static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept)
+static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept, double load_s)
 {
     exec_session *s = st->session;
     uint64_t bytes = 0;
@@ -466,9 +468,10 @@ static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept)
     r.config_hash = s->config_hash;
     r.bytes_loaded = bytes;
     r.n_experts = owned;
-    r.has_bytes_read = r.has_experts_kept = 1;
+    r.has_bytes_read = r.has_experts_kept = r.has_load_ms = 1;
     r.bytes_read = bytes_read;
     r.experts_kept = (uint32_t)kept;
+    r.load_ms = (uint32_t)(load_s * 1000.0);
     r.backend = (char *)mb_name(st->be);
     if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
         r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
@@ -510,8 +513,10 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
                  "every expert again");
         exec_free_shard(st);
     }
+    p.start = exec_now();
     if (rc == 0)
         rc = exec_load_layers(st, m, &p, &kept, &err);
+    double load_s = exec_now() - p.start;
     st_model_close(&m);
     if (rc != 0) {
         exec_close_plane(st);
@@ -527,12 +532,13 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     int owned = 0;
     for (int e = 0; e < st->session->config.n_routed_experts; e++)
         owned += st->session->expert_owner[e] == (uint32_t)st->session->rank;
-    log_info("epoch %llu: %d layers with %d experts (%d kept, %d read: %llu bytes) from %s in "
-             "%.2f s; data plane %s (%d members)",
+    log_info("epoch %llu: %d layers with %d experts (%d kept, %d read: %llu bytes at %.2f GB/s) "
+             "from %s in %.2f s; data plane %s (%d members)",
              (unsigned long long)st->session->epoch, st->n_layers, owned, kept, owned - kept,
-             (unsigned long long)p.total, st->session->model_path, exec_now() - t0,
+             (unsigned long long)p.total, load_s > 0 ? (double)p.total / load_s / 1e9 : 0.0,
+             st->session->model_path, exec_now() - t0,
              st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", st->session->n_members);
-    exec_send_ready(st, p.total, kept);
+    exec_send_ready(st, p.total, kept, load_s);
 }
 
 /* EPOCH: validate against the session, adopt the placement, load. */

@@ -40,8 +40,11 @@ static void usage(FILE *out)
             "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
             "  (unknown worker name, config hash mismatch, device or key not the spec's, another\n"
-            "  live process with this name) or a device this host or build cannot serve\n"
-            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs), EPMOE_GEMM=ref\n");
+            "  live process with this name) or a device this host or build cannot serve (no such\n"
+            "  GPU, a build without CUDA)\n"
+            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs),\n"
+            "  EPMOE_ISA=ref|avx2|avx512 (cap the CPU kernels' instruction set; default: the\n"
+            "  best this CPU has)\n");
 }
 
 static int parse_threads(const char *v, int *out)
@@ -118,6 +121,13 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
     int ordinal;
     if (mb_parse_device(o->device, &kind, &ordinal, &err) < 0) {
         fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
+        return WORKER_EXIT_USAGE;
+    }
+    /* the kernels would ignore a misspelt cap: refuse it here instead */
+    const char *isa = getenv("EPMOE_ISA");
+    gemm_impl cap;
+    if (isa && (gemm_impl_parse(isa, &cap) < 0 || cap == GEMM_IMPL_AUTO)) {
+        fprintf(stderr, "epmoe-worker: EPMOE_ISA=%s: expected ref, avx2 or avx512\n", isa);
         return WORKER_EXIT_USAGE;
     }
     if ((a->key_path == NULL) != (a->coordinator_key_path == NULL)) {
