@@ -10,7 +10,9 @@
  * COMBINE is kept only when granted, with the granted n_pairs; garbage frames and malformed
  * bodies (bad counts, payload size mismatch, pair_row out of range, unowned expert, wrong or
  * missing session, wrong epoch, own rank as source, wrong type) are each dropped with a reason
- * naming the fault, and a later well-formed step still completes. With security (CURVE + ZAP),
+ * naming the fault, and a later well-formed step still completes; the PULL's MAXMSGSIZE is the
+ * model's largest frame and RCVHWM is TP_RCVHWM, and a frame one byte above it never reaches the
+ * transport (before, every frame up to 1 GiB was buffered whole). With security (CURVE + ZAP),
  * the ranks exchange as before, a stranger's key cannot connect, and a rank's key cannot speak
  * for another rank.
  */
@@ -736,6 +738,34 @@ TEST(garbage_and_malformed_messages_are_dropped)
     CHECK(wait_take(tp[1], 9, &got));
     CHECK(dispatch_matches(&got, 1, 2));
     tp_msg_release(&got);
+    /* a frame above the largest this model can produce never reaches the transport: libzmq
+     * drops the connection at the frame header (MAXMSGSIZE), before buffering it */
+    int64_t max = 0;
+    int hwm = 0;
+    size_t len = sizeof max;
+    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_MAXMSGSIZE, &max, &len) == 0);
+    CHECK(max == tp_max_frame(H, TOPK) && max == (int64_t)EP_MAX_TOKENS * TOPK * H * 2);
+    len = sizeof hwm;
+    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_RCVHWM, &hwm, &len) == 0);
+    CHECK_EQ(hwm, TP_RCVHWM);
+    size_t over = (size_t)tp_max_frame(H, TOPK) + 1;
+    void *big = calloc(1, over);
+    Epmoe__Combine c = EPMOE__COMBINE__INIT;
+    wire_payload bp = {.data = big, .len = over};
+    CHECK(big &&
+          wire_send(raw, NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, &bp, 1, false, NULL) == 0);
+    CHECK(make_dispatch(&m, 10, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_take(tp[1], 10, &got));
+    tp_msg_release(&got);
+    /* the oversized message is never seen (with a 1 GiB bound it arrived and was dropped) */
+    for (int i = 0; i < 300 && tp_dropped(tp[1]) == dropped; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp[1]);
+    }
+    CHECK_EQ(tp_dropped(tp[1]), dropped);
+    free(big);
     zmq_close(raw);
     world_close(tp, 2);
 #undef EXPECT_DROP
