@@ -160,16 +160,22 @@ static size_t cu_align(size_t n)
 }
 
 /* Wait for the stream until deadline: 0, or -1 naming the timeout or the device error. */
+/* Poll the stream until it drains or deadline passes. The first CU_SPIN_S seconds poll
+ * without sleeping: a step's waits are tens to hundreds of microseconds, and a sleep costs more
+ * than that in timer slack; longer waits (loading, huge steps) poll every 100 us. */
+#define CU_SPIN_S 0.01
 static int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err *err)
 {
-    struct timespec nap = {0, 20000};
-    for (int spin = 0;; spin++) {
+    struct timespec nap = {0, 100000};
+    double spin_end = cu_now() + CU_SPIN_S;
+    for (;;) {
         int q = ops->query(d, err);
         if (q <= 0)
             return q;
-        if (cu_now() > deadline)
+        double now = cu_now();
+        if (now > deadline)
             return ep_err_set(err, "the device did not finish its queued work in time");
-        if (spin > 200)
+        if (now > spin_end)
             nanosleep(&nap, NULL);
     }
 }
@@ -227,8 +233,9 @@ static size_t bufs_layout(cu_bufs *s, uint8_t *base)
     CARVE(w, P * 4);
     CARVE(rowidx, P * 4);
     CARVE(outrow, P * 4);
-    CARVE(acc1, P * I * 4);
-    CARVE(acc3, P * I * 4);
+    CARVE(acc1, P * I * 4 * 2); /* [P, 2I]: w1's outputs, then w3's, per row (acc3 = acc1 + I) */
+    if (base)
+        s->acc3 = s->acc1 + I;
     CARVE(hq, P * I);
     CARVE(hqs, P * (I / EP_FP8_BLOCK) * 4);
     CARVE(mo, P * H * 2);
@@ -477,37 +484,58 @@ static void fill_fp8_scale(void *stage, size_t off, size_t n, const void *vctx)
         o[i] = fmt_e8m0_to_f32(c[i]);
 }
 
-static int upload_linear(up_ctx *u, cu_arena *a, const mb_linear *t, const uint8_t **w,
-                         const void **s, ep_err *err)
+/* Bytes of one linear's weights and (device-form) scales. */
+static void linear_sizes(mb_wformat f, size_t N, size_t K, size_t *wb, size_t *sb)
+{
+    *wb = f == MB_W_MXFP4 ? N * K / 2 : N * K;
+    *sb = f == MB_W_MXFP4 ? N * (K / EP_MXFP4_GROUP) : (N / EP_FP8_BLOCK) * (K / EP_FP8_BLOCK) * 4;
+}
+
+/* Carve one expert MLP: the three weights first, then the three scale tensors, so w1 and w3
+ * (and their scales) are adjacent and a library GEMM can run them as one [2I, H] matrix. */
+static int carve_mlp(cu_arena *a, mb_wformat f, size_t H, size_t I, cu_mlp *m)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < 3; j++) {
+            size_t wb, sb;
+            linear_sizes(f, j == MB_W2 ? H : I, j == MB_W2 ? I : H, &wb, &sb);
+            void *p = arena_carve(a, pass ? sb : wb);
+            if (!p)
+                return -1;
+            if (pass)
+                m->s[j] = p;
+            else
+                m->w[j] = p;
+        }
+    return 0;
+}
+
+static int upload_linear(up_ctx *u, const mb_linear *t, const uint8_t *dw, const void *ds,
+                         ep_err *err)
 {
     if (!t->w || !t->scale)
         return ep_err_set(err, "tensor %s: no data", t->name ? t->name : "?");
-    size_t N = (size_t)t->N, K = (size_t)t->K;
-    size_t wb = t->format == MB_W_MXFP4 ? N * K / 2 : N * K;
-    size_t sb = t->format == MB_W_MXFP4 ? N * (K / EP_MXFP4_GROUP)
-                                        : (N / EP_FP8_BLOCK) * (K / EP_FP8_BLOCK) * 4;
-    uint8_t *dw = arena_carve(a, wb);
-    void *ds = arena_carve(a, sb);
-    if (!dw || !ds)
-        return ep_err_set(err, "tensor %s: the weight arena is full", t->name);
-    if (upload(u, dw, wb, fill_copy, t->w, err) < 0)
+    size_t wb, sb;
+    linear_sizes(t->format, (size_t)t->N, (size_t)t->K, &wb, &sb);
+    if (upload(u, (void *)dw, wb, fill_copy, t->w, err) < 0)
         return ep_err_prefix(err, "tensor %s", t->name);
     fp8_scale_src fs = {.scale = t->scale, .e8m0 = t->scale_e8m0};
-    int rc = t->format == MB_W_MXFP4 ? upload(u, ds, sb, fill_copy, t->scale, err)
-                                     : upload(u, ds, sb, fill_fp8_scale, &fs, err);
+    int rc = t->format == MB_W_MXFP4 ? upload(u, (void *)ds, sb, fill_copy, t->scale, err)
+                                     : upload(u, (void *)ds, sb, fill_fp8_scale, &fs, err);
     if (rc < 0)
         return ep_err_prefix(err, "tensor %s", t->name);
-    *w = dw;
-    *s = ds;
     /* progress counts checkpoint bytes: FP8 E8M0 scales were 1 byte each there, 4 here */
     u->done += wb + (t->format == MB_W_FP8 && t->scale_e8m0 ? sb / 4 : sb);
     return 0;
 }
 
-static int upload_mlp(up_ctx *u, cu_arena *a, const mb_linear t[3], cu_mlp *m, ep_err *err)
+static int upload_mlp(up_ctx *u, cu_arena *a, const cuda_layer *l, const mb_linear t[3], cu_mlp *m,
+                      ep_err *err)
 {
+    if (carve_mlp(a, t[0].format, (size_t)l->H, (size_t)l->I, m) < 0)
+        return ep_err_set(err, "%s: the weight arena is full", l->name);
     for (int j = 0; j < 3; j++)
-        if (upload_linear(u, a, &t[j], &m->w[j], &m->s[j], err) < 0)
+        if (upload_linear(u, &t[j], m->w[j], m->s[j], err) < 0)
             return -1;
     if (u->progress)
         u->progress(u->progress_ctx, u->done);
@@ -519,20 +547,14 @@ static int copy_mlp(cuda_backend *b, cu_arena *a, const cuda_layer *l, const cu_
                     mb_wformat f, cu_mlp *m, ep_err *err)
 {
     size_t H = (size_t)l->H, I = (size_t)l->I;
+    if (carve_mlp(a, f, H, I, m) < 0)
+        return ep_err_set(err, "%s: the weight arena is full", l->name);
     for (int j = 0; j < 3; j++) {
-        size_t N = j == MB_W2 ? H : I, K = j == MB_W2 ? I : H;
-        size_t wb = f == MB_W_MXFP4 ? N * K / 2 : N * K;
-        size_t sb = f == MB_W_MXFP4 ? N * (K / EP_MXFP4_GROUP)
-                                    : (N / EP_FP8_BLOCK) * (K / EP_FP8_BLOCK) * 4;
-        uint8_t *dw = arena_carve(a, wb);
-        void *ds = arena_carve(a, sb);
-        if (!dw || !ds)
-            return ep_err_set(err, "%s: the weight arena is full", l->name);
-        if (b->ops->d2d(b->d, dw, from->w[j], wb, err) < 0 ||
-            b->ops->d2d(b->d, ds, from->s[j], sb, err) < 0)
+        size_t wb, sb;
+        linear_sizes(f, j == MB_W2 ? H : I, j == MB_W2 ? I : H, &wb, &sb);
+        if (b->ops->d2d(b->d, (void *)m->w[j], from->w[j], wb, err) < 0 ||
+            b->ops->d2d(b->d, (void *)m->s[j], from->s[j], sb, err) < 0)
             return ep_err_prefix(err, "%s: keeping an expert", l->name);
-        m->w[j] = dw;
-        m->s[j] = ds;
     }
     return 0;
 }
@@ -604,7 +626,7 @@ static int load_experts(cuda_backend *b, up_ctx *u, cuda_layer *l, const mb_laye
     if (reuse) {
         if (copy_mlp(b, l->arena, l, &reuse->shared, MB_W_FP8, &l->shared, err) < 0)
             return -1;
-    } else if (upload_mlp(u, l->arena, src->shared, &l->shared, err) < 0) {
+    } else if (upload_mlp(u, l->arena, l, src->shared, &l->shared, err) < 0) {
         return -1;
     }
     for (int e = 0; e < l->E; e++) {
@@ -617,7 +639,7 @@ static int load_experts(cuda_backend *b, up_ctx *u, cuda_layer *l, const mb_laye
                 return -1;
         } else if (!t) {
             return ep_err_set(err, "%s: expert %d wanted but not given", l->name, e);
-        } else if (upload_mlp(u, l->arena, t, &l->experts[e], err) < 0) {
+        } else if (upload_mlp(u, l->arena, l, t, &l->experts[e], err) < 0) {
             return -1;
         }
         l->owned[e] = 1;
@@ -803,10 +825,12 @@ static int mlp_pass(cuda_backend *b, cu_bufs *s, const cuda_layer *l, int n, int
                     .a = s->a,
                     .a_scale = s->as,
                     .out_f32 = s->acc1,
-                    .out2_f32 = s->acc3};
+                    .out2_f32 = s->acc3,
+                    .ld_out = 2 * l->I};
     if (o->gemm(b->d, &g, err) < 0 ||
-        o->swiglu(b->d, n, l->I, s->acc1, s->acc3, weights ? s->w : NULL, l->cfg.swiglu_limit,
-                  l->cfg.act_ue8m0, b->exp_table, l->exp_neg_limit, s->hq, s->hqs, err) < 0)
+        o->swiglu(b->d, n, l->I, s->acc1, s->acc3, 2 * l->I, weights ? s->w : NULL,
+                  l->cfg.swiglu_limit, l->cfg.act_ue8m0, b->exp_table, l->exp_neg_limit, s->hq,
+                  s->hqs, err) < 0)
         return -1;
     cudev_gemm g2 = {.format = f,
                      .mode = b->gemm,
@@ -1261,7 +1285,8 @@ static int forward_pass(cuda_backend *b, const cuda_layer *l, int n, const uint1
                     o->gather(b->d, l->H, m, s->rowidx, s->q, s->qs, s->a, s->as, false, err) < 0 ||
                     mlp_pass(b, s, l, m, ng, ms.g13, ms.g2, max_rows, true, true, s->eo, true,
                              err) < 0 ||
-                    cu_wait(b, err) < 0 /* the next chunk reuses the staged tables */
+                    /* the next chunk reuses the staged tables */
+                    (c1 < (uint32_t)n_pairs && cu_wait(b, err) < 0)
                 ? -1
                 : 0;
     }

@@ -14,6 +14,7 @@
  *     proven equal to over all 2^32 inputs (test_formats_cuda);
  *   - SiLU's expf comes from a host-built table over all bf16 inputs (backend_cuda.c).
  */
+#include <cublasLt.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -23,9 +24,28 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_kernels.cuh"
 
+/* A cached cuBLASLt algorithm for one (m, n, k, output type). */
+typedef struct lt_algo {
+    int m, n, k, dtype;
+    bool found;
+    cublasLtMatmulAlgo_t algo;
+} lt_algo;
+
+#define LT_CACHE 128
+#define LT_WS    (32u << 20)
+
 struct cudev {
     int ordinal;
     cudaStream_t stream;
+    /* cuBLASLt, for the fast path's FP8 GEMMs at many rows per expert (NULL: unavailable) */
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    float *sc_t; /* activation scales transposed per group, as cuBLASLt reads them */
+    size_t sc_t_cap;
+    uint16_t *tmp; /* bf16 rows before the out_row scatter */
+    size_t tmp_cap;
+    lt_algo cache[LT_CACHE];
+    int n_cache;
 };
 
 static int dev_check(cudaError_t e, const char *what, ep_err *err)
@@ -83,6 +103,14 @@ static int dev_open(int ordinal, cudev **out, mb_device_info *info, ep_err *err)
         free(d);
         return -1;
     }
+    /* cuBLASLt is optional: without it the fast path runs its own kernels */
+    if (cublasLtCreate(&d->lt) != CUBLAS_STATUS_SUCCESS) {
+        d->lt = NULL;
+    } else if (cudaMalloc(&d->lt_ws, LT_WS) != cudaSuccess) {
+        cudaGetLastError();
+        cublasLtDestroy(d->lt);
+        d->lt = NULL;
+    }
     snprintf(info->name, sizeof info->name, "%.127s", p.name);
     info->sm_major = p.major;
     info->sm_minor = p.minor;
@@ -102,6 +130,11 @@ static void dev_close(cudev *d)
     if (dev_select(d, NULL) == 0) {
         cudaStreamSynchronize(d->stream);
         cudaStreamDestroy(d->stream);
+        if (d->lt)
+            cublasLtDestroy(d->lt);
+        cudaFree(d->lt_ws);
+        cudaFree(d->sc_t);
+        cudaFree(d->tmp);
     }
     cudaGetLastError();
     free(d);
@@ -215,6 +248,7 @@ __global__ static void k_rmsnorm(int H, const uint16_t *x, const uint16_t *gain,
     const uint16_t *xr = x + (size_t)blockIdx.x * H;
     if (threadIdx.x == 0) {
         double sum = 0.0;
+#pragma unroll 16
         for (int k = 0; k < H; k++) {
             double v = (double)cuk_bf16_to_f32(xr[k]);
             sum = __dadd_rn(sum, __dmul_rn(v, v));
@@ -304,14 +338,15 @@ static int dev_quant(cudev *d, int M, int K, bool pow2, const uint16_t *x, uint8
 
 /* One block of 128 threads per (row, 128-block of I): swiglu_rows' reference, one element per
  * thread, then the block quantized as qt_act_rows_f32 does. */
-__global__ static void k_swiglu(int I, const float *acc1, const float *acc3, const float *w_row,
-                                float limit, bool pow2, const float *exp_table, float exp_neg_limit,
-                                uint8_t *hq, float *hqs)
+__global__ static void k_swiglu(int I, const float *acc1, const float *acc3, int ld,
+                                const float *w_row, float limit, bool pow2, const float *exp_table,
+                                float exp_neg_limit, uint8_t *hq, float *hqs)
 {
     __shared__ float red[128];
     size_t at = (size_t)blockIdx.y * I + (size_t)blockIdx.x * 128 + threadIdx.x;
-    float g = cuk_bf16_round(acc1[at]);
-    float u = cuk_bf16_round(acc3[at]);
+    size_t in = (size_t)blockIdx.y * ld + (size_t)blockIdx.x * 128 + threadIdx.x;
+    float g = cuk_bf16_round(acc1[in]);
+    float u = cuk_bf16_round(acc3[in]);
     bool clamped = g > limit;
     g = clamped ? limit : g;
     u = u < -limit ? -limit : u;
@@ -328,7 +363,7 @@ __global__ static void k_swiglu(int I, const float *acc1, const float *acc3, con
         hqs[(size_t)blockIdx.y * (I / 128) + blockIdx.x] = s;
 }
 
-static int dev_swiglu(cudev *d, int M, int I, const float *acc1, const float *acc3,
+static int dev_swiglu(cudev *d, int M, int I, const float *acc1, const float *acc3, int ld,
                       const float *w_row, float limit, bool pow2, const float *exp_table,
                       float exp_neg_limit, uint8_t *hq, float *hqs, ep_err *err)
 {
@@ -337,7 +372,7 @@ static int dev_swiglu(cudev *d, int M, int I, const float *acc1, const float *ac
     if (dev_select(d, err) < 0)
         return -1;
     k_swiglu<<<dim3((unsigned)(I / 128), (unsigned)M), 128, 0, d->stream>>>(
-        I, acc1, acc3, w_row, limit, pow2, exp_table, exp_neg_limit, hq, hqs);
+        I, acc1, acc3, ld ? ld : I, w_row, limit, pow2, exp_table, exp_neg_limit, hq, hqs);
     return dev_launched("SwiGLU launch", err);
 }
 
@@ -456,7 +491,178 @@ static int dev_combine(cudev *d, int T, int k, int H, const int32_t *topk_ids, c
     return dev_launched("combine launch", err);
 }
 
-/* ---- grouped GEMMs ----------------------------------------------------------------------- */
+/* ---- grouped GEMMs ---------------------------------------------------------------------- */
+
+/* Activation scales [M, K/128] (row-major) -> per group [K/128][rows] (cuBLASLt's 1x128 layout:
+ * the rows of one 128-block together), at offset KB * row0. */
+__global__ static void k_scale_t(const cudev_group *groups, int KB, const float *as, float *out)
+{
+    const cudev_group G = groups[blockIdx.x];
+    size_t n = (size_t)G.rows * KB;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+        size_t r = i % G.rows, kb = i / G.rows;
+        out[(size_t)KB * G.row0 + kb * G.rows + r] = as[(G.row0 + r) * (size_t)KB + kb];
+    }
+}
+
+/* dst[rows[m]] = src[m] for bf16 rows of N (m < M). */
+__global__ static void k_rows_out(int N, int M, const uint32_t *rows, const uint16_t *src,
+                                  uint16_t *dst)
+{
+    int m = blockIdx.x;
+    if (m >= M)
+        return;
+    const uint4 *s4 = (const uint4 *)(src + (size_t)m * N);
+    uint4 *d4 = (uint4 *)(dst + (size_t)rows[m] * N);
+    for (int i = threadIdx.x; i < N / 8; i += blockDim.x)
+        d4[i] = s4[i];
+}
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+/* The cached algorithm for an FP8 (e4m3 x e4m3, 128x128 weight and 1x128 activation scales)
+ * GEMM D[m, n] (col-major, leading dimension ldd) = W[m, k] . X[n, k]^T, or NULL when
+ * cuBLASLt offers none. */
+static const cublasLtMatmulAlgo_t *lt_find(cudev *d, cublasLtMatmulDesc_t op, int m, int n, int k,
+                                           cudaDataType_t dt, int ldd)
+{
+    int key = (int)dt * 4 + (ldd != m);
+    for (int i = 0; i < d->n_cache; i++) {
+        lt_algo *c = &d->cache[i];
+        if (c->m == m && c->n == n && c->k == k && c->dtype == key)
+            return c->found ? &c->algo : NULL;
+    }
+    lt_algo *c = &d->cache[d->n_cache < LT_CACHE ? d->n_cache++ : LT_CACHE - 1];
+    c->m = m, c->n = n, c->k = k, c->dtype = key, c->found = false;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
+    cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    size_t ws = LT_WS;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(d->lt, op, la, lb, ld, ld, pref, 1, &h, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0) {
+        c->found = true;
+        c->algo = h.algo;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    return c->found ? &c->algo : NULL;
+}
+
+static int lt_grow(void **p, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    if (cudaMalloc(p, need) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *cap = need;
+    return 0;
+}
+
+/* w1 and w3 of group G can run as one [2N, K] matrix: adjacent weights and scales, and the
+ * outputs interleaved per row as [w1 | w3]. */
+static bool lt_fused(const cudev_gemm *g, const cudev_group *G, int ld)
+{
+    size_t N = (size_t)g->N, K = (size_t)g->K;
+    return g->n_mats == 2 && G->w[1] == G->w[0] + N * K &&
+           G->scale[1] == (const float *)G->scale[0] + (N / 128) * (K / 128) &&
+           g->out2_f32 == g->out_f32 + N && ld == 2 * g->N;
+}
+
+/* One group's call(s). */
+static int lt_group(cudev *d, cublasLtMatmulDesc_t op, const cudev_gemm *g, const cudev_group *G,
+                    int ld, ep_err *err)
+{
+    const int N = g->N, K = g->K, KB = K / 128;
+    bool bf = g->out_bf16 != NULL, fused = lt_fused(g, G, ld);
+    cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+    int calls = g->n_mats == 2 && !fused ? 2 : 1, m = fused ? 2 * N : N;
+    const float *bsc = d->sc_t + (size_t)KB * G->row0;
+    const uint8_t *B = g->a + (size_t)G->row0 * K;
+    float alpha = 1.0f, beta = 0.0f;
+    for (int c = 0; c < calls; c++) {
+        const float *asc = (const float *)G->scale[c];
+        void *D = bf ? (void *)((g->out_row ? d->tmp : g->out_bf16) + (size_t)G->row0 * N)
+                     : (void *)((c ? g->out2_f32 : g->out_f32) + (size_t)G->row0 * ld);
+        int ldd = bf ? N : ld;
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bsc, sizeof bsc);
+        const cublasLtMatmulAlgo_t *al = lt_find(d, op, m, (int)G->rows, K, dt, ldd);
+        cublasLtMatrixLayout_t la, lb, ldl;
+        cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, m, K);
+        cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, (int)G->rows, K);
+        cublasLtMatrixLayoutCreate(&ldl, dt, m, (int)G->rows, ldd);
+        cublasStatus_t st = cublasLtMatmul(d->lt, op, &alpha, G->w[c], la, B, lb, &beta, D, ldl, D,
+                                           ldl, al, d->lt_ws, LT_WS, d->stream);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(ldl);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return ep_err_set(err, "cublasLtMatmul: status %d", (int)st);
+    }
+    return 0;
+}
+
+/* The fast path's FP8 grouped GEMM with cuBLASLt's block-scaled FP8 matmul (128x128 weight and
+ * 1x128 activation scales: the checkpoint's own format), one call per group. Returns 1 when
+ * cuBLASLt cannot do it (no handle, no algorithm for some shape, no scratch): the caller runs
+ * its own kernel; -1 on an error. */
+static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
+{
+    if (!d->lt || g->format != MB_W_FP8 || !env_int("EPMOE_CUDA_CUBLASLT", 1))
+        return 1;
+    const int N = g->N, K = g->K, KB = K / 128, ld = g->ld_out ? g->ld_out : N;
+    bool bf = g->out_bf16 != NULL;
+    cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+    if (lt_grow((void **)&d->sc_t, &d->sc_t_cap, (size_t)g->M * KB * 4) < 0 ||
+        (bf && g->out_row && lt_grow((void **)&d->tmp, &d->tmp_cap, (size_t)g->M * N * 2) < 0))
+        return 1;
+    cublasLtMatmulDesc_t op;
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+        return 1;
+    cublasOperation_t T = CUBLAS_OP_T, Nn = CUBLAS_OP_N;
+    cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    cublasLtMatmulMatrixScale_t mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &Nn, sizeof Nn);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb);
+    /* every shape must have an algorithm before anything is launched */
+    int rc = 0;
+    for (int i = 0; i < g->n_groups && rc == 0; i++) {
+        const cudev_group *G = &g->h_groups[i];
+        int m = lt_fused(g, G, ld) ? 2 * N : N;
+        if (!lt_find(d, op, m, (int)G->rows, K, dt, bf ? N : ld))
+            rc = 1;
+    }
+    if (rc == 0) {
+        k_scale_t<<<g->n_groups, 256, 0, d->stream>>>(g->groups, KB, g->a_scale, d->sc_t);
+        for (int i = 0; i < g->n_groups && rc == 0; i++)
+            rc = lt_group(d, op, g, &g->h_groups[i], ld, err);
+        if (rc == 0 && bf && g->out_row)
+            k_rows_out<<<g->M, 128, 0, d->stream>>>(N, g->M, g->out_row, d->tmp, g->out_bf16);
+    }
+    cublasLtMatmulDescDestroy(op);
+    return rc;
+}
 
 static int dev_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
 {
@@ -466,10 +672,23 @@ static int dev_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
         return -1;
     if (g->N % 128 || g->K % 128 || (g->n_mats != 1 && g->n_mats != 2))
         return ep_err_set(err, "grouped GEMM: N=%d K=%d mats=%d", g->N, g->K, g->n_mats);
-    int rc = g->mode == MB_GEMM_FAST ? cuk_gemm_fast(g, d->stream) : cuk_gemm_exact(g, d->stream);
-    (void)rc;
-    return dev_launched(g->mode == MB_GEMM_FAST ? "tensor-core GEMM launch" : "exact GEMM launch",
-                        err);
+    const char *what = "exact GEMM launch";
+    if (g->mode == MB_GEMM_EXACT) {
+        cuk_gemm_exact(g, d->stream);
+    } else if (g->max_rows <= env_int("EPMOE_CUDA_FAST_ROWS", 16)) {
+        /* a few rows per expert: streaming the weights is all that matters; MXFP4 runs the
+         * exact kernel (memory-bound already), FP8 its fp32-summing twin */
+        what = "few-row GEMM launch";
+        cuk_gemm_rows(g, g->format == MB_W_MXFP4, d->stream);
+    } else {
+        what = "tensor-core GEMM launch";
+        int rc = lt_gemm(d, g, err);
+        if (rc < 0)
+            return -1;
+        if (rc > 0)
+            cuk_gemm_fast(g, d->stream);
+    }
+    return dev_launched(what, err);
 }
 
 static const cudev_ops CUDA_OPS = {

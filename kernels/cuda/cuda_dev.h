@@ -44,8 +44,10 @@ typedef struct cudev_group {
  * mode): for each group g and row m of it, out[m][n] = W_g[n] . a[m] over K, with a e4m3
  * [M, K] and a_scale f32 [M, K/128]. Weights: MB_W_FP8 (e4m3 [N, K], scale f32 [N/128, K/128])
  * or MB_W_MXFP4 (packed [N, K/2], scale e8m0 [N, K/32]). n_mats = 2 computes w[0] into out_f32
- * and w[1] into out2_f32 (w1 and w3 share their activations). With out_bf16 set instead, each
- * result is rounded to bf16 and row m is written to row out_row[m] (out_row NULL: m). */
+ * and w[1] into out2_f32 (w1 and w3 share their activations), rows ld_out floats apart (0: N);
+ * when w[1] directly follows w[0] (and scale[1] scale[0]) and out2_f32 = out_f32 + N with
+ * ld_out = 2N, a library GEMM may do both as one. With out_bf16 set instead, each result is
+ * rounded to bf16 and row m is written to row out_row[m] (out_row NULL: m). */
 typedef struct cudev_gemm {
     mb_wformat format;
     mb_gemm_mode mode;
@@ -57,9 +59,10 @@ typedef struct cudev_gemm {
     int max_rows;                /* largest group's rows */
     const uint8_t *a;
     const float *a_scale;
-    float *out_f32, *out2_f32; /* [M, N] */
-    uint16_t *out_bf16;        /* [., N] */
-    const uint32_t *out_row;   /* [M] or NULL */
+    float *out_f32, *out2_f32; /* [M, N], rows ld_out apart */
+    int ld_out;
+    uint16_t *out_bf16;      /* [., N] */
+    const uint32_t *out_row; /* [M] or NULL */
 } cudev_gemm;
 
 typedef struct cudev_ops {
@@ -95,12 +98,13 @@ typedef struct cudev_ops {
                   uint8_t *q_out, void *qs_out, bool e8m0, ep_err *err);
     int (*e8m0_to_f32)(cudev *d, size_t n, const uint8_t *in, float *out, ep_err *err);
     int (*gemm)(cudev *d, const cudev_gemm *g, ep_err *err);
-    /* swiglu_rows: acc1, acc3 f32 [M, I] -> hq e4m3 [M, I], hqs f32 [M, I/128]; w_row [M] (NULL:
-     * 1.0f). exp_table [65536]: expf(-g) for every bf16 bit pattern g (built on the host with the
-     * C library's expf, so the device needs no expf of its own); exp_neg_limit = expf(-limit). */
-    int (*swiglu)(cudev *d, int M, int I, const float *acc1, const float *acc3, const float *w_row,
-                  float limit, bool pow2, const float *exp_table, float exp_neg_limit, uint8_t *hq,
-                  float *hqs, ep_err *err);
+    /* swiglu_rows: acc1, acc3 f32 [M, I] (rows ld floats apart) -> hq e4m3 [M, I], hqs f32
+     * [M, I/128]; w_row [M] (NULL: 1.0f). exp_table [65536]: expf(-g) for every bf16 bit pattern
+     * g (built on the host with the C library's expf, so the device needs no expf of its own);
+     * exp_neg_limit = expf(-limit). */
+    int (*swiglu)(cudev *d, int M, int I, const float *acc1, const float *acc3, int ld,
+                  const float *w_row, float limit, bool pow2, const float *exp_table,
+                  float exp_neg_limit, uint8_t *hq, float *hqs, ep_err *err);
     /* moe_combine: out bf16 [T, H] from eo bf16 [T, k, H], topk_ids [T, k], shared bf16 [T, H]. */
     int (*combine)(cudev *d, int T, int k, int H, const int32_t *topk_ids, const uint16_t *eo,
                    const uint16_t *shared, uint16_t *out, ep_err *err);

@@ -1,242 +1,417 @@
 /*
  * gemm_exact.cu — the grouped expert GEMMs that give the CPU backend's bits (kernels/gemm.h's
- * canonical definition, the same as kernels/cpu/gemm_ref.c).
+ * canonical definition, the same as kernels/cpu/gemm_ref.c), and their fp32-accumulating twin
+ * for FP8 weights that the fast path uses at a few rows per expert.
  *
- * Decode-shaped: each warp owns RW consecutive weight rows of one group (expert) and streams
- * them once per MB activation rows, so at one to a few rows per expert the kernel reads each
- * weight byte about once and is memory-bound. Per output (m, n):
- *   - block partial sums are exact: MXFP4 in int32 (e4m3 as a multiple of 2^-9 times e2m1 as a
- *     multiple of 2^-1: a 32-term sum is below 2^27), FP8 in double (products exact, every
- *     partial sum of a 128-block an integer multiple of 2^-18 below 2^43), so lanes may sum
- *     their shares in any order and combine them with shuffles;
- *   - the per-block fp32 chain (one rounding of the sum, scale multiplies, the add into acc)
- *     runs in block order in one lane per output, through shared memory;
- *   - a NaN activation code makes the block's P NaN, as in the reference.
+ * Threads own weight rows: each of a row's `split` threads streams a contiguous share of the
+ * row once per pass of up to RX_MB activation rows (wide loads, the next step in flight while
+ * the current one computes) and turns every block of it into the block's finished term
+ *   MXFP4: v = (fp32(P) * a_scale) * 2^(ws-127)      FP8: v = fp32(P) * (a_scale * w_scale)
+ * — per-block work, so its order is free. The definition's only sequential part, acc = acc + v
+ * over blocks in increasing k, runs in one thread per (row, activation) in block order: inline
+ * when a row has one thread, else over the terms its threads left in shared memory. Rows of
+ * one thread keep the grid big enough at many experts; split rows keep it busy at a few.
+ * Activations of the pass sit in shared memory in a decoded form every thread of a block
+ * reads at the same address (a broadcast).
+ *
+ *   MXFP4: a block sum is sum_k a_k w_k with a_k = e4m3 x 2^9 (an integer below 2^18) and w_k =
+ *          e2m1 x 2 (an integer, |w| <= 12). Each a is split into three signed 6-bit digits
+ *          a = d2 2^12 + d1 2^6 + d0, so the sum is three dp4a chains over int8 x int8 (weights
+ *          decoded four nibbles at a time with byte permutes) recombined exactly in int32
+ *          (|P| < 2^27): P * 2^-10 rounded once to fp32 is the reference's P.
+ *   FP8:   products of two e4m3 values are exact in fp32 (8 significant bits) and every
+ *          partial sum of a 128-block is an integer multiple of 2^-18 below 2^43, exact in
+ *          double: the sum is exact in any order, rounded once to fp32 at the block's end.
+ *          The fast twin sums in fp32 (inexact; spec §7's tolerance).
+ * A NaN activation or weight code makes the block's P NaN, as in the reference.
  */
-#include <limits.h>
+#include <cuda_fp16.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
 
-#define EX_WARPS 4
-#define EX_RW    8 /* weight rows per warp */
-#define EX_MB    4 /* activation rows per pass: EX_RW * EX_MB lanes run the chains */
+#define RX_THREADS 128 /* threads per block */
+#define RX_MB      4   /* activation rows per pass */
 
-/* e4m3 code -> value * 2^9 (an exact integer); NaN codes give 0 (flagged by the caller). */
-__device__ __forceinline__ int ex_e4m3_int(uint32_t b)
+/* e4m3 code -> |value| x 2^9 (an exact integer below 2^18). */
+__device__ __forceinline__ int rx_e4m3_mag(uint32_t b)
 {
     int e = (int)((b >> 3) & 15), m = (int)(b & 7);
-    int mag = e ? (8 | m) << (e - 1) : m;
-    return (b & 0x80) ? -mag : mag;
+    return e ? (8 | m) << (e - 1) : m;
 }
 
-/* e4m3 code -> double (exact); NaN codes give NaN. */
-__device__ __forceinline__ double ex_e4m3_double(uint32_t b)
+/* Four e2m1 nibbles (the low 16 bits of x, nibble i = element i) -> four int8 of value x 2. */
+__device__ __forceinline__ uint32_t rx_e2m1x4(uint32_t x)
 {
-    uint32_t e = (b >> 3) & 15, m = b & 7, s = (b & 0x80) << 24;
-    double v = e ? __hiloint2double((int)(s | ((e + 1016u) << 20) | (m << 17)), 0)
-                 : (s ? -(double)m : (double)m) * 0x1p-9;
-    return (e == 15 && m == 7) ? __longlong_as_double(0x7FF8000000000000ll) : v;
+    uint32_t sel = x & 0x7777u;
+    uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel); /* 0 1 2 3 4 6 8 12 */
+    uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel); /* their negations */
+    uint32_t sgn = __byte_perm(x << 4, x, 0xD9C8u);            /* 0xFF where bit 3 is set */
+    return (pos & ~sgn) | (neg & sgn);
 }
 
-__device__ __forceinline__ bool ex_has_nan_code(uint32_t w)
+__device__ __forceinline__ bool rx_nan_word(uint32_t w)
 {
-    uint32_t t = (w & 0x7F7F7F7Fu) ^ 0x7F7F7F7Fu; /* a byte of 0x7F (or 0xFF) becomes 0 */
+    uint32_t t = (w & 0x7F7F7F7Fu) ^ 0x7F7F7F7Fu; /* a 0x7F or 0xFF byte becomes 0 */
     return ((t - 0x01010101u) & ~t & 0x80808080u) != 0;
 }
 
-__device__ __forceinline__ void ex_store(const cudev_group &G, int row, int n, int N, float acc,
-                                         float *out, uint16_t *obf, const uint32_t *orow)
+/* The geometry of one launch: rows per block, threads per row, blocks per thread. */
+typedef struct rx_geo {
+    int split;  /* threads per weight row: 1 or 4 */
+    int rows;   /* weight rows per block: RX_THREADS / split */
+    int nb;     /* blocks (of 32 or 128 k) per row */
+    int nb_per; /* blocks per thread: nb / split */
+} rx_geo;
+
+/* The terms of a split row go to shared memory, slot (m, row, block). */
+__device__ __forceinline__ float *rx_slot(float *terms, const rx_geo &g, int rloc, int m, int c)
 {
-    if (obf) {
-        size_t r = orow ? orow[row] : (uint32_t)row;
-        obf[r * N + n] = cuk_f32_to_bf16(acc);
-    } else {
-        out[(size_t)row * N + n] = acc;
-    }
+    return terms + ((size_t)m * g.rows + rloc) * g.nb + c;
 }
 
-/* MXFP4 weights: packed [N, K/2] (low nibble = even k), e8m0 scales [N, K/32]. A lane takes one
- * 32-block (16 weight bytes) per iteration; the warp covers 32 blocks = 1024 k. */
-__global__ __launch_bounds__(EX_WARPS * 32) static void k_exact_fp4(const cudev_group *groups,
-                                                                    int N, int K, const uint8_t *a,
-                                                                    const float *as, float *out1,
-                                                                    float *out2, uint16_t *obf,
-                                                                    const uint32_t *orow)
+/* The sequential chain of a split row: its first thread adds the terms in block order. */
+__device__ __forceinline__ float rx_chain(float *terms, const rx_geo &g, int rloc, int m)
 {
-    __shared__ int pbuf[EX_WARPS][EX_RW * EX_MB][33];
-    __shared__ int wlut[16];
-    if (threadIdx.x < 16) {
-        int n3 = threadIdx.x & 7, e = n3 >> 1, mb = n3 & 1;
-        int mag = e ? (2 | mb) << (e - 1) : mb; /* e2m1 value * 2 */
-        wlut[threadIdx.x] = (threadIdx.x & 8) ? -mag : mag;
-    }
-    __syncthreads();
+    const float *t = rx_slot(terms, g, rloc, m, 0);
+    float s = 0.0f;
+    for (int c = 0; c < g.nb; c++)
+        s = __fadd_rn(s, t[c]);
+    return s;
+}
+
+__device__ __forceinline__ void rx_store(const cudev_group &G, int m0, int m, int N, int n, int ld,
+                                         float acc, float *out, uint16_t *obf, const uint32_t *orow)
+{
+    size_t row = G.row0 + (uint32_t)(m0 + m);
+    if (obf)
+        obf[(size_t)(orow ? orow[row] : row) * N + n] = cuk_f32_to_bf16(acc);
+    else
+        out[row * ld + n] = acc;
+}
+
+/* A block's finished term t of activation m: summed into acc[m] when the thread owns its
+ * row, else left in the row's slot (acc stays in registers: every index is compile-time). */
+#define RX_TERM(m, c, t)                                                                           \
+    do {                                                                                           \
+        if (split == 1)                                                                            \
+            acc[m] = __fadd_rn(acc[m], (t));                                                       \
+        else                                                                                       \
+            *rx_slot(terms, g, rloc, (m), (c)) = (t);                                              \
+    } while (0)
+
+/* The end of a pass: the split rows' chains, then the outputs. */
+#define RX_FINISH()                                                                                \
+    do {                                                                                           \
+        if (split > 1)                                                                             \
+            __syncthreads();                                                                       \
+        if (part == 0 && n < N) {                                                                  \
+            _Pragma("unroll") for (int m = 0; m < RX_MB; m++)                                      \
+            {                                                                                      \
+                if (m >= mb)                                                                       \
+                    break;                                                                         \
+                float r = split > 1 ? rx_chain(terms, g, rloc, m) : acc[m];                        \
+                rx_store(G, m0, m, N, n, ld, r, out, obf, orow);                                   \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* ---- MXFP4 ---- */
+
+/* Shared memory of one pass, per activation row: the digits of every 4 k as three int8x4
+ * words, grouped by 32-block (24 words = 96 bytes per block: 6 broadcast 16-byte loads), the
+ * block's NaN flag, and the row's activation scales; then the split rows' terms. */
+static size_t rx_fp4_row_bytes(int K)
+{
+    return (size_t)K / 32 * 96 + (size_t)K / 32 + (size_t)K / 128 * 4;
+}
+
+__global__ __launch_bounds__(RX_THREADS) static void k_rows_fp4(
+    const cudev_group *groups, int N, int K, const uint8_t *a, const float *as, float *out1,
+    float *out2, uint16_t *obf, const uint32_t *orow, int mb_max, int ld, int split)
+{
+    extern __shared__ __align__(16) uint8_t smem[];
     const cudev_group G = groups[blockIdx.y];
-    const uint8_t *W = (blockIdx.z ? G.w[1] : G.w[0]);
+    const uint8_t *W = blockIdx.z ? G.w[1] : G.w[0];
     const uint8_t *S = (const uint8_t *)(blockIdx.z ? G.scale[1] : G.scale[0]);
     float *out = blockIdx.z ? out2 : out1;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n0 = (blockIdx.x * EX_WARPS + warp) * EX_RW;
-    if (n0 >= N)
-        return;
-    int nblk = K / 32, KH = K / 2, SC = K / 128;
-    int my_r = lane / EX_MB, my_m = lane % EX_MB;
-    bool chainer = lane < EX_RW * EX_MB;
-    for (int m0 = 0; m0 < (int)G.rows; m0 += EX_MB) {
-        int mb = (int)G.rows - m0 < EX_MB ? (int)G.rows - m0 : EX_MB;
-        float acc = 0.0f;
-        for (int it = 0; it * 32 < nblk; it++) {
-            int c = it * 32 + lane;
-            bool active = c < nblk;
-            for (int m = 0; m < mb; m++) {
-                size_t row = G.row0 + (uint32_t)(m0 + m);
-                int A[32];
-                bool nan = false;
-                uint4 wv[EX_RW];
-                if (active) {
-                    const uint4 *ap = (const uint4 *)(a + row * (size_t)K + (size_t)c * 32);
-                    uint4 v0 = ap[0], v1 = ap[1];
-                    uint32_t aw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const int nblk = K / 32, SC = K / 128, tid = threadIdx.x;
+    const rx_geo g = {split, RX_THREADS / split, nblk, nblk / split};
+    const int rloc = tid / split, part = tid % split;
+    const int n = blockIdx.x * g.rows + rloc;
+    uint4 *dig = (uint4 *)smem;                           /* [mb][nblk][6] */
+    uint8_t *nanf = smem + (size_t)mb_max * nblk * 96;    /* [mb][nblk] */
+    float *asc = (float *)(nanf + (size_t)mb_max * nblk); /* [mb][SC] */
+    float *terms = asc + (size_t)mb_max * SC;             /* [mb][rows][nblk] when split */
+    const int cb = part * g.nb_per, ce = cb + g.nb_per;
+    const uint8_t *wrow = W + (size_t)n * (K / 2);
+    const uint8_t *srow = S + (size_t)n * nblk;
+    for (int m0 = 0; m0 < (int)G.rows; m0 += mb_max) {
+        int mb = (int)G.rows - m0 < mb_max ? (int)G.rows - m0 : mb_max;
+        __syncthreads(); /* the previous pass is done with the shared rows */
+        /* decode the pass's activations: one 4-k group per thread-step */
+        for (int i = tid; i < mb * (K / 4); i += RX_THREADS) {
+            int m = i / (K / 4), q = i % (K / 4);
+            uint32_t w = *(const uint32_t *)(a + (size_t)(G.row0 + m0 + m) * K + (size_t)q * 4);
+            uint32_t d[3] = {0, 0, 0};
 #pragma unroll
-                    for (int r = 0; r < EX_RW; r++)
-                        wv[r] = *(const uint4 *)(W + (size_t)(n0 + r) * KH + (size_t)c * 16);
+            for (int b = 0; b < 4; b++) {
+                uint32_t c = (w >> (8 * b)) & 0xFF;
+                int v = rx_e4m3_mag(c);
+                int s = (c & 0x80) ? -1 : 1;
 #pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        nan |= ex_has_nan_code(aw[j]);
-#pragma unroll
-                        for (int b = 0; b < 4; b++)
-                            A[4 * j + b] = ex_e4m3_int((aw[j] >> (8 * b)) & 0xFF);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < EX_RW; r++) {
-                    int P = 0;
-                    if (active) {
-                        uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                            for (int b = 0; b < 8; b++)
-                                P += A[8 * j + b] * wlut[(ww[j] >> (4 * b)) & 15];
-                        if (nan)
-                            P = INT_MIN;
-                    }
-                    pbuf[warp][r * EX_MB + m][lane] = P;
-                }
+                for (int j = 0; j < 3; j++)
+                    d[j] |= (uint32_t)(uint8_t)(int8_t)(s * ((v >> (6 * j)) & 63)) << (8 * b);
             }
-            __syncwarp();
-            if (chainer && my_m < mb) {
-                size_t row = G.row0 + (uint32_t)(m0 + my_m);
-                int n = n0 + my_r;
-                for (int j = 0; j < 32 && it * 32 + j < nblk; j++) {
-                    int cc = it * 32 + j;
-                    int P = pbuf[warp][lane][j];
-                    float p = P == INT_MIN ? __uint_as_float(CUK_QNAN)
-                                           : __fmul_rn(__int2float_rn(P), 0x1p-10f);
-                    float t = __fmul_rn(p, as[row * SC + cc / 4]);
-                    acc = __fadd_rn(acc, __fmul_rn(t, cuk_e8m0_to_f32(S[(size_t)n * nblk + cc])));
-                }
-            }
-            __syncwarp();
+            /* group q of block q/8: words (q%8)*3 .. +2 of the block's 24 */
+            uint32_t *blk = (uint32_t *)(dig + ((size_t)m * nblk + q / 8) * 6);
+            blk[(q % 8) * 3 + 0] = d[0];
+            blk[(q % 8) * 3 + 1] = d[1];
+            blk[(q % 8) * 3 + 2] = d[2];
         }
-        if (chainer && my_m < mb)
-            ex_store(G, (int)(G.row0 + m0 + my_m), n0 + my_r, N, acc, out, obf, orow);
+        for (int i = tid; i < mb * nblk; i += RX_THREADS) {
+            int m = i / nblk, c = i % nblk;
+            const uint32_t *p =
+                (const uint32_t *)(a + (size_t)(G.row0 + m0 + m) * K + (size_t)c * 32);
+            bool nan = false;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                nan |= rx_nan_word(p[j]);
+            nanf[i] = nan;
+        }
+        for (int i = tid; i < mb * SC; i += RX_THREADS)
+            asc[i] = as[(size_t)(G.row0 + m0 + i / SC) * SC + i % SC];
+        __syncthreads();
+        float acc[RX_MB];
+#pragma unroll
+        for (int m = 0; m < RX_MB; m++)
+            acc[m] = 0.0f;
+        if (n < N) {
+            /* four blocks (64 weight bytes, 4 scale bytes) per step; the next step's are in
+             * flight while this one is computed */
+            const uint4 *wq = (const uint4 *)wrow;
+            uint4 nxt[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                nxt[j] = wq[cb + j];
+            uint32_t snx = *(const uint32_t *)(srow + cb);
+            for (int c0 = cb; c0 < ce; c0 += 4) {
+                uint4 cur[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    cur[j] = nxt[j];
+                uint32_t sc4 = snx;
+                if (c0 + 4 < ce) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        nxt[j] = wq[c0 + 4 + j];
+                    snx = *(const uint32_t *)(srow + c0 + 4);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int c = c0 + j;
+                    uint32_t wx[4] = {cur[j].x, cur[j].y, cur[j].z, cur[j].w};
+                    uint32_t w8[8];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        w8[2 * i] = rx_e2m1x4(wx[i] & 0xFFFF);
+                        w8[2 * i + 1] = rx_e2m1x4(wx[i] >> 16);
+                    }
+                    float ws = cuk_e8m0_to_f32((uint8_t)(sc4 >> (8 * j)));
+#pragma unroll
+                    for (int m = 0; m < RX_MB; m++) {
+                        if (m >= mb)
+                            break;
+                        const uint4 *dg = dig + ((size_t)m * nblk + c) * 6;
+                        uint4 v[6];
+#pragma unroll
+                        for (int i = 0; i < 6; i++)
+                            v[i] = dg[i];
+                        const uint32_t *dw = (const uint32_t *)v;
+                        int s0 = 0, s1 = 0, s2 = 0;
+#pragma unroll
+                        for (int q = 0; q < 8; q++) {
+                            s0 = __dp4a((int)dw[3 * q + 0], (int)w8[q], s0);
+                            s1 = __dp4a((int)dw[3 * q + 1], (int)w8[q], s1);
+                            s2 = __dp4a((int)dw[3 * q + 2], (int)w8[q], s2);
+                        }
+                        int P = (s2 << 12) + (s1 << 6) + s0;
+                        float p = nanf[m * nblk + c] ? __uint_as_float(CUK_QNAN)
+                                                     : __fmul_rn(__int2float_rn(P), 0x1p-10f);
+                        float t = __fmul_rn(__fmul_rn(p, asc[m * SC + c / 4]), ws);
+                        RX_TERM(m, c, t);
+                    }
+                }
+            }
+        }
+        RX_FINISH();
     }
 }
 
-/* FP8 weights: e4m3 [N, K], f32 scales [N/128, K/128]. A lane takes 16 bytes per iteration, 8
- * lanes one 128-block; the warp covers 4 blocks = 512 k. */
-__global__ __launch_bounds__(EX_WARPS * 32) static void k_exact_fp8(const cudev_group *groups,
-                                                                    int N, int K, const uint8_t *a,
-                                                                    const float *as, float *out1,
-                                                                    float *out2, uint16_t *obf,
-                                                                    const uint32_t *orow)
+/* ---- FP8 ---- */
+
+/* Per activation row: its K values as fp32 (exact e4m3 decodes) and its activation scales. */
+static size_t rx_fp8_row_bytes(int K)
 {
-    __shared__ double pbuf[EX_WARPS][EX_RW * EX_MB][4];
+    return (size_t)K * 4 + (size_t)K / 128 * 4;
+}
+
+__device__ __forceinline__ float2 rx_e4m3x2(uint32_t two)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    return __half22float2(*(__half2 *)&h);
+}
+
+/* EXACT: block sums in double (exact); else in fp32 (the fast path's few-row GEMM). */
+template <bool EXACT>
+__global__ __launch_bounds__(RX_THREADS) static void k_rows_fp8(
+    const cudev_group *groups, int N, int K, const uint8_t *a, const float *as, float *out1,
+    float *out2, uint16_t *obf, const uint32_t *orow, int mb_max, int ld, int split)
+{
+    extern __shared__ __align__(16) uint8_t smem[];
     const cudev_group G = groups[blockIdx.y];
-    const uint8_t *W = (blockIdx.z ? G.w[1] : G.w[0]);
+    const uint8_t *W = blockIdx.z ? G.w[1] : G.w[0];
     const float *S = (const float *)(blockIdx.z ? G.scale[1] : G.scale[0]);
     float *out = blockIdx.z ? out2 : out1;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n0 = (blockIdx.x * EX_WARPS + warp) * EX_RW;
-    if (n0 >= N)
-        return;
-    int KB = K / 128;
-    int my_r = lane / EX_MB, my_m = lane % EX_MB;
-    bool chainer = lane < EX_RW * EX_MB;
-    for (int m0 = 0; m0 < (int)G.rows; m0 += EX_MB) {
-        int mb = (int)G.rows - m0 < EX_MB ? (int)G.rows - m0 : EX_MB;
-        float acc = 0.0f;
-        for (int it = 0; it * 4 < KB; it++) {
-            int kb = it * 4 + lane / 8;
-            bool active = kb < KB;
-            size_t off = (size_t)it * 512 + (size_t)lane * 16;
-            for (int m = 0; m < mb; m++) {
-                size_t row = G.row0 + (uint32_t)(m0 + m);
-                double A[16];
-                uint4 wv[EX_RW];
-                if (active) {
-                    uint4 v = *(const uint4 *)(a + row * (size_t)K + off);
-                    uint32_t aw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int r = 0; r < EX_RW; r++)
-                        wv[r] = *(const uint4 *)(W + (size_t)(n0 + r) * K + off);
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-#pragma unroll
-                        for (int b = 0; b < 4; b++)
-                            A[4 * j + b] = ex_e4m3_double((aw[j] >> (8 * b)) & 0xFF);
-                }
-#pragma unroll
-                for (int r = 0; r < EX_RW; r++) {
-                    double p = 0.0;
-                    if (active) {
-                        uint32_t ww[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                            for (int b = 0; b < 4; b++)
-                                p = __fma_rn(A[4 * j + b],
-                                             ex_e4m3_double((ww[j] >> (8 * b)) & 0xFF), p);
-                    }
-                    /* the 8 lanes of a block: exact partial sums, any order */
-                    p = __dadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 1));
-                    p = __dadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 2));
-                    p = __dadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 4));
-                    if ((lane & 7) == 0)
-                        pbuf[warp][r * EX_MB + m][lane / 8] = p;
-                }
-            }
-            __syncwarp();
-            if (chainer && my_m < mb) {
-                size_t row = G.row0 + (uint32_t)(m0 + my_m);
-                int n = n0 + my_r;
-                for (int j = 0; j < 4 && it * 4 + j < KB; j++) {
-                    int b = it * 4 + j;
-                    float p = __double2float_rn(pbuf[warp][lane][j]);
-                    float sig = __fmul_rn(as[row * KB + b], S[(size_t)(n / 128) * KB + b]);
-                    acc = __fadd_rn(acc, __fmul_rn(p, sig));
-                }
-            }
-            __syncwarp();
+    const int KB = K / 128, tid = threadIdx.x;
+    const rx_geo g = {split, RX_THREADS / split, KB, KB / split};
+    const int rloc = tid / split, part = tid % split;
+    const int n = blockIdx.x * g.rows + rloc;
+    float *av = (float *)smem;                /* [mb][K] */
+    float *asc = av + (size_t)mb_max * K;     /* [mb][KB] */
+    float *terms = asc + (size_t)mb_max * KB; /* [mb][rows][KB] when split */
+    const int cb = part * g.nb_per, ce = cb + g.nb_per;
+    const uint8_t *wrow = W + (size_t)n * K;
+    const float *srow = S + (size_t)(n / 128) * KB;
+    for (int m0 = 0; m0 < (int)G.rows; m0 += mb_max) {
+        int mb = (int)G.rows - m0 < mb_max ? (int)G.rows - m0 : mb_max;
+        __syncthreads();
+        for (int i = tid; i < mb * (K / 2); i += RX_THREADS) {
+            int m = i / (K / 2), q = i % (K / 2);
+            uint32_t two = *(const uint16_t *)(a + (size_t)(G.row0 + m0 + m) * K + (size_t)q * 2);
+            float2 f = rx_e4m3x2(two);
+            av[(size_t)m * K + 2 * q] = f.x;
+            av[(size_t)m * K + 2 * q + 1] = f.y;
         }
-        if (chainer && my_m < mb)
-            ex_store(G, (int)(G.row0 + m0 + my_m), n0 + my_r, N, acc, out, obf, orow);
+        for (int i = tid; i < mb * KB; i += RX_THREADS)
+            asc[i] = as[(size_t)(G.row0 + m0 + i / KB) * KB + i % KB];
+        __syncthreads();
+        float acc[RX_MB];
+#pragma unroll
+        for (int m = 0; m < RX_MB; m++)
+            acc[m] = 0.0f;
+        if (n < N) {
+            /* one 128-block (128 weight bytes) per step; the next step's are in flight while
+             * this one is computed */
+            const uint4 *wq = (const uint4 *)wrow;
+            uint4 nxt[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                nxt[j] = wq[(size_t)cb * 8 + j];
+            for (int kb = cb; kb < ce; kb++) {
+                double pd[RX_MB];
+                float pf[RX_MB];
+#pragma unroll
+                for (int m = 0; m < RX_MB; m++)
+                    pd[m] = 0.0, pf[m] = 0.0f;
+                uint4 cur[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    cur[j] = nxt[j];
+                if (kb + 1 < ce) {
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        nxt[j] = wq[(size_t)(kb + 1) * 8 + j];
+                }
+#pragma unroll
+                for (int s = 0; s < 8; s++) { /* 8 x 16 weights */
+                    uint32_t wx[4] = {cur[s].x, cur[s].y, cur[s].z, cur[s].w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        float2 w01 = rx_e4m3x2(wx[j] & 0xFFFF), w23 = rx_e4m3x2(wx[j] >> 16);
+                        float wf[4] = {w01.x, w01.y, w23.x, w23.y};
+                        int k0 = kb * 128 + s * 16 + j * 4;
+#pragma unroll
+                        for (int m = 0; m < RX_MB; m++) {
+                            if (m >= mb)
+                                break;
+                            const float4 x = *(const float4 *)(av + (size_t)m * K + k0);
+                            float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                            for (int b = 0; b < 4; b++) {
+                                if (EXACT) /* the product is exact in fp32, the sum in double */
+                                    pd[m] = __dadd_rn(pd[m], (double)__fmul_rn(xs[b], wf[b]));
+                                else
+                                    pf[m] = __fmaf_rn(xs[b], wf[b], pf[m]);
+                            }
+                        }
+                    }
+                }
+                float ws = srow[kb];
+#pragma unroll
+                for (int m = 0; m < RX_MB; m++) {
+                    if (m >= mb)
+                        break;
+                    float p = EXACT ? __double2float_rn(pd[m]) : pf[m];
+                    float sig = __fmul_rn(asc[m * KB + kb], ws);
+                    RX_TERM(m, kb, __fmul_rn(p, sig));
+                }
+            }
+        }
+        RX_FINISH();
     }
+}
+
+/* ---- launchers ---- */
+
+/* Shared memory per block beyond the default 48 KB needs an opt-in per kernel. */
+static void rx_optin(const void *fn, size_t bytes)
+{
+    if (bytes > 48 * 1024)
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+/* Split rows 4 ways when one thread per row would leave most of the GPU idle (a few experts of
+ * a few rows: decode) and the blocks divide evenly (per thread a multiple of 4 MXFP4 blocks,
+ * the prefetch step). */
+static int rx_split(const cudev_gemm *g, int nb, int step)
+{
+    long blocks = (long)((g->N + RX_THREADS - 1) / RX_THREADS) * g->n_groups * g->n_mats;
+    return blocks < 4L * 132 && nb % (4 * step) == 0 ? 4 : 1;
+}
+
+int cuk_gemm_rows(const cudev_gemm *g, bool exact, cudaStream_t stream)
+{
+    int mb = g->max_rows < RX_MB ? (g->max_rows > 0 ? g->max_rows : 1) : RX_MB;
+    bool fp4 = g->format == MB_W_MXFP4;
+    int nb = fp4 ? g->K / 32 : g->K / 128;
+    int split = rx_split(g, nb, fp4 ? 4 : 1), rows = RX_THREADS / split;
+    dim3 grid((unsigned)((g->N + rows - 1) / rows), (unsigned)g->n_groups, (unsigned)g->n_mats);
+    size_t terms = split > 1 ? (size_t)mb * rows * nb * 4 : 0;
+    int ld = g->ld_out ? g->ld_out : g->N;
+    if (fp4) {
+        size_t sh = (size_t)mb * rx_fp4_row_bytes(g->K) + terms;
+        rx_optin((const void *)k_rows_fp4, sh);
+        k_rows_fp4<<<grid, RX_THREADS, sh, stream>>>(g->groups, g->N, g->K, g->a, g->a_scale,
+                                                     g->out_f32, g->out2_f32, g->out_bf16,
+                                                     g->out_row, mb, ld, split);
+    } else {
+        size_t sh = (size_t)mb * rx_fp8_row_bytes(g->K) + terms;
+        if (exact) {
+            rx_optin((const void *)k_rows_fp8<true>, sh);
+            k_rows_fp8<true><<<grid, RX_THREADS, sh, stream>>>(
+                g->groups, g->N, g->K, g->a, g->a_scale, g->out_f32, g->out2_f32, g->out_bf16,
+                g->out_row, mb, ld, split);
+        } else {
+            rx_optin((const void *)k_rows_fp8<false>, sh);
+            k_rows_fp8<false><<<grid, RX_THREADS, sh, stream>>>(
+                g->groups, g->N, g->K, g->a, g->a_scale, g->out_f32, g->out2_f32, g->out_bf16,
+                g->out_row, mb, ld, split);
+        }
+    }
+    return 0;
 }
 
 int cuk_gemm_exact(const cudev_gemm *g, cudaStream_t stream)
 {
-    int rows_per_block = EX_WARPS * EX_RW;
-    dim3 grid((unsigned)((g->N + rows_per_block - 1) / rows_per_block), (unsigned)g->n_groups,
-              (unsigned)g->n_mats);
-    if (g->format == MB_W_MXFP4)
-        k_exact_fp4<<<grid, EX_WARPS * 32, 0, stream>>>(g->groups, g->N, g->K, g->a, g->a_scale,
-                                                        g->out_f32, g->out2_f32, g->out_bf16,
-                                                        g->out_row);
-    else
-        k_exact_fp8<<<grid, EX_WARPS * 32, 0, stream>>>(g->groups, g->N, g->K, g->a, g->a_scale,
-                                                        g->out_f32, g->out2_f32, g->out_bf16,
-                                                        g->out_row);
-    return 0;
+    return cuk_gemm_rows(g, true, stream);
 }

@@ -85,7 +85,7 @@ __global__ __launch_bounds__(FT_THREADS) static void k_fast(const cudev_group *g
                                                             int N, int K, bool fp4,
                                                             const uint8_t *a, const float *as,
                                                             float *out1, float *out2, uint16_t *obf,
-                                                            const uint32_t *orow)
+                                                            const uint32_t *orow, int ld)
 {
     __shared__ __align__(16) uint8_t As[FT_BM * FT_LDS];
     __shared__ __align__(16) uint8_t Bs[FT_BN * FT_LDS];
@@ -246,7 +246,7 @@ __global__ __launch_bounds__(FT_THREADS) static void k_fast(const cudev_group *g
                         (uint32_t)cuk_f32_to_bf16(v0) | ((uint32_t)cuk_f32_to_bf16(v1) << 16);
                     *(uint32_t *)(obf + o * N + n) = pk;
                 } else {
-                    *(float2 *)(out + row * N + n) = make_float2(v0, v1);
+                    *(float2 *)(out + row * ld + n) = make_float2(v0, v1);
                 }
             }
         }
@@ -260,8 +260,8 @@ int cuk_gemm_fast(const cudev_gemm *g, cudaStream_t stream)
     if (tiles == 0)
         return 0;
     dim3 grid((unsigned)(g->N / FT_BN), (unsigned)tiles, (unsigned)g->n_mats);
-    k_fast<<<grid, FT_THREADS, 0, stream>>>(g->groups, g->n_groups, g->N, g->K,
-                                            g->format == MB_W_MXFP4, g->a, g->a_scale, g->out_f32,
-                                            g->out2_f32, g->out_bf16, g->out_row);
+    k_fast<<<grid, FT_THREADS, 0, stream>>>(
+        g->groups, g->n_groups, g->N, g->K, g->format == MB_W_MXFP4, g->a, g->a_scale, g->out_f32,
+        g->out2_f32, g->out_bf16, g->out_row, g->ld_out ? g->ld_out : g->N);
     return 0;
 }

@@ -197,8 +197,9 @@ static void act_make(act *x, int M)
     x->M = M;
     x->a = (uint8_t *)dalloc((size_t)M * H);
     x->as = (float *)dalloc((size_t)M * H / 128 * 4);
-    x->acc1 = (float *)dalloc((size_t)M * I * 4);
-    x->acc3 = (float *)dalloc((size_t)M * I * 4);
+    /* the backend's layout: per row w1's outputs then w3's (one GEMM call can write both) */
+    x->acc1 = (float *)dalloc((size_t)M * I * 4 * 2);
+    x->acc3 = x->acc1 + I;
     x->hq = (uint8_t *)dalloc((size_t)M * I);
     x->hqs = (float *)dalloc((size_t)M * I / 128 * 4);
     x->w = (float *)dalloc((size_t)M * 4);
@@ -214,7 +215,7 @@ static void act_make(act *x, int M)
 
 static void act_free(act *x)
 {
-    void *p[] = {x->a, x->as, x->acc1, x->acc3, x->hq, x->hqs, x->w, x->tab, x->out, x->g13};
+    void *p[] = {x->a, x->as, x->acc1, x->hq, x->hqs, x->w, x->tab, x->out, x->g13};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         CK(cudaFree(p[i]));
 }
@@ -224,13 +225,13 @@ static void mlp(act *x, mb_wformat f, mb_gemm_mode mode, int M, int ng, cudev_gr
                 cudev_group *h2, int max_rows, bool weights)
 {
     ep_err err;
-    cudev_gemm g = {f,   mode,     I,    H,     M,       2,       ng,   x->g13,
-                    h13, max_rows, x->a, x->as, x->acc1, x->acc3, NULL, NULL};
-    cudev_gemm g2 = {f,  mode,     H,     I,      M,    1,    ng,     x->g2,
-                     h2, max_rows, x->hq, x->hqs, NULL, NULL, x->out, NULL};
+    cudev_gemm g = {f,        mode, I,     H,       M,       2,     ng,   x->g13, h13,
+                    max_rows, x->a, x->as, x->acc1, x->acc3, 2 * I, NULL, NULL};
+    cudev_gemm g2 = {f,        mode,  H,      I,    M,    1, ng,     x->g2, h2,
+                     max_rows, x->hq, x->hqs, NULL, NULL, 0, x->out, NULL};
     if (D->gemm(dev, &g, &err) ||
-        D->swiglu(dev, M, I, x->acc1, x->acc3, weights ? x->w : NULL, 10.0f, true, x->tab, 0.0f,
-                  x->hq, x->hqs, &err) ||
+        D->swiglu(dev, M, I, x->acc1, x->acc3, 2 * I, weights ? x->w : NULL, 10.0f, true, x->tab,
+                  0.0f, x->hq, x->hqs, &err) ||
         D->gemm(dev, &g2, &err)) {
         fprintf(stderr, "bench: %s\n", err.msg);
         exit(1);
@@ -430,6 +431,7 @@ static void bench_grouped(void)
                                 x.as,
                                 x.acc1,
                                 x.acc3,
+                                2 * I,
                                 NULL,
                                 NULL};
                 int reps = mode == 0 && R >= 64 ? 1 : 3;

@@ -221,8 +221,8 @@ TEST(swiglu_with_the_exp_table_matches_the_reference)
         void *dw = dput(w, sizeof w), *dt = dput(tab, 65536 * 4);
         void *dq = dput(NULL, (size_t)M * I), *ds = dput(NULL, (size_t)M * I / 128 * 4);
         ep_err err;
-        CHECK_EQ(D->swiglu(dev, M, I, d1, d3, wr ? dw : NULL, limit, pow2, dt, expf(-limit), dq, ds,
-                           &err),
+        CHECK_EQ(D->swiglu(dev, M, I, d1, d3, 0, wr ? dw : NULL, limit, pow2, dt, expf(-limit), dq,
+                           ds, &err),
                  0);
         dget(qd, dq, (size_t)M * I);
         dget(sd, ds, (size_t)M * I / 128 * 4);
@@ -321,7 +321,10 @@ static double calc_diff_f32(const float *x, const float *y, size_t n)
 
 /* One grouped GEMM case on the device in both modes against gemm_run (the reference) per
  * group; the exact mode bit for bit, the fast one within tol. */
-static void gemm_case(const gcase *c, double tol, int with_nan)
+/* One grouped GEMM case. fused: each group's w1 and w3 (and their scales) adjacent in device
+ * memory and the outputs interleaved per row [w1 | w3] (the backend's layout: a library GEMM
+ * may run both as one); otherwise separate buffers. */
+static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
 {
     int M = 0, N = c->N, K = c->K;
     for (int g = 0; g < c->n_groups; g++)
@@ -363,14 +366,28 @@ static void gemm_case(const gcase *c, double tol, int with_nan)
             gemm_run(gw, c->rows[g], a + (size_t)row0 * K, as + (size_t)row0 * K / 128,
                      ref + (size_t)mat * M * N + (size_t)row0 * N, NULL);
             gemm_weight_free(&gw);
-            hg[g].w[mat] = dput(w[g][mat], wb);
-            hg[g].scale[mat] = dput(s[g][mat], sb);
+        }
+        if (fused) { /* one allocation: w1, w3, then both scale tensors */
+            uint8_t *blk = dput(NULL, 2 * wb + 2 * sb);
+            for (int mat = 0; mat < 2; mat++) {
+                hg[g].w[mat] = blk + mat * wb;
+                hg[g].scale[mat] = blk + 2 * wb + mat * sb;
+                D->h2d(dev, (void *)hg[g].w[mat], w[g][mat], wb, &err);
+                D->h2d(dev, (void *)hg[g].scale[mat], s[g][mat], sb, &err);
+            }
+        } else {
+            for (int mat = 0; mat < 2; mat++) {
+                hg[g].w[mat] = dput(w[g][mat], wb);
+                hg[g].scale[mat] = dput(s[g][mat], sb);
+            }
         }
         row0 += c->rows[g];
     }
     void *dgr = dput(hg, sizeof hg), *da = dput(a, (size_t)M * K);
     void *das = dput(as, (size_t)M * K / 128 * 4);
-    void *do1 = dput(NULL, (size_t)M * N * 4), *do3 = dput(NULL, (size_t)M * N * 4);
+    float *do1 = dput(NULL, (size_t)M * N * 4 * 2),
+          *do3 = fused ? do1 + N : dput(NULL, (size_t)M * N * 4);
+    int ld = fused ? 2 * N : N;
     for (int mode = 0; mode < 2; mode++) {
         int max_rows = 0;
         for (int g = 0; g < c->n_groups; g++)
@@ -388,14 +405,27 @@ static void gemm_case(const gcase *c, double tol, int with_nan)
                         .a = da,
                         .a_scale = das,
                         .out_f32 = do1,
-                        .out2_f32 = do3};
+                        .out2_f32 = do3,
+                        .ld_out = ld};
         CHECK_EQ(D->gemm(dev, &G, &err), 0);
-        dget(got, do1, (size_t)M * N * 4);
-        dget(got + (size_t)M * N, do3, (size_t)M * N * 4);
+        float *o = malloc((size_t)M * N * 4 * 2);
+        if (fused) {
+            dget(o, do1, (size_t)M * N * 4 * 2);
+            for (int r = 0; r < M; r++) {
+                memcpy(got + (size_t)r * N, o + (size_t)r * 2 * N, (size_t)N * 4);
+                memcpy(got + (size_t)M * N + (size_t)r * N, o + (size_t)r * 2 * N + N,
+                       (size_t)N * 4);
+            }
+        } else {
+            dget(got, do1, (size_t)M * N * 4);
+            dget(got + (size_t)M * N, do3, (size_t)M * N * 4);
+        }
+        free(o);
         char what[128];
-        snprintf(what, sizeof what, "%s %s gemm N=%d K=%d groups=%d pow2=%d nan=%d",
+        snprintf(what, sizeof what, "%s %s gemm N=%d K=%d groups=%d pow2=%d nan=%d fused=%d lt=%s",
                  mode ? "fast" : "exact", c->fp4 ? "mxfp4" : "fp8", N, K, c->n_groups, c->pow2,
-                 with_nan);
+                 with_nan, fused,
+                 getenv("EPMOE_CUDA_CUBLASLT") ? getenv("EPMOE_CUDA_CUBLASLT") : "1");
         if (mode == 0) {
             CHECK(same_f32(ref, got, (size_t)2 * M * N, what));
         } else if (!with_nan) {
@@ -409,10 +439,15 @@ static void gemm_case(const gcase *c, double tol, int with_nan)
     }
     for (int g = 0; g < c->n_groups; g++)
         for (int mat = 0; mat < 2; mat++) {
-            D->free(dev, (void *)hg[g].w[mat]), D->free(dev, (void *)hg[g].scale[mat]);
+            if (!fused)
+                D->free(dev, (void *)hg[g].w[mat]), D->free(dev, (void *)hg[g].scale[mat]);
+            else if (mat == 0)
+                D->free(dev, (void *)hg[g].w[0]);
             free(w[g][mat]), free(s[g][mat]);
         }
-    D->free(dev, dgr), D->free(dev, da), D->free(dev, das), D->free(dev, do1), D->free(dev, do3);
+    D->free(dev, dgr), D->free(dev, da), D->free(dev, das), D->free(dev, do1);
+    if (!fused)
+        D->free(dev, do3);
     free(x), free(a), free(as), free(ref), free(got);
 }
 
@@ -428,10 +463,18 @@ TEST(exact_gemms_match_the_reference_and_fast_ones_are_within_tolerance)
         {false, true, 512, 1152, 2, {200, 9}},
         {true, true, 128, 128, 1, {1}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        gemm_case(&cases[i], cases[i].fp4 ? 1e-3 : 1e-3, 0);
-    gemm_case(&cases[0], 1e-3, 1);
-    gemm_case(&cases[2], 1e-3, 1);
+    /* the fast path picks by rows per group: the few-row kernels, cuBLASLt (FP8, on or off),
+     * or the tensor-core kernel */
+    for (int lt = 1; lt >= 0; lt--) {
+        setenv("EPMOE_CUDA_CUBLASLT", lt ? "1" : "0", 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            for (int fused = 0; fused < 2; fused++)
+                if (lt || !cases[i].fp4)
+                    gemm_case(&cases[i], 1e-3, 0, fused);
+    }
+    unsetenv("EPMOE_CUDA_CUBLASLT");
+    gemm_case(&cases[0], 1e-3, 1, 0);
+    gemm_case(&cases[2], 1e-3, 1, 1);
 }
 
 /* The bf16 output path of the GEMM: rounded rows written through out_row. */

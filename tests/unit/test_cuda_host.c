@@ -328,7 +328,8 @@ static void run_gemm(const void *v)
                     for (size_t n = 0; n < N; n++)
                         g->out_bf16[dst * N + n] = fmt_f32_to_bf16(o[r * N + n]);
                 } else {
-                    memcpy((mat ? g->out2_f32 : g->out_f32) + row * N, o + r * N, N * 4);
+                    size_t ld = g->ld_out ? (size_t)g->ld_out : N;
+                    memcpy((mat ? g->out2_f32 : g->out_f32) + row * ld, o + r * N, N * 4);
                 }
             }
             free(o);
@@ -350,7 +351,7 @@ static int fk_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
 
 /* The device kernel's SwiGLU: expf(-g) from the table, then the reference quantizer. */
 typedef struct {
-    int M, I;
+    int M, I, ld;
     const float *acc1, *acc3, *w_row;
     float limit;
     bool pow2;
@@ -366,7 +367,7 @@ static void run_swiglu(const void *v)
     for (int m = 0; m < a->M; m++)
         for (int b = 0; b < a->I / 128; b++) {
             for (int i = 0; i < 128; i++) {
-                size_t at = (size_t)m * a->I + (size_t)b * 128 + i;
+                size_t at = (size_t)m * a->ld + (size_t)b * 128 + i;
                 float g = fmt_bf16_to_f32(fmt_f32_to_bf16(a->acc1[at]));
                 float u = fmt_bf16_to_f32(fmt_f32_to_bf16(a->acc3[at]));
                 bool clamped = g > a->limit;
@@ -383,11 +384,11 @@ static void run_swiglu(const void *v)
                                  a->hqs + (size_t)m * (a->I / 128) + b);
         }
 }
-static int fk_swiglu(cudev *d, int M, int I, const float *acc1, const float *acc3,
+static int fk_swiglu(cudev *d, int M, int I, const float *acc1, const float *acc3, int ld,
                      const float *w_row, float limit, bool pow2, const float *tab, float enl,
                      uint8_t *hq, float *hqs, ep_err *err)
 {
-    a_sw a = {M, I, acc1, acc3, w_row, limit, pow2, tab, enl, hq, hqs};
+    a_sw a = {M, I, ld ? ld : I, acc1, acc3, w_row, limit, pow2, tab, enl, hq, hqs};
     FK_KERNEL(d, run_swiglu, a_sw, a);
     return 0;
 }
