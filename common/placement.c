@@ -276,6 +276,11 @@ int pl_stored(const pl_table *t)
     return t->n_tables;
 }
 
+int pl_layer_stored(const pl_table *t, int layer)
+{
+    return t->layer_table[layer];
+}
+
 const uint16_t *pl_replicas(const pl_table *t, int layer, int expert, int *n)
 {
     size_t i = (size_t)t->layer_table[layer] * t->n_experts + (size_t)expert;

@@ -55,6 +55,8 @@ int pl_layers(const pl_table *t);
 int pl_experts(const pl_table *t);
 int pl_ranks(const pl_table *t);
 int pl_stored(const pl_table *t); /* distinct layer tables stored */
+/* Which stored table layer l uses (layers with the same index are identical). */
+int pl_layer_stored(const pl_table *t, int layer);
 
 /* The replicas of expert e in layer l (ascending ranks) and their number in *n. */
 const uint16_t *pl_replicas(const pl_table *t, int layer, int expert, int *n);

@@ -12,7 +12,8 @@
  *   kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= EP_MAX_TOKENS * MC_MAX_TOPK before
  *   any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes when scales_e8m0
  *   else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine out n_pairs*H*2);
- *   pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner).
+ *   pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner, or owned: held in
+ *   some layer; the executor checks the step's layer).
  * A message that fails any check, or whose step is finished (tp_finish), is dropped: counted,
  * its reason logged (rate-limited) and kept in tp_last_drop; it never disturbs other messages.
  * Valid messages are kept until taken, also for steps the owner has not started yet (a fast
@@ -52,7 +53,9 @@ typedef struct tp_config {
     uint64_t epoch;               /* placement epoch every message must carry */
     int hidden;                   /* H, a multiple of 128 */
     int n_experts;                /* E */
-    const uint32_t *expert_owner; /* [E]: rank owning expert e (copied) */
+    const uint32_t *expert_owner; /* [E]: rank owning expert e (copied); unused when owned */
+    const uint8_t *owned;         /* [E] or NULL: 1 where this rank holds expert e in some layer
+                                   * (per-layer placements and replicas; copied) */
     const char *bind_endpoint;    /* PULL; "tcp://127.0.0.1:*" binds an ephemeral port */
 } tp_config;
 
@@ -83,6 +86,11 @@ typedef struct tp_msg {
  * MAXMSGSIZE EP_MAX_DATA_MSG). Errors name the endpoint. */
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err);
 void tp_destroy(tp_transport **self_p);
+
+/* A staged epoch is committed (EPOCH_COMMIT): the same sockets serve the new epoch and its
+ * experts (owned [E], copied), so no peer reconnects. Messages of the old epoch are dropped
+ * from now on. */
+void tp_set_epoch(tp_transport *tp, uint64_t epoch, const uint8_t *owned);
 
 /* The endpoint actually bound (ephemeral port resolved), for the peers to connect to. */
 const char *tp_endpoint(const tp_transport *tp);

@@ -44,7 +44,7 @@ struct tp_transport {
     void **push; /* [world_size], NULL for own rank and before tp_connect */
     int rank, world_size, hidden, n_experts;
     uint64_t epoch;
-    uint8_t *owned; /* [E]: expert_owner[e] == rank */
+    uint8_t *owned; /* [E]: this rank holds expert e (in some layer) */
     char endpoint[EP_MAX_PATH];
     tp_msg *pending; /* arrival order */
     int n_pending, cap_pending;
@@ -55,6 +55,13 @@ struct tp_transport {
     time_t log_sec;
     int log_count, log_suppressed;
 };
+
+void tp_set_epoch(tp_transport *tp, uint64_t epoch, const uint8_t *owned)
+{
+    tp->epoch = epoch;
+    for (int e = 0; e < tp->n_experts; e++)
+        tp->owned[e] = owned[e] != 0;
+}
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
 
@@ -215,7 +222,8 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
     if (tp->push == NULL || tp->owned == NULL || tp->pending == NULL)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
-        tp->owned[e] = cfg->expert_owner[e] == (uint32_t)cfg->rank;
+        tp->owned[e] =
+            cfg->owned ? cfg->owned[e] != 0 : cfg->expert_owner[e] == (uint32_t)cfg->rank;
     tp->pull = zmq_socket(zctx, ZMQ_PULL);
     if (tp->pull == NULL) {
         ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
