@@ -98,7 +98,13 @@ void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest 
     int P = p->n_ranks;
     Epmoe__Shard *sh = calloc((size_t)P, sizeof *sh);
     Epmoe__Shard **sp = calloc((size_t)P, sizeof *sp);
-    uint32_t *ex = calloc((size_t)p->n_experts, sizeof *ex);
+    size_t slots = 0; /* replicas of the layer: more than E with redundant experts */
+    for (int e = 0; e < p->n_experts; e++) {
+        int n;
+        plan_replicas(p, layer, e, &n);
+        slots += (size_t)n;
+    }
+    uint32_t *ex = calloc(slots + 1, sizeof *ex);
     int *tmp = calloc((size_t)p->n_experts, sizeof *tmp);
     if (sh == NULL || sp == NULL || ex == NULL || tmp == NULL) {
         adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,

@@ -1111,7 +1111,7 @@ static void coord_on_rebalance(coord *c, const wire_msg *m, const Epmoe__AdminRe
                         .stats = c->stats,
                         .current = plan_current(c->pe)};
     rb.epoch_after = rb.epoch_before;
-    long moved = rep.moved;
+    long moved = t != NULL ? rep.moved : 0;
     if (!dry && t != NULL) {
         char why[200];
         snprintf(why, sizeof why,
@@ -1126,8 +1126,7 @@ static void coord_on_rebalance(coord *c, const wire_msg *m, const Epmoe__AdminRe
     } else if (!dry) {
         cmx_rebalance(c->mx, "unchanged", secs, 0);
     }
-    if (t == NULL)
-        rep.moved = 0;
+    rep.moved = moved; /* nothing moves when the plan is the placement in force */
     adm_reply_rebalance(&c->out, m, rq->id, c->spec->name, &rb);
     plan_free(&t);
     plan_report_free(&rep);

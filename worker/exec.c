@@ -55,6 +55,12 @@ struct exec_actor {
     atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
 };
 
+/* What a load keeps and reads: (layer, expert) slots the rank holds, the most in one layer, and
+ * of those the ones the old layers already held. */
+typedef struct exec_slots {
+    int max_per_layer, slots, kept;
+} exec_slots;
+
 typedef struct exec_state {
     exec_actor *actor;
     void *pipe; /* the thread's end */
@@ -74,6 +80,8 @@ typedef struct exec_state {
     /* a staged epoch (a rebalance): its session and layers, loaded beside the serving ones */
     exec_session *staged;
     mb_layer **staged_layers; /* [n_layers] */
+    exec_slots staged_cost; /* what preparing it read: its commit reports it */
+    uint64_t staged_bytes;
     /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
     struct exec_step_s *open;
     struct wmx *mx; /* the worker's metrics (thread-safe), or NULL */
@@ -417,11 +425,6 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
 
-/* What a load of s keeps and reads: (layer, expert) slots the rank holds, and of those the ones
- * the old layers already hold. */
-typedef struct exec_slots {
-    int max_per_layer, slots, kept;
-} exec_slots;
 
 static exec_slots exec_count_slots(const exec_session *s, mb_layer *const *old, int n_old)
 {
@@ -583,6 +586,8 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     st->staged = s;
     *s_p = NULL;
     st->staged_layers = layers;
+    st->staged_cost = c;
+    st->staged_bytes = p.total;
     log_info("staged epoch %llu prepared in %.2f s: %d slots (%d kept, %d read: %llu bytes), "
              "serving epoch %llu meanwhile",
              (unsigned long long)s->epoch, exec_now() - t0, c.slots, c.kept, c.slots - c.kept,
@@ -672,12 +677,13 @@ static void exec_commit(exec_state *st, const wire_msg *m)
     st->staged = NULL;
     tp_set_epoch(st->tp, epoch, owned);
     free(owned);
-    exec_slots n = exec_count_slots(st->session, st->layers, st->n_layers);
+    /* what this epoch cost is what preparing it read: READY says so (nothing is read now) */
+    exec_slots n = st->staged_cost;
     log_info("epoch %llu committed: %d slots, at most %d experts a layer (%d members)",
              (unsigned long long)epoch, n.slots, n.max_per_layer, st->session->n_members);
     wmx_loaded(st->mx, "commit", 0, exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, epoch);
-    exec_send_ready(st, st->session, st->layers, 0, n, false);
+    exec_send_ready(st, st->session, st->layers, st->staged_bytes, n, false);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------
