@@ -51,7 +51,8 @@ struct coord {
     bool stop;      /* leave the loop after this iteration */
     int64_t now_ms; /* CLOCK_MONOTONIC, refreshed once per loop iteration */
     int64_t next_heartbeat_ms;
-    uint64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
+    int64_t next_liveness_ms; /* a liveness check every quarter heartbeat */
+    uint64_t watchdog_ms;     /* half of WatchdogSec, 0 when off */
     int64_t next_watchdog_ms;
     int64_t change_ms;   /* when the placement change in progress began (0: none) */
     rl_plan reload;      /* a validated reload waiting for the step in flight (spec != NULL) */
@@ -95,6 +96,13 @@ static void coord_notify_status(coord *c)
     sdn_notifyf("STATUS=cluster %s %s, epoch %" PRIu64 ": %d/%d workers registered, %d ready",
                 c->spec->name, coord_state_name(c->state), plan_current(c->pe)->epoch, n - missing,
                 n, n - not_ready);
+}
+
+/* How often liveness is checked between heartbeats: a quarter heartbeat, at least 10 ms. */
+static int64_t coord_liveness_ms(const coord *c)
+{
+    int64_t q = c->spec->heartbeat_ms / 4;
+    return q < 10 ? 10 : q;
 }
 
 /* Every member of t acknowledged t and is ready. */
@@ -826,6 +834,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
         goto fail;
     c->now_ms = coord_clock_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
+    c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
     c->watchdog_ms = sdn_watchdog_usec() / 2000;
     c->next_watchdog_ms = c->now_ms;
     return c;
@@ -1242,6 +1251,12 @@ static void coord_timers(coord *c)
         reg_tick(c->reg, &renv, &c->out);
         cmx_workers(c->mx, c->spec, c->reg, plan_latest(c->pe));
         c->next_heartbeat_ms = c->now_ms + c->spec->heartbeat_ms;
+        c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
+        coord_settle(c);
+    } else if (c->now_ms >= c->next_liveness_ms) {
+        reg_env renv = coord_reg_env(c);
+        reg_expire(c->reg, &renv, &c->out);
+        c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
         coord_settle(c);
     }
     seq_env senv = coord_seq_env(c);
@@ -1256,6 +1271,8 @@ static void coord_timers(coord *c)
 static long coord_poll_timeout(coord *c)
 {
     int64_t next = c->next_heartbeat_ms;
+    if (c->next_liveness_ms < next)
+        next = c->next_liveness_ms;
     seq_env senv = coord_seq_env(c);
     int64_t s = seq_next_deadline(c->seq, &senv);
     if (s < next)

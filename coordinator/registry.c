@@ -801,6 +801,21 @@ void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms
         w->last_seen_ms = now_ms; /* garbage, but alive */
 }
 
+void reg_expire(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        int64_t silent = env->now_ms - w->last_seen_ms;
+        if (!reg_registered(w) || silent <= expiry)
+            continue;
+        char why[160];
+        snprintf(why, sizeof why, "silent for %" PRId64 " ms (liveness %d x heartbeat %d ms)",
+                 silent, env->spec->liveness, env->spec->heartbeat_ms);
+        reg_declare_dead(r, i, why, out);
+    }
+}
+
 void reg_tick(reg_registry *r, const reg_env *env, ob_box *out)
 {
     int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;

@@ -127,6 +127,9 @@ int reg_sender(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *o
 void reg_on_message(reg_registry *r, const reg_env *env, int rank, const wire_msg *m, ob_box *out);
 /* A malformed message from this routing id: still a sign of life from a registered worker. */
 void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms);
+/* Declare the workers silent for more than liveness x heartbeat_ms dead (coord.c checks every
+ * quarter heartbeat, so a death is noticed within a quarter heartbeat of its expiry). */
+void reg_expire(reg_registry *r, const reg_env *env, ob_box *out);
 /* Every heartbeat_ms: declare silent workers dead, send HEARTBEAT to the others. */
 void reg_tick(reg_registry *r, const reg_env *env, ob_box *out);
 /* Declare a registered worker dead now (logged, error text set, OB_EV_LOST). */

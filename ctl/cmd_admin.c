@@ -357,9 +357,9 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         json_object_set_new(o, "steps_done", json_integer((json_int_t)r->steps_done));
         json_object_set_new(o, "steps_failed", json_integer((json_int_t)r->steps_failed));
         json_object_set_new(o, "balance", r->has_balance ? json_real(r->balance) : json_null());
-        json_object_set_new(o, "staged_epoch", r->has_staged_epoch
-                                                   ? json_integer((json_int_t)r->staged_epoch)
-                                                   : json_null());
+        json_object_set_new(o, "staged_epoch",
+                            r->has_staged_epoch ? json_integer((json_int_t)r->staged_epoch)
+                                                : json_null());
         json_object_set_new(o, "workers", workers_json(r));
         json_print(o);
         return;
@@ -828,8 +828,7 @@ static const char rebalance_usage[] =
     "  --no-wait          return once the staged epoch was started\n"
     "  --wait-timeout S   seconds to wait (default 120)\n";
 
-static json_t *rebalance_json(const Epmoe__AdminReply *r, const Epmoe__RebalanceInfo *b,
-                              bool dry)
+static json_t *rebalance_json(const Epmoe__AdminReply *r, const Epmoe__RebalanceInfo *b, bool dry)
 {
     json_t *o = reply_json(r), *layers = json_array();
     json_object_set_new(o, "epoch_before", json_integer((json_int_t)b->epoch_before));

@@ -80,7 +80,7 @@ typedef struct exec_state {
     /* a staged epoch (a rebalance): its session and layers, loaded beside the serving ones */
     exec_session *staged;
     mb_layer **staged_layers; /* [n_layers] */
-    exec_slots staged_cost; /* what preparing it read: its commit reports it */
+    exec_slots staged_cost;   /* what preparing it read: its commit reports it */
     uint64_t staged_bytes;
     /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
     struct exec_step_s *open;
@@ -424,7 +424,6 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
         return -1;
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
-
 
 static exec_slots exec_count_slots(const exec_session *s, mb_layer *const *old, int n_old)
 {
