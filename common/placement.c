@@ -352,6 +352,36 @@ int pl_rank_max(const pl_table *t, int rank)
     return n;
 }
 
+void pl_rank_counts(const pl_table *t, int *max, int *slots)
+{
+    int P = t->n_ranks, E = t->n_experts;
+    int *uses = calloc((size_t)t->n_tables, sizeof *uses), *per = malloc((size_t)P * sizeof *per);
+    memset(max, 0, (size_t)P * sizeof *max);
+    memset(slots, 0, (size_t)P * sizeof *slots);
+    if (uses == NULL || per == NULL) { /* slow but right */
+        for (int r = 0; r < P; r++) {
+            max[r] = pl_rank_max(t, r);
+            slots[r] = pl_rank_slots(t, r);
+        }
+        free(uses);
+        free(per);
+        return;
+    }
+    for (int l = 0; l < t->n_layers; l++)
+        uses[t->layer_table[l]]++;
+    for (int j = 0; j < t->n_tables; j++) {
+        memset(per, 0, (size_t)P * sizeof *per);
+        for (uint32_t k = t->off[(size_t)j * E]; k < t->off[(size_t)(j + 1) * E]; k++)
+            per[t->rank[k]]++;
+        for (int r = 0; r < P; r++) {
+            slots[r] += per[r] * uses[j];
+            max[r] = per[r] > max[r] ? per[r] : max[r];
+        }
+    }
+    free(uses);
+    free(per);
+}
+
 int pl_members(const pl_table *t, uint8_t *member)
 {
     memset(member, 0, (size_t)t->n_ranks);

@@ -67,6 +67,9 @@ int pl_rank_experts(const pl_table *t, int layer, int rank, int *out, int cap);
 /* (layer, expert) pairs rank holds over every layer, and the most it holds in one layer. */
 int pl_rank_slots(const pl_table *t, int rank);
 int pl_rank_max(const pl_table *t, int rank);
+/* Both of the above for every rank at once (max[P], slots[P]), in one pass over the stored
+ * tables: what a coordinator of 1,024 workers needs per epoch, not per question. */
+void pl_rank_counts(const pl_table *t, int *max, int *slots);
 /* member[r] = 1 when rank r holds an expert in some layer; returns how many do. */
 int pl_members(const pl_table *t, uint8_t *member);
 /* Replicas of every (layer, expert) summed over layers: L*E when nothing is replicated. */

@@ -87,8 +87,18 @@ static int plan_check(const plan_shape *s, ep_err *err)
 plan_table *plan_from_pl(const plan_shape *s, pl_table **pl_p, uint64_t epoch, ep_err *err)
 {
     plan_table *t = calloc(1, sizeof *t);
-    if (t == NULL || (t->member = calloc((size_t)s->n_ranks, 1)) == NULL) {
+    if (t != NULL) {
+        t->member = calloc((size_t)s->n_ranks, 1);
+        t->rank_max = malloc((size_t)s->n_ranks * sizeof *t->rank_max);
+        t->rank_slots = malloc((size_t)s->n_ranks * sizeof *t->rank_slots);
+    }
+    if (t == NULL || !t->member || !t->rank_max || !t->rank_slots) {
         pl_free(pl_p);
+        if (t != NULL) {
+            free(t->member);
+            free(t->rank_max);
+            free(t->rank_slots);
+        }
         free(t);
         ep_err_set(err, "placement: out of memory");
         return NULL;
@@ -100,6 +110,7 @@ plan_table *plan_from_pl(const plan_shape *s, pl_table **pl_p, uint64_t epoch, e
     t->n_experts = s->n_experts;
     t->n_ranks = s->n_ranks;
     t->n_members = pl_members(t->pl, t->member);
+    pl_rank_counts(t->pl, t->rank_max, t->rank_slots);
     t->epoch = epoch;
     t->placement = s->placement;
     return t;
@@ -222,6 +233,8 @@ void plan_free(plan_table **self_p)
         return;
     pl_free(&(*self_p)->pl);
     free((*self_p)->member);
+    free((*self_p)->rank_max);
+    free((*self_p)->rank_slots);
     free(*self_p);
     *self_p = NULL;
 }
@@ -248,12 +261,12 @@ bool plan_same(const plan_table *a, const plan_table *b)
 
 int plan_rank_max(const plan_table *t, int rank)
 {
-    return pl_rank_max(t->pl, rank);
+    return rank >= 0 && rank < t->n_ranks ? t->rank_max[rank] : 0;
 }
 
 int plan_rank_slots(const plan_table *t, int rank)
 {
-    return pl_rank_slots(t->pl, rank);
+    return rank >= 0 && rank < t->n_ranks ? t->rank_slots[rank] : 0;
 }
 
 /* ---- failover ---- */

@@ -84,6 +84,7 @@ typedef struct plan_table {
     int n_layers, n_experts, n_ranks; /* copies of shape's */
     uint8_t *member;                  /* [n_ranks]: 1 when the rank holds an expert */
     int n_members;
+    int *rank_max, *rank_slots; /* [n_ranks]: plan_rank_max, plan_rank_slots (cached) */
     uint64_t epoch;
     spec_placement placement; /* the spec's rule the first table was built with */
 } plan_table;

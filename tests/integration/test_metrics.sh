@@ -7,7 +7,7 @@
 # naming and histogram rules); then N forwards of T tokens run and a second scrape must show:
 # coordinator steps_total{ok} +N, expert_tokens_total +N*T*k, step latency count +N, the
 # cluster ready with its epoch; each worker's steps_total{ok} +N and its data-plane messages
-# and expert pairs up.
+# and expert pairs up. Every metric deploy/grafana/epmoe.json draws is among those served.
 #
 #   test_metrics.sh CTL_DIR COORDINATOR WORKER
 set -u
@@ -100,6 +100,19 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1
     msgs=$(json_get "$TMP/w0_2.json" "int(sum(d['epmoe_worker_dataplane_messages_total'].values()))")
     [ "$msgs" -gt 0 ] || fail "worker w0 sent no data-plane message"
     ok "worker counters moved: steps_total{ok} +$N on both, expert pairs and data-plane messages ($msgs from w0) up"
+    # the Grafana dashboard draws only metrics the coordinator serves
+    missing=$("$PY" - "$(dirname "$0")/../../deploy/grafana/epmoe.json" "$TMP/c2.json" <<'PY'
+import json, re, sys
+dash, have = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+names = set()
+for p in dash["panels"]:
+    for t in p["targets"]:
+        names |= set(re.sub(r"_bucket$", "", n) for n in re.findall(r"epmoe_\w+", t["expr"]))
+print(" ".join(sorted(n for n in names if n not in have)))
+PY
+)
+    [ -z "$missing" ] && ok "deploy/grafana/epmoe.json: every metric it draws is served" ||
+        fail "the dashboard draws metrics the coordinator does not serve: $missing"
     stop_cluster met
 fi
 

@@ -45,7 +45,7 @@ typedef struct sim_worker {
     void *sock;
     int rank, world;
     uint64_t epoch, staged;
-    pl_table *pl, *staged_pl; /* the table in force, the staged one */
+    const pl_table *pl, *staged_pl; /* the table in force, the staged one (shared, cached) */
     mc_config cfg;
     bool have_cfg, ready, silent, shut;
     int hb_ms;
@@ -63,6 +63,59 @@ static const char *g_coord, *g_silence;
 static int g_silence_after_ms;
 static double g_skew = 1.2;
 static atomic_int g_stop, g_silence_now;
+
+/* Decoded tables shared by the simulated workers of this process: each worker receives and
+ * checks its own message, but the bytes of one epoch's table are the same for all, so the
+ * first decode is kept (a real worker decodes on its own host; here one process plays 1,024)
+ * and the others compare bytes. */
+typedef struct sim_cached {
+    uint8_t *raw; /* the message's table fields, concatenated */
+    size_t len;
+    pl_table *t;
+    struct sim_cached *next;
+} sim_cached;
+
+static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static sim_cached *g_cache;
+
+static const pl_table *sim_table(const mc_config *c, int world, const uint32_t *owner,
+                                 size_t n_owner, const Epmoe__Placement *pm, ep_err *err)
+{
+    size_t len = n_owner * 4 +
+                 (pm ? pm->layer_table.len + pm->replica_count.len + pm->replica_rank.len + 4 : 0);
+    uint8_t *raw = malloc(len + 1);
+    if (raw == NULL)
+        return NULL;
+    size_t o = n_owner * 4;
+    memcpy(raw, owner, n_owner * 4);
+    if (pm) {
+        memcpy(raw + o, pm->layer_table.data, pm->layer_table.len);
+        o += pm->layer_table.len;
+        memcpy(raw + o, pm->replica_count.data, pm->replica_count.len);
+        o += pm->replica_count.len;
+        memcpy(raw + o, pm->replica_rank.data, pm->replica_rank.len);
+        o += pm->replica_rank.len;
+        memcpy(raw + o, &pm->n_layers, 4);
+    }
+    pthread_mutex_lock(&g_cache_lock);
+    sim_cached *h = g_cache;
+    while (h && (h->len != len || memcmp(h->raw, raw, len) != 0))
+        h = h->next;
+    if (h == NULL) {
+        pl_table *t = mmsg_placement_in(mc_num_layers(c), c->n_routed_experts, world, owner,
+                                        n_owner, pm, err);
+        if (t != NULL && (h = calloc(1, sizeof *h)) != NULL) {
+            *h = (sim_cached){.raw = raw, .len = len, .t = t, .next = g_cache};
+            g_cache = h;
+            raw = NULL;
+        } else {
+            pl_free(&t);
+        }
+    }
+    pthread_mutex_unlock(&g_cache_lock);
+    free(raw);
+    return h ? h->t : NULL;
+}
 
 static int64_t now_ms(void)
 {
@@ -104,12 +157,21 @@ static void sim_register(sim_worker *w)
 
 static void sim_ready(sim_worker *w, const pl_table *t, uint64_t epoch, bool staged)
 {
-    int slots = pl_rank_slots(t, w->rank);
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static const pl_table *counted; /* the table the counts below are of */
+    static int max[SIM_MAX], slots_of[SIM_MAX];
+    pthread_mutex_lock(&lock);
+    if (counted != t) {
+        pl_rank_counts(t, max, slots_of);
+        counted = t;
+    }
+    int slots = slots_of[w->rank], most = max[w->rank];
+    pthread_mutex_unlock(&lock);
     Epmoe__Ready r = EPMOE__READY__INIT;
     r.has_epoch = r.has_config_hash = r.has_n_experts = r.has_n_slots = r.has_slots_kept = 1;
     r.epoch = epoch;
     r.config_hash = mc_hash(&w->cfg);
-    r.n_experts = (uint32_t)pl_rank_max(t, w->rank);
+    r.n_experts = (uint32_t)most;
     r.n_slots = (uint32_t)slots;
     r.slots_kept = (uint32_t)slots; /* nothing to read: no weights */
     r.has_staged = staged;
@@ -127,9 +189,8 @@ static void sim_welcome(sim_worker *w, const wire_msg *m)
         wire_free_unpacked(wm ? &wm->base : NULL);
         return;
     }
-    pl_free(&w->pl);
-    w->pl = mmsg_placement_in(mc_num_layers(&w->cfg), w->cfg.n_routed_experts, (int)wm->world_size,
-                              wm->expert_owner, wm->n_expert_owner, wm->placement, &err);
+    w->pl = sim_table(&w->cfg, (int)wm->world_size, wm->expert_owner, wm->n_expert_owner,
+                      wm->placement, &err);
     if (w->pl == NULL)
         fprintf(stderr, "sim %s: WELCOME placement: %s\n", w->name, err.msg);
     w->rank = (int)wm->rank;
@@ -150,21 +211,19 @@ static void sim_epoch(sim_worker *w, const wire_msg *m)
 {
     ep_err err;
     Epmoe__Epoch *e = (Epmoe__Epoch *)wire_unpack(&epmoe__epoch__descriptor, m, &err);
-    pl_table *t = e ? mmsg_placement_in(mc_num_layers(&w->cfg), w->cfg.n_routed_experts, w->world,
-                                        e->expert_owner, e->n_expert_owner, e->placement, &err)
-                    : NULL;
+    const pl_table *t =
+        e ? sim_table(&w->cfg, w->world, e->expert_owner, e->n_expert_owner, e->placement, &err)
+          : NULL;
     if (t == NULL) {
         fprintf(stderr, "sim %s: bad EPOCH: %s\n", w->name, err.msg);
         wire_free_unpacked(e ? &e->base : NULL);
         return;
     }
     if (e->has_staged && e->staged) {
-        pl_free(&w->staged_pl);
         w->staged_pl = t;
         w->staged = e->epoch;
         sim_ready(w, t, e->epoch, true);
     } else {
-        pl_free(&w->pl);
         w->pl = t;
         w->epoch = e->epoch;
         sim_ready(w, t, e->epoch, false);
@@ -177,7 +236,6 @@ static void sim_commit(sim_worker *w, const wire_msg *m)
     Epmoe__EpochCommit *c =
         (Epmoe__EpochCommit *)wire_unpack(&epmoe__epoch_commit__descriptor, m, NULL);
     if (c && c->has_epoch && c->epoch == w->staged && w->staged_pl) {
-        pl_free(&w->pl);
         w->pl = w->staged_pl;
         w->staged_pl = NULL;
         w->epoch = w->staged;
@@ -434,10 +492,16 @@ int main(int argc, char **argv)
         pthread_join(t[i].th, NULL);
     for (int i = 0; i < count; i++) {
         zmq_close(w[i].sock);
-        pl_free(&w[i].pl);
-        pl_free(&w[i].staged_pl);
+        ;
     }
     zmq_ctx_term(zctx);
+    while (g_cache) {
+        sim_cached *h = g_cache;
+        g_cache = h->next;
+        pl_free(&h->t);
+        free(h->raw);
+        free(h);
+    }
     free(w);
     free(t);
     return 0;
