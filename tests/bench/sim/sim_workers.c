@@ -60,6 +60,10 @@ typedef struct sim_thread {
 } sim_thread;
 
 static const char *g_coord, *g_silence;
+static int g_count;               /* simulated workers */
+static atomic_int g_silenced;     /* of them silent */
+static atomic_ullong g_ack_epoch; /* the newest epoch READY was sent for */
+static atomic_int g_acks;         /* and how many sent it */
 static int g_silence_after_ms;
 static double g_skew = 1.2;
 static atomic_int g_stop, g_silence_now;
@@ -155,6 +159,25 @@ static void sim_register(sim_worker *w)
     sim_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base, NULL, 0);
 }
 
+static void sim_count_ack(uint64_t epoch)
+{
+    unsigned long long cur = atomic_load(&g_ack_epoch);
+    while (epoch > cur && !atomic_compare_exchange_weak(&g_ack_epoch, &cur, epoch))
+        ;
+    if (epoch > cur)
+        atomic_store(&g_acks, 0);
+    if (epoch < atomic_load(&g_ack_epoch))
+        return;
+    if (atomic_fetch_add(&g_acks, 1) + 1 == g_count - atomic_load(&g_silenced)) {
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        printf("epoch %llu acknowledged by all %d live workers at %lld\n",
+               (unsigned long long)epoch, g_count - atomic_load(&g_silenced),
+               (long long)rt.tv_sec * 1000 + rt.tv_nsec / 1000000);
+        fflush(stdout);
+    }
+}
+
 static void sim_ready(sim_worker *w, const pl_table *t, uint64_t epoch, bool staged)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -178,6 +201,8 @@ static void sim_ready(sim_worker *w, const pl_table *t, uint64_t epoch, bool sta
     r.staged = staged;
     r.backend = "sim";
     sim_send(w, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
+    if (!staged) /* the last worker to acknowledge an epoch says when (CLOCK_REALTIME ms) */
+        sim_count_ack(epoch);
 }
 
 static void sim_welcome(sim_worker *w, const wire_msg *m)
@@ -385,6 +410,7 @@ static void sim_tick(sim_worker *w, int64_t now)
         struct timespec rt;
         clock_gettime(CLOCK_REALTIME, &rt);
         w->silent = true;
+        atomic_fetch_add(&g_silenced, 1);
         printf("silenced %s at %lld\n", w->name,
                (long long)rt.tv_sec * 1000 + rt.tv_nsec / 1000000);
         fflush(stdout);
@@ -460,6 +486,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "sim_workers: --coordinator and --count 1..%d are required\n", SIM_MAX);
         return 64;
     }
+    g_count = count;
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGUSR1, on_signal);
