@@ -403,17 +403,30 @@ static void mx_put(mx_buf *b, const char *fmt, ...)
     }
 }
 
+/* The shortest %g text that reads back as v (15, 16 or 17 digits). */
+static void mx_fmt(char *buf, size_t cap, double v)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
 /* A sample value: Prometheus's Go float syntax (+Inf, -Inf, NaN, shortest round trip). */
 static void mx_put_value(mx_buf *b, double v)
 {
+    char t[40];
     if (isnan(v))
         mx_put(b, "NaN\n");
     else if (isinf(v))
         mx_put(b, "%sInf\n", v > 0 ? "+" : "-");
     else if (v == (double)(int64_t)v && fabs(v) < 9e15)
         mx_put(b, "%lld\n", (long long)v);
-    else
-        mx_put(b, "%.17g\n", v);
+    else {
+        mx_fmt(t, sizeof t, v);
+        mx_put(b, "%s\n", t);
+    }
 }
 
 /* The labels of a histogram series plus le="bound". */
@@ -450,7 +463,7 @@ static void mx_render_family(mx_buf *b, const mx_family *f)
         uint64_t cum = 0;
         for (int k = 0; k < f->n_buckets; k++) {
             char le[40];
-            snprintf(le, sizeof le, "%.17g", f->bound[k]);
+            mx_fmt(le, sizeof le, f->bound[k]);
             cum += s->bucket[k];
             mx_put_bucket(b, f, s, le, cum);
         }

@@ -103,6 +103,7 @@ if start_cluster reb "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: 4, wind
     else
         fail "rebalance --dry-run: $(cat "$TMP/dry.json")"
     fi
+    "$CTL" --coordinator "$ADMIN" rebalance --dry-run | sed 's/^/     /' # the table, for the log
     status_json "$TMP/s1.json"
     [ "$(json_get "$TMP/s1.json" "d['current_epoch']")" = "$epoch0" ] || fail "the dry run changed the epoch"
     # the real one, with two clients forwarding throughout

@@ -27,7 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$BIN/epmoectl" mkmodel --out "$TMP/m" --expert-dtype fp8 --experts "$P" --layers 1 \
-    --hash-layers 0 --mtp 0 --seed 3 >/dev/null || exit 1
+    --hash-layers 0 --mtp 0 --shards 1 --seed 3 >/dev/null || exit 1
 "$BIN/epmoectl" mkinput --model "$TMP/m" --tokens "$T" --seed 1 --out "$TMP/in.st" >/dev/null || exit 1
 read -r -a ports <<<"$("$PY" -c "
 import socket; s=[socket.socket() for _ in range($P + 3)]
