@@ -301,6 +301,18 @@ void wire_free_unpacked(ProtobufCMessage *msg)
         protobuf_c_message_free_unpacked(msg, &a);
 }
 
+void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text)
+{
+    epmoe__error__init(e);
+    e->has_code = 1;
+    e->code = code;
+    e->message = text;
+    if (in_reply_to) {
+        e->has_in_reply_to = 1;
+        e->in_reply_to = in_reply_to;
+    }
+}
+
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)
 {
@@ -309,13 +321,7 @@ void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Epmoe__Error e = EPMOE__ERROR__INIT;
-    e.has_code = 1;
-    e.code = code;
-    e.message = text;
-    if (in_reply_to) {
-        e.has_in_reply_to = 1;
-        e.in_reply_to = in_reply_to;
-    }
+    Epmoe__Error e;
+    wire_error_init(&e, code, in_reply_to, text);
     wire_send(sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0, true, NULL);
 }

@@ -87,6 +87,8 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire
                               ep_err *err);
 void wire_free_unpacked(ProtobufCMessage *msg);
 
+/* An Error body {code, text, in_reply_to (0: absent)}; text is borrowed. */
+void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text);
 /* Send an Error message (code, formatted message, in_reply_to type). Best effort. */
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)

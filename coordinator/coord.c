@@ -985,6 +985,18 @@ static void coord_facts_free(adm_facts *f)
     f->workers = NULL;
 }
 
+/* DRAIN and UNDRAIN answer the epoch that carries the change, and what happens. */
+static void coord_reply_epoch(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
+                              const char *text)
+{
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = c->spec->name;
+    rep.has_epoch = 1;
+    rep.epoch = plan_last_epoch(c->pe);
+    rep.message = (char *)text;
+    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+}
+
 /* The rank of the worker a DRAIN/UNDRAIN names, or -1 after answering why not. */
 static int coord_verb_worker(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq,
                              const char *verb)
@@ -1037,12 +1049,7 @@ static void coord_on_drain(coord *c, const wire_msg *m, const Epmoe__AdminReques
              "worker %s is drained; it owns no experts from placement epoch %" PRIu64
              " on and can be stopped once that epoch is current",
              name, plan_last_epoch(c->pe));
-    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
-    rep.cluster = c->spec->name;
-    rep.has_epoch = 1;
-    rep.epoch = plan_last_epoch(c->pe);
-    rep.message = text;
-    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+    coord_reply_epoch(c, m, rq, text);
 }
 
 static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
@@ -1065,12 +1072,7 @@ static void coord_on_undrain(coord *c, const wire_msg *m, const Epmoe__AdminRequ
     char text[EP_ERR_MSG_MAX];
     snprintf(text, sizeof text, "worker %s is not drained; %s (placement epoch %" PRIu64 ")", name,
              how, plan_last_epoch(c->pe));
-    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
-    rep.cluster = c->spec->name;
-    rep.has_epoch = 1;
-    rep.epoch = plan_last_epoch(c->pe);
-    rep.message = text;
-    adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
+    coord_reply_epoch(c, m, rq, text);
 }
 
 static void coord_on_reload(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)

@@ -88,14 +88,8 @@ void ob_error(ob_box *b, ob_to to, int rank, const uint8_t *ident, size_t ident_
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Epmoe__Error e = EPMOE__ERROR__INIT;
-    e.has_code = 1;
-    e.code = code;
-    e.message = text;
-    if (in_reply_to) {
-        e.has_in_reply_to = 1;
-        e.in_reply_to = in_reply_to;
-    }
+    Epmoe__Error e;
+    wire_error_init(&e, code, in_reply_to, text);
     ob_send(b, to, rank, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
 }
 

@@ -94,7 +94,8 @@ static bool rl_world_changed(const spec_cluster *n, const spec_cluster *o, char 
     } ints[] = {{"heartbeat_ms", o->heartbeat_ms, n->heartbeat_ms},
                 {"liveness", o->liveness, n->liveness},
                 {"step_timeout_ms", o->step_timeout_ms, n->step_timeout_ms},
-                {"dispatch", (int)o->dispatch, (int)n->dispatch}};
+                {"dispatch", (int)o->dispatch, (int)n->dispatch},
+                {"gpu_gemm", (int)o->gpu_gemm, (int)n->gpu_gemm}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (ints[i].was == ints[i].now)
             continue;
@@ -102,6 +103,9 @@ static bool rl_world_changed(const spec_cluster *n, const spec_cluster *o, char 
         if (strcmp(ints[i].key, "dispatch") == 0)
             rl_note(buf, cap, "dispatch %s -> %s", spec_dispatch_name(o->dispatch),
                     spec_dispatch_name(n->dispatch));
+        else if (strcmp(ints[i].key, "gpu_gemm") == 0)
+            rl_note(buf, cap, "gpu_gemm %s -> %s", spec_gpu_gemm_name(o->gpu_gemm),
+                    spec_gpu_gemm_name(n->gpu_gemm));
         else
             rl_note(buf, cap, "%s %d -> %d", ints[i].key, ints[i].was, ints[i].now);
     }

@@ -9,11 +9,11 @@
  * rl_build fails (nginx's ngx_init_cycle, anchors-ops-style §2).
  *
  * The world of the cluster (what WELCOME told each worker: ranks, peers, data endpoints,
- * heartbeat_ms, liveness, step_timeout_ms, dispatch) either stays — then only the placement
- * rules may differ (placement, rejoin, max_experts_per_worker, redundant_experts, expert_groups,
- * window_steps, rebalance_every_steps) and a new epoch follows if the
- * placement does — or changes, and every worker is welcomed again into the new world (keeping
- * the experts it has loaded and still owns).
+ * heartbeat_ms, liveness, step_timeout_ms, dispatch, gpu_gemm, metrics addresses) either stays —
+ * then only the placement rules may differ (placement, rejoin, max_experts_per_worker,
+ * redundant_experts, expert_groups, window_steps, rebalance_every_steps) and a new epoch follows
+ * if the placement does — or changes, and every worker is welcomed again into the new world
+ * (keeping the experts it has loaded and still owns).
  */
 #ifndef EPMOE_RELOAD_H
 #define EPMOE_RELOAD_H

@@ -145,16 +145,12 @@ static int protocol_error(const char *cmd, const cmd_ctx *ctx, const char *what)
     return CMD_PROTOCOL;
 }
 
-/* One request; prints the transport error itself. */
-static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, const char *layer,
-                bool idempotent, rpc_reply *out)
+/* One request; prints the transport error itself (and the coordinator's, when it refused). */
+static int call_rq(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminRequest *rq, bool idempotent,
+                   rpc_reply *out)
 {
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = 1;
-    rq.verb = verb;
-    rq.layer = (char *)layer;
     ep_err err;
-    int rc = rpc_call(ctx, &rq, NULL, 0, idempotent, out, &err);
+    int rc = rpc_call(ctx, rq, NULL, 0, idempotent, out, &err);
     if (rc != CMD_OK) {
         fprintf(stderr, "epmoectl %s: %s\n", cmd, err.msg);
         return rc;
@@ -166,7 +162,17 @@ static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, cons
     return rc;
 }
 
-/* A verb about one worker (DRAIN, UNDRAIN). */
+static int call(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb, const char *layer,
+                bool idempotent, rpc_reply *out)
+{
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = 1;
+    rq.verb = verb;
+    rq.layer = (char *)layer;
+    return call_rq(ctx, cmd, &rq, idempotent, out);
+}
+
+/* A verb about one worker (DRAIN, UNDRAIN); sent once. */
 static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb verb,
                        const char *worker, rpc_reply *out)
 {
@@ -174,17 +180,7 @@ static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb ver
     rq.has_verb = 1;
     rq.verb = verb;
     rq.worker = (char *)worker;
-    ep_err err;
-    int rc = rpc_call(ctx, &rq, NULL, 0, false, out, &err);
-    if (rc != CMD_OK) {
-        fprintf(stderr, "epmoectl %s: %s\n", cmd, err.msg);
-        return rc;
-    }
-    if (!out->reply->has_ok || !out->reply->ok) {
-        rc = rpc_report_error(cmd, out->reply);
-        rpc_reply_free(out);
-    }
-    return rc;
+    return call_rq(ctx, cmd, &rq, false, out);
 }
 
 /* "-o json" after the verb, as the offline commands accept it: 1 consumed (argv[*i] moved on),

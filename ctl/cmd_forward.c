@@ -67,7 +67,8 @@ static void fwd_usage(FILE *out)
                  "  --gpu-gemm G   --local on cuda:N: exact (default, the CPU's bits) or fast\n"
                  "                 (tensor cores, within spec section 7's tolerances)\n\n"
                  "exit codes: 0 ok, 64 usage, 65 bad checkpoint or input data, 66 missing file,\n"
-                 "  70 internal error, 73 cannot write OUT, 78 bad config.json\n");
+                 "  69 device unusable (--local) or no answer, 70 internal error,\n"
+                 "  73 cannot write OUT, 78 bad config.json\n");
 }
 
 /* Returns -1 to go on, else the exit code. */

@@ -43,7 +43,8 @@ static const char *const wctl_state_names[] = {"registering", "welcomed",    "lo
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
-    void *dealer; /* NULL while backing off */
+    void *dealer;  /* NULL while backing off */
+    void *retired; /* the DEALER given up at the last backoff, closed at the reconnect */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
@@ -265,6 +266,13 @@ static void wctl_send_register(wctl *w)
 
 static int wctl_connect(wctl *w, ep_err *err)
 {
+    /* The DEALER of the last backoff is closed only now, a backoff later: a worker that was
+     * frozen (SIGSTOP) or cut off sees its connections fail the moment it runs again, and
+     * closing a socket in that same instant can make libzmq 4.3 abort on a half-sent multipart
+     * message (session_base_t::clean_pipes); by now its I/O thread has cleaned up. */
+    if (w->retired)
+        zmq_close(w->retired);
+    w->retired = NULL;
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
     if (d == NULL)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
@@ -310,8 +318,10 @@ static void wctl_backoff(wctl *w, const char *why)
     log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms", why,
              w->backoff_ms);
     wctl_exec_reset(w);
-    if (w->dealer)
-        zmq_close(w->dealer);
+    /* Not closed now: see wctl_connect. */
+    if (w->retired)
+        zmq_close(w->retired);
+    w->retired = w->dealer;
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
     w->backoff_ms =
@@ -820,6 +830,8 @@ int wctl_run(const wctl_options *opt)
     wmx_destroy(&w.mx); /* after the executor: it updates them */
     if (w.dealer)
         zmq_close(w.dealer);
+    if (w.retired)
+        zmq_close(w.retired);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);
     return w.exit_code;

@@ -71,6 +71,10 @@ typedef struct exec_state {
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
     tp_transport *tp;
+    /* what tp was built for: a later session or epoch with the same world reuses it */
+    int tp_rank, tp_world, tp_hidden, tp_experts;
+    char tp_bind[EP_MAX_PATH];
+    char **tp_peers; /* [tp_world] */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -330,13 +334,24 @@ static void exec_close_plane(exec_state *st)
 {
     exec_close_open(st);
     tp_destroy(&st->tp);
+    for (int r = 0; st->tp_peers && r < st->tp_world; r++)
+        free(st->tp_peers[r]);
+    free(st->tp_peers);
+    st->tp_peers = NULL;
     st->ready = false;
     st->have_last = false;
 }
 
+/* The session goes; the data plane stays open (unused) until the next LOAD or EPOCH replaces
+ * it or the thread ends. Closing it here, in the same instant a frozen or cut-off worker's
+ * sockets see their connections fail (SIGCONT after SIGSTOP, a link back up), lets libzmq 4.3
+ * abort in session_base_t::clean_pipes on a half-sent multipart message; a second later its
+ * I/O threads have cleaned up and the close is harmless. */
 static void exec_drop_session(exec_state *st)
 {
-    exec_close_plane(st);
+    exec_close_open(st);
+    st->ready = false;
+    st->have_last = false;
     exec_drop_staged(st);
     exec_session_free(&st->session);
 }
@@ -393,7 +408,42 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
     return atomic_load(&p->st->actor->cancel) > 0;
 }
 
-/* [E]: 1 where rank holds expert e in some layer (the data plane's check). */
+/* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes) and
+ * its epoch is newer: then only the placement changes (tp_set_placement). A plane is never
+ * reused for an epoch that is not newer (a restarted coordinator starts again at 1), so no
+ * message of another coordinator's epoch can be taken for one of this. */
+static bool exec_plane_fits(const exec_state *st)
+{
+    const exec_session *s = st->session;
+    if (st->tp == NULL || st->tp_peers == NULL || s->rank != st->tp_rank ||
+        s->world_size != st->tp_world || s->config.hidden_size != st->tp_hidden ||
+        s->config.n_routed_experts != st->tp_experts || s->epoch <= tp_epoch(st->tp) ||
+        strcmp(s->data_endpoint, st->tp_bind) != 0)
+        return false;
+    for (int r = 0; r < s->world_size; r++)
+        if (r != s->rank && strcmp(s->peer_endpoint[r], st->tp_peers[r]) != 0)
+            return false;
+    return true;
+}
+
+/* Remember what the plane was built for (exec_plane_fits). */
+static int exec_plane_key(exec_state *st, ep_err *err)
+{
+    const exec_session *s = st->session;
+    st->tp_rank = s->rank;
+    st->tp_world = s->world_size;
+    st->tp_hidden = s->config.hidden_size;
+    st->tp_experts = s->config.n_routed_experts;
+    snprintf(st->tp_bind, sizeof st->tp_bind, "%s", s->data_endpoint);
+    st->tp_peers = calloc((size_t)s->world_size, sizeof *st->tp_peers);
+    for (int r = 0; st->tp_peers && r < s->world_size; r++)
+        if ((st->tp_peers[r] = strdup(s->peer_endpoint[r])) == NULL)
+            return ep_err_set(err, "out of memory");
+    return st->tp_peers ? 0 : ep_err_set(err, "out of memory");
+}
+
+/* [E]: 1 where rank holds expert e in some layer (the data plane's check; the executor checks
+ * the step's layer). */
 static uint8_t *exec_owned_any(const exec_session *s)
 {
     int E = s->config.n_routed_experts, L = mc_num_layers(&s->config);
@@ -404,12 +454,21 @@ static uint8_t *exec_owned_any(const exec_session *s)
     return o;
 }
 
+/* The data plane of the session's epoch: the open one with the new placement when it fits,
+ * else a new one. Rebinding drops whatever the peers had in flight to the old sockets and
+ * makes them reconnect; keeping the sockets within a coordinator's epochs avoids both. */
 static int exec_open_data_plane(exec_state *st, ep_err *err)
 {
     exec_session *s = st->session;
     uint8_t *owned = exec_owned_any(s);
     if (owned == NULL)
         return ep_err_set(err, "out of memory");
+    if (exec_plane_fits(st)) {
+        int rc = tp_set_placement_owned(st->tp, s->epoch, owned, err);
+        free(owned);
+        return rc;
+    }
+    exec_close_plane(st);
     tp_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
                      .epoch = s->epoch,
@@ -420,7 +479,7 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
                      .bind_endpoint = s->data_endpoint};
     st->tp = tp_create(st->actor->zctx, &cfg, err);
     free(owned);
-    if (st->tp == NULL)
+    if (st->tp == NULL || exec_plane_key(st, err) != 0)
         return -1;
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
@@ -511,7 +570,9 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
                    wire_type_name(in_reply_to));
         return;
     }
-    exec_close_plane(st);
+    exec_close_open(st);
+    st->ready = false;
+    st->have_last = false;
     exec_drop_staged(st);
     exec_session *s = st->session;
     if (st->n_layers > 0 &&
@@ -674,7 +735,9 @@ static void exec_commit(exec_state *st, const wire_msg *m)
     exec_session_free(&st->session);
     st->session = st->staged;
     st->staged = NULL;
-    tp_set_epoch(st->tp, epoch, owned);
+    ep_err err2;
+    if (tp_set_placement_owned(st->tp, epoch, owned, &err2) != 0)
+        log_error("epoch %llu committed: %s", (unsigned long long)epoch, err2.msg);
     free(owned);
     /* what this epoch cost is what preparing it read: READY says so (nothing is read now) */
     exec_slots n = st->staged_cost;
@@ -1612,6 +1675,7 @@ static void *exec_main(void *arg)
         exec_loop(&st);
     }
     exec_drop_session(&st);
+    exec_close_plane(&st);
     exec_free_shard(&st);
     for (int i = 0; i < st.n_stash; i++)
         wire_msg_close(&st.stash[i]);

@@ -87,11 +87,6 @@ typedef struct tp_msg {
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err);
 void tp_destroy(tp_transport **self_p);
 
-/* A staged epoch is committed (EPOCH_COMMIT): the same sockets serve the new epoch and its
- * experts (owned [E], copied), so no peer reconnects. Messages of the old epoch are dropped
- * from now on. */
-void tp_set_epoch(tp_transport *tp, uint64_t epoch, const uint8_t *owned);
-
 /* The endpoint actually bound (ephemeral port resolved), for the peers to connect to. */
 const char *tp_endpoint(const tp_transport *tp);
 
@@ -126,6 +121,17 @@ int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out);
 /* Step step_id is finished or abandoned: drop what is kept for it and every earlier step, and
  * drop later arrivals for them. */
 void tp_finish(tp_transport *tp, uint64_t step_id);
+
+/* A new placement epoch on the same sockets (placement epochs, docs/protocol.md): messages must
+ * carry `epoch` from now on and name experts of `expert_owner` ([E]) owned by this rank;
+ * everything kept for the old epoch is dropped. epoch must be above the current one (so no
+ * message of an earlier epoch can pass); the sockets and their connections stay, so no message
+ * of the new epoch is lost to a reconnect. -1 with err when epoch does not increase. */
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err);
+/* The same with the experts this rank holds in some layer (owned [E], copied): per-layer
+ * placements and replicas (issue 9), and a committed staged epoch. */
+int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err);
+uint64_t tp_epoch(const tp_transport *tp);
 
 /* Counters and the reason of the last dropped message ("" if none). */
 uint64_t tp_dropped(const tp_transport *tp);

@@ -56,13 +56,6 @@ struct tp_transport {
     int log_count, log_suppressed;
 };
 
-void tp_set_epoch(tp_transport *tp, uint64_t epoch, const uint8_t *owned)
-{
-    tp->epoch = epoch;
-    for (int e = 0; e < tp->n_experts; e++)
-        tp->owned[e] = owned[e] != 0;
-}
-
 /* ---- blocks ---------------------------------------------------------------------------------- */
 
 static size_t tp_round(size_t n)
@@ -691,4 +684,35 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
             tp->pending[j++] = tp->pending[i];
     }
     tp->n_pending = j;
+}
+
+int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err)
+{
+    if (epoch <= tp->epoch)
+        return ep_err_set(err, "data plane: epoch %llu does not follow epoch %llu",
+                          (unsigned long long)epoch, (unsigned long long)tp->epoch);
+    tp->epoch = epoch;
+    for (int e = 0; e < tp->n_experts; e++)
+        tp->owned[e] = owned[e] != 0;
+    for (int i = 0; i < tp->n_pending; i++)
+        tp_msg_release(&tp->pending[i]);
+    tp->n_pending = 0;
+    return 0;
+}
+
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+{
+    uint8_t *owned = malloc((size_t)tp->n_experts);
+    if (owned == NULL)
+        return ep_err_set(err, "data plane: out of memory");
+    for (int e = 0; e < tp->n_experts; e++)
+        owned[e] = expert_owner[e] == (uint32_t)tp->rank;
+    int rc = tp_set_placement_owned(tp, epoch, owned, err);
+    free(owned);
+    return rc;
+}
+
+uint64_t tp_epoch(const tp_transport *tp)
+{
+    return tp->epoch;
 }

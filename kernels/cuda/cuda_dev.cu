@@ -621,23 +621,54 @@ static int lt_group(cudev *d, cublasLtMatmulDesc_t op, const cudev_gemm *g, cons
     return 0;
 }
 
+/* Why cuBLASLt's block-scaled FP8 matmul cannot take this GEMM, or NULL. Its scale layouts
+ * (cuBLAS docs, "scaling factors layouts"): the 128x128 weight scales are K-major with a column
+ * stride of K/128 rounded up to 4 (the checkpoint's is K/128, so K/128 % 4 == 0), every scale
+ * start is 16-byte aligned (the activation scales of a group start at KB * row0 floats) and the
+ * GEMM's M and N are multiples of 4 (N is the group's rows). */
+static const char *lt_unfit(const cudev *d, const cudev_gemm *g)
+{
+    if (!d->lt)
+        return "no cuBLASLt handle";
+    if ((g->K / 128) % 4 != 0)
+        return "K/128 is not a multiple of 4";
+    for (int i = 0; i < g->n_groups; i++)
+        if (g->h_groups[i].rows % 4 != 0)
+            return "a group's row count is not a multiple of 4";
+    return NULL;
+}
+
 /* The fast path's FP8 grouped GEMM with cuBLASLt's block-scaled FP8 matmul (128x128 weight and
  * 1x128 activation scales: the checkpoint's own format), one call per group. Returns 1 when
  * cuBLASLt cannot do it (no handle, no algorithm for some shape, no scratch): the caller runs
  * its own kernel; -1 on an error. */
 static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
 {
-    if (!d->lt || g->format != MB_W_FP8 || !env_int("EPMOE_CUDA_CUBLASLT", 1))
+    /* opt-in (EPMOE_CUDA_CUBLASLT=1) until a device run has checked it against the CPU
+     * backend: its speed was measured (docs/performance.md), its scale layouts not yet.
+     * EPMOE_CUDA_CUBLASLT=require (tests) makes a shape cuBLASLt cannot take an error instead
+     * of a quiet fallback, so a test knows which path it checked. */
+    const char *want = getenv("EPMOE_CUDA_CUBLASLT");
+    bool require = want && strcmp(want, "require") == 0;
+    if (g->format != MB_W_FP8 || !(require || env_int("EPMOE_CUDA_CUBLASLT", 0)))
         return 1;
+    const char *why = lt_unfit(d, g);
+    if (why != NULL) {
+        if (require)
+            return ep_err_set(err, "cuBLASLt required but %s", why);
+        return 1;
+    }
     const int N = g->N, K = g->K, KB = K / 128, ld = g->ld_out ? g->ld_out : N;
     bool bf = g->out_bf16 != NULL;
     cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
     if (lt_grow((void **)&d->sc_t, &d->sc_t_cap, (size_t)g->M * KB * 4) < 0 ||
         (bf && g->out_row && lt_grow((void **)&d->tmp, &d->tmp_cap, (size_t)g->M * N * 2) < 0))
-        return 1;
+        return require ? ep_err_set(err, "cuBLASLt required but its scratch cannot be allocated")
+                       : 1;
     cublasLtMatmulDesc_t op;
     if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
-        return 1;
+        return require ? ep_err_set(err, "cuBLASLt required but cublasLtMatmulDescCreate failed")
+                       : 1;
     cublasOperation_t T = CUBLAS_OP_T, Nn = CUBLAS_OP_N;
     cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     cublasLtMatmulMatrixScale_t mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -651,7 +682,11 @@ static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
         const cudev_group *G = &g->h_groups[i];
         int m = lt_fused(g, G, ld) ? 2 * N : N;
         if (!lt_find(d, op, m, (int)G->rows, K, dt, bf ? N : ld))
-            rc = 1;
+            rc = require ? ep_err_set(err,
+                                      "cuBLASLt required but it has no algorithm for m=%d n=%d "
+                                      "k=%d",
+                                      m, (int)G->rows, K)
+                         : 1;
     }
     if (rc == 0) {
         k_scale_t<<<g->n_groups, 256, 0, d->stream>>>(g->groups, KB, g->a_scale, d->sc_t);
@@ -674,7 +709,11 @@ static int dev_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
         return ep_err_set(err, "grouped GEMM: N=%d K=%d mats=%d", g->N, g->K, g->n_mats);
     const char *what = "exact GEMM launch";
     if (g->mode == MB_GEMM_EXACT) {
-        cuk_gemm_exact(g, d->stream);
+        const char *k = getenv("EPMOE_CUDA_EXACT");
+        if (k && strcmp(k, "ref") == 0)
+            cuk_gemm_exact_ref(g, d->stream);
+        else
+            cuk_gemm_exact(g, d->stream);
     } else if (g->max_rows <= env_int("EPMOE_CUDA_FAST_ROWS", 16)) {
         /* a few rows per expert: streaming the weights is all that matters; MXFP4 runs the
          * exact kernel (memory-bound already), FP8 its fp32-summing twin */

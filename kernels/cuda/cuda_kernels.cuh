@@ -87,6 +87,8 @@ __device__ __forceinline__ float cuk_block_scale(float v, bool pow2, float *red)
 
 /* Launchers (enqueue on the stream; the caller checks cudaGetLastError). */
 int cuk_gemm_exact(const cudev_gemm *g, cudaStream_t stream);
+/* The reference device kernels (gemm_exact_ref.cu): same results, simpler, slower. */
+int cuk_gemm_exact_ref(const cudev_gemm *g, cudaStream_t stream);
 /* The one-thread-per-weight-row kernels (gemm_exact.cu): exact, or (FP8 only) fp32 sums. */
 int cuk_gemm_rows(const cudev_gemm *g, bool exact, cudaStream_t stream);
 int cuk_gemm_fast(const cudev_gemm *g, cudaStream_t stream);

@@ -15,10 +15,10 @@
  * reads at the same address (a broadcast).
  *
  *   MXFP4: a block sum is sum_k a_k w_k with a_k = e4m3 x 2^9 (an integer below 2^18) and w_k =
- *          e2m1 x 2 (an integer, |w| <= 12). Each a is split into three signed 6-bit digits
- *          a = d2 2^12 + d1 2^6 + d0, so the sum is three dp4a chains over int8 x int8 (weights
- *          decoded four nibbles at a time with byte permutes) recombined exactly in int32
- *          (|P| < 2^27): P * 2^-10 rounded once to fp32 is the reference's P.
+ *          e2m1 x 2 (an integer, |w| <= 12): three dp4a chains over 6-bit digits of a
+ *          (gemm_rows_math.h, whose arithmetic tests/unit/test_cuda_math.c proves on the host)
+ *          give P exactly in int32 (|P| < 2^27); P * 2^-10 rounded once to fp32 is the
+ *          reference's P.
  *   FP8:   products of two e4m3 values are exact in fp32 (8 significant bits) and every
  *          partial sum of a 128-block is an integer multiple of 2^-18 below 2^43, exact in
  *          double: the sum is exact in any order, rounded once to fp32 at the block's end.
@@ -28,26 +28,10 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/gemm_rows_math.h"
 
 #define RX_THREADS 128 /* threads per block */
 #define RX_MB      4   /* activation rows per pass */
-
-/* e4m3 code -> |value| x 2^9 (an exact integer below 2^18). */
-__device__ __forceinline__ int rx_e4m3_mag(uint32_t b)
-{
-    int e = (int)((b >> 3) & 15), m = (int)(b & 7);
-    return e ? (8 | m) << (e - 1) : m;
-}
-
-/* Four e2m1 nibbles (the low 16 bits of x, nibble i = element i) -> four int8 of value x 2. */
-__device__ __forceinline__ uint32_t rx_e2m1x4(uint32_t x)
-{
-    uint32_t sel = x & 0x7777u;
-    uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel); /* 0 1 2 3 4 6 8 12 */
-    uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel); /* their negations */
-    uint32_t sgn = __byte_perm(x << 4, x, 0xD9C8u);            /* 0xFF where bit 3 is set */
-    return (pos & ~sgn) | (neg & sgn);
-}
 
 __device__ __forceinline__ bool rx_nan_word(uint32_t w)
 {
@@ -152,16 +136,8 @@ __global__ __launch_bounds__(RX_THREADS) static void k_rows_fp4(
         for (int i = tid; i < mb * (K / 4); i += RX_THREADS) {
             int m = i / (K / 4), q = i % (K / 4);
             uint32_t w = *(const uint32_t *)(a + (size_t)(G.row0 + m0 + m) * K + (size_t)q * 4);
-            uint32_t d[3] = {0, 0, 0};
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                uint32_t c = (w >> (8 * b)) & 0xFF;
-                int v = rx_e4m3_mag(c);
-                int s = (c & 0x80) ? -1 : 1;
-#pragma unroll
-                for (int j = 0; j < 3; j++)
-                    d[j] |= (uint32_t)(uint8_t)(int8_t)(s * ((v >> (6 * j)) & 63)) << (8 * b);
-            }
+            uint32_t d[3];
+            rxm_digits4(w, d);
             /* group q of block q/8: words (q%8)*3 .. +2 of the block's 24 */
             uint32_t *blk = (uint32_t *)(dig + ((size_t)m * nblk + q / 8) * 6);
             blk[(q % 8) * 3 + 0] = d[0];
@@ -211,11 +187,7 @@ __global__ __launch_bounds__(RX_THREADS) static void k_rows_fp4(
                     const int c = c0 + j;
                     uint32_t wx[4] = {cur[j].x, cur[j].y, cur[j].z, cur[j].w};
                     uint32_t w8[8];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        w8[2 * i] = rx_e2m1x4(wx[i] & 0xFFFF);
-                        w8[2 * i + 1] = rx_e2m1x4(wx[i] >> 16);
-                    }
+                    rxm_fp4_decode(wx, w8);
                     float ws = cuk_e8m0_to_f32((uint8_t)(sc4 >> (8 * j)));
 #pragma unroll
                     for (int m = 0; m < RX_MB; m++) {
@@ -226,15 +198,7 @@ __global__ __launch_bounds__(RX_THREADS) static void k_rows_fp4(
 #pragma unroll
                         for (int i = 0; i < 6; i++)
                             v[i] = dg[i];
-                        const uint32_t *dw = (const uint32_t *)v;
-                        int s0 = 0, s1 = 0, s2 = 0;
-#pragma unroll
-                        for (int q = 0; q < 8; q++) {
-                            s0 = __dp4a((int)dw[3 * q + 0], (int)w8[q], s0);
-                            s1 = __dp4a((int)dw[3 * q + 1], (int)w8[q], s1);
-                            s2 = __dp4a((int)dw[3 * q + 2], (int)w8[q], s2);
-                        }
-                        int P = (s2 << 12) + (s1 << 6) + s0;
+                        int P = rxm_fp4_dot((const uint32_t *)v, w8);
                         float p = nanf[m * nblk + c] ? __uint_as_float(CUK_QNAN)
                                                      : __fmul_rn(__int2float_rn(P), 0x1p-10f);
                         float t = __fmul_rn(__fmul_rn(p, asc[m * SC + c / 4]), ws);

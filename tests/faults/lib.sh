@@ -169,3 +169,18 @@ fl_stop_clients() {
 fl_count() {
     cat "$TMP"/client?.log 2>/dev/null | if [ $# -gt 0 ]; then grep -c "^$1" ; else wc -l; fi
 }
+
+# Sets ISSUED OK FAILED LOST WRONG from the client logs and prints them, the lost and wrong
+# requests, and the most frequent explicit failures (numbers folded).
+fl_report() {
+    ISSUED=$(fl_count)
+    OK=$(fl_count OK)
+    FAILED=$(fl_count FAIL)
+    LOST=$(fl_count LOST)
+    WRONG=$(fl_count WRONG)
+    echo "requests: $ISSUED issued, $OK answered bit-identical, $FAILED failed with an explicit" \
+        "error, $LOST lost, $WRONG wrong"
+    grep -h "^WRONG\|^LOST" "$TMP"/client?.log | sort | uniq -c | head
+    grep -h "^FAIL" "$TMP"/client?.log | sed 's/step [0-9]*/step N/g; s/[0-9]* ms/N ms/g' |
+        sort | uniq -c | sort -rn | head -8
+}

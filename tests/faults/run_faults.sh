@@ -80,65 +80,51 @@ E0=$(ready_epoch 1 60) || { echo "FAIL: the cluster did not become ready"; tail 
 fl_start_clients
 sleep 1
 
-# kill -9 a worker while the clients run; then start it again
-case_begin kill9_worker
-L0=$(($(wc -l <"$TMP/coord.log") + 1))
-ep0=$(fl_state | cut -d' ' -f2)
-t0=$(fl_now)
-kill -9 "${FL_WPID[2]}"
-if ep=$(ready_epoch $((ep0 + 1)) 30); then
-    ttr=$(($(fl_now) - t0))
-    load=$(apply_ms "$L0")
-    bound=$((LIVE_MS + ${load:-0} + 1000))
-    [ "$ttr" -le "$bound" ] || bad "ready in epoch $ep after $ttr ms, more than $bound ms"
-    fl_ctl shards | grep -qE "^2 +w2 +0( |$)" || bad "w2 still owns experts in epoch $ep"
-else
+# A worker goes away (INJECT, a command), stays away (AWAY_MS), comes back (RESTORE); the
+# survivors must be ready in a new epoch within liveness x heartbeat + SLACK_MS + the longest
+# load of gained experts + 1 s, and the worker must rejoin (rejoin: restore) within REJOIN_S.
+# Sets ttr, bound and ep for case_end.
+away_and_back() {
+    local inject=$1 away_ms=$2 restore=$3 slack_ms=$4 rejoin_s=$5 what=$6
+    local l0=$(($(wc -l <"$TMP/coord.log") + 1)) ep0 t0 left
+    ep0=$(fl_state | cut -d' ' -f2)
+    t0=$(fl_now)
+    eval "$inject"
     ttr=-; bound=-
-    bad "not ready in a new epoch within 30 s"
-fi
-fl_start_worker 2
-ready_epoch $((ep0 + 2)) 30 >/dev/null || bad "w2 did not rejoin within 30 s"
-fl_ctl shards | grep -qE "^2 +w2 +2 +4-5" || bad "rejoin restore did not give w2 experts 4-5 back"
-case_end "$ttr" "$bound" "the survivors serve in epoch ${ep:-?}, w2 rejoined"
+    if ep=$(ready_epoch $((ep0 + 1)) 30); then
+        ttr=$(($(fl_now) - t0))
+        load=$(apply_ms "$l0")
+        bound=$((LIVE_MS + slack_ms + ${load:-0} + 1000))
+        [ "$ttr" -le "$bound" ] || bad "ready in epoch $ep after $ttr ms, more than $bound ms"
+    else
+        bad "not ready in a new epoch within 30 s while $what"
+    fi
+    left=$((away_ms - ($(fl_now) - t0)))
+    [ "$left" -gt 0 ] && sleep "$(awk "BEGIN{print $left/1000}")"
+    eval "$restore"
+    ready_epoch $((ep0 + 2)) "$rejoin_s" >/dev/null || bad "no rejoin within $rejoin_s s after $what"
+}
 
-# SIGSTOP a worker for 2 x liveness, then SIGCONT
+# kill -9 a worker while the clients run (its connection is gone: noticed at the next
+# heartbeat, within liveness x heartbeat); then start it again
+case_begin kill9_worker
+away_and_back 'kill -9 "${FL_WPID[2]}"' 0 'fl_start_worker 2' 0 30 "w2 was killed"
+# 8 experts over 3 survivors: two gain one expert each, keeping the two they had
+gained=$(grep -c "is ready in epoch ${ep:-0} (.*, 3 experts, 2 kept" "$TMP/coord.log")
+[ "$gained" -eq 2 ] || bad "$gained survivors kept 2 and gained 1 expert in epoch ${ep:-?}, expected 2"
+fl_ctl shards | grep -qE "^2 +w2 +2 +4-5" || bad "rejoin restore did not give w2 experts 4-5 back"
+case_end "$ttr" "$bound" "the survivors served in epoch ${ep:-?}, w2 rejoined"
+
+# SIGSTOP a worker for 2 x liveness, then SIGCONT (silence is noticed at a heartbeat tick)
 case_begin sigstop_worker
-L0=$(($(wc -l <"$TMP/coord.log") + 1))
-ep0=$(fl_state | cut -d' ' -f2)
-t0=$(fl_now)
-kill -STOP "${FL_WPID[1]}"
-ttr=-; bound=-
-if ep=$(ready_epoch $((ep0 + 1)) 30); then
-    ttr=$(($(fl_now) - t0))
-    bound=$((LIVE_MS + $(apply_ms "$L0") + FL_HB + 1000))
-    [ "$ttr" -le "$bound" ] || bad "ready in epoch $ep after $ttr ms, more than $bound ms"
-else
-    bad "not ready in a new epoch while w1 was stopped"
-fi
-left=$((2 * LIVE_MS - ($(fl_now) - t0)))
-[ "$left" -gt 0 ] && sleep "$(awk "BEGIN{print $left/1000}")"
-kill -CONT "${FL_WPID[1]}"
-ready_epoch $((ep0 + 2)) 40 >/dev/null || bad "w1 did not rejoin within 40 s of SIGCONT"
+away_and_back 'kill -STOP "${FL_WPID[1]}"' $((2 * LIVE_MS)) 'kill -CONT "${FL_WPID[1]}"' "$FL_HB" 40 \
+    "w1 was stopped"
 case_end "$ttr" "$bound" "declared dead, experts moved; after SIGCONT it registered again"
 
 # cut a worker's link for 2 x liveness, then restore it
 case_begin link_down
-L0=$(($(wc -l <"$TMP/coord.log") + 1))
-ep0=$(fl_state | cut -d' ' -f2)
-t0=$(fl_now)
-ip -n "${FL_PFX}h4" link set eth0 down
-ttr=-; bound=-
-if ep=$(ready_epoch $((ep0 + 1)) 30); then
-    ttr=$(($(fl_now) - t0))
-    bound=$((LIVE_MS + $(apply_ms "$L0") + FL_HB + 1000))
-    [ "$ttr" -le "$bound" ] || bad "ready in epoch $ep after $ttr ms, more than $bound ms"
-else
-    bad "not ready in a new epoch while w3's link was down"
-fi
-left=$((2 * LIVE_MS - ($(fl_now) - t0)))
-[ "$left" -gt 0 ] && sleep "$(awk "BEGIN{print $left/1000}")"
-ip -n "${FL_PFX}h4" link set eth0 up
-ready_epoch $((ep0 + 2)) 60 >/dev/null || bad "w3 did not rejoin within 60 s of the link coming back"
+away_and_back 'ip -n "${FL_PFX}h4" link set eth0 down' $((2 * LIVE_MS)) \
+    'ip -n "${FL_PFX}h4" link set eth0 up' "$FL_HB" 60 "w3's link was down"
 case_end "$ttr" "$bound" "link down: dead, experts moved; link up: w3 registered again"
 
 # drain under load: no step may fail while the worker leaves
@@ -237,22 +223,11 @@ case_end 0 "-" "every daemon up, same epoch"
 # ---- the end ----
 sleep 1
 fl_stop_clients
-ISSUED=$(fl_count)
-OK=$(fl_count OK)
-FAILED=$(fl_count FAIL)
-LOST=$(fl_count LOST)
-WRONG=$(fl_count WRONG)
 echo
 printf '%-18s %9s %9s %7s %7s  %s\n' FAULT "READY_MS" "BOUND_MS" ISSUED FAILED RESULT
 for r in "${RESULTS[@]}"; do echo "$r"; done
 echo
-echo "requests: $ISSUED issued, $OK answered bit-identical, $FAILED failed with an explicit error," \
-    "$LOST lost, $WRONG wrong"
-if [ "$WRONG" -gt 0 ] || [ "$LOST" -gt 0 ]; then
-    grep -h "^WRONG\|^LOST" "$TMP"/client?.log | sort | uniq -c | head
-fi
-grep -h "^FAIL" "$TMP"/client?.log | sed 's/step [0-9]*/step N/g; s/[0-9]* ms/N ms/g' |
-    sort | uniq -c | sort -rn | head -8
+fl_report
 echo "faults survived $SURVIVED/$N_CASES, requests lost $LOST, wrong $WRONG"
 if [ "$SURVIVED" -ne "$N_CASES" ] || [ "$LOST" -ne 0 ] || [ "$WRONG" -ne 0 ] || [ "$OK" -eq 0 ]; then
     FL_KEEP=1

@@ -388,12 +388,15 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
     float *do1 = dput(NULL, (size_t)M * N * 4 * 2),
           *do3 = fused ? do1 + N : dput(NULL, (size_t)M * N * 4);
     int ld = fused ? 2 * N : N;
-    for (int mode = 0; mode < 2; mode++) {
+    /* mode 0: the exact kernels, 1: their plain reference (EPMOE_CUDA_EXACT=ref), 2: fast */
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 1)
+            setenv("EPMOE_CUDA_EXACT", "ref", 1);
         int max_rows = 0;
         for (int g = 0; g < c->n_groups; g++)
             max_rows = c->rows[g] > max_rows ? c->rows[g] : max_rows;
         cudev_gemm G = {.format = c->fp4 ? MB_W_MXFP4 : MB_W_FP8,
-                        .mode = mode ? MB_GEMM_FAST : MB_GEMM_EXACT,
+                        .mode = mode == 2 ? MB_GEMM_FAST : MB_GEMM_EXACT,
                         .N = N,
                         .K = K,
                         .M = M,
@@ -407,7 +410,11 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
                         .out_f32 = do1,
                         .out2_f32 = do3,
                         .ld_out = ld};
-        CHECK_EQ(D->gemm(dev, &G, &err), 0);
+        int grc = D->gemm(dev, &G, &err);
+        if (grc != 0)
+            printf("  gemm: %s\n", err.msg);
+        CHECK_EQ(grc, 0);
+        unsetenv("EPMOE_CUDA_EXACT");
         float *o = malloc((size_t)M * N * 4 * 2);
         if (fused) {
             dget(o, do1, (size_t)M * N * 4 * 2);
@@ -423,10 +430,12 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
         free(o);
         char what[128];
         snprintf(what, sizeof what, "%s %s gemm N=%d K=%d groups=%d pow2=%d nan=%d fused=%d lt=%s",
-                 mode ? "fast" : "exact", c->fp4 ? "mxfp4" : "fp8", N, K, c->n_groups, c->pow2,
-                 with_nan, fused,
-                 getenv("EPMOE_CUDA_CUBLASLT") ? getenv("EPMOE_CUDA_CUBLASLT") : "1");
-        if (mode == 0) {
+                 mode == 2 ? "fast"
+                 : mode    ? "exact-ref"
+                           : "exact",
+                 c->fp4 ? "mxfp4" : "fp8", N, K, c->n_groups, c->pow2, with_nan, fused,
+                 getenv("EPMOE_CUDA_CUBLASLT") ? getenv("EPMOE_CUDA_CUBLASLT") : "0");
+        if (mode < 2) {
             CHECK(same_f32(ref, got, (size_t)2 * M * N, what));
         } else if (!with_nan) {
             double cd = calc_diff_f32(ref, got, (size_t)2 * M * N);
@@ -464,7 +473,8 @@ TEST(exact_gemms_match_the_reference_and_fast_ones_are_within_tolerance)
         {true, true, 128, 128, 1, {1}},
     };
     /* the fast path picks by rows per group: the few-row kernels, cuBLASLt (FP8, on or off),
-     * or the tensor-core kernel */
+     * or the tensor-core kernel; the shapes above are not all cuBLASLt's (K/128 and rows must
+     * be multiples of 4), so with "1" some fall back to the tensor-core kernel */
     for (int lt = 1; lt >= 0; lt--) {
         setenv("EPMOE_CUDA_CUBLASLT", lt ? "1" : "0", 1);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -472,40 +482,59 @@ TEST(exact_gemms_match_the_reference_and_fast_ones_are_within_tolerance)
                 if (lt || !cases[i].fp4)
                     gemm_case(&cases[i], 1e-3, 0, fused);
     }
+    /* shapes cuBLASLt takes, with "require": a quiet fallback would be an error, so these
+     * check cuBLASLt itself (its scale layouts, the fused w1+w3 call, bf16 rows) */
+    static const gcase lt_cases[] = {
+        {false, true, 512, 1024, 2, {32, 64}},
+        {false, false, 256, 512, 3, {20, 4, 48}},
+        {false, true, 2048, 4096, 2, {64, 24}},
+    };
+    setenv("EPMOE_CUDA_CUBLASLT", "require", 1);
+    for (size_t i = 0; i < sizeof lt_cases / sizeof lt_cases[0]; i++)
+        for (int fused = 0; fused < 2; fused++)
+            gemm_case(&lt_cases[i], 1e-3, 0, fused);
     unsetenv("EPMOE_CUDA_CUBLASLT");
     gemm_case(&cases[0], 1e-3, 1, 0);
     gemm_case(&cases[2], 1e-3, 1, 1);
 }
 
 /* The bf16 output path of the GEMM: rounded rows written through out_row. */
-TEST(gemm_bf16_rows_go_where_out_row_says)
+/* One bf16-output GEMM (the w2 GEMM's form): rounded rows written where out_row says, in a
+ * permuted order; exact bit for bit, fast within tol (calc_diff over the output). */
+static void bf16_rows_case(bool fp4, mb_gemm_mode mode, int M, int N, int K, double tol)
 {
-    NEED_DEVICE();
-    int N = 256, K = 256, M = 5;
+    size_t wb = fp4 ? (size_t)N * K / 2 : (size_t)N * K;
+    size_t sb = fp4 ? (size_t)N * K / 32 : (size_t)(N / 128) * (K / 128) * 4;
     uint16_t *x = malloc((size_t)M * K * 2);
-    uint8_t *a = malloc((size_t)M * K), *wq = malloc((size_t)N * K / 2),
-            *ws = malloc((size_t)N * K / 32);
+    uint8_t *a = malloc((size_t)M * K), *wq = malloc(wb), *ws = malloc(sb);
     float *as = malloc((size_t)M * K / 128 * 4), *ref = malloc((size_t)M * N * 4);
     fill_act(x, (size_t)M * K);
     qt_act_rows_impl(GEMM_IMPL_REF, x, M, K, true, a, as);
-    for (int i = 0; i < N * K / 2; i++)
-        wq[i] = (uint8_t)rnd();
-    for (int i = 0; i < N * K / 32; i++)
-        ws[i] = (uint8_t)(120 + rnd() % 8);
+    for (size_t i = 0; i < wb; i++)
+        wq[i] = fp4 ? (uint8_t)rnd() : rand_e4m3();
+    if (fp4)
+        for (size_t i = 0; i < sb; i++)
+            ws[i] = (uint8_t)(120 + rnd() % 8);
+    else
+        for (size_t i = 0; i < sb / 4; i++)
+            ((float *)ws)[i] = fmt_e8m0_to_f32((uint8_t)(115 + rnd() % 8));
     ep_err err;
-    gemm_weight *gw = gemm_pack_mxfp4(N, K, wq, ws, GEMM_IMPL_REF, &err);
+    gemm_weight *gw = fp4 ? gemm_pack_mxfp4(N, K, wq, ws, GEMM_IMPL_REF, &err)
+                          : gemm_pack_fp8(N, K, wq, (float *)ws, GEMM_IMPL_REF, &err);
     gemm_run(gw, M, a, as, ref, NULL);
     gemm_weight_free(&gw);
-    uint32_t orow[5] = {4, 2, 0, 3, 1};
+    uint32_t *orow = malloc((size_t)M * 4);
+    for (int m = 0; m < M; m++) /* a permutation: 7 is prime to every M used here */
+        orow[m] = (uint32_t)((m * 7 + 3) % M);
     cudev_group hg = {.row0 = 0, .rows = (uint32_t)M};
-    hg.w[0] = dput(wq, (size_t)N * K / 2);
-    hg.scale[0] = dput(ws, (size_t)N * K / 32);
+    hg.w[0] = dput(wq, wb);
+    hg.scale[0] = dput(ws, sb);
     void *dgr = dput(&hg, sizeof hg), *da = dput(a, (size_t)M * K),
          *das = dput(as, (size_t)M * K / 128 * 4);
-    void *dor = dput(orow, sizeof orow), *dout = dput(NULL, (size_t)M * N * 2);
+    void *dor = dput(orow, (size_t)M * 4), *dout = dput(NULL, (size_t)M * N * 2);
     uint16_t *got = malloc((size_t)M * N * 2);
-    cudev_gemm G = {.format = MB_W_MXFP4,
-                    .mode = MB_GEMM_EXACT,
+    cudev_gemm G = {.format = fp4 ? MB_W_MXFP4 : MB_W_FP8,
+                    .mode = mode,
                     .N = N,
                     .K = K,
                     .M = M,
@@ -518,19 +547,46 @@ TEST(gemm_bf16_rows_go_where_out_row_says)
                     .a_scale = das,
                     .out_bf16 = dout,
                     .out_row = dor};
-    CHECK_EQ(D->gemm(dev, &G, &err), 0);
+    int grc = D->gemm(dev, &G, &err);
+    if (grc != 0)
+        printf("  gemm: %s\n", err.msg);
+    CHECK_EQ(grc, 0);
     dget(got, dout, (size_t)M * N * 2);
+    double xy = 0, xx = 0, yy = 0;
     for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++)
-            if (got[(size_t)orow[m] * N + n] != fmt_f32_to_bf16(ref[(size_t)m * N + n])) {
-                TEST_FAIL_AT("row %d col %d: %04x vs %04x", m, n, got[(size_t)orow[m] * N + n],
-                             fmt_f32_to_bf16(ref[(size_t)m * N + n]));
+        for (int n = 0; n < N; n++) {
+            uint16_t want = fmt_f32_to_bf16(ref[(size_t)m * N + n]);
+            uint16_t have = got[(size_t)orow[m] * N + n];
+            double r = fmt_bf16_to_f32(want), h = fmt_bf16_to_f32(have);
+            xy += r * h, xx += r * r, yy += h * h;
+            if (mode == MB_GEMM_EXACT && have != want) {
+                TEST_FAIL_AT("%s exact row %d col %d: %04x vs %04x", fp4 ? "mxfp4" : "fp8", m, n,
+                             have, want);
                 m = M;
                 break;
             }
+        }
+    double cd = xx + yy == 0 ? 0 : 1 - 2 * xy / (xx + yy);
+    if (mode == MB_GEMM_FAST && !(cd < tol))
+        TEST_FAIL_AT("%s fast bf16 rows (M=%d): calc_diff %.3g >= %.3g", fp4 ? "mxfp4" : "fp8", M,
+                     cd, tol);
     D->free(dev, (void *)hg.w[0]), D->free(dev, (void *)hg.scale[0]), D->free(dev, dgr);
     D->free(dev, da), D->free(dev, das), D->free(dev, dor), D->free(dev, dout);
-    free(x), free(a), free(wq), free(ws), free(as), free(ref), free(got);
+    free(x), free(a), free(wq), free(ws), free(as), free(ref), free(got), free(orow);
+}
+
+TEST(gemm_bf16_rows_go_where_out_row_says)
+{
+    NEED_DEVICE();
+    bf16_rows_case(true, MB_GEMM_EXACT, 5, 256, 256, 0);
+    bf16_rows_case(false, MB_GEMM_EXACT, 5, 256, 512, 0);
+    bf16_rows_case(true, MB_GEMM_FAST, 5, 256, 256, 1e-3);  /* few-row kernel */
+    bf16_rows_case(true, MB_GEMM_FAST, 40, 256, 256, 1e-3); /* tensor-core kernel */
+    setenv("EPMOE_CUDA_CUBLASLT", "0", 1);
+    bf16_rows_case(false, MB_GEMM_FAST, 40, 256, 512, 1e-3); /* tensor-core kernel */
+    setenv("EPMOE_CUDA_CUBLASLT", "require", 1);
+    bf16_rows_case(false, MB_GEMM_FAST, 40, 256, 512, 1e-3); /* cuBLASLt + k_rows_out */
+    unsetenv("EPMOE_CUDA_CUBLASLT");
 }
 
 int main(void)

@@ -744,7 +744,8 @@ Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const 
     return it_wait(t, c, 10000);
 }
 
-int it_wait_state(itest *t, const char *state, int ms)
+/* Poll STATUS until it says state (and, when epoch > 0, current_epoch == epoch). */
+static int it_wait_status(itest *t, const char *state, uint64_t epoch, int ms)
 {
     if (t->state_client == NULL)
         t->state_client = it_client_new(t);
@@ -752,26 +753,22 @@ int it_wait_state(itest *t, const char *state, int ms)
     int64_t end = it_now_ms() + ms;
     do {
         Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-        if (r && r->state && strcmp(r->state, state) == 0)
+        if (r && r->state && strcmp(r->state, state) == 0 &&
+            (epoch == 0 || r->current_epoch == epoch))
             return 0;
         it_pump(t, 20);
     } while (it_now_ms() < end);
     return -1;
 }
 
+int it_wait_state(itest *t, const char *state, int ms)
+{
+    return it_wait_status(t, state, 0, ms);
+}
+
 int it_wait_epoch(itest *t, uint64_t epoch, const char *state, int ms)
 {
-    if (t->state_client == NULL)
-        t->state_client = it_client_new(t);
-    it_client *c = t->state_client;
-    int64_t end = it_now_ms() + ms;
-    do {
-        Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-        if (r && r->state && strcmp(r->state, state) == 0 && r->current_epoch == epoch)
-            return 0;
-        it_pump(t, 20);
-    } while (it_now_ms() < end);
-    return -1;
+    return it_wait_status(t, state, epoch, ms);
 }
 
 /* ---- forward data ---- */

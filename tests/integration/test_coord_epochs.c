@@ -313,6 +313,15 @@ TEST(drain_under_load_fails_no_step)
     FINISH(t);
 }
 
+/* RELOAD of the spec file as it is now; the reply must be ok and its message contain text. */
+static void reload_says(itest *t, it_client *c, const char *text)
+{
+    Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL);
+    CHECK(r && r->ok);
+    if (r && r->message)
+        CHECK_STR_HAS(r->message, text);
+}
+
 /* The log of the coordinator contains text (read from the file it writes). */
 static bool log_has(const itest *t, const char *text)
 {
@@ -388,19 +397,13 @@ TEST(reload_new_timeouts_welcomes_everyone_into_a_new_epoch)
     it_client *c = it_client_new(t);
     t->o.step_timeout_ms = 7000;
     CHECK_EQ(it_write_spec(t), 0);
-    Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL);
-    CHECK(r && r->ok);
-    if (r && r->message)
-        CHECK_STR_HAS(r->message, "step_timeout_ms 5000 -> 7000");
+    reload_says(t, c, "step_timeout_ms 5000 -> 7000");
     CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
     for (int i = 0; i < 4; i++)
         CHECK(t->w[i]->welcome && t->w[i]->welcome->step_timeout_ms == 7000);
     forward_ok(t, c, 13, 14);
     /* the same spec again: nothing changes, no new epoch */
-    r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL);
-    CHECK(r && r->ok);
-    if (r && r->message)
-        CHECK_STR_HAS(r->message, "nothing changed");
+    reload_says(t, c, "nothing changed");
     it_pump(t, 200);
     CHECK_EQ(it_wait_epoch(t, 2, "ready", 1000), 0);
     FINISH(t);
@@ -416,10 +419,8 @@ TEST(reload_adds_and_removes_workers)
     /* 8 workers: a0..a3 on n0, b0..b3 on n1; b0 moves from rank 2 to rank 4 */
     t->o.n_workers = 8;
     CHECK_EQ(it_write_spec(t), 0);
-    Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL);
-    CHECK(r && r->ok);
-    if (r && r->message)
-        CHECK_STR_HAS(r->message, "workers added: a2; a3; b2; b3");
+    reload_says(t, c, "workers added: a2; a3; b2; b3");
+    Epmoe__AdminReply *r;
     /* the four old workers serve alone first (the new ones have not joined) */
     CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
     CHECK_EQ(t->w[2]->rank, 4);
@@ -443,10 +444,7 @@ TEST(reload_adds_and_removes_workers)
     /* back to 2 workers: a0 and b0 (rank 1); the others get SHUTDOWN */
     t->o.n_workers = 2;
     CHECK_EQ(it_write_spec(t), 0);
-    r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_RELOAD, NULL);
-    CHECK(r && r->ok);
-    if (r && r->message)
-        CHECK_STR_HAS(r->message, "workers removed: a1; a2; a3; b1; b2; b3");
+    reload_says(t, c, "workers removed: a1; a2; a3; b1; b2; b3");
     int64_t until = it_now_ms() + 3000;
     do {
         it_pump(t, 50);

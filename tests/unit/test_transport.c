@@ -229,6 +229,16 @@ static bool wait_dropped(tp_transport *tp, uint64_t n)
     return tp_dropped(tp) >= n;
 }
 
+/* Wait up to 5 s until tp keeps a message. */
+static void wait_pending(tp_transport *tp)
+{
+    for (int i = 0; i < 500 && tp_pending(tp) == 0; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp);
+    }
+}
+
 /* ---- one rank's steps, on its own thread ------------------------------------------------------
  */
 
@@ -384,15 +394,49 @@ TEST(future_steps_are_kept_and_finished_steps_dropped)
     /* tp_finish also discards what was kept for the finished step */
     CHECK(make_dispatch(&m, 6, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    for (int i = 0; i < 500 && tp_pending(tp[1]) == 0; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp[1]);
-    }
+    wait_pending(tp[1]);
     CHECK_EQ(tp_pending(tp[1]), 1);
     tp_finish(tp[1], 6);
     CHECK_EQ(tp_pending(tp[1]), 0);
     CHECK(tp_take(tp[1], 6, &got) == 0);
+    world_close(tp, 2);
+}
+
+/* A new placement epoch on the same sockets: the old epoch's messages are dropped, the new
+ * one's pass over the connections already made, and the epoch only moves forward. */
+TEST(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    tp_msg m, got;
+    /* kept for a step of the old epoch, then the epoch moves on: gone */
+    CHECK(make_dispatch(&m, 7, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    wait_pending(tp[1]);
+    CHECK_EQ(tp_pending(tp[1]), 1);
+    CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), 0);
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK_EQ(tp_epoch(tp[1]), EPOCH + 1);
+    /* a straggler of the old epoch is dropped */
+    uint64_t d0 = tp_dropped(tp[1]);
+    CHECK(make_dispatch(&m, 8, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_dropped(tp[1], d0 + 1));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "epoch");
+    /* the sender moves too: its message arrives over the same connection */
+    CHECK_EQ(tp_set_placement(tp[0], EPOCH + 1, owners, &err), 0);
+    CHECK(make_dispatch(&m, 9, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_take(tp[1], 9, &got));
+    CHECK_EQ(got.epoch, EPOCH + 1);
+    got.epoch = EPOCH; /* dispatch_matches compares the rest with the generator's message */
+    CHECK(dispatch_matches(&got, 1, 2));
+    tp_msg_release(&got);
+    /* never back, never the same */
+    CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), -1);
+    CHECK_STR_HAS(err.msg, "does not follow epoch");
+    CHECK_EQ(tp_set_placement(tp[1], 1, owners, &err), -1);
     world_close(tp, 2);
 }
 
@@ -606,6 +650,7 @@ int main(void)
     RUN(round_trip_four_ranks_all_formats);
     RUN(empty_messages_round_trip);
     RUN(future_steps_are_kept_and_finished_steps_dropped);
+    RUN(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch);
     RUN(garbage_and_malformed_messages_are_dropped);
     RUN(send_to_self_or_unknown_rank_fails);
     RUN(bind_failure_names_the_endpoint);
