@@ -23,6 +23,7 @@
 #include "common/wire.h"
 #include "coordinator/admin.h"
 #include "coordinator/cmetrics.h"
+#include "coordinator/ncclboot.h"
 #include "coordinator/outbox.h"
 #include "coordinator/registry.h"
 #include "coordinator/reload.h"
@@ -46,7 +47,8 @@ struct coord {
     int sigfd;   /* signalfd for SIGTERM, SIGINT (stop) and SIGHUP (reload) */
     reg_registry *reg;
     seq_sequencer *seq;
-    ob_box out; /* what the handlers of the current input returned, not yet settled */
+    nb_boot *nb; /* data_plane nccl: the communicator of the epoch; NULL for zmq */
+    ob_box out;  /* what the handlers of the current input returned, not yet settled */
     coord_state state;
     bool stop;      /* leave the loop after this iteration */
     int64_t now_ms; /* CLOCK_MONOTONIC, refreshed once per loop iteration */
@@ -163,6 +165,8 @@ static void coord_update_state(coord *c)
     const plan_table *staged = plan_staged(c->pe);
     cmx_epochs(c->mx, plan_current(c->pe)->epoch, plan_latest(c->pe)->epoch,
                staged ? staged->epoch : 0);
+    if (s == COORD_READY && c->nb != NULL && !nb_ready(c->nb))
+        s = COORD_LOADING; /* every member loaded, the NCCL communicator not built yet */
     if (s == c->state)
         return;
     log_info("cluster %s: %s -> %s (epoch %" PRIu64 "%s%s)", c->spec->name,
@@ -192,6 +196,8 @@ static seq_env coord_seq_env(coord *c)
         snprintf(c->not_ready, sizeof c->not_ready, "%s", plan_problem(c->pe));
     else if (!ready)
         reg_not_ready_text(c->reg, c->not_ready, sizeof c->not_ready);
+    if (!ready && c->not_ready[0] == '\0' && c->nb != NULL)
+        nb_not_ready_text(c->nb, c->spec, c->not_ready, sizeof c->not_ready);
     /* once formed, a cluster that changes epochs (or swaps in a reloaded spec, or waits for a
      * restarted member) keeps requests queued instead of refusing them */
     bool changing = plan_phase_of(c->pe) != PLAN_FORMING && c->state == COORD_LOADING;
@@ -204,6 +210,16 @@ static seq_env coord_seq_env(coord *c)
                      .wait = !ready && (changing || c->reload.spec != NULL),
                      .stopping = c->state == COORD_STOPPING,
                      .not_ready = c->not_ready};
+}
+
+static nb_env coord_nb_env(const coord *c)
+{
+    const plan_table *p = plan_current(c->pe);
+    return (nb_env){.spec = c->spec,
+                    .epoch = p->epoch,
+                    .member = p->member,
+                    .now_ms = c->now_ms,
+                    .all_ready = coord_compute_state(c) == COORD_READY && !c->stop};
 }
 
 /* The ranks that may own experts now: registered, usable, not drained. */
@@ -603,6 +619,11 @@ static void coord_settle(coord *c)
             continue;
         }
         int before = c->out.n_msg + c->out.n_ev;
+        if (c->nb != NULL) {
+            nb_env nenv = coord_nb_env(c);
+            nb_pump(c->nb, &nenv, &c->out);
+            coord_update_state(c);
+        }
         seq_env senv = coord_seq_env(c);
         seq_pump(c->seq, &senv, &c->out);
         if (c->out.n_msg + c->out.n_ev == before)
@@ -818,6 +839,8 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     if (c->mx == NULL)
         goto fail;
     cmx_state(c->mx, coord_state_name(c->state));
+    if (spec->data_plane == SPEC_PLANE_NCCL && (c->nb = nb_create(spec->n_workers, err)) == NULL)
+        goto fail;
     c->zctx = zmq_ctx_new();
     if (c->zctx == NULL) {
         ep_err_set(err, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -858,6 +881,7 @@ void coord_destroy(coord **self_p)
     if (c->zctx)
         zmq_ctx_term(c->zctx);
     reg_destroy(&c->reg);
+    nb_destroy(&c->nb);
     plan_epochs_destroy(&c->pe);
     rl_free(&c->reload);
     cmx_destroy(&c->mx);
@@ -872,9 +896,12 @@ void coord_destroy(coord **self_p)
 /* ---- inputs ---- */
 
 /* Message types a worker may send on coordinator.listen. */
-static bool coord_worker_type(uint16_t type)
+static bool coord_worker_type(const coord *c, uint16_t type)
 {
     switch (type) {
+    case EPMOE__MSG_TYPE__MSG_COMM_ID:
+    case EPMOE__MSG_TYPE__MSG_COMM_DONE:
+        return c->nb != NULL;
     case EPMOE__MSG_TYPE__MSG_REGISTER:
     case EPMOE__MSG_TYPE__MSG_CONFIG_ACK:
     case EPMOE__MSG_TYPE__MSG_LOADING:
@@ -889,12 +916,29 @@ static bool coord_worker_type(uint16_t type)
     }
 }
 
+/* A STEP_FAILED that says the worker aborted its NCCL communicator: the next step needs a new
+ * one (the sequencer still handles the failure itself). */
+static void coord_comm_aborted(coord *c, int rank, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__StepFailed *f =
+        (Epmoe__StepFailed *)wire_unpack(&epmoe__step_failed__descriptor, m, &err);
+    if (f != NULL && f->has_comm_aborted && f->comm_aborted) {
+        char why[128];
+        snprintf(why, sizeof why, "step %" PRIu64 " failed on rank %d (%s)", f->step_id, rank,
+                 c->spec->workers[rank].name);
+        nb_invalidate(c->nb, why);
+    }
+    wire_free_unpacked(f ? &f->base : NULL);
+}
+
 /* One message from the worker socket: the registry says who sent it; step answers go to the
- * sequencer, lifecycle messages to the registry. */
+ * sequencer (and, on the NCCL plane, failures to the communicator too), NCCL bootstrap answers to
+ * the communicator, lifecycle messages to the registry. */
 static void coord_on_worker(coord *c, const wire_msg *m)
 {
     reg_env renv = coord_reg_env(c);
-    if (!coord_worker_type(m->type)) {
+    if (!coord_worker_type(c, m->type)) {
         ob_error(&c->out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len,
                  EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE, m->type,
                  "coordinator.listen does not accept %s from a worker", wire_type_name(m->type));
@@ -907,6 +951,13 @@ static void coord_on_worker(coord *c, const wire_msg *m)
     int rank = reg_sender(c->reg, &renv, m, &c->out);
     if (rank < 0)
         return;
+    if (m->type == EPMOE__MSG_TYPE__MSG_COMM_ID || m->type == EPMOE__MSG_TYPE__MSG_COMM_DONE) {
+        nb_env nenv = coord_nb_env(c);
+        nb_on_message(c->nb, &nenv, rank, m, &c->out);
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED && c->nb != NULL)
+        coord_comm_aborted(c, rank, m);
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP_DONE || m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED) {
         seq_env senv = coord_seq_env(c);
         seq_on_message(c->seq, &senv, rank, m, &c->out);
@@ -1097,6 +1148,12 @@ static void coord_on_rebalance(coord *c, const wire_msg *m, const Epmoe__AdminRe
 {
     bool dry = rq->has_dry_run && rq->dry_run;
     plan_phase ph = plan_phase_of(c->pe);
+    if (c->spec->data_plane == SPEC_PLANE_NCCL) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "REBALANCE: data_plane nccl routes by one owner per expert in every layer; "
+                  "per-layer placement and replicas need data_plane zmq");
+        return;
+    }
     if (!dry && (ph != PLAN_STABLE || c->state != COORD_READY)) {
         adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_NOT_READY,
                   "REBALANCE: cluster %s is %s (placement %s); a rebalance starts from a ready "
@@ -1264,6 +1321,11 @@ static void coord_timers(coord *c)
     seq_env senv = coord_seq_env(c);
     seq_tick(c->seq, &senv, &c->out);
     coord_settle(c);
+    if (c->nb != NULL) {
+        nb_env nenv = coord_nb_env(c);
+        nb_tick(c->nb, &nenv, &c->out);
+        coord_settle(c);
+    }
     if (c->watchdog_ms > 0 && c->next_watchdog_ms < c->now_ms + 1) {
         sdn_notify("WATCHDOG=1"); /* the loop turned: that is the liveness we vouch for */
         c->next_watchdog_ms = c->now_ms + (int64_t)c->watchdog_ms;
@@ -1279,6 +1341,8 @@ static long coord_poll_timeout(coord *c)
     int64_t s = seq_next_deadline(c->seq, &senv);
     if (s < next)
         next = s;
+    if (c->nb != NULL && nb_next_deadline(c->nb) < next)
+        next = nb_next_deadline(c->nb);
     if (c->watchdog_ms > 0 && c->next_watchdog_ms < next)
         next = c->next_watchdog_ms;
     int64_t wait = next - coord_clock_ms();

@@ -72,6 +72,7 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
            spec_placement_name(p->placement), p->epoch, spec_dispatch_name(s->dispatch),
            s->redundant_experts,
            pl_stored(p->pl) == 1 ? "the same for every layer" : "layers differ");
+    printf("  data plane %s\n", spec_data_plane_name(s->data_plane));
     printf("  %-4s  %-16s  %-16s  %-8s  %-28s  %s\n", "RANK", "WORKER", "NODE", "DEVICE", "DATA",
            "EXPERTS");
     int *e = malloc((size_t)p->n_experts * sizeof *e);

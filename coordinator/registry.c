@@ -256,6 +256,9 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.step_timeout_ms = (uint32_t)env->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
     m.device = (char *)sw->device;
+    m.has_data_plane = 1;
+    m.data_plane = env->spec->data_plane == SPEC_PLANE_NCCL ? EPMOE__DATA_PLANE__DATA_PLANE_NCCL
+                                                            : EPMOE__DATA_PLANE__DATA_PLANE_ZMQ;
     m.has_gpu_gemm = 1;
     m.gpu_gemm = env->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
                                                            : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;

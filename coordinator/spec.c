@@ -12,7 +12,7 @@
  *      model): each mapping is one spec_section, each key one spec_field naming its handler,
  *      its destination (offsetof) and its range. Unknown keys, duplicate keys, wrong node
  *      types and missing required keys are handled once, in spec_walk.
- * Cross-field rules (unique names and endpoints, one worker per GPU on a node) run last, over
+ * Cross-field rules (unique names and endpoints, one worker per GPU with NCCL) run last, over
  * the filled struct. The first error wins; nothing partial is returned.
  */
 #include "coordinator/spec.h"
@@ -584,6 +584,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
 
 static const char *const spec_placement_names[] = {"contiguous", "round_robin", "eplb"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
+static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
 static const char *const spec_rejoin_names[] = {"restore", "stay"};
 static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 
@@ -604,6 +605,16 @@ static int spec_h_dispatch(spec_ctx *c, const ynode *key, const ynode *val, cons
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->dispatch = (spec_dispatch)i;
+    return 0;
+}
+
+static int spec_h_data_plane(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                             const char *path, void *obj)
+{
+    int i = spec_choice(c, val, path, "data plane", spec_data_plane_names, 2);
+    if (i < 0)
+        return -1;
+    ((spec_cluster *)obj)->data_plane = (spec_data_plane)i;
     return 0;
 }
 
@@ -843,7 +854,8 @@ static const spec_field spec_ep_fields[] = {
     {.key = "rebalance_every_steps",
      .handle = spec_h_int,
      SPEC_INT(spec_cluster, rebalance_every_steps, 0, 1000000000)},
-    {.key = "dispatch", .handle = spec_h_dispatch},
+    {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
+    {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
     {.key = "rejoin", .handle = spec_h_rejoin},
     {.key = "max_experts_per_worker",
      .handle = spec_h_int,
@@ -961,13 +973,57 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "%s at line %d, column %d)",
                          path, w->metrics, o->name, o->metrics_pos.line, o->metrics_pos.col);
     /* Several workers may share one GPU (each has its own stream and arena; tests and small
-     * models do this); the data plane decides whether it can (NCCL cannot). */
+     * models do this), but NCCL refuses two ranks of a communicator on one device. */
+    if (c->s->data_plane == SPEC_PLANE_NCCL && w->node_index == o->node_index &&
+        w->cuda_index >= 0 && w->cuda_index == o->cuda_index)
+        return spec_fail(c, w->device_pos,
+                         "%s.device: device \"%s\" is already used by worker %s on this node "
+                         "(line %d, column %d); data_plane nccl (line %d, column %d) needs one "
+                         "worker per GPU",
+                         path, w->device, o->name, o->device_pos.line, o->device_pos.col,
+                         c->s->data_plane_pos.line, c->s->data_plane_pos.col);
+    return 0;
+}
+
+/* NCCL moves device memory between GPUs: every worker must be on one, and the NCCL step
+ * driver sends what the GPU quantized (fp8); bf16 dispatch is a ZeroMQ-plane option. */
+static int spec_check_nccl(const spec_ctx *c)
+{
+    const spec_cluster *s = c->s;
+    if (s->data_plane != SPEC_PLANE_NCCL)
+        return 0;
+    if (s->dispatch != SPEC_DISPATCH_FP8)
+        return spec_fail(c, s->dispatch_pos,
+                         "expert_parallel.dispatch: data_plane nccl (line %d, column %d) sends "
+                         "fp8 dispatch only, found %s",
+                         s->data_plane_pos.line, s->data_plane_pos.col,
+                         spec_dispatch_name(s->dispatch));
+    /* its step driver routes by one owner per expert, the same in every layer */
+    if (s->placement == SPEC_PLACE_EPLB || s->redundant_experts > 0 || s->rebalance_every_steps > 0)
+        return spec_fail(c, s->placement_pos.line ? s->placement_pos : s->data_plane_pos,
+                         "expert_parallel: data_plane nccl (line %d, column %d) routes by one "
+                         "owner per expert in every layer: placement eplb, redundant_experts and "
+                         "rebalance_every_steps need data_plane zmq",
+                         s->data_plane_pos.line, s->data_plane_pos.col);
+    for (int i = 0; i < s->n_workers; i++) {
+        const spec_worker *w = &s->workers[i];
+        if (w->cuda_index >= 0)
+            continue;
+        char path[96];
+        spec_worker_path(s, i, path, sizeof path);
+        return spec_fail(c, w->device_pos,
+                         "%s.device: data_plane nccl (line %d, column %d) requires every worker "
+                         "on a cuda:N device, worker %s is on \"%s\"",
+                         path, s->data_plane_pos.line, s->data_plane_pos.col, w->name, w->device);
+    }
     return 0;
 }
 
 static int spec_cross_check(const spec_ctx *c)
 {
     const spec_cluster *s = c->s;
+    if (spec_check_nccl(c) != 0)
+        return -1;
     if (strcmp(s->listen, s->admin) == 0)
         return spec_fail(c, s->admin_pos,
                          "coordinator.admin: endpoint \"%s\" is also coordinator.listen (line %d, "
@@ -1236,6 +1292,11 @@ const char *spec_gpu_gemm_name(spec_gpu_gemm g)
 const char *spec_dispatch_name(spec_dispatch d)
 {
     return (unsigned)d < 2 ? spec_dispatch_names[d] : "unknown";
+}
+
+const char *spec_data_plane_name(spec_data_plane p)
+{
+    return (unsigned)p < 2 ? spec_data_plane_names[p] : "unknown";
 }
 
 const char *spec_rejoin_name(spec_rejoin r)

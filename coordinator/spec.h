@@ -48,6 +48,12 @@ typedef enum spec_dispatch {
     SPEC_DISPATCH_BF16 = 1
 } spec_dispatch;
 
+/* How dispatch and combine move between workers (docs/cluster-spec.md, docs/protocol.md). */
+typedef enum spec_data_plane {
+    SPEC_PLANE_ZMQ = 0, /* PUSH/PULL between the workers' data endpoints; any device mix */
+    SPEC_PLANE_NCCL = 1 /* NCCL send/recv from device memory; every worker on cuda:N, fp8 */
+} spec_data_plane;
+
 /* What a worker that comes back after its experts moved to the others gets (issue 8). */
 typedef enum spec_rejoin {
     SPEC_REJOIN_RESTORE = 0, /* a new epoch restores the spec's placement (default) */
@@ -93,6 +99,7 @@ typedef struct spec_cluster {
     int window_steps;          /* steps the load statistics cover (default 1000) */
     int rebalance_every_steps; /* 0: off; else a rebalance is tried every N steps */
     spec_dispatch dispatch;
+    spec_data_plane data_plane;
     spec_rejoin rejoin;
     int max_experts_per_worker; /* 0: no limit; else the most experts a failover may give one */
     spec_gpu_gemm gpu_gemm;     /* default exact */
@@ -103,6 +110,7 @@ typedef struct spec_cluster {
     spec_pos pos;     /* the top-level mapping */
     spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos, max_experts_pos;
     spec_pos metrics_pos, redundant_pos, groups_pos;
+    spec_pos dispatch_pos, data_plane_pos;
 } spec_cluster;
 
 /* Read and parse a spec file (at most SPEC_MAX_BYTES). A relative model path is resolved
@@ -129,9 +137,10 @@ const spec_worker *spec_find_worker(const spec_cluster *s, const char *name);
  * hold the spec's own placement (ceil((E + redundant) / P) experts). */
 int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 
-const char *spec_placement_name(spec_placement p); /* "contiguous" / "round_robin" / "eplb" */
-const char *spec_dispatch_name(spec_dispatch d);   /* "fp8" / "bf16" */
-const char *spec_rejoin_name(spec_rejoin r);       /* "restore" / "stay" */
-const char *spec_gpu_gemm_name(spec_gpu_gemm g);   /* "exact" / "fast" */
+const char *spec_placement_name(spec_placement p);   /* "contiguous" / "round_robin" / "eplb" */
+const char *spec_dispatch_name(spec_dispatch d);     /* "fp8" / "bf16" */
+const char *spec_data_plane_name(spec_data_plane p); /* "zmq" / "nccl" */
+const char *spec_rejoin_name(spec_rejoin r);         /* "restore" / "stay" */
+const char *spec_gpu_gemm_name(spec_gpu_gemm g);     /* "exact" / "fast" */
 
 #endif

@@ -160,6 +160,10 @@ static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
                           (int)w->gpu_gemm);
     if (w->has_step_timeout_ms && w->step_timeout_ms == 0)
         return ep_err_set(err, "WELCOME: step_timeout_ms 0, expected > 0");
+    if (w->has_data_plane && w->data_plane != EPMOE__DATA_PLANE__DATA_PLANE_ZMQ &&
+        w->data_plane != EPMOE__DATA_PLANE__DATA_PLANE_NCCL)
+        return ep_err_set(err, "WELCOME: data_plane %d, expected DATA_PLANE_ZMQ or DATA_PLANE_NCCL",
+                          (int)w->data_plane);
     return 0;
 }
 
@@ -197,6 +201,7 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
     s->gpu_gemm = w->has_gpu_gemm && w->gpu_gemm == EPMOE__GPU_GEMM__GPU_GEMM_FAST ? MB_GEMM_FAST
                                                                                    : MB_GEMM_EXACT;
+    s->nccl = w->has_data_plane && w->data_plane == EPMOE__DATA_PLANE__DATA_PLANE_NCCL;
     s->step_timeout_ms =
         w->has_step_timeout_ms
             ? (int)(w->step_timeout_ms > 86400000u ? 86400000u : w->step_timeout_ms)
@@ -233,13 +238,15 @@ static void wctl_send_register(wctl *w)
     gethostname(host, sizeof host - 1);
     char sm[16];
     snprintf(sm, sizeof sm, "sm_%d%d", w->dev.sm_major, w->dev.sm_minor);
-    char *caps[4] = {"cpu"};
+    char *caps[5] = {"cpu"};
     size_t n_caps = 1;
     if (gemm_impl_best() == GEMM_IMPL_AVX2)
         caps[n_caps++] = "avx2";
     if (w->dev.kind == MB_DEV_CUDA) {
         caps[n_caps++] = "cuda";
         caps[n_caps++] = sm;
+        if (tp_nccl_ops() != NULL)
+            caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
     }
     Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;
     d.name = w->dev.name;
@@ -568,6 +575,7 @@ static void wctl_on_coordinator(wctl *w, wire_msg *m)
         wctl_on_step(w, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT: /* the executor owns the NCCL communicator */
         if (w->state == WCTL_READY)
             wctl_relay(m, exec_pipe(w->exec), false);
         break;

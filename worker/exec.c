@@ -38,6 +38,7 @@
 #include "common/wire.h"
 #include "kernels/formats.h"
 #include "worker/shard.h"
+#include "worker/step_nccl.h"
 #include "worker/wmetrics.h"
 
 /* LOADING messages per second at most. */
@@ -70,11 +71,14 @@ typedef struct exec_state {
     int n_layers;
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
-    tp_transport *tp;
+    tp_transport *tp;              /* data_plane zmq */
     /* what tp was built for: a later session or epoch with the same world reuses it */
     int tp_rank, tp_world, tp_hidden, tp_experts;
     char tp_bind[EP_MAX_PATH];
-    char **tp_peers; /* [tp_world] */
+    char **tp_peers;  /* [tp_world] */
+    tp_comm *comm;    /* data_plane nccl: kept across the epochs of one session */
+    sn_driver *sn;    /* for the communicator of the last COMM_INIT */
+    int cuda_ordinal; /* N of cuda:N, for the communicator (tp_nccl_ops' ctx) */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -353,6 +357,8 @@ static void exec_drop_session(exec_state *st)
     st->ready = false;
     st->have_last = false;
     exec_drop_staged(st);
+    sn_destroy(&st->sn); /* an NCCL communicator belongs to its session */
+    tp_comm_destroy(&st->comm);
     exec_session_free(&st->session);
 }
 
@@ -408,6 +414,8 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
     return atomic_load(&p->st->actor->cancel) > 0;
 }
 
+static int exec_nccl_open(exec_state *st, ep_err *err);
+
 /* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes) and
  * its epoch is newer: then only the placement changes (tp_set_placement). A plane is never
  * reused for an epoch that is not newer (a restarted coordinator starts again at 1), so no
@@ -460,6 +468,10 @@ static uint8_t *exec_owned_any(const exec_session *s)
 static int exec_open_data_plane(exec_state *st, ep_err *err)
 {
     exec_session *s = st->session;
+    if (s->nccl) {
+        exec_close_plane(st);
+        return exec_nccl_open(st, err);
+    }
     uint8_t *owned = exec_owned_any(s);
     if (owned == NULL)
         return ep_err_set(err, "out of memory");
@@ -559,6 +571,13 @@ static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *con
     r.has_staged = staged;
     r.staged = staged;
     r.backend = (char *)mb_name(st->be);
+    if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
+        r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
+        r.comm_epoch = tp_comm_epoch(st->comm);
+        r.comm_generation = tp_comm_generation(st->comm);
+        r.comm_rank = (uint32_t)tp_comm_rank(st->comm);
+        r.comm_size = (uint32_t)tp_comm_size(st->comm);
+    }
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
 
@@ -607,10 +626,10 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
     st->ready = true;
     log_info("epoch %llu: %d layers, %d (layer, expert) slots, at most %d experts a layer (%d "
-             "kept, %d read: %llu bytes) from %s in %.2f s; data plane at %s (%d members)",
+             "kept, %d read: %llu bytes) from %s in %.2f s; data plane %s (%d members)",
              (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
              c.slots - c.kept, (unsigned long long)p.total, s->model_path, exec_now() - t0,
-             tp_endpoint(st->tp), s->n_members);
+             st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
     wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
                exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, s->epoch);
@@ -765,6 +784,7 @@ typedef struct exec_step_s {
     uint8_t *q;
     float *qs;
     uint16_t *eo;       /* [T, k, H] expert output per slot */
+    uint16_t *out;      /* [T, H] when the step computed it itself (the NCCL plane) */
     int *n_pairs_to;    /* [P] pairs sent to each rank (own rank: computed locally) */
     uint32_t **slot_to; /* [P][n_pairs_to]: t*k + j of each pair, in wire order */
     uint8_t *heard_d;   /* [P] */
@@ -784,6 +804,7 @@ typedef struct exec_step_s {
 
 static void exec_step_free(exec_step_s *s)
 {
+    free(s->out);
     free(s->x);
     free(s->ids);
     free(s->xn);
@@ -1328,14 +1349,15 @@ static size_t exec_sparse(const uint32_t *a, int n, uint32_t *idx, uint32_t *cnt
 static int exec_send_done(exec_step_s *s)
 {
     size_t T = (size_t)s->T, H = (size_t)s->H, k = (size_t)s->k;
-    uint16_t *out = malloc(T * H * 2 + 1);
+    uint16_t *out = s->out ? s->out : malloc(T * H * 2 + 1);
+    s->out = NULL; /* the message's (or freed) from here */
     if (out == NULL) {
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
                          "out of memory for the output");
         return -1;
     }
     double t0 = exec_now();
-    if (mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
+    if (s->ms != NULL && mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
         free(out);
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
                          s->err.msg);
@@ -1350,6 +1372,9 @@ static int exec_send_done(exec_step_s *s)
     if (buf != NULL && pairs != NULL) {
         for (int r = 0; r < s->P; r++)
             pairs[r] = (uint32_t)s->n_pairs_to[r];
+        if (s->st->session->nccl) /* the collective counts what each rank computed */
+            for (int e = 0; e < E; e++)
+                pairs[s->rank] += s->expert_tokens[e];
         d.routed_expert = buf;
         d.routed_tokens = buf + cap;
         d.n_routed_expert = d.n_routed_tokens =
@@ -1446,6 +1471,7 @@ static void exec_keep_open(exec_state *st, exec_step_s *s)
     s->n_pairs_to = NULL;
     s->heard_c = NULL;
     s->expert_tokens = NULL;
+    s->out = NULL;
     st->open = s;
 }
 
@@ -1461,6 +1487,229 @@ static void exec_serve_open(exec_state *st)
                  st->open->err.msg);
         exec_close_open(st);
     }
+}
+
+/* ---- the NCCL data plane (data_plane nccl; docs/protocol.md "NCCL data plane") -------------
+ *
+ * The executor owns the communicator (tp_comm over NCCL) and the step driver (step_nccl.h).
+ * COMM_INIT builds the communicator, waiting with its deadline while it still reads the pipe;
+ * a STEP runs sn_run instead of the ZeroMQ exchange above, and a failed one tells the
+ * coordinator that the communicator was aborted (StepFailed.comm_aborted).
+ */
+
+/* The communicator object and the driver; the library's communicator comes with COMM_INIT. */
+static int exec_nccl_open(exec_state *st, ep_err *err)
+{
+    exec_session *s = st->session;
+    mb_device_info info;
+    if (mb_device(st->be, &info) != 0 || info.kind != MB_DEV_CUDA)
+        return ep_err_set(err,
+                          "data_plane nccl needs a cuda:N device; this worker runs the %s "
+                          "backend",
+                          mb_name(st->be));
+    if (s->dispatch != TP_FMT_FP8)
+        return ep_err_set(err, "data_plane nccl sends fp8 dispatch only");
+    st->cuda_ordinal = info.ordinal;
+    if (st->comm == NULL &&
+        (st->comm = tp_comm_create(tp_nccl_ops(), &st->cuda_ordinal, err)) == NULL)
+        return -1;
+    return 0;
+}
+
+/* The step driver for the communicator COMM_INIT built (its world: the epoch's members). */
+static int exec_nccl_driver(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
+{
+    exec_session *s = st->session;
+    sn_config cfg = {.rank = s->rank,
+                     .world_size = s->world_size,
+                     .comm_rank = tp_comm_rank(st->comm),
+                     .comm_size = tp_comm_size(st->comm),
+                     .members = ci->n_members ? ci->members : NULL,
+                     .epoch = s->epoch,
+                     .hidden = s->config.hidden_size,
+                     .topk = s->config.num_experts_per_tok,
+                     .n_experts = s->config.n_routed_experts,
+                     .expert_owner = s->expert_owner,
+                     .scales_e8m0 = s->config.act_ue8m0,
+                     .peer_name = (const char *const *)s->peer_name};
+    sn_destroy(&st->sn);
+    st->sn = sn_create(&cfg, sn_cuda_dev_ops(), st->be, st->comm, err);
+    return st->sn != NULL ? 0 : -1;
+}
+
+/* Between polls of a step's waits: the step's own pipe handling (STEP_ABORT, RESET, TERM). */
+static int exec_nccl_idle(void *ctx, ep_err *err)
+{
+    exec_step_s *s = ctx;
+    if (exec_step_pipe(s) == 0)
+        return 0;
+    return ep_err_set(err, "%s", s->abandoned ? "the session was reset" : s->err.msg);
+}
+
+static int exec_nccl_step(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    s->out = malloc((size_t)s->T * (size_t)s->H * 2 + 1);
+    if (s->out == NULL || st->sn == NULL)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "STEP %llu: %s",
+                         (unsigned long long)s->step_id,
+                         s->out ? "no NCCL communicator yet (COMM_INIT)" : "out of memory");
+    sn_step io = {.step_id = s->step_id,
+                  .layer = s->layer,
+                  .layer_index = (uint32_t)mb_layer_index(s->layer),
+                  .T = s->T,
+                  .x = s->x,
+                  .ids = s->ids,
+                  .topk_ids = s->topk_ids,
+                  .topk_w = s->topk_w,
+                  .out = s->out,
+                  .expert_tokens = s->expert_tokens,
+                  .deadline = exec_now() + st->session->step_timeout_ms / 1000.0,
+                  .idle = exec_nccl_idle,
+                  .idle_ctx = s};
+    double t0 = exec_now();
+    int code = 0;
+    ep_err err = {{0}};
+    int rc = sn_run(st->sn, &io, &code, &err);
+    s->compute_s += exec_now() - t0; /* on the GPU the exchange overlaps the kernels */
+    s->dispatch_bytes = io.dispatch_bytes;
+    s->combine_bytes = io.combine_bytes;
+    return rc == 0 ? 0 : exec_fail(s, (Epmoe__ErrorCode)code, "%s", err.msg);
+}
+
+static void exec_nccl_failed(exec_step_s *s)
+{
+    exec_state *st = s->st;
+    log_warn("step %llu failed: %s", (unsigned long long)s->step_id, s->err.msg);
+    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
+    f.has_step_id = f.has_code = f.has_comm_aborted = 1;
+    f.step_id = s->step_id;
+    f.code = s->code;
+    f.message = s->err.msg;
+    f.comm_aborted = st->comm != NULL && tp_comm_get_state(st->comm) != TP_COMM_READY;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
+}
+
+static void exec_comm_done(exec_state *st, uint64_t epoch, uint32_t gen, bool ok, const char *why)
+{
+    Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+    d.has_epoch = d.has_generation = d.has_ok = 1;
+    d.epoch = epoch;
+    d.generation = gen;
+    d.ok = ok;
+    d.message = ok ? NULL : (char *)why;
+    exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base, NULL, 0);
+}
+
+/* While a communicator is being built the pipe is still read: a STEP is refused, and RESET,
+ * TERM, SESSION, LOAD or a newer COMM_INIT end the wait (they are handled next). */
+static int exec_comm_idle(void *ctx, ep_err *err)
+{
+    exec_state *st = ctx;
+    wire_msg m;
+    ep_err e;
+    if (wire_recv(st->pipe, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &e) !=
+        WIRE_OK)
+        return 0;
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP) {
+        Epmoe__Step *o = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, &m, &e);
+        exec_step_failed(st, o && o->has_step_id, o ? o->step_id : 0,
+                         EPMOE__ERROR_CODE__ERR_NOT_READY, "the NCCL communicator is being built");
+        wire_free_unpacked(o ? &o->base : NULL);
+        wire_msg_close(&m);
+        return 0;
+    }
+    if (m.type == EPMOE__MSG_TYPE__MSG_STEP_ABORT) {
+        wire_msg_close(&m);
+        return 0;
+    }
+    uint16_t type = m.type;
+    exec_stash(st, &m);
+    return ep_err_set(err, "interrupted by %s",
+                      type == EXEC_CMD_RESET  ? "a reset"
+                      : type == EXEC_CMD_TERM ? "shutdown"
+                                              : wire_type_name(type));
+}
+
+/* This worker's rank and the size of the communicator COMM_INIT describes (absent: the
+ * session's); the members, when given, must place this worker at that rank. */
+static int exec_comm_world(const exec_session *s, const Epmoe__CommInit *ci, int *rank, int *size,
+                           ep_err *err)
+{
+    *rank = ci->has_rank ? (int)ci->rank : s->rank;
+    *size = ci->has_size ? (int)ci->size : s->world_size;
+    if (*size < 1 || *size > s->world_size || *rank < 0 || *rank >= *size ||
+        (ci->n_members &&
+         (ci->n_members != (size_t)*size || ci->members[*rank] != (uint32_t)s->rank)))
+        return ep_err_set(err,
+                          "COMM_INIT: communicator rank %d of %d (%zu members) is not this "
+                          "worker's place (rank %d of %d)",
+                          *rank, *size, ci->n_members, s->rank, s->world_size);
+    return 0;
+}
+
+/* Begin the communicator COMM_INIT asks for (rank 0 of a new one creates the id first). */
+static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *err)
+{
+    int rank, size;
+    if (exec_comm_world(st->session, ci, &rank, &size, err) != 0)
+        return -1;
+    if (ci->has_shrink && ci->shrink)
+        return tp_comm_begin_shrink(st->comm, ci->epoch, ci->generation, ci->parent_epoch,
+                                    ci->parent_generation, ci->exclude_ranks,
+                                    (int)ci->n_exclude_ranks, rank, size, err);
+    tp_comm_id id;
+    if (ci->has_nccl_id) {
+        if (ci->nccl_id.len != TP_COMM_ID_BYTES)
+            return ep_err_set(err, "COMM_INIT: nccl_id of %zu bytes, expected %d", ci->nccl_id.len,
+                              TP_COMM_ID_BYTES);
+        memcpy(id.bytes, ci->nccl_id.data, TP_COMM_ID_BYTES);
+    } else {
+        if (rank != 0)
+            return ep_err_set(err, "COMM_INIT without nccl_id: only rank 0 creates the id");
+        if (tp_comm_new_id(st->comm, &id, err) != 0)
+            return -1;
+        Epmoe__CommId m = EPMOE__COMM_ID__INIT;
+        m.has_epoch = m.has_generation = m.has_nccl_id = 1;
+        m.epoch = ci->epoch;
+        m.generation = ci->generation;
+        m.nccl_id.len = TP_COMM_ID_BYTES;
+        m.nccl_id.data = id.bytes;
+        exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_ID, &m.base, NULL, 0);
+    }
+    return tp_comm_begin_init(st->comm, ci->epoch, ci->generation, rank, size, &id, err);
+}
+
+static void exec_comm_init(exec_state *st, const wire_msg *m)
+{
+    ep_err err = {{0}};
+    Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, &err);
+    if (ci == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s", err.msg);
+        return;
+    }
+    int rc = 0;
+    if (st->session == NULL || !st->session->nccl || !st->ready || st->comm == NULL)
+        rc = ep_err_set(&err, "COMM_INIT: this worker has no loaded NCCL data plane");
+    else if (!ci->has_epoch || ci->epoch != st->session->epoch || !ci->has_generation ||
+             !ci->has_timeout_ms || ci->timeout_ms == 0)
+        rc = ep_err_set(&err,
+                        "COMM_INIT: epoch (this worker's is %llu), generation or timeout_ms "
+                        "missing or wrong",
+                        (unsigned long long)st->session->epoch);
+    if (rc == 0)
+        rc = exec_comm_begin(st, ci, &err);
+    if (rc == 0)
+        rc = tp_comm_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
+                                &err);
+    if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
+        tp_comm_abort(st->comm, err.msg);
+        rc = -1;
+    }
+    if (rc != 0)
+        log_warn("%s", err.msg);
+    exec_comm_done(st, ci->epoch, ci->generation, rc == 0, err.msg);
+    wire_free_unpacked(&ci->base);
 }
 
 static void exec_step(exec_state *st, wire_msg *m)
@@ -1515,19 +1764,24 @@ static void exec_step(exec_state *st, wire_msg *m)
     s->layer_index = mb_layer_index(s->layer);
     log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s->step_id,
               s->layer_index, s->T);
-    rc = exec_step_run(s);
+    bool nccl = st->session->nccl; /* a collective: no open step to serve afterwards */
+    rc = nccl ? exec_nccl_step(s) : exec_step_run(s);
     st->have_last = true;
     st->last_step = s->step_id;
-    if (rc == 0 && exec_send_done(s) == 0) {
+    if (rc == 0 && exec_send_done(s) == 0 && !nccl) {
         exec_keep_open(st, s);
         exec_serve_open(st); /* DISPATCHes that came before the STEP wait in the transport */
         return;
     }
     if (rc != 0 && !s->abandoned) {
-        exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+        if (nccl)
+            exec_nccl_failed(s);
+        else
+            exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
         wmx_step_result(st->mx, false);
     }
-    tp_finish(st->tp, s->step_id);
+    if (st->tp)
+        tp_finish(st->tp, s->step_id);
     exec_step_free(s);
     free(s);
 }
@@ -1591,6 +1845,9 @@ static void exec_handle(exec_state *st, wire_msg *m)
     case EXEC_CMD_METRICS:
         if (m->body_len == sizeof st->mx)
             memcpy(&st->mx, m->body, sizeof st->mx);
+        break;
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT:
+        exec_comm_init(st, m);
         break;
     default:
         log_warn("executor: unexpected %s on the pipe", wire_type_name(m->type));

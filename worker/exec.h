@@ -84,6 +84,7 @@ typedef struct exec_session {
     char **peer_name;     /* [world_size], by rank */
     tp_format dispatch;
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
+    bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
 } exec_session;
 

@@ -1,8 +1,13 @@
 /*
  * transport.h — the data plane of one epoch: DISPATCH and COMBINE between workers (prefix tp_).
  *
- * Contract (docs/protocol.md, proto/epmoe.proto): every worker binds one PULL at its data
- * endpoint and connects one PUSH per peer rank (never to itself), so a message to rank r goes
+ * Two planes share one payload layout and one validation (transport.c): the ZeroMQ plane
+ * (transport_zmq.c, messages between host buffers, below) and the collective plane
+ * (transport_comm.c over NCCL's transport_nccl.c or a test's fake: grouped sends and receives
+ * between device buffers, "collective plane" further down).
+ *
+ * ZeroMQ plane contract (docs/protocol.md, proto/epmoe.proto): every worker binds one PULL at its
+ * data endpoint and connects one PUSH per peer rank (never to itself), so a message to rank r goes
  * only to r. Every message is wire.h-framed; payloads travel zero-copy from one block the
  * sender filled in place (tp_msg_alloc) and arrive as views into the received frames.
  *
@@ -36,6 +41,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "epmoe.pb-c.h"
 
 /* Messages kept for steps not yet taken, per peer of the world (at most two are legitimately
  * pending per peer and step: its DISPATCH and COMBINE; a peer can be one step ahead). */
@@ -94,6 +100,41 @@ const char *tp_endpoint(const tp_transport *tp);
  * ZeroMQ connects in the background, so a peer that binds later still gets its messages. */
 int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err);
 
+/* ---- layout and validation, shared by both planes (transport.c) -------------------------- */
+
+/* Payload arrays of a message at most (fp8 DISPATCH: codes, scales, pair_row, pair_expert,
+ * pair_weight), and the alignment of each inside a message's block. */
+#define TP_MAX_ARRAYS 5
+#define TP_ALIGN      64
+
+/* The block of m's shape (kind, format, scales_e8m0, n_rows, n_pairs): its arrays in wire order
+ * at TP_ALIGN-aligned offsets off[i] with len[i] bytes each. Returns the number of arrays and
+ * sets *total to the block's size (a multiple of TP_ALIGN). Counts must be within the limits
+ * (tp_check_dispatch), so no product overflows. */
+int tp_msg_layout(const tp_msg *m, int hidden, size_t *off, size_t *len, size_t *total);
+/* Point m's arrays into block (laid out by tp_msg_layout). */
+void tp_msg_point(tp_msg *m, int hidden, uint8_t *block);
+
+/* What a receiver checks messages against. */
+typedef struct tp_check {
+    int rank, world_size, hidden, n_experts;
+    uint64_t epoch;
+    const uint8_t *owned; /* [n_experts]: 1 where this rank owns the expert */
+    bool self_ok;         /* the collective plane: a rank also exchanges with itself */
+} tp_check;
+
+/* A DISPATCH body: every field present, epoch ours, src_rank a peer (or ourselves when
+ * self_ok), a known format, n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows * MC_MAX_TOPK.
+ * Fills m's scalar fields (kind .. scales_e8m0), not its arrays. */
+int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep_err *err);
+/* A COMBINE body: every field present, epoch ours, src_rank a peer, n_pairs within the limit. */
+int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_err *err);
+/* A DISPATCH's pairs (arrays on the host): pair_row < n_rows, pair_expert owned by c->rank. */
+int tp_check_pairs(const tp_check *c, int n_rows, int n_pairs, const uint32_t *pair_row,
+                   const uint32_t *pair_expert, ep_err *err);
+
+/* ---- the ZeroMQ plane ------------------------------------------------------------------- */
+
 /* Allocate the payload arrays of an outgoing message in one aligned block. */
 int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err);
 /* Bytes of payload m carries (what dispatch_bytes/combine_bytes count). */
@@ -137,5 +178,128 @@ uint64_t tp_epoch(const tp_transport *tp);
 uint64_t tp_dropped(const tp_transport *tp);
 const char *tp_last_drop(const tp_transport *tp);
 int tp_pending(const tp_transport *tp);
+
+/* ---- the collective plane (transport_comm.c; NCCL in transport_nccl.c) -------------------
+ *
+ * A communicator of P ranks, one per GPU worker, moving device buffers with grouped sends and
+ * receives on the executor's stream. The library under it is a vtable (tp_comm_ops): NCCL's
+ * (tp_nccl_ops) in the worker, a fake of threads exchanging host memory in the unit tests, so
+ * the state machine and every deadline run on the CPU.
+ *
+ * States: NONE -> INIT (tp_comm_begin_init / tp_comm_begin_shrink, non-blocking) -> READY
+ * (tp_comm_wait_ready) -> ABORTED (any failure: an asynchronous error, a deadline passed, the
+ * owner interrupted a wait) -> INIT again (rebuilt: a new communicator, or a shrink of a READY
+ * one). Every wait has a deadline (CLOCK_MONOTONIC seconds); a wait that fails aborts the
+ * library communicator (ncclCommAbort), so nothing stays queued on the stream, and the error
+ * names the epoch, generation, rank and what was waited for. Only READY exchanges. One owner
+ * thread.
+ */
+
+/* Bytes of a communicator id (NCCL_UNIQUE_ID_BYTES; checked in transport_nccl.c). */
+#define TP_COMM_ID_BYTES 128
+
+typedef struct tp_comm_id {
+    uint8_t bytes[TP_COMM_ID_BYTES];
+} tp_comm_id;
+
+typedef struct tp_comm_handle tp_comm_handle; /* the library's communicator (ncclComm_t) */
+
+/* One transfer of a grouped exchange: bytes of device memory at ptr, to or from peer. */
+typedef struct tp_xfer {
+    int peer;
+    void *ptr;
+    size_t bytes;
+} tp_xfer;
+
+/* A communicator library. Nothing here blocks; the state machine polls. 0 / -1 with err. */
+typedef struct tp_comm_ops {
+    const char *name; /* "nccl" */
+    int (*unique_id)(void *ctx, tp_comm_id *id, ep_err *err);
+    /* Start creating the communicator of rank among nranks sharing id (ncclCommInitRankConfig
+     * with blocking = 0). */
+    int (*init)(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
+                ep_err *err);
+    /* Start a communicator of parent's ranks but the excluded ones (ncclCommShrink). */
+    int (*shrink)(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
+                  tp_comm_handle **out, ep_err *err);
+    /* 0 idle, 1 still working (init, or a group being enqueued), -1 broken (err: why). */
+    int (*status)(tp_comm_handle *h, ep_err *err);
+    /* One group of sends and receives, enqueued on stream (sizes match the peers' by contract;
+     * transfers of 0 bytes are left out by the caller on both sides). */
+    int (*exchange)(tp_comm_handle *h, const tp_xfer *sends, int n_sends, const tp_xfer *recvs,
+                    int n_recvs, void *stream, ep_err *err);
+    /* 0 when everything enqueued on stream has finished, 1 while pending, -1 on an error. */
+    int (*stream_query)(void *ctx, void *stream, ep_err *err);
+    /* Stop everything h has in flight and free it (ncclCommAbort); h is invalid afterwards. */
+    void (*abort)(tp_comm_handle *h);
+} tp_comm_ops;
+
+/* Called between polls of a wait; returns non-zero (err set) to give up (the owner was told to
+ * abandon the step or drop the session): the wait then aborts the communicator. */
+typedef int (*tp_idle_fn)(void *ctx, ep_err *err);
+
+typedef enum tp_comm_state {
+    TP_COMM_NONE = 0,
+    TP_COMM_INIT = 1,
+    TP_COMM_READY = 2,
+    TP_COMM_ABORTED = 3
+} tp_comm_state;
+
+/* What ended the last failed wait (for the step's error code). */
+typedef enum tp_comm_fault {
+    TP_FAULT_NONE = 0,
+    TP_FAULT_LIBRARY = 1,  /* the library or the device reported an error */
+    TP_FAULT_DEADLINE = 2, /* the deadline passed */
+    TP_FAULT_ABANDONED = 3 /* the owner's idle function gave up, or the owner aborted */
+} tp_comm_fault;
+
+typedef struct tp_comm tp_comm;
+
+/* NCCL's operations, or NULL in a build without NCCL. Their ctx is a pointer to the worker's
+ * CUDA ordinal (int), made the thread's current device before a communicator is created, or
+ * NULL to use the current device. */
+const tp_comm_ops *tp_nccl_ops(void);
+
+tp_comm *tp_comm_create(const tp_comm_ops *ops, void *ctx, ep_err *err);
+/* Aborts a live communicator. */
+void tp_comm_destroy(tp_comm **self_p);
+
+/* A new id for rank 0 of a new communicator to hand to the others. */
+int tp_comm_new_id(tp_comm *c, tp_comm_id *id, ep_err *err);
+/* Begin the communicator (epoch, generation) of rank among size ranks sharing id; a
+ * communicator still held is aborted first. */
+int tp_comm_begin_init(tp_comm *c, uint64_t epoch, uint32_t generation, int rank, int size,
+                       const tp_comm_id *id, ep_err *err);
+/* Begin (epoch, generation) as the READY communicator (parent_epoch, parent_generation) less
+ * the ranks exclude[0..n) (ascending, of the parent). Checked first: that communicator is the
+ * one held and READY, exclude is valid and leaves this rank in, and rank/size are what the
+ * survivors' order gives (old rank less the excluded ranks below it). */
+int tp_comm_begin_shrink(tp_comm *c, uint64_t epoch, uint32_t generation, uint64_t parent_epoch,
+                         uint32_t parent_generation, const uint32_t *exclude, int n_exclude,
+                         int rank, int size, ep_err *err);
+/* Wait for the communicator begun to become READY: 0, or -1 with the communicator ABORTED and
+ * err naming it ("... not ready after N ms", the library's error, or the owner's reason). */
+int tp_comm_wait_ready(tp_comm *c, double deadline, tp_idle_fn idle, void *idle_ctx, ep_err *err);
+/* One grouped exchange on stream, waited for until everything enqueued on stream is done
+ * (what = "dispatch counts", "dispatch", "combine" names it in errors). A communicator that is
+ * not READY fails at once; a failed or late exchange aborts it. */
+int tp_comm_exchange(tp_comm *c, const char *what, const tp_xfer *sends, int n_sends,
+                     const tp_xfer *recvs, int n_recvs, void *stream, double deadline,
+                     tp_idle_fn idle, void *idle_ctx, ep_err *err);
+/* Abort now (the owner's own failure mid-step: nothing of the step may stay queued). */
+void tp_comm_abort(tp_comm *c, const char *why);
+
+tp_comm_state tp_comm_get_state(const tp_comm *c);
+const char *tp_comm_state_name(tp_comm_state s); /* "none", "init", "ready", "aborted" */
+uint64_t tp_comm_epoch(const tp_comm *c);
+uint32_t tp_comm_generation(const tp_comm *c);
+int tp_comm_rank(const tp_comm *c);
+int tp_comm_size(const tp_comm *c);
+/* Why the communicator was aborted ("" if it never was), and what kind of failure that was. */
+const char *tp_comm_last_error(const tp_comm *c);
+tp_comm_fault tp_comm_last_fault(const tp_comm *c);
+
+/* CLOCK_MONOTONIC in seconds: the clock of every deadline above. */
+double tp_now(void);
 
 #endif

@@ -24,8 +24,6 @@
 
 /* A data-plane body is a handful of varints (< 64 bytes); anything longer is not ours. */
 #define TP_MAX_BODY 1024
-/* Alignment of every array in a block: a cache line, enough for any vector load. */
-#define TP_ALIGN 64
 /* How long tp_create waits for an endpoint still held (EADDRINUSE) before failing. */
 #define TP_BIND_RETRY_MS      2000
 #define TP_BIND_RETRY_STEP_MS 10
@@ -82,43 +80,25 @@ static void tp_buf_unref(void *data, void *hint)
         tp_buf_free(b);
 }
 
-/* The payload arrays of m in wire order, with their sizes. Returns the count (<= 5). */
-static int tp_layout(const tp_msg *m, int hidden, void ***ptr, size_t *len)
+/* The payload arrays of m in wire order (m's members) with their sizes; returns the count. */
+static int tp_arrays(tp_msg *m, int hidden, void ***ptr, size_t *len)
 {
-    size_t H = (size_t)hidden, rows = (size_t)m->n_rows, pairs = (size_t)m->n_pairs;
-    int n = 0;
+    size_t off[TP_MAX_ARRAYS], total;
+    int n = tp_msg_layout(m, hidden, off, len, &total), i = 0;
     if (m->kind == TP_COMBINE) {
-        ptr[n] = (void **)&((tp_msg *)m)->out;
-        len[n++] = pairs * H * 2;
+        ptr[i] = (void **)&m->out;
         return n;
     }
-    tp_msg *w = (tp_msg *)m;
     if (m->format == TP_FMT_FP8) {
-        ptr[n] = (void **)&w->codes;
-        len[n++] = rows * H;
-        ptr[n] = (void **)&w->scales;
-        len[n++] = rows * (H / EP_FP8_BLOCK) * (m->scales_e8m0 ? 1 : 4);
+        ptr[i++] = (void **)&m->codes;
+        ptr[i++] = &m->scales;
     } else {
-        ptr[n] = (void **)&w->hidden;
-        len[n++] = rows * H * 2;
+        ptr[i++] = (void **)&m->hidden;
     }
-    ptr[n] = (void **)&w->pair_row;
-    len[n++] = pairs * 4;
-    ptr[n] = (void **)&w->pair_expert;
-    len[n++] = pairs * 4;
-    ptr[n] = (void **)&w->pair_weight;
-    len[n++] = pairs * 4;
+    ptr[i++] = (void **)&m->pair_row;
+    ptr[i++] = (void **)&m->pair_expert;
+    ptr[i] = (void **)&m->pair_weight;
     return n;
-}
-
-size_t tp_msg_bytes(const tp_msg *m, int hidden)
-{
-    void **ptr[5];
-    size_t len[5], total = 0;
-    int n = tp_layout(m, hidden, ptr, len);
-    for (int i = 0; i < n; i++)
-        total += len[i];
-    return total;
 }
 
 int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
@@ -127,11 +107,8 @@ int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
         m->n_pairs > EP_MAX_TOKENS * MC_MAX_TOPK)
         return ep_err_set(err, "data-plane message of %d rows and %d pairs exceeds the limits",
                           m->n_rows, m->n_pairs);
-    void **ptr[5];
-    size_t len[5], total = 0;
-    int n = tp_layout(m, hidden, ptr, len);
-    for (int i = 0; i < n; i++)
-        total += tp_round(len[i]);
+    size_t off[TP_MAX_ARRAYS], len[TP_MAX_ARRAYS], total;
+    tp_msg_layout(m, hidden, off, len, &total);
     if (total > EP_MAX_DATA_MSG)
         return ep_err_set(err, "data-plane message of %zu bytes exceeds EP_MAX_DATA_MSG (%u)",
                           total, EP_MAX_DATA_MSG);
@@ -143,11 +120,7 @@ int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
         return ep_err_set(err, "out of memory for a data-plane message of %zu bytes", total);
     }
     b->data = data;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        *ptr[i] = data + off;
-        off += tp_round(len[i]);
-    }
+    tp_msg_point(m, hidden, data);
     m->buf = b;
     return 0;
 }
@@ -327,10 +300,10 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
         return ep_err_set(err, "data plane: no connection to rank %d (or message not allocated)",
                           dst);
     }
-    void **ptr[5];
-    size_t len[5];
-    int n = tp_layout(m, tp->hidden, ptr, len);
-    wire_payload pl[5];
+    void **ptr[TP_MAX_ARRAYS];
+    size_t len[TP_MAX_ARRAYS];
+    int n = tp_arrays(m, tp->hidden, ptr, len);
+    wire_payload pl[TP_MAX_ARRAYS];
     for (int i = 0; i < n; i++)
         pl[i] = (wire_payload){.data = *ptr[i], .len = len[i], .free_fn = tp_buf_unref, .hint = b};
     atomic_store(&b->refs, n);
@@ -390,15 +363,6 @@ static void tp_drop(tp_transport *tp, const char *fmt, ...)
         tp->log_suppressed++;
 }
 
-/* Payload i must hold exactly want bytes. */
-static int tp_want(const wire_msg *wm, int i, size_t want, const char *what, ep_err *err)
-{
-    if (wm->payload_len[i] != want)
-        return ep_err_set(err, "%s payload has %zu bytes, expected %zu", what, wm->payload_len[i],
-                          want);
-    return 0;
-}
-
 /* Point *dst at payload i, copying it into the aligned area at *spare when misaligned. */
 static void tp_view(const wire_msg *wm, int i, size_t align, void **dst, uint8_t **spare)
 {
@@ -423,126 +387,58 @@ static size_t tp_spare_size(const wire_msg *wm, int n)
     return total;
 }
 
-static int tp_common_fields(const tp_transport *tp, bool has_src, uint32_t src, bool has_epoch,
-                            uint64_t epoch, bool has_step, ep_err *err)
+static tp_check tp_checker(const tp_transport *tp)
 {
-    if (!has_step || !has_epoch || !has_src)
-        return ep_err_set(err, "step_id, epoch or src_rank missing");
-    if (epoch != tp->epoch)
-        return ep_err_set(err, "epoch %llu, expected %llu", (unsigned long long)epoch,
-                          (unsigned long long)tp->epoch);
-    if (src >= (uint32_t)tp->world_size || src == (uint32_t)tp->rank)
-        return ep_err_set(err, "src_rank %u is not a peer (world of %d, own rank %d)", src,
-                          tp->world_size, tp->rank);
-    return 0;
+    return (tp_check){.rank = tp->rank,
+                      .world_size = tp->world_size,
+                      .hidden = tp->hidden,
+                      .n_experts = tp->n_experts,
+                      .epoch = tp->epoch,
+                      .owned = tp->owned};
 }
 
-static int tp_check_dispatch_sizes(const tp_transport *tp, const Epmoe__Dispatch *d,
-                                   const wire_msg *wm, ep_err *err)
+/* Every payload frame of wm holds exactly the bytes m's counts give its array. */
+static int tp_check_sizes(const tp_transport *tp, const wire_msg *wm, const tp_msg *m, ep_err *err)
 {
-    size_t H = (size_t)tp->hidden, rows = d->n_rows, pairs = d->n_pairs;
-    bool fp8 = d->format == EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
-    int want = fp8 ? 5 : 4, i = 0;
-    if (wm->n_payloads != want)
-        return ep_err_set(err, "%d payloads, expected %d for format %s", wm->n_payloads, want,
-                          fp8 ? "fp8" : "bf16");
-    if (fp8) {
-        size_t sb = (d->has_scales_e8m0 && d->scales_e8m0) ? 1 : 4;
-        if (tp_want(wm, i++, rows * H, "codes", err) ||
-            tp_want(wm, i++, rows * (H / EP_FP8_BLOCK) * sb, "scales", err))
-            return -1;
-    } else if (tp_want(wm, i++, rows * H * 2, "hidden", err)) {
-        return -1;
+    static const char *const dnames[2][TP_MAX_ARRAYS] = {
+        {"codes", "scales", "pair_row", "pair_expert", "pair_weight"},
+        {"hidden", "pair_row", "pair_expert", "pair_weight", ""}};
+    size_t off[TP_MAX_ARRAYS], len[TP_MAX_ARRAYS], total;
+    int n = tp_msg_layout(m, tp->hidden, off, len, &total);
+    if (wm->n_payloads != n) {
+        if (m->kind == TP_COMBINE)
+            return ep_err_set(err, "%d payloads, expected 1 (out)", wm->n_payloads);
+        return ep_err_set(err, "%d payloads, expected %d for format %s", wm->n_payloads, n,
+                          m->format == TP_FMT_FP8 ? "fp8" : "bf16");
     }
-    if (tp_want(wm, i++, pairs * 4, "pair_row", err) ||
-        tp_want(wm, i++, pairs * 4, "pair_expert", err) ||
-        tp_want(wm, i++, pairs * 4, "pair_weight", err))
-        return -1;
+    for (int i = 0; i < n; i++)
+        if (wm->payload_len[i] != len[i])
+            return ep_err_set(err, "%s payload has %zu bytes, expected %zu",
+                              m->kind == TP_COMBINE ? "out" : dnames[m->format][i],
+                              wm->payload_len[i], len[i]);
     return 0;
 }
 
-static int tp_check_pairs(const tp_transport *tp, const tp_msg *m, ep_err *err)
-{
-    for (int p = 0; p < m->n_pairs; p++) {
-        if (m->pair_row[p] >= (uint32_t)m->n_rows)
-            return ep_err_set(err, "pair_row[%d] = %u, expected < n_rows %d", p, m->pair_row[p],
-                              m->n_rows);
-        uint32_t e = m->pair_expert[p];
-        if (e >= (uint32_t)tp->n_experts || !tp->owned[e])
-            return ep_err_set(err, "pair_expert[%d] = %u is not an expert of rank %d", p, e,
-                              tp->rank);
-    }
-    return 0;
-}
-
-/* Validate a DISPATCH and fill m (views into wm; b receives copies for alignment). */
+/* Validate a DISPATCH's body and frame sizes and fill m's scalars. */
 static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
 {
     Epmoe__Dispatch *d = (Epmoe__Dispatch *)wire_unpack(&epmoe__dispatch__descriptor, wm, err);
     if (d == NULL)
         return -1;
-    int rc = -1;
-    if (tp_common_fields(tp, d->has_src_rank, d->src_rank, d->has_epoch, d->epoch, d->has_step_id,
-                         err) != 0)
-        goto done;
-    if (!d->has_layer || !d->has_n_rows || !d->has_n_pairs || !d->has_format) {
-        ep_err_set(err, "layer, n_rows, n_pairs or format missing");
-        goto done;
-    }
-    if (d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_FP8 &&
-        d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_BF16) {
-        ep_err_set(err, "unknown dispatch format %d", (int)d->format);
-        goto done;
-    }
-    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * MC_MAX_TOPK) {
-        ep_err_set(err, "n_rows %u, n_pairs %u: expected n_rows <= %d, n_pairs <= n_rows * %d",
-                   d->n_rows, d->n_pairs, EP_MAX_TOKENS, MC_MAX_TOPK);
-        goto done;
-    }
-    if (tp_check_dispatch_sizes(tp, d, wm, err) != 0)
-        goto done;
-    *m = (tp_msg){.kind = TP_DISPATCH,
-                  .step_id = d->step_id,
-                  .epoch = d->epoch,
-                  .layer = d->layer,
-                  .src_rank = (int)d->src_rank,
-                  .n_rows = (int)d->n_rows,
-                  .n_pairs = (int)d->n_pairs,
-                  .format = (tp_format)d->format,
-                  .scales_e8m0 = d->has_scales_e8m0 && d->scales_e8m0};
-    rc = 0;
-done:
+    tp_check c = tp_checker(tp);
+    int rc = tp_check_dispatch(&c, d, m, err) == 0 ? tp_check_sizes(tp, wm, m, err) : -1;
     wire_free_unpacked(&d->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_DISPATCH");
 }
 
 static int tp_parse_combine(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
 {
-    Epmoe__Combine *c = (Epmoe__Combine *)wire_unpack(&epmoe__combine__descriptor, wm, err);
-    if (c == NULL)
+    Epmoe__Combine *b = (Epmoe__Combine *)wire_unpack(&epmoe__combine__descriptor, wm, err);
+    if (b == NULL)
         return -1;
-    int rc = -1;
-    if (tp_common_fields(tp, c->has_src_rank, c->src_rank, c->has_epoch, c->epoch, c->has_step_id,
-                         err) != 0)
-        goto done;
-    if (!c->has_n_pairs || c->n_pairs > (uint32_t)EP_MAX_TOKENS * MC_MAX_TOPK) {
-        ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * MC_MAX_TOPK);
-        goto done;
-    }
-    if (wm->n_payloads != 1) {
-        ep_err_set(err, "%d payloads, expected 1 (out)", wm->n_payloads);
-        goto done;
-    }
-    if (tp_want(wm, 0, (size_t)c->n_pairs * (size_t)tp->hidden * 2, "out", err) != 0)
-        goto done;
-    *m = (tp_msg){.kind = TP_COMBINE,
-                  .step_id = c->step_id,
-                  .epoch = c->epoch,
-                  .src_rank = (int)c->src_rank,
-                  .n_pairs = (int)c->n_pairs};
-    rc = 0;
-done:
-    wire_free_unpacked(&c->base);
+    tp_check c = tp_checker(tp);
+    int rc = tp_check_combine(&c, b, m, err) == 0 ? tp_check_sizes(tp, wm, m, err) : -1;
+    wire_free_unpacked(&b->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_COMBINE");
 }
 
@@ -594,7 +490,9 @@ static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
         return -1;
     if (tp_attach(m, wm, err) != 0)
         return -1;
-    if (m->kind == TP_DISPATCH && tp_check_pairs(tp, m, err) != 0) {
+    tp_check c = tp_checker(tp);
+    if (m->kind == TP_DISPATCH &&
+        tp_check_pairs(&c, m->n_rows, m->n_pairs, m->pair_row, m->pair_expert, err) != 0) {
         m->buf->in = NULL; /* wm stays the caller's */
         tp_msg_release(m);
         return ep_err_prefix(err, "DISPATCH of step %llu from rank %d",

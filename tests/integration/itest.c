@@ -123,17 +123,20 @@ int it_write_spec(itest *t)
         text, sizeof text,
         "cluster:\n  name: itest\ncoordinator:\n  listen: \"%s\"\n  admin: \"%s\"\n"
         "  heartbeat_ms: %d\n  liveness: %d\n  step_timeout_ms: %d\nmodel:\n  path: model\n"
-        "expert_parallel:\n  placement: contiguous\n  dispatch: fp8\n%snodes:\n",
+        "expert_parallel:\n  placement: contiguous\n  dispatch: fp8\n  data_plane: %s\n%snodes:\n",
         t->listen, t->admin, t->o.heartbeat_ms, t->o.liveness, t->o.step_timeout_ms,
-        t->o.ep_extra ? t->o.ep_extra : "");
+        t->o.nccl ? "nccl" : "zmq", t->o.ep_extra ? t->o.ep_extra : "");
     int n0 = (t->o.n_workers + 1) / 2;
     for (int r = 0; r < t->o.n_workers; r++) {
         if (r == 0 || r == n0)
             len += (size_t)snprintf(text + len, sizeof text - len, "  - name: n%d\n    workers:\n",
                                     r == 0 ? 0 : 1);
+        char dev[16] = "cpu";
+        if (t->o.nccl)
+            snprintf(dev, sizeof dev, "\"cuda:%d\"", r);
         len += (size_t)snprintf(text + len, sizeof text - len,
-                                "      - {name: %s, device: cpu, data: \"tcp://127.0.0.1:%d\"}\n",
-                                it_worker_name(t, r), t->data_port[r]);
+                                "      - {name: %s, device: %s, data: \"tcp://127.0.0.1:%d\"}\n",
+                                it_worker_name(t, r), dev, t->data_port[r]);
     }
     return it_write(t->spec_path, text);
 }
@@ -296,6 +299,7 @@ it_worker *it_worker_new(itest *t, const char *name)
     it_worker *w = calloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
     w->rank = -1;
+    w->nccl = t->o.nccl;
     t->w[t->n_w++] = w;
     it_worker_reconnect(t, w);
     return w;
@@ -327,7 +331,42 @@ static void it_send_step_failed(it_worker *w, uint64_t step_id, const char *text
     f.has_code = 1;
     f.code = EPMOE__ERROR_CODE__ERR_STEP_FAILED;
     f.message = (char *)text;
+    f.has_comm_aborted = w->nccl; /* as the NCCL step driver does on every failure */
+    f.comm_aborted = w->nccl;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base);
+}
+
+/* COMM_INIT: rank 0 of a new communicator makes an id and sends COMM_ID; then COMM_DONE. */
+static void it_on_comm_init(it_worker *w, const wire_msg *m)
+{
+    Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, NULL);
+    if (ci == NULL)
+        return;
+    w->n_comm_inits++;
+    w->comm_gen = ci->generation;
+    w->got_id = ci->has_nccl_id && ci->nccl_id.len == sizeof w->comm_id;
+    if (w->got_id)
+        memcpy(w->comm_id, ci->nccl_id.data, sizeof w->comm_id);
+    if (!w->comm_silent) {
+        if (!ci->has_nccl_id) {
+            for (size_t i = 0; i < sizeof w->comm_id; i++)
+                w->comm_id[i] = (uint8_t)(i * 7 + ci->generation);
+            Epmoe__CommId id = EPMOE__COMM_ID__INIT;
+            id.has_epoch = id.has_generation = id.has_nccl_id = 1;
+            id.epoch = ci->epoch;
+            id.generation = ci->generation;
+            id.nccl_id.len = sizeof w->comm_id;
+            id.nccl_id.data = w->comm_id;
+            it_worker_send(w, EPMOE__MSG_TYPE__MSG_COMM_ID, &id.base);
+        }
+        Epmoe__CommDone d = EPMOE__COMM_DONE__INIT;
+        d.has_epoch = d.has_generation = d.has_ok = 1;
+        d.epoch = ci->epoch;
+        d.generation = ci->generation;
+        d.ok = 1;
+        it_worker_send(w, EPMOE__MSG_TYPE__MSG_COMM_DONE, &d.base);
+    }
+    wire_free_unpacked(&ci->base);
 }
 
 /* The fake step: see itest.h for the function it computes. */
@@ -503,6 +542,9 @@ static bool it_worker_handle(it_worker *w, wire_msg *m)
         if (w->auto_join)
             w->ready_due_ms = it_now_ms() + w->epoch_delay_ms;
         break;
+    case EPMOE__MSG_TYPE__MSG_COMM_INIT:
+        it_on_comm_init(w, m);
+        break;
     case EPMOE__MSG_TYPE__MSG_STEP:
         return it_on_step(w, m);
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT: {
@@ -650,7 +692,7 @@ int it_worker_register(itest *t, it_worker *w)
 {
     Epmoe__Register r = EPMOE__REGISTER__INIT;
     r.name = w->name;
-    r.device = "cpu";
+    r.device = w->nccl ? "" : "cpu"; /* nccl: takes WELCOME.device (cuda:R) */
     r.hostname = "itest";
     r.has_pid = 1;
     r.pid = (uint32_t)getpid();

@@ -70,6 +70,12 @@ typedef struct it_worker {
     int last_error_code;
     char last_error[1024];
     uint64_t last_abort;
+    /* data_plane nccl: COMM_INIT is answered (rank 0 sends COMM_ID first) unless comm_silent */
+    bool nccl, comm_silent;
+    int n_comm_inits;
+    uint32_t comm_gen;    /* of the last COMM_INIT */
+    bool got_id;          /* the last COMM_INIT carried an id ... */
+    uint8_t comm_id[128]; /* ... this one (rank 0: the one it made) */
     /* placement epochs */
     int n_epochs;          /* EPOCH messages received */
     int epoch_delay_ms;    /* answer EPOCH this long after it came (0: at once) */
@@ -100,6 +106,7 @@ typedef struct it_opts {
     int liveness;             /* default 5 */
     int step_timeout_ms;      /* default 5000 */
     const char *expert_dtype; /* NULL: config.json has no expert_dtype */
+    bool nccl;                /* data_plane nccl, workers on cuda:R */
     const char *ep_extra;     /* more expert_parallel lines ("  rejoin: stay\n"), or NULL */
 } it_opts;
 

@@ -193,6 +193,8 @@ TEST(omitted_fields_take_their_defaults)
     CHECK_EQ(s->max_experts_per_worker, 0);
     CHECK_STR_EQ(spec_placement_name(s->placement), "contiguous");
     CHECK_STR_EQ(spec_dispatch_name(s->dispatch), "fp8");
+    CHECK_EQ(s->data_plane, SPEC_PLANE_ZMQ);
+    CHECK_STR_EQ(spec_data_plane_name(s->data_plane), "zmq");
     CHECK_STR_EQ(s->listen, "tcp://c:7400");
     CHECK_EQ(s->n_workers, 1);
     spec_free(&s);
@@ -654,6 +656,67 @@ TEST(eplb_and_metrics_settings)
                "8:61", "nodes[0].workers[1].metrics: duplicate metrics address \"h:9\"");
 }
 
+/* data_plane sits on line 4 ("expert_parallel: {data_plane: nccl}": the value at column 31),
+ * so the workers start on line 8. */
+#define L_NCCL "expert_parallel: {data_plane: nccl}\n"
+
+TEST(nccl_data_plane_needs_gpu_workers_and_fp8)
+{
+    const char *ok = L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+        W("w1", "cuda:1", "tcp://h:7501");
+    spec_cluster *s = parse_as(ok, TFILE);
+    CHECK(s != NULL);
+    if (s != NULL) {
+        CHECK_EQ(s->data_plane, SPEC_PLANE_NCCL);
+        CHECK_STR_EQ(spec_data_plane_name(s->data_plane), "nccl");
+        CHECK_EQ(s->data_plane_pos.line, 4);
+        CHECK_EQ(s->data_plane_pos.col, 31);
+        spec_free(&s);
+    }
+    /* the second worker's device value: line 9, column 28 */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+                   W("w1", "cpu", "tcp://h:7501"),
+               "9:28",
+               "nodes[0].workers[1].device: data_plane nccl (line 4, column 31) requires every "
+               "worker on a cuda:N device, worker w1 is on \"cpu\"");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {dispatch: bf16, data_plane: nccl}\n" L_NODES W("w0", "cuda:0",
+                                                                                 "tcp://h:7500"),
+               "4:29",
+               "expert_parallel.dispatch: data_plane nccl (line 4, column 47) sends fp8 dispatch "
+               "only, found bf16");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {data_plane: mpi}\n" L_NODES W0, "4:31",
+               "expert_parallel.data_plane: unknown data plane \"mpi\" (expected one of zmq, "
+               "nccl)");
+    /* NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so the spec does: the
+     * second worker's device value, line 9, column 28 */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL L_NCCL L_NODES W("w0", "cuda:0", "tcp://h:7500")
+                   W("w1", "cuda:0", "tcp://h:7501"),
+               "9:28",
+               "nodes[0].workers[1].device: device \"cuda:0\" is already used by worker w0 on "
+               "this node (line 8, column 28); data_plane nccl (line 4, column 31) needs one "
+               "worker per GPU");
+    /* the same ordinal on two nodes is two GPUs */
+    CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL L_NCCL
+                             "nodes:\n"
+                             "  - name: n0\n"
+                             "    workers:\n" W("w0", "cuda:0",
+                                                "tcp://h:7500") "  - name: n1\n"
+                                                                "    workers:\n" W("w1", "cuda:0",
+                                                                                   "tcp://g:7500")),
+                 "");
+    /* the NCCL step driver routes by one owner per expert: no eplb, no replicas */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {placement: eplb, data_plane: nccl}\n" L_NODES W("w0", "cuda:0",
+                                                                                  "tcp://h:7500"),
+               "4:30", "routes by one owner per expert in every layer");
+    /* zmq takes any device mix */
+    CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL
+                             "expert_parallel: {data_plane: zmq}\n" L_NODES W0 W("w1", "cuda:0",
+                                                                                 "tcp://h:7501")),
+                 "");
+}
+
 TEST(empty_sequences_are_rejected)
 {
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "nodes: []\n", "4:8", "nodes: expected at least one node");
@@ -853,6 +916,7 @@ int main(void)
     RUN(empty_and_non_mapping_documents);
     RUN(oversized_specs_are_refused_before_parsing);
     RUN(worker_count_is_bounded);
+    RUN(nccl_data_plane_needs_gpu_workers_and_fp8);
     RUN(check_experts_contiguous_needs_an_even_split);
     RUN(check_experts_round_robin_needs_only_enough_experts);
     return test_report();

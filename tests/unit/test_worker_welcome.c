@@ -119,6 +119,7 @@ TEST(a_complete_welcome_becomes_a_session)
     CHECK_STR_EQ(s->model_path, "/models/x");
     CHECK_STR_EQ(s->data_endpoint, "tcp://0.0.0.0:7501");
     CHECK_EQ(s->dispatch, TP_FMT_FP8); /* absent: fp8 */
+    CHECK(!s->nccl);                   /* absent: the ZeroMQ plane */
     CHECK_EQ(s->step_timeout_ms, EXEC_DEFAULT_STEP_TIMEOUT_MS);
     exec_session_free(&s);
     CHECK(s == NULL);
@@ -128,6 +129,11 @@ TEST(a_complete_welcome_becomes_a_session)
     f.w.step_timeout_ms = 1234;
     s = wctl_welcome_parse(&f.w, &err);
     CHECK(s && s->dispatch == TP_FMT_BF16 && s->step_timeout_ms == 1234);
+    exec_session_free(&s);
+    f.w.has_data_plane = 1;
+    f.w.data_plane = EPMOE__DATA_PLANE__DATA_PLANE_NCCL;
+    s = wctl_welcome_parse(&f.w, &err);
+    CHECK(s && s->nccl);
     exec_session_free(&s);
     /* the hash the coordinator states does not matter here: the worker acks its own */
     f.w.config_hash = 7;
@@ -174,6 +180,7 @@ TEST(every_broken_field_is_named)
     REFUSED(w->liveness = 0, "liveness 0, expected 1..100");
     REFUSED((w->has_dispatch = 1, w->dispatch = (Epmoe__DispatchFormat)7), "dispatch 7");
     REFUSED((w->has_step_timeout_ms = 1, w->step_timeout_ms = 0), "step_timeout_ms 0");
+    REFUSED((w->has_data_plane = 1, w->data_plane = (Epmoe__DataPlane)5), "data_plane 5");
 }
 
 TEST(a_peer_without_a_name_gets_one)

@@ -1,0 +1,188 @@
+/*
+ * transport_nccl.c — NCCL under the collective plane (tp_nccl_ops, see transport.h).
+ *
+ * Every communicator is non-blocking (ncclConfig_t.blocking = 0): init, shrink and
+ * ncclGroupEnd return at once (ncclInProgress) and ncclCommGetAsyncError tells when they are
+ * done or broken, so transport_comm.c can hold every wait to a deadline. Transfers run on the
+ * executor's CUDA stream; completion is that stream draining (cudaStreamQuery).
+ *
+ * Built only with NCCL (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and a worker asked
+ * for data_plane nccl says this build has no NCCL.
+ */
+#include "worker/transport.h"
+
+#ifdef EPMOE_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <string.h>
+
+_Static_assert(sizeof(ncclUniqueId) == TP_COMM_ID_BYTES,
+               "TP_COMM_ID_BYTES is NCCL_UNIQUE_ID_BYTES");
+
+/* tp_comm_handle is ncclComm_t's struct: the handle is the ncclComm_t itself. */
+static ncclComm_t tpn_comm(tp_comm_handle *h)
+{
+    return (ncclComm_t)(void *)h;
+}
+
+static int tpn_check(ncclResult_t r, ncclComm_t comm, const char *what, ep_err *err)
+{
+    if (r == ncclSuccess || r == ncclInProgress)
+        return 0;
+    const char *last = comm ? ncclGetLastError(comm) : NULL;
+    return ep_err_set(err, "%s: %s%s%s", what, ncclGetErrorString(r), last && last[0] ? ": " : "",
+                      last ? last : "");
+}
+
+/* NCCL binds a communicator to the calling thread's current device: make it the worker's
+ * (ctx: the CUDA ordinal, an int, or NULL to leave the current device). */
+static int tpn_device(void *ctx, ep_err *err)
+{
+    if (ctx == NULL)
+        return 0;
+    cudaError_t e = cudaSetDevice(*(const int *)ctx);
+    if (e == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    return ep_err_set(err, "cudaSetDevice(%d): %s", *(const int *)ctx, cudaGetErrorString(e));
+}
+
+static ncclConfig_t tpn_config(void)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0; /* every call returns at once; we poll with a deadline */
+    return cfg;
+}
+
+static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
+{
+    ncclUniqueId u;
+    if (tpn_device(ctx, err) != 0 ||
+        tpn_check(ncclGetUniqueId(&u), NULL, "ncclGetUniqueId", err) != 0)
+        return -1;
+    memcpy(id->bytes, u.internal, sizeof id->bytes);
+    return 0;
+}
+
+static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
+                    ep_err *err)
+{
+    ncclUniqueId u;
+    if (tpn_device(ctx, err) != 0)
+        return -1;
+    memcpy(u.internal, id->bytes, sizeof u.internal);
+    ncclConfig_t cfg = tpn_config();
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, u, rank, &cfg);
+    if (tpn_check(r, comm, "ncclCommInitRankConfig", err) != 0) {
+        if (comm)
+            ncclCommAbort(comm);
+        return -1;
+    }
+    *out = (tp_comm_handle *)(void *)comm;
+    return 0;
+}
+
+static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
+                      tp_comm_handle **out, ep_err *err)
+{
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    if (tpn_device(ctx, err) != 0)
+        return -1;
+    ncclComm_t parent = tpn_comm(h), comm = NULL;
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(parent, &async);
+    /* a parent that saw a peer fail has operations to terminate before it can shrink */
+    int flags = async == ncclSuccess ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
+    ncclConfig_t cfg = tpn_config();
+    ncclResult_t r = ncclCommShrink(parent, (int *)exclude, n_exclude, &comm, &cfg, flags);
+    if (tpn_check(r, parent, "ncclCommShrink", err) != 0) {
+        if (comm)
+            ncclCommAbort(comm);
+        return -1;
+    }
+    *out = (tp_comm_handle *)(void *)comm;
+    return 0;
+#else
+    (void)ctx;
+    (void)h;
+    (void)exclude;
+    (void)n_exclude;
+    (void)out;
+    return ep_err_set(err, "ncclCommShrink needs NCCL 2.27 or later (built with %d.%d)", NCCL_MAJOR,
+                      NCCL_MINOR);
+#endif
+}
+
+static int tpn_status(tp_comm_handle *h, ep_err *err)
+{
+    ncclComm_t comm = tpn_comm(h);
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess)
+        return tpn_check(r, comm, "ncclCommGetAsyncError", err) == 0 ? 1 : -1;
+    if (async == ncclInProgress)
+        return 1;
+    return tpn_check(async, comm, "NCCL", err);
+}
+
+static int tpn_exchange(tp_comm_handle *h, const tp_xfer *sends, int n_sends, const tp_xfer *recvs,
+                        int n_recvs, void *stream, ep_err *err)
+{
+    ncclComm_t comm = tpn_comm(h);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (tpn_check(ncclGroupStart(), comm, "ncclGroupStart", err) != 0)
+        return -1;
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < n_sends && r == ncclSuccess; i++)
+        r = ncclSend(sends[i].ptr, sends[i].bytes, ncclUint8, sends[i].peer, comm, s);
+    for (int i = 0; i < n_recvs && r == ncclSuccess; i++)
+        r = ncclRecv(recvs[i].ptr, recvs[i].bytes, ncclUint8, recvs[i].peer, comm, s);
+    /* the group must be closed even when a call in it failed */
+    ncclResult_t end = ncclGroupEnd();
+    if (tpn_check(r, comm, "ncclSend/ncclRecv", err) != 0)
+        return -1;
+    return tpn_check(end, comm, "ncclGroupEnd", err);
+}
+
+static int tpn_stream_query(void *ctx, void *stream, ep_err *err)
+{
+    (void)ctx;
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e == cudaSuccess)
+        return 0;
+    if (e == cudaErrorNotReady)
+        return 1;
+    cudaGetLastError();
+    return ep_err_set(err, "cudaStreamQuery: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static void tpn_abort(tp_comm_handle *h)
+{
+    if (h)
+        ncclCommAbort(tpn_comm(h));
+}
+
+static const tp_comm_ops tpn_ops = {.name = "nccl",
+                                    .unique_id = tpn_unique_id,
+                                    .init = tpn_init,
+                                    .shrink = tpn_shrink,
+                                    .status = tpn_status,
+                                    .exchange = tpn_exchange,
+                                    .stream_query = tpn_stream_query,
+                                    .abort = tpn_abort};
+
+const tp_comm_ops *tp_nccl_ops(void)
+{
+    return &tpn_ops;
+}
+
+#else
+
+const tp_comm_ops *tp_nccl_ops(void)
+{
+    return NULL;
+}
+
+#endif
