@@ -11,6 +11,7 @@
 # 2. A 4-worker cluster where every expert has two replicas (redundant_experts = E): kill -9 of
 #    a worker; the cluster is ready again in a new epoch without any worker reading an expert
 #    (slots_read 0), the time from the kill to ready is printed, and forwards stay identical.
+# 3. rebalance_every_steps: the same skewed load rebalances by itself, every forward identical.
 #
 #   test_rebalance.sh CTL_DIR COORDINATOR WORKER
 set -u
@@ -180,6 +181,22 @@ if start_cluster rep "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: $E"; th
     forward_check rep1 "$TMP/m" 0 "$TMP/hot.st" || fail "after the kill"
     forward_check rep2 "$TMP/m" 1 "$TMP/in48.st" || fail "after the kill"
     stop_cluster rep
+fi
+
+# ---- 3. rebalance_every_steps ----
+if start_cluster auto "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: 4, rebalance_every_steps: 16"; then
+    bad=0
+    for i in $(seq 1 24); do
+        forward_check "auto$i" "$TMP/m" 0 "$TMP/hot.st" || bad=1
+    done
+    status_json "$TMP/a.json"
+    if [ $bad -eq 0 ] && [ "$(json_get "$TMP/a.json" "d['current_epoch'] >= 2 and d['steps_failed'] == 0")" = True ]; then
+        ok "rebalance_every_steps 16: epoch $(json_get "$TMP/a.json" "d['current_epoch']") after 24 skewed forwards, all bit-identical, none failed"
+    else
+        fail "automatic rebalance: $(cat "$TMP/a.json" | head -12)"
+    fi
+    grep -q "rebalance (every 16 steps)" "$TMP/auto.coord.log" || fail "no automatic rebalance in the log"
+    stop_cluster auto
 fi
 
 if [ $fails -ne 0 ]; then
