@@ -164,6 +164,13 @@ mx_family *mx_family_new(mx_registry *r, mx_type type, const char *name, const c
     return f;
 }
 
+mx_family *mx_family_s(mx_registry *r, mx_type type, const char *name, const char *help,
+                       const char *labels)
+{
+    return mx_family_new(r, type, name, help, labels, mx_seconds_buckets,
+                         type == MX_HISTOGRAM ? mx_n_seconds_buckets : 0);
+}
+
 static uint64_t mx_hash(const char *s)
 {
     uint64_t h = 1469598103934665603ull;

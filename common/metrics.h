@@ -44,6 +44,9 @@ void mx_destroy(mx_registry **self_p);
  * implied). */
 mx_family *mx_family_new(mx_registry *r, mx_type type, const char *name, const char *help,
                          const char *labels, const double *buckets, int n_buckets);
+/* The same with mx_seconds_buckets for a histogram (latencies): what the daemons use. */
+mx_family *mx_family_s(mx_registry *r, mx_type type, const char *name, const char *help,
+                       const char *labels);
 /* The series for these label values (one per label name); created when new. */
 mx_series *mx_series_of(mx_family *f, const char *const *values);
 /* Shorthands: a family without labels has one series. */

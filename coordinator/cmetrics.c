@@ -37,74 +37,71 @@ struct cmx {
     double *balance_by_layer;                               /* [L] */
 };
 
-static mx_family *cmx_fam(cmx *m, mx_type t, const char *name, const char *help, const char *labels)
-{
-    return mx_family_new(m->reg, t, name, help, labels, mx_seconds_buckets,
-                         t == MX_HISTOGRAM ? mx_n_seconds_buckets : 0);
-}
-
 static void cmx_families(cmx *m)
 {
-    m->f_state = cmx_fam(m, MX_GAUGE, "epmoe_cluster_state",
-                         "1 for the state the cluster is in, 0 for the others", "state");
+    m->f_state = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_state",
+                             "1 for the state the cluster is in, 0 for the others", "state");
     m->f_epoch =
-        cmx_fam(m, MX_GAUGE, "epmoe_placement_epoch",
-                "Placement epochs: current (served), latest (sent), staged (prepared)", "kind");
-    m->f_workers = cmx_fam(m, MX_GAUGE, "epmoe_workers", "Workers of the spec by state", "state");
-    m->f_dead = cmx_fam(m, MX_GAUGE, "epmoe_workers_dead", "Workers declared dead", NULL);
-    m->f_masked = cmx_fam(m, MX_GAUGE, "epmoe_workers_masked",
-                          "Registered workers that own no expert (drained or spare)", NULL);
-    m->f_up = cmx_fam(m, MX_GAUGE, "epmoe_worker_up",
-                      "1 when the worker is ready in the latest epoch", "worker");
-    m->f_load_bytes = cmx_fam(m, MX_GAUGE, "epmoe_worker_load_bytes",
-                              "Checkpoint bytes the worker's load has read", "worker");
-    m->f_load_total = cmx_fam(m, MX_GAUGE, "epmoe_worker_load_total_bytes",
-                              "Checkpoint bytes the worker's load reads in all", "worker");
-    m->f_load_ratio = cmx_fam(m, MX_GAUGE, "epmoe_worker_load_progress_ratio",
-                              "Progress of the worker's load, 0..1", "worker");
-    m->f_wexperts = cmx_fam(m, MX_GAUGE, "epmoe_worker_experts",
-                            "The most experts the worker holds in one layer", "worker");
-    m->f_changes = cmx_fam(m, MX_COUNTER, "epmoe_placement_changes_total",
-                           "Placement epochs decided (epoch), staged, or abandoned", "kind");
-    m->f_steps = cmx_fam(m, MX_COUNTER, "epmoe_steps_total",
-                         "Forward steps closed, by result and error code", "result,code");
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_placement_epoch",
+                    "Placement epochs: current (served), latest (sent), staged (prepared)", "kind");
+    m->f_workers =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_workers", "Workers of the spec by state", "state");
+    m->f_dead = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_dead", "Workers declared dead", NULL);
+    m->f_masked = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_masked",
+                              "Registered workers that own no expert (drained or spare)", NULL);
+    m->f_up = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_up",
+                          "1 when the worker is ready in the latest epoch", "worker");
+    m->f_load_bytes = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_bytes",
+                                  "Checkpoint bytes the worker's load has read", "worker");
+    m->f_load_total = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_total_bytes",
+                                  "Checkpoint bytes the worker's load reads in all", "worker");
+    m->f_load_ratio = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_progress_ratio",
+                                  "Progress of the worker's load, 0..1", "worker");
+    m->f_wexperts = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_experts",
+                                "The most experts the worker holds in one layer", "worker");
+    m->f_changes = mx_family_s(m->reg, MX_COUNTER, "epmoe_placement_changes_total",
+                               "Placement epochs decided (epoch), staged, or abandoned", "kind");
+    m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_steps_total",
+                             "Forward steps closed, by result and error code", "result,code");
     m->f_step_s =
-        cmx_fam(m, MX_HISTOGRAM, "epmoe_step_duration_seconds",
-                "Forward step latency at the coordinator (STEPs out to last answer)", NULL);
-    m->f_disp_s = cmx_fam(m, MX_HISTOGRAM, "epmoe_layer_dispatch_seconds",
-                          "Dispatch time of a step (slowest worker), by MoE layer", "layer");
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_step_duration_seconds",
+                    "Forward step latency at the coordinator (STEPs out to last answer)", NULL);
+    m->f_disp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_dispatch_seconds",
+                              "Dispatch time of a step (slowest worker), by MoE layer", "layer");
     m->f_exp_s =
-        cmx_fam(m, MX_HISTOGRAM, "epmoe_layer_expert_seconds",
-                "Routed-expert compute time of a step (slowest worker), by MoE layer", "layer");
-    m->f_comb_s = cmx_fam(m, MX_HISTOGRAM, "epmoe_layer_combine_seconds",
-                          "Combine time of a step (slowest worker), by MoE layer", "layer");
-    m->f_bytes = cmx_fam(m, MX_COUNTER, "epmoe_dataplane_bytes_total",
-                         "Data-plane payload bytes the workers sent", "kind");
-    m->f_msgs = cmx_fam(m, MX_COUNTER, "epmoe_dataplane_messages_total",
-                        "Data-plane messages the workers sent", NULL);
-    m->f_tokens = cmx_fam(m, MX_COUNTER, "epmoe_step_tokens_total",
-                          "Tokens of the forward steps that succeeded", NULL);
-    m->f_expert_tokens =
-        cmx_fam(m, MX_COUNTER, "epmoe_expert_tokens_total",
-                "(token, expert) pairs routed to each expert of each MoE layer", "layer,expert");
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_expert_seconds",
+                    "Routed-expert compute time of a step (slowest worker), by MoE layer", "layer");
+    m->f_comb_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_combine_seconds",
+                              "Combine time of a step (slowest worker), by MoE layer", "layer");
+    m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_bytes_total",
+                             "Data-plane payload bytes the workers sent", "kind");
+    m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_messages_total",
+                            "Data-plane messages the workers sent", NULL);
+    m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_step_tokens_total",
+                              "Tokens of the forward steps that succeeded", NULL);
+    m->f_expert_tokens = mx_family_s(
+        m->reg, MX_COUNTER, "epmoe_expert_tokens_total",
+        "(token, expert) pairs routed to each expert of each MoE layer", "layer,expert");
     m->f_layer_balance =
-        cmx_fam(m, MX_GAUGE, "epmoe_layer_balance_ratio",
-                "Measured max/mean worker load of a MoE layer over the window", "layer");
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_layer_balance_ratio",
+                    "Measured max/mean worker load of a MoE layer over the window", "layer");
     m->f_worker_load =
-        cmx_fam(m, MX_GAUGE, "epmoe_layer_worker_load_ratio",
-                "A worker's load of a MoE layer over the window / the mean", "layer,worker");
-    m->f_balance = cmx_fam(m, MX_GAUGE, "epmoe_balance_ratio",
-                           "Measured max/mean worker load, averaged over the loaded layers", NULL);
-    m->f_window = cmx_fam(m, MX_GAUGE, "epmoe_stats_window_steps",
-                          "Steps in the load-statistics window", NULL);
-    m->f_rebal =
-        cmx_fam(m, MX_COUNTER, "epmoe_rebalances_total", "Rebalances, by result", "result");
-    m->f_rebal_s = cmx_fam(m, MX_HISTOGRAM, "epmoe_rebalance_duration_seconds",
-                           "From a rebalance decision to its epoch served by every member", NULL);
-    m->f_rebal_plan_s = cmx_fam(m, MX_HISTOGRAM, "epmoe_rebalance_plan_seconds",
-                                "Time EPLB took to plan a rebalance", NULL);
-    m->f_moved = cmx_fam(m, MX_COUNTER, "epmoe_rebalance_moved_experts_total",
-                         "(layer, expert, worker) replicas rebalances gave a worker", NULL);
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_layer_worker_load_ratio",
+                    "A worker's load of a MoE layer over the window / the mean", "layer,worker");
+    m->f_balance =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_balance_ratio",
+                    "Measured max/mean worker load, averaged over the loaded layers", NULL);
+    m->f_window = mx_family_s(m->reg, MX_GAUGE, "epmoe_stats_window_steps",
+                              "Steps in the load-statistics window", NULL);
+    m->f_rebal = mx_family_s(m->reg, MX_COUNTER, "epmoe_rebalances_total", "Rebalances, by result",
+                             "result");
+    m->f_rebal_s =
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_rebalance_duration_seconds",
+                    "From a rebalance decision to its epoch served by every member", NULL);
+    m->f_rebal_plan_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_rebalance_plan_seconds",
+                                    "Time EPLB took to plan a rebalance", NULL);
+    m->f_moved = mx_family_s(m->reg, MX_COUNTER, "epmoe_rebalance_moved_experts_total",
+                             "(layer, expert, worker) replicas rebalances gave a worker", NULL);
 }
 
 static void cmx_cache(cmx *m)

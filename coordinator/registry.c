@@ -268,6 +268,16 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     w->epoch = p->epoch;
 }
 
+/* The worker was told epoch (EPOCH, EPOCH_COMMIT): loading until its READY. */
+static void reg_to_loading(reg_worker *w, uint64_t epoch)
+{
+    w->state = REG_LOADING;
+    w->epoch = epoch;
+    w->staged = 0;
+    w->prepared = false;
+    w->bytes_done = w->bytes_total = 0;
+}
+
 /* EPOCH {env->plan} to one worker. */
 static void reg_epoch_msg(const plan_table *p, reg_tables *tb, const char *reason, bool staged,
                           Epmoe__Epoch *m)
@@ -305,11 +315,7 @@ void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_
         if (w->state != REG_LOADING && w->state != REG_READY && !retry)
             continue;
         reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH, &m.base);
-        w->state = REG_LOADING;
-        w->epoch = p->epoch;
-        w->staged = 0;
-        w->prepared = false;
-        w->bytes_done = w->bytes_total = 0;
+        reg_to_loading(w, p->epoch);
     }
     reg_tables_free(&tb);
 }
@@ -356,11 +362,7 @@ void reg_send_commit(reg_registry *r, const reg_env *env, ob_box *out)
         if (w->staged != p->epoch || !reg_registered(w))
             continue;
         reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT, &m.base);
-        w->state = REG_LOADING;
-        w->epoch = p->epoch;
-        w->staged = 0;
-        w->prepared = false;
-        w->bytes_done = w->bytes_total = 0;
+        reg_to_loading(w, p->epoch);
     }
 }
 

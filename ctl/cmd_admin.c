@@ -201,6 +201,21 @@ static int output_opt(const char *cmd, int argc, char **argv, int *i, cmd_ctx *c
     return 1;
 }
 
+/* "--wait-timeout S" at argv[*i]: 1 consumed (S in *wait_s), 0 not this option, or CMD_USAGE. */
+static int wait_timeout_opt(const char *cmd, int argc, char **argv, int *i, long *wait_s)
+{
+    if (strcmp(argv[*i], "--wait-timeout") != 0 || *i + 1 >= argc)
+        return 0;
+    char *end;
+    *wait_s = strtol(argv[++*i], &end, 10);
+    if (*end != '\0' || *wait_s < 1 || *wait_s > 86400) {
+        fprintf(stderr, "epmoectl %s: --wait-timeout %s: expected seconds, 1..86400\n", cmd,
+                argv[*i]);
+        return CMD_USAGE;
+    }
+    return 1;
+}
+
 /* Only -o FORMAT and -h/--help, or nothing. */
 static int no_args(const char *cmd, int argc, char **argv, const char *usage, cmd_ctx *ctx)
 {
@@ -412,14 +427,9 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
             return CMD_OK;
         } else if (strcmp(argv[i], "--wait-ready") == 0) {
             wait = true;
-        } else if (strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
-            char *end;
-            wait_s = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
-                fprintf(stderr, "epmoectl status: --wait-timeout %s: expected seconds, 1..86400\n",
-                        argv[i]);
-                return CMD_USAGE;
-            }
+        } else if ((o = wait_timeout_opt("status", argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
         } else {
             fprintf(stderr,
                     "epmoectl status: unexpected argument \"%s\" (see epmoectl status "
@@ -748,14 +758,9 @@ static int drain_cmd(const cmd_ctx *gctx, int argc, char **argv, bool drain)
             return CMD_OK;
         } else if (drain && strcmp(argv[i], "--no-wait") == 0) {
             wait = false;
-        } else if (drain && strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
-            char *end;
-            wait_s = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
-                fprintf(stderr, "epmoectl drain: --wait-timeout %s: expected seconds, 1..86400\n",
-                        argv[i]);
-                return CMD_USAGE;
-            }
+        } else if (drain && (o = wait_timeout_opt(cmd, argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
         } else if (name == NULL && argv[i][0] != '-') {
             name = argv[i];
         } else {
@@ -899,15 +904,9 @@ int cmd_rebalance(const cmd_ctx *gctx, int argc, char **argv)
             dry = true;
         } else if (strcmp(argv[i], "--no-wait") == 0) {
             wait = false;
-        } else if (strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
-            char *end;
-            wait_s = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
-                fprintf(stderr,
-                        "epmoectl rebalance: --wait-timeout %s: expected seconds, 1..86400\n",
-                        argv[i]);
-                return CMD_USAGE;
-            }
+        } else if ((o = wait_timeout_opt("rebalance", argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
         } else {
             fprintf(stderr,
                     "epmoectl rebalance: unexpected argument \"%s\" (see epmoectl rebalance "

@@ -32,43 +32,39 @@ struct wmx {
     mx_series **tokens[WMX_LAYERS]; /* [MC_MAX_EXPERTS] per layer, allocated on first use */
 };
 
-static mx_family *wmx_fam(wmx *m, mx_type t, const char *name, const char *help, const char *labels)
-{
-    return mx_family_new(m->reg, t, name, help, labels, mx_seconds_buckets,
-                         t == MX_HISTOGRAM ? mx_n_seconds_buckets : 0);
-}
-
 wmx *wmx_create(ep_err *err)
 {
     wmx *m = calloc(1, sizeof *m);
     if (m == NULL || (m->reg = mx_create(err)) == NULL)
         goto fail;
-    m->f_state = wmx_fam(m, MX_GAUGE, "epmoe_worker_state", "1 for the worker's state", "state");
-    m->f_epoch = wmx_fam(m, MX_GAUGE, "epmoe_worker_epoch", "The placement epoch served", NULL);
-    m->f_steps =
-        wmx_fam(m, MX_COUNTER, "epmoe_worker_steps_total", "Steps answered, by result", "result");
-    m->f_step_s = wmx_fam(m, MX_HISTOGRAM, "epmoe_worker_step_duration_seconds",
-                          "The worker's own part of a step, to its STEP_DONE", "layer");
-    m->f_disp_s = wmx_fam(m, MX_HISTOGRAM, "epmoe_worker_dispatch_seconds",
-                          "From the end of routing to the last DISPATCH sent", "layer");
-    m->f_exp_s = wmx_fam(m, MX_HISTOGRAM, "epmoe_worker_expert_seconds",
-                         "Routed-expert kernels of a step (own and served pairs)", "layer");
-    m->f_comb_s = wmx_fam(m, MX_HISTOGRAM, "epmoe_worker_combine_seconds",
-                          "Waiting for the step's COMBINEs", "layer");
-    m->f_bytes = wmx_fam(m, MX_COUNTER, "epmoe_worker_dataplane_bytes_total",
-                         "Data-plane payload bytes sent", "kind");
-    m->f_msgs = wmx_fam(m, MX_COUNTER, "epmoe_worker_dataplane_messages_total",
-                        "Data-plane messages sent", "kind");
-    m->f_tokens = wmx_fam(m, MX_COUNTER, "epmoe_worker_expert_tokens_total",
-                          "(token, expert) pairs this worker computed", "layer,expert");
-    m->f_weight = wmx_fam(m, MX_GAUGE, "epmoe_worker_weight_bytes",
-                          "Backend memory the loaded layers hold", NULL);
-    m->f_read = wmx_fam(m, MX_COUNTER, "epmoe_worker_load_read_bytes_total",
-                        "Checkpoint bytes the loads read", NULL);
-    m->f_progress = wmx_fam(m, MX_GAUGE, "epmoe_worker_load_progress_ratio",
-                            "Progress of the load in progress, 0..1 (1 when none)", NULL);
-    m->f_loads = wmx_fam(m, MX_COUNTER, "epmoe_worker_loads_total",
-                         "Loads: load, epoch, staged, commit", "kind");
+    m->f_state =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_state", "1 for the worker's state", "state");
+    m->f_epoch =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_epoch", "The placement epoch served", NULL);
+    m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_steps_total",
+                             "Steps answered, by result", "result");
+    m->f_step_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_step_duration_seconds",
+                              "The worker's own part of a step, to its STEP_DONE", "layer");
+    m->f_disp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_dispatch_seconds",
+                              "From the end of routing to the last DISPATCH sent", "layer");
+    m->f_exp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_expert_seconds",
+                             "Routed-expert kernels of a step (own and served pairs)", "layer");
+    m->f_comb_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_combine_seconds",
+                              "Waiting for the step's COMBINEs", "layer");
+    m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_bytes_total",
+                             "Data-plane payload bytes sent", "kind");
+    m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_messages_total",
+                            "Data-plane messages sent", "kind");
+    m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_tokens_total",
+                              "(token, expert) pairs this worker computed", "layer,expert");
+    m->f_weight = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_weight_bytes",
+                              "Backend memory the loaded layers hold", NULL);
+    m->f_read = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_load_read_bytes_total",
+                            "Checkpoint bytes the loads read", NULL);
+    m->f_progress = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_progress_ratio",
+                                "Progress of the load in progress, 0..1 (1 when none)", NULL);
+    m->f_loads = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_loads_total",
+                             "Loads: load, epoch, staged, commit", "kind");
     for (int i = 0; i < WMX_N_STATES; i++)
         m->state[i] = mx_series1(m->f_state, wmx_states[i]);
     m->epoch = mx_series0(m->f_epoch);

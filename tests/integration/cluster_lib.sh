@@ -1,8 +1,18 @@
+# shellcheck shell=bash
 # cluster_lib.sh — real clusters on tcp loopback for the script tests (sourced).
 #
 # The caller sets CTL (epmoectl), COORD, WORKER (binaries), TMP (its mktemp -d directory) and
-# PIDS=() and fails=0, and defines nothing else; every daemon started here is in PIDS, so the
-# caller's EXIT trap can stop them. Ports are picked free (bound to port 0 and released).
+# PIDS=() and fails=0 before sourcing; every daemon started here or by the caller is in PIDS,
+# and the EXIT trap set here stops them, touches $TMP/stop (background client loops watch it)
+# and removes $TMP (kept when KEEP is set). Ports are picked free (bound to port 0 and released).
+
+cluster_cleanup() {
+    touch "$TMP/stop" 2>/dev/null
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
+}
+trap cluster_cleanup EXIT
 
 fail() {
     echo "FAIL: $*"
@@ -98,8 +108,8 @@ stop_cluster() {
 
 # local_ref MODEL LAYER INPUT: the reference output of forward --local (computed once)
 local_ref() {
-    local model=$1 layer=$2 input=$3
-    local ref=$TMP/ref_$(basename "$model")_${layer}_$(basename "$input")
+    local model=$1 layer=$2 input=$3 ref
+    ref=$TMP/ref_$(basename "$model")_${layer}_$(basename "$input")
     if [ ! -f "$ref" ]; then
         "$CTL" forward --local --model "$model" --layer "$layer" --input "$input" \
             --output "$ref" >/dev/null || echo "FAIL: forward --local $model $layer $input" >&2

@@ -21,13 +21,6 @@ TMP=$(mktemp -d /tmp/epmoe_cluster_XXXXXX)
 PIDS=()
 fails=0
 
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 # shellcheck source=cluster_lib.sh
 . "$(dirname "$0")/cluster_lib.sh"
 

@@ -19,13 +19,6 @@ PIDS=()
 fails=0
 CHECK=$(dirname "$0")/check_metrics.py
 
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 # shellcheck source=cluster_lib.sh
 . "$(dirname "$0")/cluster_lib.sh"
 

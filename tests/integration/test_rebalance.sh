@@ -22,14 +22,6 @@ TMP=$(mktemp -d /tmp/epmoe_rebalance_XXXXXX)
 PIDS=()
 fails=0
 
-cleanup() {
-    touch "$TMP/stop" 2>/dev/null
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP:-}" ] || rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 # shellcheck source=cluster_lib.sh
 . "$(dirname "$0")/cluster_lib.sh"
 
@@ -193,7 +185,7 @@ if start_cluster auto "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: 4, reb
     if [ $bad -eq 0 ] && [ "$(json_get "$TMP/a.json" "d['current_epoch'] >= 2 and d['steps_failed'] == 0")" = True ]; then
         ok "rebalance_every_steps 16: epoch $(json_get "$TMP/a.json" "d['current_epoch']") after 24 skewed forwards, all bit-identical, none failed"
     else
-        fail "automatic rebalance: $(cat "$TMP/a.json" | head -12)"
+        fail "automatic rebalance: $(head -12 "$TMP/a.json")"
     fi
     grep -q "rebalance (every 16 steps)" "$TMP/auto.coord.log" || fail "no automatic rebalance in the log"
     stop_cluster auto
