@@ -153,8 +153,9 @@ void reg_not_ready_text(const reg_registry *r, char *buf, size_t cap)
         if (shown == 16 || len + 80 > cap)
             continue;
         int k = w->state == REG_LOADING
-                    ? snprintf(buf + len, cap - len, "%s%s (loading %d%%)", shown ? ", " : "",
-                               w->spec->name, reg_progress_pct(w))
+                    ? snprintf(buf + len, cap - len, "%s%s (loading %d%%, %.2f GB/s)",
+                               shown ? ", " : "", w->spec->name, reg_progress_pct(w),
+                               w->load_ms ? (double)w->load_read / w->load_ms / 1e6 : 0.0)
                     : snprintf(buf + len, cap - len, "%s%s (%s)", shown ? ", " : "", w->spec->name,
                                reg_state_name(w->state));
         if (k > 0 && (size_t)k < cap - len)
@@ -605,6 +606,8 @@ static void reg_on_loading(reg_worker *w, const wire_msg *m, ob_box *out)
         w->state = REG_LOADING;
         w->bytes_done = l->has_bytes_done ? l->bytes_done : 0;
         w->bytes_total = l->has_bytes_total ? l->bytes_total : 0;
+        w->load_read = w->bytes_done;
+        w->load_ms = l->has_elapsed_ms ? l->elapsed_ms : 0;
         log_debug(LOG_SUB_NET, "worker %s: loading %" PRIu64 "/%" PRIu64 " bytes", w->spec->name,
                   w->bytes_done, w->bytes_total);
     }
@@ -689,6 +692,10 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
         w->slots_read = r->has_n_slots && r->has_slots_kept && r->slots_kept <= r->n_slots
                             ? r->n_slots - r->slots_kept
                             : 0;
+        if (r->has_bytes_read && r->has_load_ms && r->bytes_read > 0) {
+            w->load_read = r->bytes_read; /* a load that kept every expert has no rate */
+            w->load_ms = r->load_ms;
+        }
         snprintf(w->backend, sizeof w->backend, "%s", r->backend ? r->backend : "");
         w->error[0] = '\0';
         log_info("worker %s (rank %d) is ready in epoch %" PRIu64
@@ -868,6 +875,10 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
     o->bytes_done = w->bytes_done;
     o->has_bytes_total = 1;
     o->bytes_total = w->bytes_total;
+    if (w->load_ms > 0) {
+        o->has_load_gbps = 1;
+        o->load_gbps = (double)w->load_read / (double)w->load_ms / 1e6;
+    }
     if (w->last_seen_ms > 0) {
         int64_t ago = env->now_ms - w->last_seen_ms;
         o->has_last_seen_ms = 1;

@@ -66,6 +66,8 @@ typedef struct reg_worker {
     size_t ident_len;
     int64_t last_seen_ms; /* coord_clock_ms of its last message; 0 when never seen */
     uint64_t bytes_done, bytes_total;
+    uint64_t load_read; /* checkpoint bytes read by the load under way or the last one ... */
+    uint32_t load_ms;   /* ... in this long (0: unknown) */
     uint32_t pid;
     uint32_t n_experts;
     uint64_t epoch;      /* the epoch it was last told (WELCOME, EPOCH) */

@@ -128,14 +128,17 @@ static void ago_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
         snprintf(buf, cap, "%.1f s", w->last_seen_ms / 1000.0);
 }
 
+/* "40% 4.12 GB/s": progress, and the checkpoint read rate of the load (the last one when
+ * ready) */
 static void load_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
 {
-    if (w->bytes_total == 0)
-        snprintf(buf, cap, "-");
-    else
-        snprintf(buf, cap, "%d%%",
-                 (int)((w->bytes_done < w->bytes_total ? w->bytes_done : w->bytes_total) * 100 /
-                       w->bytes_total));
+    int n = w->bytes_total == 0
+                ? snprintf(buf, cap, "-")
+                : snprintf(buf, cap, "%d%%",
+                           (int)((w->bytes_done < w->bytes_total ? w->bytes_done : w->bytes_total) *
+                                 100 / w->bytes_total));
+    if (w->has_load_gbps && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " %.2f GB/s", w->load_gbps);
 }
 
 static int protocol_error(const char *cmd, const cmd_ctx *ctx, const char *what)
@@ -286,6 +289,7 @@ static json_t *worker_json(const Epmoe__WorkerInfo *w)
             ? json_real((double)(w->bytes_done < w->bytes_total ? w->bytes_done : w->bytes_total) /
                         (double)w->bytes_total)
             : json_null());
+    json_object_set_new(o, "load_gbps", w->has_load_gbps ? json_real(w->load_gbps) : json_null());
     json_object_set_new(o, "last_seen_ms",
                         w->has_last_seen_ms ? json_integer(w->last_seen_ms) : json_null());
     json_object_set_new(o, "hostname", jstr(w->hostname));
@@ -327,7 +331,7 @@ static void workers_table(const Epmoe__AdminReply *r, bool wide)
         tbl_row(&t, "WORKER", "RANK", "NODE", "DEVICE", "STATE", "LOAD", "LAST SEEN", "ERROR");
     for (size_t i = 0; i < r->n_workers; i++) {
         const Epmoe__WorkerInfo *w = r->workers[i];
-        char rank[16], load[16], ago[32], ex[16], pid[16], dev[256], state[64];
+        char rank[16], load[40], ago[32], ex[16], pid[16], dev[256], state[64];
         snprintf(state, sizeof state, "%s%s", w->state ? w->state : "?",
                  w->drained ? ", drained" : "");
         device_text(w, dev, sizeof dev);

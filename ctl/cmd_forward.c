@@ -195,11 +195,13 @@ static double now_s(void)
 }
 
 static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T, int k,
-                       double load_s, double run_s)
+                       double load_s, uint64_t load_bytes, double run_s)
 {
+    double gbps = load_s > 0 ? (double)load_bytes / load_s / 1e9 : 0.0;
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *j = json_pack("{s:i,s:s,s:s,s:i,s:i,s:f,s:f}", "schema", 1, "layer", layer,
+        json_t *j = json_pack("{s:i,s:s,s:s,s:i,s:i,s:f,s:I,s:f,s:f}", "schema", 1, "layer", layer,
                               "output", a->output, "tokens", T, "topk", k, "load_seconds", load_s,
+                              "load_bytes", (json_int_t)load_bytes, "load_gbps", gbps,
                               "forward_seconds", run_s);
         char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
         if (s)
@@ -208,8 +210,8 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
         json_decref(j);
         return;
     }
-    printf("%s: %d tokens through %s (top-%d) in %.3f s (load %.3f s)\n", a->output, T, layer, k,
-           run_s, load_s);
+    printf("%s: %d tokens through %s (top-%d) in %.3f s (load %.3f s, %.2f GB at %.2f GB/s)\n",
+           a->output, T, layer, k, run_s, load_s, (double)load_bytes / 1e9, gbps);
 }
 
 /* The layer named by --layer (its canonical name in name) and the validated input; an epmoectl
@@ -288,7 +290,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         goto out;
     }
-    fwd_report(ctx, a, name, in.T, k, t1 - t0, t2 - t1);
+    fwd_report(ctx, a, name, in.T, k, t1 - t0, prog.total, t2 - t1);
 out:
     mb_layer_free(&l);
     mb_destroy(&be);

@@ -43,10 +43,11 @@ typedef struct moe_layer moe_layer;
  * src may go away afterwards. With reuse (an older layer of the same index and config), the
  * shared expert and every wanted expert reuse holds are shared with it (reference-counted)
  * instead of packed again; reuse stays fully usable and is freed by its owner whenever it
- * likes. progress may be NULL. */
+ * likes. The weights are packed by the threads of pool (may be NULL); progress (may be NULL)
+ * is called from the caller's thread only. */
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
-                           void *progress_ctx, ep_err *err);
+                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
+                           mb_progress_fn progress, void *progress_ctx, ep_err *err);
 void moe_layer_free(moe_layer **self_p);
 size_t moe_layer_bytes(const moe_layer *l); /* weight memory held */
 const mc_config *moe_layer_config(const moe_layer *l);
@@ -56,10 +57,10 @@ int moe_layer_owns(const moe_layer *l, int expert);
 /* Route T tokens: x bf16 [T, H] (the MoE block input, before ffn_norm); ids int64 [T] token ids
  * (required on hash layers, ignored otherwise; may be NULL on score layers). Writes xn bf16
  * [T, H] (ffn_norm output, the input of every expert), topk_ids int32 [T, k] (-1 = none) and
- * topk_w f32 [T, k]. Errors: ids missing on a hash layer, an id outside [0, vocab), a tid2eid
- * entry outside [0, E). */
+ * topk_w f32 [T, k]. The gate may use the threads of pool (may be NULL). Errors: ids missing on
+ * a hash layer, an id outside [0, vocab), a tid2eid entry outside [0, E). */
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, ep_err *err);
+              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err);
 
 /* Quantize xn bf16 [T, H] to the FP8 dispatch format: q e4m3 [T, H], qs f32 [T, H/128]
  * (powers of two when the config's act_ue8m0). */

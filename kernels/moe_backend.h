@@ -80,7 +80,7 @@ bool mb_build_supports(mb_device_kind kind);
  * CUDA, is an error that says which. */
 mb_backend *mb_create(const mb_options *o, ep_err *err);
 void mb_destroy(mb_backend **self_p);
-/* "cpu-avx2", "cpu-ref", "cuda-exact", "cuda-fast". */
+/* "cpu-avx512", "cpu-avx2", "cpu-ref", "cuda-exact", "cuda-fast". */
 const char *mb_name(const mb_backend *be);
 /* The expert GEMM path for the layers that follow (CUDA; the CPU is always exact and accepts
  * either). */

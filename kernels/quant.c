@@ -1,6 +1,7 @@
 /*
  * quant.c — the activation quantizer (quant.h): the scalar reference and the dispatch to the
- * AVX2 path (kernels/cpu/quant_avx2.c), which gives the same bits.
+ * AVX2 path (kernels/cpu/quant_avx2.c, also used by the AVX-512 implementation), which gives the
+ * same bits.
  */
 #include "kernels/quant.h"
 
@@ -43,8 +44,9 @@ static int use_avx2(gemm_impl impl)
 {
     if (impl == GEMM_IMPL_AUTO)
         impl = gemm_impl_best();
-    /* An AVX2 request on a CPU without it falls back to the reference: same bits. */
-    return impl == GEMM_IMPL_AVX2 && gemm_avx2_supported();
+    /* The AVX-512 implementation uses the AVX2 quantizer (it is < 0.1 % of a layer). A SIMD
+     * request on a CPU without AVX2 falls back to the reference: same bits. */
+    return impl >= GEMM_IMPL_AVX2 && gemm_avx2_supported();
 }
 
 void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow2, uint8_t *q,
@@ -93,6 +95,31 @@ void qt_act_rows(const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q, fl
 void qt_act_rows_f32(const float *x, int M, int K, bool pow2, uint8_t *q, float *scale)
 {
     qt_act_rows_f32_impl(GEMM_IMPL_AUTO, x, M, K, pow2, q, scale);
+}
+
+void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out)
+{
+    if (use_avx2(impl)) {
+        qt_avx2_bf16_n(x, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = fmt_f32_to_bf16(x[i]);
+}
+
+void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const uint16_t *last,
+                      int H, uint16_t *out)
+{
+    if (use_avx2(impl)) {
+        qt_avx2_sum_bf16_rows(rows, n, last, H, out);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        float y = 0.0f;
+        for (int i = 0; i < n; i++)
+            y = y + fmt_bf16_to_f32(rows[i][h]);
+        out[h] = fmt_f32_to_bf16(y + fmt_bf16_to_f32(last[h]));
+    }
 }
 
 void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q)

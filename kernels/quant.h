@@ -19,7 +19,7 @@
  * or inf (x/inf = 0 for finite x, inf/inf = NaN).
  *
  * qt_act_rows and qt_act_rows_f32 use the best implementation (gemm_impl_best(), so
- * EPMOE_GEMM=ref selects the reference here too); the _impl variants take it explicitly, and
+ * EPMOE_ISA selects here too); the _impl variants take it explicitly, and
  * tests prove the implementations agree bit for bit.
  */
 #ifndef EPMOE_QUANT_H
@@ -42,5 +42,15 @@ void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow
 /* q[i] = fmt_f32_to_e4m3(x[i]) for i < n, with the chosen implementation's encoder (AUTO =
  * best). Exposed so the vector encoder can be checked on every fp32 input. */
 void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q);
+
+/* The layer's bf16 outputs (docs/numerics.md §3.3, §4), vectorised like the rest:
+ *   qt_f32_to_bf16_n:  out[i] = fmt_f32_to_bf16(x[i])             (RNE, every NaN -> 0x7FFF)
+ *   qt_sum_bf16_rows:  out[h] = bf16( ((+0 + fp32(rows[0][h])) + fp32(rows[1][h]) ...
+ *                                      + fp32(rows[n-1][h])) + fp32(last[h]) )
+ *                      fp32 adds in that order: the combine of one token (rows in ascending
+ *                      expert id, last = the shared expert's output). */
+void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out);
+void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const uint16_t *last,
+                      int H, uint16_t *out);
 
 #endif

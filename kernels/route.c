@@ -9,6 +9,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/route_internal.h"
@@ -21,6 +22,14 @@ static int route_avx2_ok(void)
 {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+#ifndef EPMOE_ROUTE_AVX512
+/* The compiler cannot build the AVX-512 file: gemm_impl_supported(AVX512) is 0 as well. */
+void route_avx512_gate_pack(int E, int H, const uint16_t *w, uint16_t *dst) {}
+void route_avx512_logits_part(int H, int E, const double *const *xd, int tt, const uint16_t *gate,
+                              int g0, int g1, float *const *logits)
+{
+}
+#endif
 #else
 static int route_avx2_ok(void)
 {
@@ -33,13 +42,20 @@ void route_avx2_rmsnorm(int T, int H, const uint16_t *x, const uint16_t *gain, f
 }
 void route_avx2_gate_pack(int E, int H, const uint16_t *w, float *dst) {}
 void route_avx2_logits(int T, int H, int E, const uint16_t *xn, const float *gate, float *logits) {}
+void route_avx512_gate_pack(int E, int H, const uint16_t *w, uint16_t *dst) {}
+void route_avx512_logits_part(int H, int E, const double *const *xd, int tt, const uint16_t *gate,
+                              int g0, int g1, float *const *logits)
+{
+}
 #endif
 
 gemm_impl route_impl_resolve(gemm_impl impl)
 {
     if (impl == GEMM_IMPL_AUTO)
         impl = gemm_impl_best();
-    if (impl == GEMM_IMPL_AVX2 && route_avx2_ok())
+    if (impl == GEMM_IMPL_AVX512 && gemm_impl_supported(GEMM_IMPL_AVX512))
+        return GEMM_IMPL_AVX512;
+    if (impl >= GEMM_IMPL_AVX2 && route_avx2_ok())
         return GEMM_IMPL_AVX2;
     return GEMM_IMPL_REF;
 }
@@ -69,7 +85,7 @@ void route_rmsnorm(gemm_impl impl, int T, int H, const uint16_t *x, const uint16
 {
     if (T <= 0)
         return;
-    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+    if (route_impl_resolve(impl) >= GEMM_IMPL_AVX2)
         route_avx2_rmsnorm(T, H, x, gain, eps, y);
     else
         rmsnorm_ref(T, H, x, gain, eps, y);
@@ -84,14 +100,21 @@ static size_t groups_of(int E)
 
 size_t route_gate_bytes(gemm_impl impl, int E, int H)
 {
-    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+    gemm_impl r = route_impl_resolve(impl);
+    if (r == GEMM_IMPL_AVX512)
+        return (size_t)(E + ROUTE_AVX512_GROUP - 1) / ROUTE_AVX512_GROUP * (size_t)H *
+               ROUTE_AVX512_GROUP * sizeof(uint16_t);
+    if (r == GEMM_IMPL_AVX2)
         return groups_of(E) * (size_t)H * ROUTE_AVX2_GROUP * sizeof(float);
     return (size_t)E * (size_t)H * sizeof(uint16_t);
 }
 
 void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
 {
-    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+    gemm_impl r = route_impl_resolve(impl);
+    if (r == GEMM_IMPL_AVX512)
+        route_avx512_gate_pack(E, H, w, dst);
+    else if (r == GEMM_IMPL_AVX2)
         route_avx2_gate_pack(E, H, w, dst);
     else
         memcpy(dst, w, (size_t)E * (size_t)H * sizeof(uint16_t));
@@ -111,12 +134,68 @@ static void logits_ref(int T, int H, int E, const uint16_t *xn, const uint16_t *
     }
 }
 
+/* The AVX-512 logits as items for the pool: tiles of up to 4 tokens x 4 expert groups. */
+#define LOGITS_TOKENS 64 /* tokens widened to double at a time (32 KB per token at H 4096) */
+typedef struct logits_ctx {
+    int T, H, E, G;
+    const double *xd; /* [T][H] */
+    const uint16_t *gate;
+    float *logits;
+} logits_ctx;
+
+static void logits_item(void *vctx, int i, int tid)
+{
+    logits_ctx *c = vctx;
+    int ng = (c->G + 3) / 4, t0 = i / ng * 4, g0 = i % ng * 4;
+    int tt = c->T - t0 < 4 ? c->T - t0 : 4, g1 = g0 + 4 < c->G ? g0 + 4 : c->G;
+    const double *xd[4];
+    float *out[4];
+    for (int t = 0; t < tt; t++) {
+        xd[t] = c->xd + (size_t)(t0 + t) * c->H;
+        out[t] = c->logits + (size_t)(t0 + t) * c->E;
+    }
+    route_avx512_logits_part(c->H, c->E, xd, tt, c->gate, g0, g1, out);
+}
+
+static void logits_avx512(int T, int H, int E, const uint16_t *xn, const uint16_t *gate,
+                          float *logits, gemm_pool *pool)
+{
+    int chunk = T < LOGITS_TOKENS ? T : LOGITS_TOKENS;
+    double *xd = malloc((size_t)chunk * (size_t)H * sizeof(double));
+    if (!xd) { /* without memory for the widened rows: the definition (same bits) */
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++) {
+                const uint16_t *gw = gate +
+                                     (size_t)(e / ROUTE_AVX512_GROUP) * H * ROUTE_AVX512_GROUP +
+                                     e % ROUTE_AVX512_GROUP;
+                double acc = 0.0;
+                for (int k = 0; k < H; k++)
+                    acc = acc + (double)fmt_bf16_to_f32(xn[(size_t)t * H + k]) *
+                                    (double)fmt_bf16_to_f32(gw[(size_t)k * ROUTE_AVX512_GROUP]);
+                logits[(size_t)t * E + e] = (float)acc;
+            }
+        return;
+    }
+    int G = (E + ROUTE_AVX512_GROUP - 1) / ROUTE_AVX512_GROUP;
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (size_t i = 0; i < (size_t)n * H; i++)
+            xd[i] = (double)fmt_bf16_to_f32(xn[(size_t)t0 * H + i]);
+        logits_ctx c = {n, H, E, G, xd, gate, logits + (size_t)t0 * E};
+        gemm_pool_for(pool, (n + 3) / 4 * ((G + 3) / 4), logits_item, &c);
+    }
+    free(xd);
+}
+
 void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
-                  float *logits)
+                  float *logits, gemm_pool *pool)
 {
     if (T <= 0)
         return;
-    if (route_impl_resolve(impl) == GEMM_IMPL_AVX2)
+    gemm_impl r = route_impl_resolve(impl);
+    if (r == GEMM_IMPL_AVX512)
+        logits_avx512(T, H, E, xn, gate, logits, pool);
+    else if (r == GEMM_IMPL_AVX2)
         route_avx2_logits(T, H, E, xn, gate, logits);
     else
         logits_ref(T, H, E, xn, gate, logits);

@@ -8,10 +8,11 @@
  *
  * Every function is defined per token by one fixed sequence of IEEE operations, so a token's
  * result never depends on T, on the other tokens or on the implementation. The implementation
- * argument picks the plain C reference (GEMM_IMPL_REF) or the AVX2+FMA fast path
- * (GEMM_IMPL_AVX2; AUTO = gemm_impl_best(), so EPMOE_GEMM=ref selects the reference here too);
- * tests/unit/test_route.c proves they agree bit for bit. Asking for AVX2 on a CPU without it
- * runs the reference (same bits).
+ * argument picks the plain C reference (GEMM_IMPL_REF), the AVX2+FMA fast path (GEMM_IMPL_AVX2)
+ * or, for the gate logits, an AVX-512 one (GEMM_IMPL_AVX512; its other steps are AVX2's). AUTO
+ * = gemm_impl_best(), so EPMOE_ISA selects here too; tests/unit/test_route.c proves they agree
+ * bit for bit. Asking for an instruction set the CPU lacks runs the widest it has below it
+ * (same bits).
  */
 #ifndef EPMOE_ROUTE_H
 #define EPMOE_ROUTE_H
@@ -23,8 +24,8 @@
 #include "common/error.h"
 #include "kernels/gemm.h"
 
-/* The implementation the route functions actually run for impl (AUTO resolved; AVX2 only
- * when the CPU has AVX2 and FMA). */
+/* The implementation the route functions actually run for impl (AUTO resolved; AVX512 and AVX2
+ * only when the CPU has them). */
 gemm_impl route_impl_resolve(gemm_impl impl);
 
 /* ffn_norm (RMSNorm). x, y bf16 [T, H]; gain bf16 [H]. Per token, with fp32(.) the exact
@@ -45,9 +46,10 @@ void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
 /* Gate logits, logits f32 [T, E], from xn bf16 [T, H] and a gate packed for the same impl:
  *   logit[t][e] = (float)( sum over k ascending of (double)fp32(xn[t][k]) * (double)fp32(W[e][k]) )
  * accumulated in double from +0. A product of two bf16 values is exact in double, so a fused
- * multiply-add gives the same bits as a multiply and an add. */
+ * multiply-add gives the same bits as a multiply and an add. The AVX-512 path splits the
+ * experts over the threads of pool (may be NULL); the others run on the caller. */
 void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
-                  float *logits);
+                  float *logits, gemm_pool *pool);
 
 /* score = sqrtf(softplus(l)), softplus(l) = l > 20 ? l : log1pf(expf(l)), fp32 with the C
  * library's expf/log1pf (glibc). One implementation: the libm calls define the bits. */

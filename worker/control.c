@@ -238,10 +238,14 @@ static void wctl_send_register(wctl *w)
     gethostname(host, sizeof host - 1);
     char sm[16];
     snprintf(sm, sizeof sm, "sm_%d%d", w->dev.sm_major, w->dev.sm_minor);
-    char *caps[5] = {"cpu"};
+    /* "cpu" and every instruction set this CPU can run the kernels with (the chosen one is in
+     * device_info.backend, e.g. cpu-avx512; EPMOE_ISA may have capped it below the best), then
+     * the GPU's */
+    char *caps[GEMM_IMPL_COUNT + 4] = {"cpu"};
     size_t n_caps = 1;
-    if (gemm_impl_best() == GEMM_IMPL_AVX2)
-        caps[n_caps++] = "avx2";
+    for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
+        if (gemm_impl_supported((gemm_impl)i))
+            caps[n_caps++] = (char *)gemm_impl_name((gemm_impl)i);
     if (w->dev.kind == MB_DEV_CUDA) {
         caps[n_caps++] = "cuda";
         caps[n_caps++] = sm;

@@ -90,6 +90,7 @@ typedef struct exec_state {
     mb_layer **staged_layers; /* [n_layers] */
     exec_slots staged_cost;   /* what preparing it read: its commit reports it */
     uint64_t staged_bytes;
+    double staged_load_s;
     /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
     struct exec_step_s *open;
     struct wmx *mx; /* the worker's metrics (thread-safe), or NULL */
@@ -370,9 +371,9 @@ typedef struct exec_progress {
     const exec_session *s; /* the session being loaded */
     uint64_t total;
     int layers_done, layers_total;
-    double last;
-    bool serve;    /* a staged load: serve steps between layers */
-    int served_at; /* the layer boundary steps were last served at */
+    double start, last; /* when the layers' load began; the last LOADING */
+    bool serve;         /* a staged load: serve steps between layers */
+    int served_at;      /* the layer boundary steps were last served at */
 } exec_progress;
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
@@ -385,6 +386,8 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     m.bytes_total = p->total;
     m.layers_done = (uint32_t)p->layers_done;
     m.layers_total = (uint32_t)p->layers_total;
+    m.has_elapsed_ms = 1; /* bytes_done / elapsed_ms: the load's rate in status / workers */
+    m.elapsed_ms = (uint32_t)((exec_now() - p->start) * 1000.0);
     exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
     p->last = exec_now();
 }
@@ -533,6 +536,7 @@ static int exec_load_into(exec_state *st, const exec_session *s, mb_layer **old,
             want[(size_t)l * E + e] = pl_holds(s->place, l, e, s->rank);
     if ((m = st_model_open(s->model_path, err)) == NULL)
         goto done;
+    p->start = exec_now();
     rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
         rc = shard_load(st->be, m, c, want, n_old == L ? old : NULL, EP_MAX_TOKENS, out,
@@ -541,6 +545,11 @@ done:
     st_model_close(&m);
     free(want);
     return rc;
+}
+
+static double exec_gbps(uint64_t bytes, double s)
+{
+    return s > 0 ? (double)bytes / s / 1e9 : 0.0;
 }
 
 static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
@@ -553,7 +562,7 @@ static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
 
 /* READY for session s with its layers: n_experts is the most it holds in one layer. */
 static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *const *layers,
-                            uint64_t bytes_read, exec_slots c, bool staged)
+                            uint64_t bytes_read, exec_slots c, bool staged, double load_s)
 {
     Epmoe__Ready r = EPMOE__READY__INIT;
     r.has_epoch = r.has_config_hash = r.has_bytes_loaded = r.has_n_experts = 1;
@@ -561,10 +570,11 @@ static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *con
     r.config_hash = s->config_hash;
     r.bytes_loaded = exec_layer_bytes(layers, st->n_layers);
     r.n_experts = (uint32_t)c.max_per_layer;
-    r.has_bytes_read = r.has_experts_kept = 1;
+    r.has_bytes_read = r.has_experts_kept = r.has_load_ms = 1;
     r.bytes_read = bytes_read;
     /* per layer on average: experts_kept predates per-layer placement */
     r.experts_kept = (uint32_t)(st->n_layers > 0 ? c.kept / st->n_layers : 0);
+    r.load_ms = (uint32_t)(load_s * 1000.0);
     r.has_n_slots = r.has_slots_kept = 1;
     r.n_slots = (uint32_t)c.slots;
     r.slots_kept = (uint32_t)c.kept;
@@ -606,6 +616,7 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     int rc = layers ? exec_open_data_plane(st, &err) : ep_err_set(&err, "out of memory");
     if (rc == 0)
         rc = exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &err);
+    double load_s = p.start > 0 ? exec_now() - p.start : 0;
     /* the old layers gave their kept experts to the new ones (or the load failed half-way and
      * they may have): either way only the new layers are to be trusted */
     exec_free_shard(st);
@@ -625,15 +636,16 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     st->shard_hash = s->config_hash;
     snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
     st->ready = true;
-    log_info("epoch %llu: %d layers, %d (layer, expert) slots, at most %d experts a layer (%d "
-             "kept, %d read: %llu bytes) from %s in %.2f s; data plane %s (%d members)",
-             (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
-             c.slots - c.kept, (unsigned long long)p.total, s->model_path, exec_now() - t0,
-             st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
+    log_info(
+        "epoch %llu: %d layers, %d (layer, expert) slots, at most %d experts a layer (%d "
+        "kept, %d read: %llu bytes at %.2f GB/s) from %s in %.2f s; data plane %s (%d members)",
+        (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
+        c.slots - c.kept, (unsigned long long)p.total, exec_gbps(p.total, load_s), s->model_path,
+        exec_now() - t0, st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
     wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
                exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, s->epoch);
-    exec_send_ready(st, s, st->layers, p.total, c, false);
+    exec_send_ready(st, s, st->layers, p.total, c, false, load_s);
 }
 
 /* A staged EPOCH (a rebalance): the new epoch's layers are loaded beside the serving ones, which
@@ -651,6 +663,8 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     double t0 = exec_now();
     int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &err)
                     : ep_err_set(&err, "out of memory");
+    /* steps served between layers count in: the rate is a lower bound */
+    double load_s = p.start > 0 ? exec_now() - p.start : 0;
     if (rc != 0) {
         free(layers);
         exec_session_free(s_p);
@@ -667,12 +681,13 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     st->staged_layers = layers;
     st->staged_cost = c;
     st->staged_bytes = p.total;
+    st->staged_load_s = load_s;
     log_info("staged epoch %llu prepared in %.2f s: %d slots (%d kept, %d read: %llu bytes), "
              "serving epoch %llu meanwhile",
              (unsigned long long)s->epoch, exec_now() - t0, c.slots, c.kept, c.slots - c.kept,
              (unsigned long long)p.total, (unsigned long long)st->session->epoch);
     wmx_loaded(st->mx, "staged", p.total, exec_layer_bytes(st->layers, st->n_layers));
-    exec_send_ready(st, s, layers, p.total, c, true);
+    exec_send_ready(st, s, layers, p.total, c, true, load_s);
 }
 
 /* EPOCH: validate against the session, adopt the placement, load (or stage). */
@@ -764,7 +779,7 @@ static void exec_commit(exec_state *st, const wire_msg *m)
              (unsigned long long)epoch, n.slots, n.max_per_layer, st->session->n_members);
     wmx_loaded(st->mx, "commit", 0, exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, epoch);
-    exec_send_ready(st, st->session, st->layers, st->staged_bytes, n, false);
+    exec_send_ready(st, st->session, st->layers, st->staged_bytes, n, false, st->staged_load_s);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------

@@ -33,7 +33,9 @@ static void usage(FILE *out)
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
             "  (unknown worker name or config hash mismatch) or a device this host or build\n"
             "  cannot serve (no such GPU, a build without CUDA)\n"
-            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs), EPMOE_GEMM=ref\n");
+            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs),\n"
+            "  EPMOE_ISA=ref|avx2|avx512 (cap the CPU kernels' instruction set; default: the\n"
+            "  best this CPU has)\n");
 }
 
 static int parse_threads(const char *v, int *out)
@@ -91,6 +93,13 @@ int main(int argc, char **argv)
     ep_err err;
     if (mb_parse_device(opt.device, &kind, &ordinal, &err) < 0) {
         fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
+        return WORKER_EXIT_USAGE;
+    }
+    /* the kernels would ignore a misspelt cap: refuse it here instead */
+    const char *isa = getenv("EPMOE_ISA");
+    gemm_impl cap;
+    if (isa && (gemm_impl_parse(isa, &cap) < 0 || cap == GEMM_IMPL_AUTO)) {
+        fprintf(stderr, "epmoe-worker: EPMOE_ISA=%s: expected ref, avx2 or avx512\n", isa);
         return WORKER_EXIT_USAGE;
     }
     return wctl_run(&opt);

@@ -218,7 +218,7 @@ moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer
     shard_view v;
     if (shard_view_layer(m, c, layer, want, &v, err) < 0)
         return NULL;
-    moe_layer *l = moe_layer_build(c, &v.src, want, NULL, impl, NULL, NULL, err);
+    moe_layer *l = moe_layer_build(c, &v.src, want, NULL, impl, NULL, NULL, NULL, err);
     shard_view_free(&v);
     return l;
 }

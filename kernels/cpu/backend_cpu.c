@@ -83,7 +83,8 @@ static mb_layer *cpu_layer_load(mb_backend *be, const mc_config *c, const mb_lay
         return NULL;
     }
     moe_layer *old = reuse ? ((cpu_layer *)reuse)->l : NULL;
-    cl->l = moe_layer_build(c, src, want, old, cpu_of(be)->impl, progress, progress_ctx, err);
+    cl->l = moe_layer_build(c, src, want, old, cpu_of(be)->impl, cpu_of(be)->pool, progress,
+                            progress_ctx, err);
     if (!cl->l) {
         free(cl);
         return NULL;
@@ -128,7 +129,7 @@ static mb_step *cpu_step_begin(mb_backend *be, const mb_layer *ml, int T, const 
     s->qs = qs;
     s->topk_ids = topk_ids;
     if (T > 0) {
-        if (moe_route(l, T, x, ids, xn ? xn : own_xn, topk_ids, topk_w, err) < 0)
+        if (moe_route(l, T, x, ids, xn ? xn : own_xn, topk_ids, topk_w, cpu_of(be)->pool, err) < 0)
             goto fail;
         moe_quant(l, T, xn ? xn : own_xn, q, qs);
     }

@@ -86,256 +86,128 @@
 #include <string.h>
 
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/gemm_simd.h"
 #include "kernels/formats.h"
-
-/* ---- tables ---- */
-
-static double f8_act[256]; /* e4m3 code -> value * 2^1000 (NaN codes: 0) */
-static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
-
-static int e4m3_nan(uint8_t c)
-{
-    return (c & 0x7F) == 0x7F;
-}
-
-static void tables_init(void)
-{
-    for (int c = 0; c < 256; c++) {
-        float v = e4m3_nan((uint8_t)c) ? 0.0f : fmt_e4m3_to_f32((uint8_t)c);
-        f8_act[c] = (double)v * 0x1p1000;
-    }
-}
 
 /* ---- packing ---- */
 
-static int pack_alloc(gemm_weight *w, size_t data, size_t scale, ep_err *err)
+/* The nibbles of 8 MXFP4 dwords (k0..k7 each, low nibble first) in the layout's order: byte
+ * 2t + p = k(2p + t) | k(2p + t + 4) << 4, i.e. nibbles k0 k4 k2 k6 k1 k5 k3 k7: a perfect
+ * shuffle of the nibbles (two delta swaps) and a swap of bytes 1 and 2. */
+static inline __m256i mx_nibbles8(__m256i x)
 {
-    w->data = aligned_alloc(64, (data + 63) / 64 * 64);
-    if (!w->data)
-        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", w->N, w->K);
-    w->data_bytes = data;
-    w->bytes += data;
-    if (scale) {
-        w->bscale = malloc(scale);
-        if (!w->bscale)
-            return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", w->N, w->K);
-        w->bytes += scale;
+    __m256i t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(x, 8), x),
+                                 _mm256_set1_epi32(0x0000FF00));
+    x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 8)));
+    t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(x, 4), x),
+                         _mm256_set1_epi32(0x00F000F0));
+    x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 4)));
+    const __m256i swap12 = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0,
+                                            2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
+    return _mm256_shuffle_epi8(x, swap12);
+}
+
+/* In place: r[i] dword j <-> r[j] dword i (an 8 x 8 dword transpose). */
+static void transpose8x8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
     }
-    return 0;
+    for (int i = 0; i < 8; i += 4) /* u[i + b]: rows i..i+3, dword (0, 2, 1, 3)[b] of a lane */
+        for (int j = 0; j < 2; j++) {
+            u[i + j] = _mm256_unpacklo_epi64(t[i + j], t[i + 2 + j]);
+            u[i + 2 + j] = _mm256_unpackhi_epi64(t[i + j], t[i + 2 + j]);
+        }
+    for (int b = 0; b < 4; b++) {
+        int d = b == 1 ? 2 : b == 2 ? 1 : b;
+        r[d] = _mm256_permute2x128_si256(u[b], u[4 + b], 0x20);     /* lane 0: dwords 0-3 */
+        r[d + 4] = _mm256_permute2x128_si256(u[b], u[4 + b], 0x31); /* lane 1: dwords 4-7 */
+    }
+}
+
+/* The e8m0 codes of 8 rows x blocks [c, c+16) (rows KG apart) into [block][row] order at dst;
+ * returns whether a code is 0 or 255. */
+static int mx_scales16(const uint8_t *scale, int KG, uint8_t *dst)
+{
+    __m128i v[8], a[8], b[8], sp = _mm_setzero_si128();
+    for (int r = 0; r < 8; r++) {
+        v[r] = _mm_loadu_si128((const __m128i *)(scale + (size_t)r * KG));
+        sp = _mm_or_si128(sp, _mm_or_si128(_mm_cmpeq_epi8(v[r], _mm_setzero_si128()),
+                                           _mm_cmpeq_epi8(v[r], _mm_set1_epi8((char)0xFF))));
+    }
+    for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 paired per block: blocks 0-7 / 8-15 */
+        a[i] = _mm_unpacklo_epi8(v[2 * i], v[2 * i + 1]);
+        a[4 + i] = _mm_unpackhi_epi8(v[2 * i], v[2 * i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) /* rows 0-3 and 4-7 per block, 4 blocks a vector */
+        for (int i = 0; i < 2; i++) {
+            b[h + 2 * i] = _mm_unpacklo_epi16(a[h + 2 * i], a[h + 2 * i + 1]);
+            b[h + 2 * i + 1] = _mm_unpackhi_epi16(a[h + 2 * i], a[h + 2 * i + 1]);
+        }
+    /* b[h + 0/1]: rows 0-3 of blocks h*2 + 0-3 / 4-7; b[h + 2/3]: rows 4-7 of the same */
+    for (int h = 0; h < 8; h += 4)
+        for (int i = 0; i < 2; i++) {
+            int blk = 2 * h + 4 * i; /* first block of b[h + i] */
+            _mm_storeu_si128((__m128i *)(dst + 8 * blk),
+                             _mm_unpacklo_epi32(b[h + i], b[h + 2 + i]));
+            _mm_storeu_si128((__m128i *)(dst + 8 * (blk + 2)),
+                             _mm_unpackhi_epi32(b[h + i], b[h + 2 + i]));
+        }
+    return !_mm_testz_si128(sp, sp);
 }
 
 int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err)
 {
     int N = w->N, K = w->K, KG = K / 32;
-    if (pack_alloc(w, (size_t)N * (size_t)K / 2, (size_t)N * (size_t)KG, err) < 0)
+    size_t rb = (size_t)K / 2;
+    if (gemm_pack_alloc(w, (size_t)N * rb, (size_t)N * (size_t)KG, err) < 0)
         return -1;
-    for (int o = 0; o < N / 8; o++)
-        for (int c = 0; c < KG; c++) {
+    for (int o = 0; o < N / 8; o++) {
+        const uint8_t *rows = src + (size_t)8 * o * rb;
+        /* two blocks (32 bytes of each row) at a time: dword d of a row is chunk d % 4 of block
+         * 2c' + d / 4 */
+        for (int c = 0; c < KG; c += 2) {
+            __m256i r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_si256((const __m256i *)(rows + (size_t)i * rb + 16 * c));
+            transpose8x8(r);
             uint8_t *dst = w->data + ((size_t)o * KG + c) * 128;
-            for (int q = 0; q < 4; q++)
-                for (int b = 0; b < 32; b++) {
-                    int n = 8 * o + b / 4, t = (b >> 1) & 1, p = b & 1;
-                    int klo = 32 * c + 8 * q + 2 * p + t, khi = klo + 4;
-                    const uint8_t *row = src + (size_t)n * (K / 2);
-                    uint8_t lo = (row[klo / 2] >> (4 * (klo & 1))) & 15;
-                    uint8_t hi = (row[khi / 2] >> (4 * (khi & 1))) & 15;
-                    dst[32 * q + b] = (uint8_t)(lo | hi << 4);
-                }
-            for (int r = 0; r < 8; r++) {
-                uint8_t sc = scale[(size_t)(8 * o + r) * KG + c];
-                w->scale_special |= sc == 0 || sc == 255;
-                w->bscale[((size_t)o * KG + c) * 8 + r] = sc;
-            }
+            for (int d = 0; d < 8; d++)
+                _mm256_store_si256((__m256i *)(dst + 32 * d), mx_nibbles8(r[d]));
         }
-    return 0;
-}
-
-/* The integer FP8 path's weight parts (see "FP8 x FP8, many tokens"): W = w * 64 for
- * |w| >= 2^-3 (exponent field e >= 4), else 0 — exactly what f8i_panel computes, NaN codes
- * included; and WL = w * 512 for the |w| < 2^-3 values. */
-static int32_t f8_W(uint8_t c)
-{
-    int e = (c >> 3) & 15, m = c & 7;
-    int32_t v = e >= 4 ? (8 + m) << (e - 4) : 0;
-    return (c & 0x80) ? -v : v;
-}
-
-static int32_t f8_WL(uint8_t c)
-{
-    int e = (c >> 3) & 15, m = c & 7;
-    int32_t v = e >= 4 ? 0 : e == 0 ? m : (8 + m) << (e - 1);
-    return (c & 0x80) ? -v : v;
-}
-
-/* Largest sum over a row's 128 k of |W| for which 128-term int32 sums of A * W cannot
- * overflow: |A| <= 1792, so sum |A * W| <= 1792 * sum |W| <= 2^31 - 1. */
-#define F8_SAFE_WSUM 1198372
-
-static int f8_pack_int(gemm_weight *w, const uint8_t *src, ep_err *err)
-{
-    int N = w->N, K = w->K, KB = K / 128;
-    size_t nb = (size_t)(N / 8) * KB, nlo = 0;
-    for (size_t i = 0; i < (size_t)N * K; i++)
-        nlo += f8_WL(src[i]) != 0;
-    w->lo_off = malloc((nb + 1) * sizeof(uint32_t));
-    w->lo_ent = malloc((nlo ? nlo : 1) * sizeof(uint32_t));
-    w->int_safe = malloc(nb);
-    if (!w->lo_off || !w->lo_ent || !w->int_safe || nlo > UINT32_MAX)
-        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
-    w->bytes += (nb + 1) * sizeof(uint32_t) + nlo * sizeof(uint32_t) + nb;
-    uint32_t e = 0;
-    for (int o = 0; o < N / 8; o++)
-        for (int kb = 0; kb < KB; kb++) {
-            size_t i = (size_t)o * KB + kb;
-            w->lo_off[i] = e;
-            int safe = 1;
+        const uint8_t *sc = scale + (size_t)8 * o * KG;
+        int c = 0;
+        for (; c + 16 <= KG; c += 16)
+            w->scale_special |= mx_scales16(sc + c, KG, w->bscale + ((size_t)o * KG + c) * 8);
+        for (; c < KG; c++) /* K not a multiple of 512 */
             for (int r = 0; r < 8; r++) {
-                const uint8_t *row = src + (size_t)(8 * o + r) * K + 128 * kb;
-                int64_t sum = 0;
-                for (int k = 0; k < 128; k++) {
-                    int32_t W = f8_W(row[k]), WL = f8_WL(row[k]);
-                    sum += W < 0 ? -W : W;
-                    if (WL)
-                        w->lo_ent[e++] =
-                            (uint32_t)k | (uint32_t)r << 8 | (uint32_t)(uint16_t)WL << 16;
-                }
-                safe &= sum <= F8_SAFE_WSUM;
+                uint8_t v = sc[(size_t)r * KG + c];
+                w->scale_special |= v == 0 || v == 255;
+                w->bscale[((size_t)o * KG + c) * 8 + r] = v;
             }
-            w->int_safe[i] = (uint8_t)safe;
-        }
-    w->lo_off[nb] = e;
+    }
     return 0;
 }
 
 int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
-    int N = w->N, K = w->K, KB = K / 128;
-    if (pack_alloc(w, (size_t)N * (size_t)K, 0, err) < 0)
+    int N = w->N, K = w->K;
+    if (gemm_pack_alloc(w, (size_t)N * (size_t)K, 0, err) < 0)
         return -1;
-    int any_nan = 0;
     for (int o = 0; o < N / 8; o++)
         for (int j = 0; j < K / 4; j++) {
             uint8_t *dst = w->data + ((size_t)o * (K / 4) + j) * 32;
             for (int r = 0; r < 8; r++)
-                for (int i = 0; i < 4; i++) {
-                    uint8_t v = src[(size_t)(8 * o + r) * K + 4 * j + i];
-                    any_nan |= e4m3_nan(v);
-                    dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] = v;
-                }
+                for (int i = 0; i < 4; i++)
+                    dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] =
+                        src[(size_t)(8 * o + r) * K + 4 * j + i];
         }
-    if (f8_pack_int(w, src, err) < 0)
-        return -1;
-    if (!any_nan)
-        return 0;
-    size_t nr = (size_t)(N / 8) * KB;
-    w->nanrows = calloc(nr, 1);
-    if (!w->nanrows)
-        return ep_err_set(err, "gemm: out of memory packing a %dx%d weight", N, K);
-    w->bytes += nr;
-    for (int n = 0; n < N; n++)
-        for (int k = 0; k < K; k++)
-            if (e4m3_nan(src[(size_t)n * K + k]))
-                w->nanrows[(size_t)(n / 8) * KB + k / 128] |= (uint8_t)(1u << (n % 8));
-    return 0;
-}
-
-/* ---- small vector helpers ---- */
-
-/* 8 e8m0 codes -> 2^(c-127) as fp32, with fmt_e8m0_to_f32's special cases: c = 0 gives
- * 2^-127 (0x00400000), c = 255 gives NaN (0x7FC00000). */
-static inline __m256 e8m0x8(const uint8_t *p)
-{
-    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i bits = _mm256_slli_epi32(c, 23);
-    __m256i sp = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
-                                 _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
-    bits = _mm256_or_si256(bits, _mm256_and_si256(sp, _mm256_set1_epi32(0x00400000)));
-    return _mm256_castsi256_ps(bits);
-}
-
-/* e8m0x8 for codes known to lie in 1..254: the code is the fp32 exponent field. */
-static inline __m256 e8m0x8_plain(const uint8_t *p)
-{
-    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(c, 23));
-}
-
-/* lanes whose bit is set in `bits` become NaN */
-static inline __m256 nan_lanes(__m256 p, unsigned bits)
-{
-    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
-    return _mm256_or_ps(p, _mm256_castsi256_ps(_mm256_and_si256(m, _mm256_set1_epi32(0x7FC00000))));
-}
-
-/* Splitting e4m3 activations exactly into a "hi" and a "lo" part by exponent field e:
- *   hi = (8+m) * 2^(e-E0)               for e >= E0 (the value in units of 2^(E0-10))
- *   lo = value * 2^9 = (8+m) * 2^(e-1)  for 1 <= e < E0, m for e = 0 (units of 2^-9)
- * each signed, so that value = hi * 2^(E0-10) + lo * 2^-9 with one of them zero; NaN codes
- * give hi = lo = 0 and set their lane in nan. The powers of two come from nibble tables. */
-typedef struct e4m3_split {
-    __m256i hlo, hhi, llo; /* low / high byte of the hi power, the lo power, by e */
-} e4m3_split;
-
-static e4m3_split split_luts(int E0)
-{
-    uint8_t hlo[32], hhi[32], llo[32];
-    for (int i = 0; i < 32; i++) {
-        int e = i & 15;
-        unsigned ph = e >= E0 ? 1u << (e - E0) : 0, pl = e >= E0 ? 0 : e == 0 ? 1 : 1u << (e - 1);
-        hlo[i] = (uint8_t)(ph & 0xFF);
-        hhi[i] = (uint8_t)(ph >> 8);
-        llo[i] = (uint8_t)pl;
-    }
-    e4m3_split L;
-    L.hlo = _mm256_loadu_si256((const __m256i *)hlo);
-    L.hhi = _mm256_loadu_si256((const __m256i *)hhi);
-    L.llo = _mm256_loadu_si256((const __m256i *)llo);
-    return L;
-}
-
-/* v: 16 e4m3 codes sign-extended to int16 */
-static inline void split16(__m256i v, const e4m3_split *L, __m256i *hi, __m256i *lo, __m256i *nan)
-{
-    __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 3), _mm256_set1_epi16(15));
-    __m256i idx = _mm256_or_si256(e, _mm256_set1_epi16((short)0x8000)); /* high byte -> 0 */
-    __m256i m = _mm256_and_si256(v, _mm256_set1_epi16(7));
-    __m256i ph = _mm256_or_si256(_mm256_shuffle_epi8(L->hlo, idx),
-                                 _mm256_slli_epi16(_mm256_shuffle_epi8(L->hhi, idx), 8));
-    __m256i pl = _mm256_shuffle_epi8(L->llo, idx);
-    __m256i mh = _mm256_or_si256(m, _mm256_set1_epi16(8));
-    __m256i ml = _mm256_or_si256(
-        m, _mm256_and_si256(_mm256_cmpgt_epi16(e, _mm256_setzero_si256()), _mm256_set1_epi16(8)));
-    *nan =
-        _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
-    *hi = _mm256_andnot_si256(*nan, _mm256_sign_epi16(_mm256_mullo_epi16(mh, ph), v));
-    *lo = _mm256_sign_epi16(_mm256_mullo_epi16(ml, pl), v);
-}
-
-/* 32 codes at p -> two sign-extended int16 vectors (codes 0-15, 16-31) */
-static inline void codes32(const uint8_t *p, __m256i *v0, __m256i *v1)
-{
-    *v0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-    *v1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
-}
-
-/* sum of the 16 int16 lanes of a and b */
-static inline int32_t hsum16x2(__m256i a, __m256i b)
-{
-    __m256i s = _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
-    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
-    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
-    return _mm_cvtsi128_si32(x);
+    return f8_pack_tables(w, src, err);
 }
 
 /* ---- FP8 x MXFP4 ---- */
-
-/* Bytes ahead of the current block that the kernels prefetch: with two threads streaming
- * weights the hardware prefetcher alone left 10-40 % of the read bandwidth unused. */
-#ifndef GEMM_PREFETCH
-#define GEMM_PREFETCH 8192
-#endif
 
 /* One token's preprocessed activations for one K chunk (see mx_prep). */
 typedef struct mx_tok {
@@ -910,47 +782,10 @@ static void f8_direct_any(int T, const uint8_t *wd, int nkb, const f8_tok *tk, c
 #define F8_DIRECT_MAX 5
 #define F8_DIRECT_T   2
 
-static size_t round64(size_t x)
-{
-    return (x + 63) / 64 * 64;
-}
-
 static size_t mx_token_bytes(int kn)
 {
     size_t nb = (size_t)kn / 32;
     return 2 * round64((size_t)kn * 2) + 3 * round64(nb * 4) + round64(nb);
-}
-
-/* FP8 tiles: doubles for the decode path (few tokens), integers for the many-token path */
-static size_t f8_token_bytes(int kn, int ipath)
-{
-    if (ipath)
-        return round64((size_t)kn * 2) * 2 + round64((size_t)kn) + round64((size_t)kn / 128) +
-               round64((size_t)kn / 128 * 4);
-    return round64((size_t)kn * 8) + round64((size_t)kn / 128 * 4);
-}
-
-typedef struct f8i_tile {
-    uint32_t *ap;
-    int16_t *al;
-    uint8_t *ent, *cnt;
-    float *sa;
-} f8i_tile;
-
-static f8i_tile f8i_tile_at(uint8_t *base, int kn, int t)
-{
-    uint8_t *p = base + (size_t)t * f8_token_bytes(kn, 1);
-    f8i_tile r;
-    r.ap = (uint32_t *)p;
-    p += round64((size_t)kn * 2);
-    r.al = (int16_t *)p;
-    p += round64((size_t)kn * 2);
-    r.ent = p;
-    p += round64((size_t)kn);
-    r.cnt = p;
-    p += round64((size_t)kn / 128);
-    r.sa = (float *)p;
-    return r;
 }
 
 typedef struct mx_tile {
@@ -1097,53 +932,6 @@ static void mx_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
     }
 }
 
-static void f8_prep(const gemm_call *c, int m, int k0, int kn, double *ad, float *sa)
-{
-    int K = c->w->K, KB = K / 128;
-    const uint8_t *a = c->a + (size_t)m * K + k0;
-    for (int b = 0; b < kn / 128; b++) {
-        int nan = 0;
-        for (int k = 128 * b; k < 128 * b + 128; k++) {
-            ad[k] = f8_act[a[k]];
-            nan |= e4m3_nan(a[k]);
-        }
-        sa[b] = nan ? NAN : c->a_scale[(size_t)m * KB + k0 / 128 + b];
-    }
-}
-
-static void f8i_prep(const gemm_call *c, int m, int k0, int kn, f8i_tile d)
-{
-    int K = c->w->K, KB = K / 128;
-    const uint8_t *a = c->a + (size_t)m * K + k0;
-    int16_t *A = (int16_t *)d.ap;
-    const e4m3_split L = split_luts(8); /* A: |a| >= 2 in units of 2^-2 */
-    for (int b = 0; b < kn / 128; b++) {
-        int n = 0;
-        __m256i nan = _mm256_setzero_si256();
-        for (int q = 0; q < 4; q++) {
-            int k = 128 * b + 32 * q;
-            __m256i v[2], h[2], l[2], nn[2];
-            codes32(a + k, &v[0], &v[1]);
-            for (int x = 0; x < 2; x++) {
-                split16(v[x], &L, &h[x], &l[x], &nn[x]);
-                _mm256_store_si256((__m256i *)(A + k + 16 * x), h[x]);
-                _mm256_store_si256((__m256i *)(d.al + k + 16 * x), l[x]);
-                nan = _mm256_or_si256(nan, nn[x]);
-                /* the k with AL != 0: two mask bits per int16 lane */
-                uint32_t nz = ~(uint32_t)_mm256_movemask_epi8(
-                    _mm256_cmpeq_epi16(l[x], _mm256_setzero_si256()));
-                while (nz) {
-                    int bit = __builtin_ctz(nz);
-                    d.ent[128 * b + n++] = (uint8_t)(32 * q + 16 * x + bit / 2);
-                    nz &= ~(3u << bit);
-                }
-            }
-        }
-        d.cnt[b] = (uint8_t)n; /* n <= 128 */
-        d.sa[b] = _mm256_testz_si256(nan, nan) ? c->a_scale[(size_t)m * KB + k0 / 128 + b] : NAN;
-    }
-}
-
 static void f8_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, uint8_t *base,
                          int ipath)
 {
@@ -1243,18 +1031,31 @@ static void f8_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, in
     }
 }
 
-/* ---- driver ---- */
+/* ---- what the driver calls (gemm_drive) ---- */
 
-static void tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, void *base, int ipath)
+static int avx2_ipath(const gemm_weight *w, int M)
 {
+    /* FP8 with more tokens than the decode path handles well: the integer path */
+    return w->kind == GEMM_KIND_FP8 && M > F8_DIRECT_MAX;
+}
+
+static size_t avx2_token_bytes(const gemm_weight *w, int kn, int ipath)
+{
+    return w->kind == GEMM_KIND_FP8 ? f8_token_bytes(kn, ipath) : mx_token_bytes(kn);
+}
+
+static void avx2_tile_prep(const gemm_call *c, int m0, int mt, int k0, int kn, void *base,
+                           int ipath)
+{
+    pthread_once(&tables_once, tables_init);
     if (c->w->kind == GEMM_KIND_FP8)
         f8_tile_prep(c, m0, mt, k0, kn, base, ipath);
     else
         mx_tile_prep(c, m0, mt, k0, kn, base);
 }
 
-static void tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
-                     void *base, int ipath)
+static void avx2_tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k0, int kn,
+                          void *base, int ipath)
 {
     if (c->w->kind == GEMM_KIND_FP8)
         f8_tile_run(c, ro0, ro1, m0, mt, k0, kn, base, ipath);
@@ -1262,80 +1063,10 @@ static void tile_run(const gemm_call *c, int ro0, int ro1, int m0, int mt, int k
         mx_tile_run(c, ro0, ro1, m0, mt, k0, kn, base);
 }
 
-static void zero_out(const gemm_call *c, int m0, int mt, int ro0, int ro1)
-{
-    for (int m = m0; m < m0 + mt; m++)
-        memset(c->out + (size_t)m * c->w->N + 8 * ro0, 0, (size_t)(ro1 - ro0) * 8 * sizeof(float));
-}
-
-void gemm_avx2_run(const gemm_call *c, gemm_avx2_sched *sched, int tid, int nthreads, void *scratch,
-                   size_t cap)
-{
-    pthread_once(&tables_once, tables_init);
-    const gemm_weight *w = c->w;
-    int M = c->M, K = w->K, octets = w->N / 8;
-    int fp8 = w->kind == GEMM_KIND_FP8;
-    /* FP8 with more tokens than the decode path handles well: the integer path */
-    int ipath = fp8 && M > F8_DIRECT_MAX;
-    /* Tiles: the whole K when a micro-tile of tokens fits the scratch (weights then stream
-     * once, sequentially, per tile of tokens); otherwise the largest multiple of 128 that
-     * does. As many tokens per tile as fit. Every thread computes the same plan. */
-    int want = M < 6 ? M : 6;
-    int kc = K;
-    for (;;) {
-        size_t tb = fp8 ? f8_token_bytes(kc, ipath) : mx_token_bytes(kc);
-        if (tb * (size_t)want <= cap || kc == 128)
-            break;
-        kc = (kc / 2 + 127) / 128 * 128;
-    }
-    size_t tb = fp8 ? f8_token_bytes(kc, ipath) : mx_token_bytes(kc);
-    int mc = (int)(cap / tb);
-    if (mc > M)
-        mc = M;
-    if (mc < M && mc >= 6)
-        mc -= mc % 6;
-    if (mc < 1)
-        mc = 1;
-    if (kc < K) {
-        /* K in several chunks: a row's blocks must be added in K order, so each thread owns
-         * a fixed range of octets through all chunks. */
-        int ro0 = (int)((long)octets * tid / nthreads),
-            ro1 = (int)((long)octets * (tid + 1) / nthreads);
-        if (ro0 >= ro1)
-            return;
-        for (int m0 = 0; m0 < M; m0 += mc) {
-            int mt = M - m0 < mc ? M - m0 : mc;
-            zero_out(c, m0, mt, ro0, ro1);
-            for (int k0 = 0; k0 < K; k0 += kc) {
-                int kn = K - k0 < kc ? K - k0 : kc;
-                tile_prep(c, m0, mt, k0, kn, scratch, ipath);
-                tile_run(c, ro0, ro1, m0, mt, k0, kn, scratch, ipath);
-            }
-        }
-        return;
-    }
-    /* Whole K per tile: threads take (token tile, octet chunk) items in increasing order from
-     * a shared counter, so a thread the OS holds back costs little, and each output element
-     * is still computed by one thread alone. A thread prepares a token tile the first time it
-     * takes an item from it. */
-    /* four items per thread and token tile: long enough streams for the prefetchers
-     * (shorter chunks measured 5-20 % slower in decode), short enough to balance */
-    int chunk = octets / (4 * nthreads);
-    chunk = chunk < 1 ? 1 : chunk;
-    long nch = (octets + chunk - 1) / chunk, ntile = (M + mc - 1) / mc;
-    long prepared = -1;
-    for (;;) {
-        long item = atomic_fetch_add_explicit(&sched->next, 1, memory_order_relaxed);
-        if (item >= nch * ntile)
-            break;
-        long tile = item / nch;
-        int ro0 = (int)(item % nch) * chunk, ro1 = ro0 + chunk < octets ? ro0 + chunk : octets;
-        int m0 = (int)tile * mc, mt = M - m0 < mc ? M - m0 : mc;
-        if (tile != prepared) {
-            tile_prep(c, m0, mt, 0, K, scratch, ipath);
-            prepared = tile;
-        }
-        zero_out(c, m0, mt, ro0, ro1);
-        tile_run(c, ro0, ro1, m0, mt, 0, K, scratch, ipath);
-    }
-}
+const gemm_kops gemm_avx2_kops = {
+    .unit = 8,
+    .ipath = avx2_ipath,
+    .token_bytes = avx2_token_bytes,
+    .tile_prep = avx2_tile_prep,
+    .tile_run = avx2_tile_run,
+};

@@ -18,6 +18,7 @@
 #include "kernels/moe.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,34 +127,78 @@ static gemm_weight *pack_linear(const mb_linear *t, gemm_impl impl, ep_err *err)
 typedef struct build_ctx {
     mb_progress_fn progress;
     void *progress_ctx;
-    uint64_t done;
+    atomic_uint_fast64_t done;
 } build_ctx;
 
-static void build_progress(build_ctx *bc, uint64_t bytes)
+/* Count bytes read; only the caller's thread (tid 0) reports, since progress callbacks need not
+ * be thread-safe. */
+static void build_progress(build_ctx *bc, uint64_t bytes, int tid)
 {
-    bc->done += bytes;
-    if (bc->progress)
-        bc->progress(bc->progress_ctx, bc->done);
+    uint64_t done = atomic_fetch_add(&bc->done, bytes) + bytes;
+    if (bc->progress && tid == 0)
+        bc->progress(bc->progress_ctx, done);
 }
 
-/* An expert MLP (or the shared expert) from its three source linears. */
-static moe_mlp *mlp_pack(const mb_linear t[3], gemm_impl impl, build_ctx *bc, ep_err *err)
+/* An expert MLP (or the shared expert) without weights yet: pack_all packs them. */
+static moe_mlp *mlp_new(ep_err *err)
 {
     moe_mlp *m = calloc(1, sizeof *m);
-    if (!m) {
+    if (!m)
         ep_err_set(err, "out of memory for an expert");
-        return NULL;
-    }
-    atomic_init(&m->refs, 1);
-    for (int j = 0; j < 3; j++) {
-        if (!(m->w[j] = pack_linear(&t[j], impl, err))) {
-            mlp_unref(&m);
-            return NULL;
-        }
-        m->bytes += gemm_weight_bytes(m->w[j]);
-        build_progress(bc, linear_src_bytes(&t[j]));
-    }
+    else
+        atomic_init(&m->refs, 1);
     return m;
+}
+
+/* The linears a layer build packs: the shared expert's and every new expert's three, packed
+ * by the backend's threads in parallel (the load is bound by packing and page faults, not by
+ * one reader). The first failure is kept; later tasks are skipped. */
+typedef struct pack_job {
+    moe_mlp *m;
+    int j; /* 0..2: w1, w3, w2 */
+    const mb_linear *t;
+} pack_job;
+
+typedef struct pack_ctx {
+    pack_job *jobs;
+    gemm_impl impl;
+    build_ctx *bc;
+    atomic_int failed;
+    pthread_mutex_t mu;
+    ep_err *err;
+} pack_ctx;
+
+static void pack_task(void *vctx, int i, int tid)
+{
+    pack_ctx *pc = vctx;
+    if (atomic_load(&pc->failed))
+        return;
+    pack_job *jb = &pc->jobs[i];
+    ep_err e = {{0}};
+    gemm_weight *g = pack_linear(jb->t, pc->impl, &e);
+    if (!g) {
+        pthread_mutex_lock(&pc->mu);
+        if (!atomic_exchange(&pc->failed, 1))
+            *pc->err = e;
+        pthread_mutex_unlock(&pc->mu);
+        return;
+    }
+    jb->m->w[jb->j] = g;
+    build_progress(pc->bc, linear_src_bytes(jb->t), tid);
+}
+
+static int pack_all(pack_job *jobs, int n, gemm_impl impl, build_ctx *bc, gemm_pool *pool,
+                    ep_err *err)
+{
+    pack_ctx pc = {.jobs = jobs, .impl = impl, .bc = bc, .err = err};
+    atomic_init(&pc.failed, 0);
+    pthread_mutex_init(&pc.mu, NULL);
+    gemm_pool_for(pool, n, pack_task, &pc);
+    pthread_mutex_destroy(&pc.mu);
+    for (int i = 0; i < n; i++)
+        if (jobs[i].m->w[jobs[i].j])
+            jobs[i].m->bytes += gemm_weight_bytes(jobs[i].m->w[jobs[i].j]);
+    return atomic_load(&pc.failed) ? -1 : 0;
 }
 
 static size_t align64(size_t n)
@@ -217,17 +262,24 @@ static int build_router(moe_layer *l, const mb_layer_src *src, build_ctx *bc, ep
         memcpy(l->bias, src->bias, E * sizeof(float));
         bytes += E * sizeof(float);
     }
-    build_progress(bc, bytes);
+    build_progress(bc, bytes, 0);
     return 0;
 }
 
-static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
-                         moe_layer *reuse, build_ctx *bc, ep_err *err)
+/* Take what reuse holds, and queue the rest (the shared expert and each wanted expert) for
+ * pack_all; jobs has room for 3 * (E + 1). */
+static int plan_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
+                        moe_layer *reuse, pack_job *jobs, int *n_jobs, ep_err *err)
 {
-    if (reuse && reuse->shared)
+    int n = 0;
+    if (reuse && reuse->shared) {
         l->shared = mlp_ref(reuse->shared);
-    else if (!(l->shared = mlp_pack(src->shared, l->impl, bc, err)))
-        return -1;
+    } else {
+        if (!(l->shared = mlp_new(err)))
+            return -1;
+        for (int j = 0; j < 3; j++)
+            jobs[n++] = (pack_job){l->shared, j, &src->shared[j]};
+    }
     for (int e = 0; e < l->E; e++) {
         const mb_linear *t = src->experts ? &src->experts[(size_t)e * 3] : NULL;
         bool w = want ? want[e] != 0 : (t && t[0].w != NULL);
@@ -236,13 +288,34 @@ static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *w
         if (reuse && reuse->experts[e]) {
             l->experts[e] = mlp_ref(reuse->experts[e]);
         } else if (!t) {
+            *n_jobs = n;
             return ep_err_set(err, "%s: expert %d wanted but not given", l->name, e);
-        } else if (!(l->experts[e] = mlp_pack(t, l->impl, bc, err))) {
-            return -1;
+        } else {
+            if (!(l->experts[e] = mlp_new(err))) {
+                *n_jobs = n;
+                return -1;
+            }
+            for (int j = 0; j < 3; j++)
+                jobs[n++] = (pack_job){l->experts[e], j, &t[j]};
         }
         l->owned[e] = 1;
     }
+    *n_jobs = n;
     return 0;
+}
+
+static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
+                         moe_layer *reuse, build_ctx *bc, gemm_pool *pool, ep_err *err)
+{
+    pack_job *jobs = malloc(3 * ((size_t)l->E + 1) * sizeof *jobs);
+    if (!jobs)
+        return ep_err_set(err, "%s: out of memory", l->name);
+    int n = 0;
+    int rc = plan_experts(l, src, want, reuse, jobs, &n, err);
+    if (rc == 0)
+        rc = pack_all(jobs, n, l->impl, bc, pool, err);
+    free(jobs);
+    return rc;
 }
 
 static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
@@ -259,8 +332,8 @@ static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
 }
 
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, mb_progress_fn progress,
-                           void *progress_ctx, ep_err *err)
+                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
+                           mb_progress_fn progress, void *progress_ctx, ep_err *err)
 {
     if (mc_validate(c, err) < 0)
         return NULL;
@@ -285,9 +358,13 @@ moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const ui
     l->k = c->num_experts_per_tok;
     snprintf(l->name, sizeof l->name, "%s", src->name ? src->name : "layer");
     build_ctx bc = {.progress = progress, .progress_ctx = progress_ctx};
+    atomic_init(&bc.done, 0);
     if (check_reuse(l, reuse, err) < 0 || carve_arena(l, err) < 0 ||
-        build_router(l, src, &bc, err) < 0 || build_experts(l, src, want, reuse, &bc, err) < 0)
+        build_router(l, src, &bc, err) < 0 ||
+        build_experts(l, src, want, reuse, &bc, pool, err) < 0)
         goto fail;
+    if (progress)
+        progress(progress_ctx, atomic_load(&bc.done));
     return l;
 fail:
     ep_err_prefix(err, "loading %s", l->name);
@@ -343,7 +420,7 @@ static int check_tokens(const moe_layer *l, int T, ep_err *err)
 }
 
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, ep_err *err)
+              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;
@@ -358,7 +435,7 @@ int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, 
     if (!scores)
         return ep_err_set(err, "%s: out of memory for %d x %d gate scores", l->name, T, l->E);
     route_rmsnorm(l->impl, T, l->H, x, l->norm, l->cfg.rms_norm_eps, xn);
-    route_logits(l->impl, T, l->H, l->E, xn, l->gate, scores);
+    route_logits(l->impl, T, l->H, l->E, xn, l->gate, scores, pool);
     route_scores(T * l->E, scores, scores);
     if (!l->hash)
         route_topk(l->impl, T, l->E, l->k, scores, l->bias, topk_ids);
@@ -417,22 +494,173 @@ static void scratch_free(mlp_scratch *s)
     free(s->o);
 }
 
-/* w1, w3, SwiGLU (weights wrow, or 1.0 when NULL), w2 on M rows already gathered into s->aq /
- * s->aqs; results are fp32 in s->o [M, H]. */
-static void mlp_rows(const moe_layer *l, gemm_weight *const w[3], int M, const float *wrow,
-                     mlp_scratch *s, gemm_pool *pool)
+/* One expert's rows within a batch: rows [row0, row0 + M) of the scratch. */
+typedef struct mlp_piece {
+    gemm_weight *const *w; /* w1, w3, w2 */
+    int row0, M;
+} mlp_piece;
+
+/* Pieces of one batch at most (besides MOE_GEMM_ROWS rows). */
+#define MOE_BATCH_PIECES 64
+/* Rows per SwiGLU / output-rounding task of the pool. */
+#define MOE_ROW_TASK 4
+
+typedef struct rows_task {
+    const moe_layer *l;
+    mlp_scratch *s;
+    int R;
+    const float *wrow;
+    /* rounding: row r of s->o goes to out + dst[r] * H (dst NULL: row r) */
+    uint16_t *out;
+    const uint32_t *dst;
+} rows_task;
+
+static void swiglu_task(void *ctx, int i, int tid)
 {
-    gemm_run(w[W1], M, s->aq, s->aqs, s->acc1, pool);
-    gemm_run(w[W3], M, s->aq, s->aqs, s->acc3, pool);
-    swiglu_rows(s->acc1, s->acc3, M, l->I, wrow, l->cfg.swiglu_limit, l->cfg.act_ue8m0, s->hq,
-                s->hqs);
-    gemm_run(w[W2], M, s->hq, s->hqs, s->o, pool);
+    rows_task *t = ctx;
+    const moe_layer *l = t->l;
+    int r0 = i * MOE_ROW_TASK, n = t->R - r0 < MOE_ROW_TASK ? t->R - r0 : MOE_ROW_TASK;
+    size_t I = (size_t)l->I;
+    swiglu_rows(t->s->acc1 + r0 * I, t->s->acc3 + r0 * I, n, l->I, t->wrow ? t->wrow + r0 : NULL,
+                l->cfg.swiglu_limit, l->cfg.act_ue8m0, t->s->hq + r0 * I,
+                t->s->hqs + r0 * (I / EP_FP8_BLOCK));
 }
 
-static void round_row(const float *o, int H, uint16_t *out)
+static void round_task(void *ctx, int i, int tid)
 {
-    for (int h = 0; h < H; h++)
-        out[h] = fmt_f32_to_bf16(o[h]);
+    rows_task *t = ctx;
+    size_t H = (size_t)t->l->H;
+    for (int r = i * MOE_ROW_TASK; r < t->R && r < (i + 1) * MOE_ROW_TASK; r++)
+        qt_f32_to_bf16_n(t->l->impl, t->s->o + r * H, H,
+                         t->out + (t->dst ? t->dst[r] : (uint32_t)r) * H);
+}
+
+/* The expert MLPs of np pieces whose R rows are gathered into s->aq / s->aqs, in three
+ * parallel passes: w1 and w3 of every piece, SwiGLU (weights wrow, or 1.0 when NULL) of every
+ * row, w2 of every piece. fp32 results in s->o [R, H]. */
+static void mlp_batch(const moe_layer *l, const mlp_piece *pc, int np, int R, const float *wrow,
+                      mlp_scratch *s, gemm_pool *pool)
+{
+    size_t H = (size_t)l->H, I = (size_t)l->I;
+    gemm_job jobs[2 * MOE_BATCH_PIECES] = {{0}};
+    for (int i = 0; i < np; i++) {
+        size_t r = (size_t)pc[i].row0;
+        const uint8_t *a = s->aq + r * H;
+        const float *as = s->aqs + r * (H / EP_FP8_BLOCK);
+        jobs[2 * i] = (gemm_job){pc[i].w[W1], pc[i].M, a, as, s->acc1 + r * I};
+        jobs[2 * i + 1] = (gemm_job){pc[i].w[W3], pc[i].M, a, as, s->acc3 + r * I};
+    }
+    gemm_run_many(jobs, 2 * np, pool);
+    rows_task t = {.l = l, .s = s, .R = R, .wrow = wrow};
+    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, swiglu_task, &t);
+    for (int i = 0; i < np; i++) {
+        size_t r = (size_t)pc[i].row0;
+        jobs[i] = (gemm_job){pc[i].w[W2], pc[i].M, s->hq + r * I, s->hqs + r * (I / EP_FP8_BLOCK),
+                             s->o + r * H};
+    }
+    gemm_run_many(jobs, np, pool);
+}
+
+/* bf16 rounding of the batch's R result rows, row r to out row dst[r] (dst NULL: r). */
+static void round_rows(const moe_layer *l, mlp_scratch *s, int R, uint16_t *out,
+                       const uint32_t *dst, gemm_pool *pool)
+{
+    rows_task t = {.l = l, .s = s, .R = R, .out = out, .dst = dst};
+    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, round_task, &t);
+}
+
+/* Group the pairs by expert, keeping their order within an expert (counting sort): the pairs
+ * of expert e are order[start[e] .. start[e+1]). Expert E is the shared expert (moe_forward). */
+static int group_pairs(const moe_layer *l, int n_pairs, const uint32_t *pair_expert,
+                       uint32_t *start, uint32_t *order, ep_err *err)
+{
+    int E = l->E + 1;
+    uint32_t *fill = calloc((size_t)E, sizeof *fill);
+    if (!fill)
+        return ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
+    for (int p = 0; p < n_pairs; p++)
+        start[pair_expert[p] + 1]++;
+    for (int e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    for (int p = 0; p < n_pairs; p++) {
+        uint32_t e = pair_expert[p];
+        order[start[e] + fill[e]++] = (uint32_t)p;
+    }
+    free(fill);
+    return 0;
+}
+
+/* All experts' pairs in batches of at most MOE_GEMM_ROWS rows and MOE_BATCH_PIECES pieces (an
+ * expert with more rows is cut into pieces), each batch as one mlp_batch: the one-token experts
+ * of a decode step run as one parallel pass instead of one call each. The shared expert's pairs
+ * (expert E; moe_forward only) go first, so its compute-bound GEMMs share passes with the
+ * memory-bound small experts. */
+static void experts_batched(const moe_layer *l, const uint8_t *q, const float *qs,
+                            const uint32_t *pair_row, const float *pair_w, const uint32_t *start,
+                            const uint32_t *order, uint16_t *out, mlp_scratch *s, uint32_t *dst,
+                            gemm_pool *pool)
+{
+    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
+    mlp_piece pc[MOE_BATCH_PIECES];
+    int np = 0, R = 0;
+    for (int i = 0; i <= l->E + 1; i++) {
+        int e = i == 0 ? l->E : i - 1, last = i == l->E + 1;
+        uint32_t c0 = last ? 0 : start[e], c1 = last ? 0 : start[e + 1];
+        while (c0 < c1 || (last && R > 0)) {
+            int M = (int)(c1 - c0);
+            if (M > MOE_GEMM_ROWS - R)
+                M = MOE_GEMM_ROWS - R;
+            if (M > 0) {
+                for (int m = 0; m < M; m++) {
+                    uint32_t p = order[c0 + m];
+                    memcpy(s->aq + (size_t)(R + m) * H, q + pair_row[p] * H, H);
+                    memcpy(s->aqs + (size_t)(R + m) * nb, qs + pair_row[p] * nb,
+                           nb * sizeof(float));
+                    s->wrow[R + m] = pair_w[p];
+                    dst[R + m] = p;
+                }
+                pc[np++] = (mlp_piece){e == l->E ? l->shared->w : l->experts[e]->w, R, M};
+                R += M;
+                c0 += (uint32_t)M;
+            }
+            if (R == MOE_GEMM_ROWS || np == MOE_BATCH_PIECES || (last && R > 0)) {
+                mlp_batch(l, pc, np, R, s->wrow, s, pool);
+                round_rows(l, s, R, out, dst, pool);
+                np = R = 0;
+            }
+        }
+    }
+}
+
+/* moe_experts on checked pairs; pair_expert E means the shared expert (with pair_w 1). */
+static int experts_run(const moe_layer *l, const uint8_t *q, const float *qs, int n_pairs,
+                       const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
+                       uint16_t *out, gemm_pool *pool, ep_err *err)
+{
+    if (n_pairs == 0)
+        return 0;
+    uint32_t *start = calloc((size_t)l->E + 2, sizeof *start);
+    uint32_t *order = malloc((size_t)n_pairs * sizeof *order);
+    uint32_t *dst = malloc(MOE_GEMM_ROWS * sizeof *dst);
+    mlp_scratch s;
+    memset(&s, 0, sizeof s);
+    int rows = n_pairs < MOE_GEMM_ROWS ? n_pairs : MOE_GEMM_ROWS;
+    int rc = -1;
+    if (!start || !order || !dst) {
+        ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
+        goto out;
+    }
+    if (scratch_alloc(l, rows, &s, err) < 0 ||
+        group_pairs(l, n_pairs, pair_expert, start, order, err) < 0)
+        goto out;
+    experts_batched(l, q, qs, pair_row, pair_w, start, order, out, &s, dst, pool);
+    rc = 0;
+out:
+    scratch_free(&s);
+    free(start);
+    free(order);
+    free(dst);
+    return rc;
 }
 
 int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
@@ -449,60 +677,7 @@ int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *q
             return ep_err_set(err, "%s: pair %d: expert %" PRIu32 " is not loaded here", l->name, p,
                               pair_expert[p]);
     }
-    if (n_pairs == 0)
-        return 0;
-    /* Group the pairs by expert, keeping their order within an expert (counting sort). */
-    int E = l->E;
-    uint32_t *start = calloc((size_t)E + 1, sizeof *start);
-    uint32_t *order = malloc((size_t)n_pairs * sizeof *order);
-    mlp_scratch s;
-    int rows = n_pairs < MOE_GEMM_ROWS ? n_pairs : MOE_GEMM_ROWS;
-    int rc = -1;
-    if (!start || !order) {
-        ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
-        memset(&s, 0, sizeof s);
-        goto out;
-    }
-    if (scratch_alloc(l, rows, &s, err) < 0)
-        goto out;
-    for (int p = 0; p < n_pairs; p++)
-        start[pair_expert[p] + 1]++;
-    for (int e = 0; e < E; e++)
-        start[e + 1] += start[e];
-    {
-        uint32_t *fill = calloc((size_t)E, sizeof *fill);
-        if (!fill) {
-            ep_err_set(err, "%s: out of memory grouping %d pairs", l->name, n_pairs);
-            goto out;
-        }
-        for (int p = 0; p < n_pairs; p++) {
-            uint32_t e = pair_expert[p];
-            order[start[e] + fill[e]++] = (uint32_t)p;
-        }
-        free(fill);
-    }
-    size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
-    for (int e = 0; e < E; e++) {
-        gemm_weight *const *w = l->experts[e] ? l->experts[e]->w : NULL;
-        for (uint32_t c0 = start[e]; c0 < start[e + 1]; c0 += MOE_GEMM_ROWS) {
-            int M = (int)(start[e + 1] - c0 < MOE_GEMM_ROWS ? start[e + 1] - c0 : MOE_GEMM_ROWS);
-            for (int m = 0; m < M; m++) {
-                uint32_t p = order[c0 + m];
-                memcpy(s.aq + m * H, q + pair_row[p] * H, H);
-                memcpy(s.aqs + m * nb, qs + pair_row[p] * nb, nb * sizeof(float));
-                s.wrow[m] = pair_w[p];
-            }
-            mlp_rows(l, w, M, s.wrow, &s, pool);
-            for (int m = 0; m < M; m++)
-                round_row(s.o + m * H, l->H, out + order[c0 + m] * H);
-        }
-    }
-    rc = 0;
-out:
-    scratch_free(&s);
-    free(start);
-    free(order);
-    return rc;
+    return experts_run(l, q, qs, n_pairs, pair_row, pair_expert, pair_w, out, pool, err);
 }
 
 int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
@@ -523,18 +698,15 @@ int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uin
         int M = T - t0 < MOE_GEMM_ROWS ? T - t0 : MOE_GEMM_ROWS;
         memcpy(s.aq, q + t0 * H, M * H);
         memcpy(s.aqs, qs + t0 * nb, M * nb * sizeof(float));
-        mlp_rows(l, l->shared->w, M, NULL, &s, pool);
-        for (int m = 0; m < M; m++)
-            round_row(s.o + m * H, l->H, out + (t0 + m) * H);
+        mlp_piece pc = {l->shared->w, 0, M};
+        mlp_batch(l, &pc, 1, M, NULL, &s, pool);
+        round_rows(l, &s, M, out + (size_t)t0 * H, NULL, pool);
     }
     scratch_free(&s);
     return 0;
 }
 
 /* ---- combine ---- */
-
-/* Channels summed per pass: the fp32 accumulators live on the stack. */
-#define COMBINE_CHUNK 512
 
 void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *eo,
                  const uint16_t *shared, uint16_t *out)
@@ -554,28 +726,17 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
             }
             slot[pos] = j;
         }
-        const uint16_t *sh = shared + (size_t)t * H;
-        uint16_t *o = out + (size_t)t * H;
-        for (int h0 = 0; h0 < H; h0 += COMBINE_CHUNK) {
-            int nh = H - h0 < COMBINE_CHUNK ? H - h0 : COMBINE_CHUNK;
-            float y[COMBINE_CHUNK];
-            for (int h = 0; h < nh; h++)
-                y[h] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const uint16_t *e = eo + ((size_t)t * k + (size_t)slot[i]) * H + h0;
-                for (int h = 0; h < nh; h++)
-                    y[h] = y[h] + fmt_bf16_to_f32(e[h]);
-            }
-            for (int h = 0; h < nh; h++)
-                o[h0 + h] = fmt_f32_to_bf16(y[h] + fmt_bf16_to_f32(sh[h0 + h]));
-        }
+        const uint16_t *rows[MC_MAX_TOPK];
+        for (int i = 0; i < n; i++)
+            rows[i] = eo + ((size_t)t * k + (size_t)slot[i]) * H;
+        qt_sum_bf16_rows(GEMM_IMPL_AUTO, rows, n, shared + (size_t)t * H, H, out + (size_t)t * H);
     }
 }
 
 /* ---- the whole layer ---- */
 
 typedef struct fwd_bufs {
-    uint16_t *xn, *eo, *sh;
+    uint16_t *xn, *eo;
     uint8_t *q;
     float *qs, *pw;
     uint32_t *prow, *pexp;
@@ -585,7 +746,6 @@ static void fwd_free(fwd_bufs *b)
 {
     free(b->xn);
     free(b->eo);
-    free(b->sh);
     free(b->q);
     free(b->qs);
     free(b->pw);
@@ -598,22 +758,31 @@ static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t
                      ep_err *err)
 {
     size_t k = (size_t)l->k;
-    if (moe_route(l, T, x, ids, b->xn, topk_ids, topk_w, err) < 0)
+    if (moe_route(l, T, x, ids, b->xn, topk_ids, topk_w, pool, err) < 0)
         return -1;
     moe_quant(l, T, b->xn, b->q, b->qs);
     /* One pair per slot, in (token, slot) order, so the experts write the output of slot
-     * (t, j) to row t * k + j of eo. moe_route never leaves a slot empty (-1). */
+     * (t, j) to row t * k + j of eo; then one pair per token for the shared expert (expert E,
+     * weight 1: SwiGLU multiplies by it exactly), whose rows follow: the routed and the shared
+     * experts run in the same passes. moe_route never leaves a slot empty (-1), and routes only
+     * to experts this layer owns (checked: the caller must own every expert). */
     int n = T * (int)k;
     for (int i = 0; i < n; i++) {
+        if (topk_ids[i] < 0 || topk_ids[i] >= l->E || !l->owned[topk_ids[i]])
+            return ep_err_set(err, "%s: token %d routes to expert %d, which is not loaded here",
+                              l->name, i / (int)k, topk_ids[i]);
         b->prow[i] = (uint32_t)(i / (int)k);
         b->pexp[i] = (uint32_t)topk_ids[i];
         b->pw[i] = topk_w[i];
     }
-    if (moe_experts(l, T, b->q, b->qs, n, b->prow, b->pexp, b->pw, b->eo, pool, err) < 0)
+    for (int t = 0; t < T; t++) {
+        b->prow[n + t] = (uint32_t)t;
+        b->pexp[n + t] = (uint32_t)l->E;
+        b->pw[n + t] = 1.0f;
+    }
+    if (experts_run(l, b->q, b->qs, n + T, b->prow, b->pexp, b->pw, b->eo, pool, err) < 0)
         return -1;
-    if (moe_shared(l, T, b->q, b->qs, b->sh, pool, err) < 0)
-        return -1;
-    moe_combine(T, l->k, l->H, topk_ids, b->eo, b->sh, out);
+    moe_combine(T, l->k, l->H, topk_ids, b->eo, b->eo + (size_t)n * l->H, out);
     return 0;
 }
 
@@ -630,16 +799,15 @@ int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids
     size_t H = (size_t)l->H, k = (size_t)l->k;
     fwd_bufs b = {
         .xn = malloc(P * H * sizeof(uint16_t)),
-        .eo = malloc(P * k * H * sizeof(uint16_t)),
-        .sh = malloc(P * H * sizeof(uint16_t)),
+        .eo = malloc(P * (k + 1) * H * sizeof(uint16_t)), /* routed slots, then shared rows */
         .q = malloc(P * H),
         .qs = malloc(P * (H / EP_FP8_BLOCK) * sizeof(float)),
-        .pw = malloc(P * k * sizeof(float)),
-        .prow = malloc(P * k * sizeof(uint32_t)),
-        .pexp = malloc(P * k * sizeof(uint32_t)),
+        .pw = malloc(P * (k + 1) * sizeof(float)),
+        .prow = malloc(P * (k + 1) * sizeof(uint32_t)),
+        .pexp = malloc(P * (k + 1) * sizeof(uint32_t)),
     };
     int rc = 0;
-    if (!b.xn || !b.eo || !b.sh || !b.q || !b.qs || !b.pw || !b.prow || !b.pexp) {
+    if (!b.xn || !b.eo || !b.q || !b.qs || !b.pw || !b.prow || !b.pexp) {
         rc = ep_err_set(err, "%s: out of memory for %zu tokens", l->name, P);
     } else {
         for (int t0 = 0; t0 < T && rc == 0; t0 += (int)P) {

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "kernels/cpu/bf16_avx2.h"
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/formats.h"
 
@@ -113,5 +114,35 @@ void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *sc
             v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
         }
         block_f32(v, pow2, q + 128 * b, scale + b);
+    }
+}
+
+/* ---- bf16 outputs ---- */
+
+void qt_avx2_bf16_n(const float *x, size_t n, uint16_t *out)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), ps_to_bf16x8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        out[i] = fmt_f32_to_bf16(x[i]);
+}
+
+void qt_avx2_sum_bf16_rows(const uint16_t *const *rows, int n, const uint16_t *last, int H,
+                           uint16_t *out)
+{
+    int h = 0;
+    for (; h + 8 <= H; h += 8) {
+        __m256 y = _mm256_setzero_ps();
+        for (int i = 0; i < n; i++)
+            y = _mm256_add_ps(y, bf16x8_to_ps(rows[i] + h));
+        y = _mm256_add_ps(y, bf16x8_to_ps(last + h));
+        _mm_storeu_si128((__m128i *)(out + h), ps_to_bf16x8(y));
+    }
+    for (; h < H; h++) {
+        float y = 0.0f;
+        for (int i = 0; i < n; i++)
+            y = y + fmt_bf16_to_f32(rows[i][h]);
+        out[h] = fmt_f32_to_bf16(y + fmt_bf16_to_f32(last[h]));
     }
 }

@@ -1,7 +1,8 @@
 /*
- * route_internal.h — what kernels/route.c shares with its AVX2 fast path
- * (kernels/cpu/route_avx2.c, compiled with -mavx2 -mfma). Not a public header: callers use
- * kernels/route.h. route.c calls these only after cpuid reported AVX2 and FMA.
+ * route_internal.h — what kernels/route.c shares with its fast paths (kernels/cpu/route_avx2.c,
+ * compiled with -mavx2 -mfma; kernels/cpu/route_avx512.c, with the AVX-512 flags). Not a public
+ * header: callers use kernels/route.h. route.c calls these only after cpuid reported the
+ * instructions they use.
  */
 #ifndef EPMOE_ROUTE_INTERNAL_H
 #define EPMOE_ROUTE_INTERNAL_H
@@ -17,5 +18,13 @@ void route_avx2_rmsnorm(int T, int H, const uint16_t *x, const uint16_t *gain, f
                         uint16_t *y);
 void route_avx2_gate_pack(int E, int H, const uint16_t *w, float *dst);
 void route_avx2_logits(int T, int H, int E, const uint16_t *xn, const float *gate, float *logits);
+
+/* The AVX-512 gate layout: [ceil(E/16)][H][16] bf16 (experts past E are zero). */
+#define ROUTE_AVX512_GROUP 16
+void route_avx512_gate_pack(int E, int H, const uint16_t *w, uint16_t *dst);
+/* Logits of tt <= 4 token rows (xd[t]: the row widened to double; logits[t]: its output row
+ * [E]) against expert groups [g0, g1). */
+void route_avx512_logits_part(int H, int E, const double *const *xd, int tt, const uint16_t *gate,
+                              int g0, int g1, float *const *logits);
 
 #endif

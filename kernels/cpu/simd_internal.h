@@ -18,6 +18,9 @@ float qt_block_scale(float amax, bool pow2);
 void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *scale);
 void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *scale);
 void qt_avx2_e4m3_n(const float *x, size_t n, uint8_t *q);
+void qt_avx2_bf16_n(const float *x, size_t n, uint16_t *out);
+void qt_avx2_sum_bf16_rows(const uint16_t *const *rows, int n, const uint16_t *last, int H,
+                           uint16_t *out);
 
 /* One row of swiglu_rows (see swiglu.h). */
 void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, float limit,
@@ -27,6 +30,11 @@ void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, fl
 static inline void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *s) {}
 static inline void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *s) {}
 static inline void qt_avx2_e4m3_n(const float *x, size_t n, uint8_t *q) {}
+static inline void qt_avx2_bf16_n(const float *x, size_t n, uint16_t *out) {}
+static inline void qt_avx2_sum_bf16_rows(const uint16_t *const *rows, int n, const uint16_t *last,
+                                         int H, uint16_t *out)
+{
+}
 static inline void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow,
                                    float limit, bool pow2, uint8_t *q, float *scale)
 {

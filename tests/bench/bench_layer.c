@@ -3,6 +3,12 @@
  * goes.
  *
  *   bench_layer [--threads N] [--experts N] [--only fp4|fp8] [--runs R] [--tokens 1,8,64,256]
+ *               [--model DIR] [--cpu-time 0|1]
+ *
+ * --model DIR measures layer 0 of that checkpoint with every expert loaded instead of the
+ * generated 16-expert layer below; --cpu-time 1 (with --threads 1) times the phases in thread
+ * CPU time, which the load of a shared machine does not inflate. Token inputs are hidden
+ * states with per-channel scales and outlier channels, as real ones.
  *
  * Shapes: H 4096, I 2048, 256 experts logically, top-6, one shared expert. Only the first
  * --experts (default 16) routed experts are materialised (generated with the tests' generator,
@@ -21,6 +27,7 @@
  * come from the fastest of --runs runs (the machine may be shared; the best run is the least
  * disturbed one), percentages of its layer time; SwiGLU is the fastest replay.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +45,14 @@
 #define MAX_RUNS 32
 #define MAX_T    4096
 
+/* --cpu-time: phases in the calling thread's CPU time (with --threads 1 every phase runs on
+ * it), which other jobs on a shared machine do not inflate */
+static int cpu_time;
+
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(cpu_time ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -85,10 +96,28 @@ static void bench_setup(bench *b, mc_expert_dtype dt, int made)
             t1 - t0, moe_layer_bytes(b->l) >> 20, t2 - t1);
 }
 
+/* --model DIR: layer 0 of an existing checkpoint with every expert loaded (a full layer; the
+ * routing is the checkpoint's own). */
+static void bench_open(bench *b, const char *dir)
+{
+    memset(b, 0, sizeof *b);
+    ep_err err = {{0}};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (mc_load(path, &b->c, &err) < 0 || !(b->m = st_model_open(dir, &err)) ||
+        !(b->l = shard_load_moe_layer(b->m, &b->c, 0, NULL, GEMM_IMPL_AUTO, &err))) {
+        fprintf(stderr, "bench_layer: %s\n", err.msg);
+        exit(1);
+    }
+    b->made = b->c.n_routed_experts;
+}
+
 static void bench_teardown(bench *b)
 {
     moe_layer_free(&b->l);
     st_model_close(&b->m);
+    if (!b->g)
+        return;
     gen_model_free(&b->g);
     char p[128];
     snprintf(p, sizeof p, "%s/config.json", b->dir);
@@ -115,7 +144,7 @@ static void run_layer(const bench *b, int T, bufs *u, gemm_pool *pool, double t[
     ep_err err = {{0}};
     int k = b->c.num_experts_per_tok, H = b->c.hidden_size;
     double a = now();
-    if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, &err) < 0) {
+    if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, pool, &err) < 0) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         exit(1);
     }
@@ -151,25 +180,30 @@ static void run_layer(const bench *b, int T, bufs *u, gemm_pool *pool, double t[
 static double run_swiglu(const bench *b, int T, bufs *u)
 {
     int k = b->c.num_experts_per_tok, I = b->c.moe_intermediate_size;
-    int count[256] = {0};
+    int count[257] = {0};
     for (int i = 0; i < T * k; i++)
         count[u->ids[i]]++;
-    count[255] += T; /* the shared expert (no routed expert is 255 here) */
+    count[256] = T; /* the shared expert */
     double a = now();
-    for (int e = 0; e < 256; e++)
+    for (int e = 0; e < 257; e++)
         for (int m0 = 0; m0 < count[e]; m0 += 256) {
             int M = count[e] - m0 < 256 ? count[e] - m0 : 256;
-            swiglu_rows(u->acc, u->acc + (size_t)256 * I, M, I, e == 255 ? NULL : u->pw,
+            swiglu_rows(u->acc, u->acc + (size_t)256 * I, M, I, e == 256 ? NULL : u->pw,
                         b->c.swiglu_limit, b->c.act_ue8m0, u->q, u->qs);
         }
     return now() - a;
 }
 
-static void bench_dtype(mc_expert_dtype dt, int made, const int *Ts, int nT, int runs,
-                        gemm_pool *pool)
+static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const int *Ts, int nT,
+                        int runs, gemm_pool *pool)
 {
     bench b;
-    bench_setup(&b, dt, made);
+    if (model) {
+        bench_open(&b, model);
+        dt = b.c.expert_dtype;
+    } else {
+        bench_setup(&b, dt, made);
+    }
     int H = 4096, k = 6, maxT = 0;
     for (int i = 0; i < nT; i++)
         maxT = Ts[i] > maxT ? Ts[i] : maxT;
@@ -189,15 +223,23 @@ static void bench_dtype(mc_expert_dtype dt, int made, const int *Ts, int nT, int
         .prow = malloc(TT * k * 4),
         .pexp = malloc(TT * k * 4),
     };
+    /* hidden states as real ones look: per-channel scales spread log-normally (a product of
+     * uniforms stands in for exp(gauss)), four channels 30-100x the rest */
     uint64_t rs = 42;
+    float *scale = malloc((size_t)H * sizeof(float));
+    for (int c = 0; c < H; c++)
+        scale[c] = (float)exp(0.6 * 1.7 * (gen_unit(&rs) + gen_unit(&rs) + gen_unit(&rs)));
+    for (int i = 0; i < 4; i++)
+        scale[(int)((gen_unit(&rs) * 0.5 + 0.5) * H) % H] *= (float)(65.0 + 35.0 * gen_unit(&rs));
     for (size_t i = 0; i < TT * H; i++)
-        u.x[i] = fmt_f32_to_bf16((float)(1.5 * gen_unit(&rs)));
+        u.x[i] = fmt_f32_to_bf16((float)(0.2 * gen_unit(&rs) * scale[i % H]));
+    free(scale);
     for (size_t i = 0; i < (size_t)2 * 256 * 2048; i++) /* w1/w3-output-like values */
         u.acc[i] = (float)(4.0 * gen_unit(&rs));
 
     for (int i = 0; i < nT; i++) {
         int T = Ts[i];
-        double ph[PH_N][MAX_RUNS], tot[MAX_RUNS], gm[MAX_RUNS], t[PH_N];
+        double ph[PH_N][MAX_RUNS] = {{0}}, tot[MAX_RUNS] = {0}, gm[MAX_RUNS] = {0}, t[PH_N];
         run_layer(&b, T, &u, pool, t); /* warm-up */
         int distinct = 0, count[256] = {0};
         for (int j = 0; j < T * k; j++)
@@ -245,6 +287,7 @@ static void bench_dtype(mc_expert_dtype dt, int made, const int *Ts, int nT, int
 int main(int argc, char **argv)
 {
     int threads = 0, made = 16, runs = 5, only = -1;
+    const char *model = NULL;
     int Ts[16] = {1, 8, 64, 256}, nT = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -255,6 +298,10 @@ int main(int argc, char **argv)
         i++;
         if (strcmp(a, "--threads") == 0) {
             threads = atoi(v);
+        } else if (strcmp(a, "--cpu-time") == 0) {
+            cpu_time = atoi(v) != 0;
+        } else if (strcmp(a, "--model") == 0) {
+            model = v;
         } else if (strcmp(a, "--experts") == 0) {
             made = atoi(v);
         } else if (strcmp(a, "--runs") == 0) {
@@ -270,7 +317,7 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: bench_layer [--threads N] [--experts N] [--only fp4|fp8] "
-                            "[--runs R] [--tokens 1,8,64,256]\n");
+                            "[--runs R] [--tokens 1,8,64,256] [--model DIR] [--cpu-time 0|1]\n");
             return 64;
         }
     }
@@ -296,9 +343,11 @@ int main(int argc, char **argv)
     for (int p = 0; p < PH_N; p++)
         printf(" %s %% |", PH_NAME[p]);
     printf(" SwiGLU %% | GEMMs %% |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int d = MC_FP4; d <= MC_FP8; d++)
+    if (model)
+        bench_dtype(MC_FP4, made, model, Ts, nT, runs, pool);
+    for (int d = MC_FP4; d <= MC_FP8 && !model; d++)
         if (only < 0 || only == d)
-            bench_dtype((mc_expert_dtype)d, made, Ts, nT, runs, pool);
+            bench_dtype((mc_expert_dtype)d, made, NULL, Ts, nT, runs, pool);
     gemm_pool_destroy(&pool);
     return 0;
 }

@@ -149,7 +149,7 @@ TEST(rmsnorm_and_logits_match_the_reference)
             for (int k = 0; k < H; k++)
                 gate_t[(size_t)k * E + e] = gate[(size_t)e * H + k];
         route_rmsnorm(GEMM_IMPL_REF, T, H, x, g, 1e-6f, xn);
-        route_logits(GEMM_IMPL_REF, T, H, E, xn, gate, lg);
+        route_logits(GEMM_IMPL_REF, T, H, E, xn, gate, lg, NULL);
         void *dx = dput(x, (size_t)T * H * 2), *dg = dput(g, (size_t)H * 2);
         void *dgt = dput(gate_t, (size_t)E * H * 2), *dxn = dput(NULL, (size_t)T * H * 2);
         void *dl = dput(NULL, (size_t)T * E * 4);

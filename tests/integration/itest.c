@@ -501,6 +501,9 @@ static void it_send_ready(it_worker *w)
     rd.has_bytes_loaded = 1;
     rd.bytes_loaded = 100;
     rd.backend = "fake";
+    rd.has_bytes_read = rd.has_load_ms = 1; /* 4.5 GB read in 1.5 s: 3.00 GB/s */
+    rd.bytes_read = 4500000000ull;
+    rd.load_ms = 1500;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_READY, &rd.base);
 }
 

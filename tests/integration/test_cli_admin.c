@@ -154,6 +154,7 @@ TEST(status_and_workers_json)
             CHECK_STR_EQ(jget_s(w, "device"), "cpu");
             CHECK_STR_EQ(jget_s(w, "state"), "ready");
             CHECK(json_real_value(json_object_get(w, "load_progress")) == 1.0);
+            CHECK(json_real_value(json_object_get(w, "load_gbps")) == 3.0);
             CHECK(jget_i(w, "last_seen_ms") >= 0 && jget_i(w, "last_seen_ms") < 2000);
             CHECK_EQ(jget_i(w, "n_experts"), IT_E / 4);
             CHECK(json_is_null(json_object_get(w, "error")));
@@ -179,6 +180,7 @@ TEST(status_and_workers_json)
     CHECK_STR_HAS(out, "state        ready (4/4 workers ready)");
     CHECK_STR_HAS(out, "WORKER");
     CHECK_STR_HAS(out, "b1      3     n1    cpu     ready");
+    CHECK_STR_HAS(out, "100% 3.00 GB/s"); /* load progress and the load's checkpoint rate */
     CHECK_EQ(run_ctl(t, NULL, "workers", NULL), 0);
     CHECK_STR_HAS(out, "BACKEND");
     CHECK_STR_HAS(out, "fake");

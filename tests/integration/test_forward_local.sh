@@ -61,6 +61,16 @@ expect 0 "mtp.0" -- $(fwd --layer mtp.0 --input "$TMP/in_bf16.safetensors" --out
 same "$TMP/om.safetensors" "$TMP/expect_mtp.0.safetensors"
 expect 0 "mtp.0" -- $(fwd --layer 3 --input "$TMP/in_noids.safetensors" --output "$TMP/om3.safetensors")
 same "$TMP/om3.safetensors" "$TMP/expect_mtp.0.safetensors"
+# every instruction set gives the same bytes: EPMOE_ISA caps the choice (a cap above what the CPU
+# has runs the widest it has, so every value is a valid run)
+for isa in ref avx2 avx512; do
+    export EPMOE_ISA=$isa
+    expect 0 "layers.0" -- $(fwd --layer 0 --input "$TMP/in_bf16.safetensors" --output "$TMP/o0_$isa.safetensors" --threads 2)
+    same "$TMP/o0_$isa.safetensors" "$TMP/expect_layers.0.safetensors"
+    expect 0 "layers.1" -- $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/o1_$isa.safetensors" --threads 2)
+    same "$TMP/o1_$isa.safetensors" "$TMP/expect_layers.1.safetensors"
+    unset EPMOE_ISA
+done
 expect 0 '"schema":1' -- -o json $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/oj.safetensors")
 expect 0 '"layer":"layers.1"' -- -o json $(fwd --layer 1 --input "$TMP/in_bf16.safetensors" --output "$TMP/oj.safetensors")
 
@@ -98,6 +108,12 @@ for dt in fp4 fp8; do
         expect 0 "$L" -- forward --local --model "$D" --layer $L --input "$TMP/in_bf16.safetensors" --output "$TMP/mk_${dt}_$L.1.safetensors" --threads 1
         expect 0 "$L" -- forward --local --model "$D" --layer $L --input "$TMP/in_f32.safetensors" --output "$TMP/mk_${dt}_$L.2.safetensors" --threads 2
         same "$TMP/mk_${dt}_$L.1.safetensors" "$TMP/mk_${dt}_$L.2.safetensors"
+        for isa in ref avx2; do
+            export EPMOE_ISA=$isa
+            expect 0 "$L" -- forward --local --model "$D" --layer $L --input "$TMP/in_bf16.safetensors" --output "$TMP/mk_${dt}_$L.$isa.safetensors" --threads 2
+            same "$TMP/mk_${dt}_$L.1.safetensors" "$TMP/mk_${dt}_$L.$isa.safetensors"
+            unset EPMOE_ISA
+        done
     done
 done
 

@@ -409,6 +409,15 @@ static int cluster_register(cluster *cl, int P)
             CHECK_STR_EQ(reg->name, cl->name[r]);
             CHECK_STR_EQ(reg->device, "cpu");
             CHECK(reg->n_capabilities >= 1 && strcmp(reg->capabilities[0], "cpu") == 0);
+            /* every instruction set this CPU has, the chosen one among them */
+            size_t want_caps = 1;
+            for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
+                if (gemm_impl_supported((gemm_impl)i)) {
+                    CHECK(want_caps < reg->n_capabilities &&
+                          strcmp(reg->capabilities[want_caps], gemm_impl_name((gemm_impl)i)) == 0);
+                    want_caps++;
+                }
+            CHECK_EQ(reg->n_capabilities, want_caps);
             CHECK(reg->has_pid && (pid_t)reg->pid == cl->pid[r]);
             CHECK(reg->hostname && reg->hostname[0]);
             CHECK(reg->version && reg->version[0]);
@@ -535,6 +544,7 @@ static int expect_ready(cluster *cl, const fixture *fx)
                 (Epmoe__Loading *)wire_unpack(&epmoe__loading__descriptor, &m, &err);
             if (l && l->has_bytes_done && l->has_bytes_total) {
                 progress_ok &= l->bytes_done >= last_done[r] && l->bytes_done <= l->bytes_total;
+                progress_ok &= l->has_elapsed_ms; /* the coordinator's GB/s */
                 last_done[r] = l->bytes_done;
                 total[r] = l->bytes_total;
             }
@@ -547,6 +557,11 @@ static int expect_ready(cluster *cl, const fixture *fx)
             CHECK(rd && rd->epoch == cl->epoch && rd->config_hash == mc_hash(&fx->c));
             CHECK(rd && rd->has_n_experts && rd->n_experts == owned);
             CHECK(rd && rd->backend && strncmp(rd->backend, "cpu-", 4) == 0);
+            /* the kernels the worker chose: the best this CPU has (EPMOE_ISA unset here) */
+            CHECK(rd && rd->backend &&
+                  strcmp(rd->backend + 4, gemm_impl_name(gemm_impl_best())) == 0);
+            /* what the load read and how long it took: the rate in status / workers */
+            CHECK(rd && rd->has_bytes_read && rd->bytes_read == total[r] && rd->has_load_ms);
             wire_free_unpacked(rd ? &rd->base : NULL);
             CHECK(total[r] > 0 && last_done[r] == total[r]); /* progress ended at the total */
             n_ready += !ready[r];

@@ -219,7 +219,7 @@ static void run_logits(const void *v)
     for (int e = 0; e < a->E; e++)
         for (int k = 0; k < a->H; k++)
             g[(size_t)e * a->H + k] = a->gate_t[(size_t)k * a->E + e];
-    route_logits(GEMM_IMPL_REF, a->T, a->H, a->E, a->xn, g, a->logits);
+    route_logits(GEMM_IMPL_REF, a->T, a->H, a->E, a->xn, g, a->logits, NULL);
     free(g);
 }
 static int fk_logits(cudev *d, int T, int H, int E, const uint16_t *xn, const uint16_t *gate_t,

@@ -223,12 +223,14 @@ static int count_mismatch(const float *got, const float *want, size_t n, size_t 
     return bad;
 }
 
+/* The reference and every SIMD implementation this CPU has, up to the $EPMOE_ISA cap. */
 static int n_impls(gemm_impl *impls)
 {
     int n = 0;
     impls[n++] = GEMM_IMPL_REF;
-    if (gemm_impl_best() == GEMM_IMPL_AVX2)
-        impls[n++] = GEMM_IMPL_AVX2;
+    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
+        if (gemm_impl_supported((gemm_impl)i))
+            impls[n++] = (gemm_impl)i;
     return n;
 }
 
@@ -289,7 +291,7 @@ static gemm_weight *pack(const problem *p, gemm_impl impl)
 /* Run every implementation on p (pool may be NULL) and compare with the model. */
 static void check_problem(const problem *p, gemm_pool *pool, const char *what)
 {
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     float *out = malloc((size_t)p->M * p->N * sizeof(float));
     for (int i = 0; i < ni; i++) {
@@ -380,7 +382,7 @@ TEST(block_sum_is_exact_then_rounded_once)
     want = want + 0x1p-5f;
     want = want + 0x1p-5f;
     want = want + 0x1p-5f;
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         ep_err err = {{0}};
@@ -472,7 +474,7 @@ TEST(extreme_scales)
 /* A batch equals its rows one at a time, in shuffled order, with 1, 2 or 3 threads. */
 TEST(results_independent_of_batch_order_and_threads)
 {
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     int M = 37, N = 384, K = 512;
     for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
@@ -536,30 +538,92 @@ TEST(results_independent_of_batch_order_and_threads)
     }
 }
 
-/* The AVX2 tiling with little scratch (K split in chunks, few tokens per tile) and with a
- * K too large for one tile of the pool's scratch: same bits as the model. */
-TEST(avx2_tiling_small_scratch_and_long_k)
+/* gemm_run_many: a mix of kinds, shapes and token counts (zero included) as one pass gives each
+ * job the model's bits, with 1, 2 or 3 threads, for every implementation. */
+TEST(run_many_equals_the_model)
 {
-    if (gemm_impl_best() != GEMM_IMPL_AVX2)
-        SKIP("no AVX2 on this CPU (or EPMOE_GEMM=ref)");
-    for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
-        problem p = make(kind, 13, 128, 1024, ACT_ADVERSARIAL, 0);
-        gemm_weight *w = pack(&p, GEMM_IMPL_AVX2);
-        CHECK(w != NULL);
-        float *out = calloc((size_t)p.M * p.N, sizeof(float));
-        static _Alignas(64) uint8_t small[GEMM_AVX2_MIN_SCRATCH];
-        gemm_call c = {.w = w, .M = p.M, .a = p.a, .a_scale = p.as, .out = out};
-        gemm_avx2_sched sched;
-        atomic_init(&sched.next, 0);
-        gemm_avx2_run(&c, &sched, 0, 1, small, sizeof small);
-        size_t first = 0;
-        int bad = count_mismatch(out, p.want, (size_t)p.M * p.N, &first);
-        if (bad)
-            TEST_FAIL_AT("kind %d small scratch: %d mismatches, first %zu", kind, bad, first);
-        free(out);
-        gemm_weight_free(&w);
-        unmake(&p);
-    }
+    enum { NJ = 7 };
+    static const int spec[NJ][4] = {
+        /* kind, M, N, K */
+        {GEMM_KIND_MXFP4, 1, 256, 512}, {GEMM_KIND_MXFP4, 3, 128, 256},
+        {GEMM_KIND_FP8, 1, 256, 256},   {GEMM_KIND_MXFP4, 0, 128, 128},
+        {GEMM_KIND_FP8, 9, 128, 384},   {GEMM_KIND_MXFP4, 13, 384, 128},
+        {GEMM_KIND_FP8, 2, 128, 128},
+    };
+    problem p[NJ];
+    for (int j = 0; j < NJ; j++)
+        p[j] = make(spec[j][0], spec[j][1] ? spec[j][1] : 1, spec[j][2], spec[j][3],
+                    ACT_ADVERSARIAL, j % 2);
+    gemm_impl impls[GEMM_IMPL_COUNT];
+    int ni = n_impls(impls);
+    for (int i = 0; i < ni; i++)
+        for (int nt = 1; nt <= 3; nt++) {
+            ep_err err = {{0}};
+            gemm_pool *pool = gemm_pool_create(nt, &err);
+            gemm_weight *w[NJ];
+            gemm_job jobs[NJ];
+            for (int j = 0; j < NJ; j++) {
+                w[j] = pack(&p[j], impls[i]);
+                jobs[j] = (gemm_job){.w = w[j],
+                                     .M = spec[j][1],
+                                     .a = p[j].a,
+                                     .a_scale = p[j].as,
+                                     .out = malloc((size_t)p[j].M * p[j].N * sizeof(float))};
+                memset(jobs[j].out, 0xFF, (size_t)p[j].M * p[j].N * sizeof(float));
+            }
+            gemm_run_many(jobs, NJ, pool);
+            for (int j = 0; j < NJ; j++) {
+                size_t first = 0;
+                if (spec[j][1] > 0) {
+                    int bad =
+                        count_mismatch(jobs[j].out, p[j].want, (size_t)spec[j][1] * p[j].N, &first);
+                    if (bad)
+                        TEST_FAIL_AT("%s threads %d job %d: %d mismatches, first %zu",
+                                     gemm_impl_name(impls[i]), nt, j, bad, first);
+                } else {
+                    uint32_t u;
+                    memcpy(&u, jobs[j].out, 4);
+                    CHECK_EQ(u, 0xFFFFFFFFu); /* M = 0 writes nothing */
+                }
+                free(jobs[j].out);
+                gemm_weight_free(&w[j]);
+            }
+            gemm_pool_destroy(&pool);
+        }
+    for (int j = 0; j < NJ; j++)
+        unmake(&p[j]);
+}
+
+/* The SIMD tiling with little scratch (K split in chunks, few tokens per tile) and with a
+ * K too large for one tile of the pool's scratch: same bits as the model, for every SIMD
+ * implementation. */
+TEST(simd_tiling_small_scratch_and_long_k)
+{
+    gemm_impl impls[GEMM_IMPL_COUNT];
+    int ni = n_impls(impls);
+    if (ni == 1)
+        SKIP("no SIMD implementation on this CPU (or EPMOE_ISA=ref)");
+    for (int i = 1; i < ni; i++)
+        for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++)
+            for (int M = 2; M <= 13; M += 11) {
+                problem p = make(kind, M, 128, 1024, ACT_ADVERSARIAL, 0);
+                gemm_weight *w = pack(&p, impls[i]);
+                CHECK(w != NULL);
+                float *out = calloc((size_t)p.M * p.N, sizeof(float));
+                static _Alignas(64) uint8_t small[GEMM_MIN_SCRATCH];
+                gemm_call c = {.w = w, .M = p.M, .a = p.a, .a_scale = p.as, .out = out};
+                gemm_sched sched;
+                atomic_init(&sched.next, 0);
+                gemm_drive(&c, gemm_kops_of(impls[i]), &sched, 0, 1, small, sizeof small);
+                size_t first = 0;
+                int bad = count_mismatch(out, p.want, (size_t)p.M * p.N, &first);
+                if (bad)
+                    TEST_FAIL_AT("%s kind %d M=%d small scratch: %d mismatches, first %zu",
+                                 gemm_impl_name(impls[i]), kind, M, bad, first);
+                free(out);
+                gemm_weight_free(&w);
+                unmake(&p);
+            }
     /* K = 49152: 6 tokens do not fit the 1 MiB pool scratch, so K is split in chunks */
     ep_err err = {{0}};
     gemm_pool *pool = gemm_pool_create(2, &err);
@@ -585,7 +649,7 @@ TEST(pack_rejects_bad_shapes_and_reports_sizes)
     CHECK_STR_HAS(err.msg, "K=0");
     CHECK(gemm_pack_fp8(128, 128, w, ws, (gemm_impl)7, &err) == NULL);
     CHECK_STR_HAS(err.msg, "implementation");
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         gemm_weight *a = gemm_pack_fp8(256, 256, w, ws, impls[i], &err);
@@ -603,13 +667,45 @@ TEST(pack_rejects_bad_shapes_and_reports_sizes)
     gemm_pool_destroy(NULL);
     CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_REF), "ref");
     CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX2), "avx2");
-    const char *old = getenv("EPMOE_GEMM");
+    CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX512), "avx512");
+}
+
+/* $EPMOE_ISA caps the choice (what the per-ISA test runs rely on); EPMOE_GEMM=ref still works;
+ * unknown names are refused by gemm_impl_parse and ignored by gemm_impl_best. */
+TEST(isa_override)
+{
+    char *old_isa = getenv("EPMOE_ISA") ? strdup(getenv("EPMOE_ISA")) : NULL;
+    char *old_gemm = getenv("EPMOE_GEMM") ? strdup(getenv("EPMOE_GEMM")) : NULL;
+    unsetenv("EPMOE_ISA");
+    unsetenv("EPMOE_GEMM");
+    gemm_impl best = gemm_impl_best();
+    CHECK(gemm_impl_supported(best));
+    for (int i = GEMM_IMPL_AVX512; i > (int)best; i--)
+        CHECK(!gemm_impl_supported((gemm_impl)i));
+    setenv("EPMOE_ISA", "ref", 1);
+    CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
+    setenv("EPMOE_ISA", "avx2", 1);
+    CHECK_EQ(gemm_impl_best(),
+             gemm_impl_supported(GEMM_IMPL_AVX2) ? GEMM_IMPL_AVX2 : GEMM_IMPL_REF);
+    setenv("EPMOE_ISA", "avx512", 1);
+    CHECK_EQ(gemm_impl_best(), best);
+    setenv("EPMOE_ISA", "sse9", 1);
+    CHECK_EQ(gemm_impl_best(), best);
+    unsetenv("EPMOE_ISA");
     setenv("EPMOE_GEMM", "ref", 1);
     CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
-    if (old)
-        setenv("EPMOE_GEMM", old, 1);
-    else
-        unsetenv("EPMOE_GEMM");
+    unsetenv("EPMOE_GEMM");
+    gemm_impl got;
+    CHECK_EQ(gemm_impl_parse("avx512", &got), 0);
+    CHECK_EQ(got, GEMM_IMPL_AVX512);
+    CHECK_EQ(gemm_impl_parse("AVX2", &got), -1);
+    CHECK_EQ(gemm_impl_parse(NULL, &got), -1);
+    if (old_isa)
+        setenv("EPMOE_ISA", old_isa, 1);
+    if (old_gemm)
+        setenv("EPMOE_GEMM", old_gemm, 1);
+    free(old_isa);
+    free(old_gemm);
 }
 
 int main(void)
@@ -621,7 +717,9 @@ int main(void)
     RUN(largest_magnitudes);
     RUN(extreme_scales);
     RUN(results_independent_of_batch_order_and_threads);
-    RUN(avx2_tiling_small_scratch_and_long_k);
+    RUN(simd_tiling_small_scratch_and_long_k);
+    RUN(run_many_equals_the_model);
     RUN(pack_rejects_bad_shapes_and_reports_sizes);
+    RUN(isa_override);
     return test_report();
 }

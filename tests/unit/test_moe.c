@@ -600,7 +600,7 @@ static void check_invariance(fixture *f, int layer)
         float *qs = malloc((size_t)NT * H / 128 * 4), *pw = malloc((size_t)NT * k * 4);
         uint32_t *prow = malloc((size_t)NT * k * 4), *pexp = malloc((size_t)NT * k * 4);
         uint32_t *pslot = malloc((size_t)NT * k * 4);
-        if (ok && moe_route(shard[0], NT, f->x, f->tok, xn, got.ids, got.w, &err) < 0) {
+        if (ok && moe_route(shard[0], NT, f->x, f->tok, xn, got.ids, got.w, NULL, &err) < 0) {
             TEST_FAIL_AT("moe_route: %s", err.msg);
             ok = 0;
         }
@@ -764,13 +764,13 @@ TEST(route_errors_name_the_token_and_value)
     CHECK_EQ(moe_forward(l, 4, f->x, NULL, o.out, o.ids, o.w, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, "layers.0");
     CHECK_STR_HAS(err.msg, "token ids are required");
-    CHECK_EQ(moe_route(l, 4, f->x, NULL, xn, o.ids, o.w, &err), -1);
+    CHECK_EQ(moe_route(l, 4, f->x, NULL, xn, o.ids, o.w, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, "token ids are required");
     int64_t ids[4] = {1, 2, 3, c->vocab_size};
     CHECK_EQ(moe_forward(l, 4, f->x, ids, o.out, o.ids, o.w, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, "token 3: id 1000 outside the vocabulary [0, 1000)");
     ids[3] = -7;
-    CHECK_EQ(moe_route(l, 4, f->x, ids, xn, o.ids, o.w, &err), -1);
+    CHECK_EQ(moe_route(l, 4, f->x, ids, xn, o.ids, o.w, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, "token 3: id -7");
     ids[1] = c->vocab_size - 1; /* its table row names expert E */
     CHECK_EQ(moe_forward(l, 4, f->x, ids, o.out, o.ids, o.w, NULL, &err), -1);
@@ -964,6 +964,15 @@ TEST(load_errors_name_the_tensor)
 
 int main(void)
 {
+    /* a per-instruction-set run (EPMOE_ISA) on a CPU without that set would only repeat the
+     * default run */
+    const char *isa = getenv("EPMOE_ISA");
+    gemm_impl want;
+    if (isa && gemm_impl_parse(isa, &want) == 0 && !gemm_impl_supported(want)) {
+        printf("SKIP: this CPU lacks %s\n", isa);
+        return 77;
+    }
+    printf("implementation: %s\n", gemm_impl_name(gemm_impl_best()));
     fx_ok[0] = fixture_init(&FX[0], MC_FP4) == 0;
     fx_ok[1] = fixture_init(&FX[1], MC_FP8) == 0;
     RUN(layer_matches_float64_model_bitwise);

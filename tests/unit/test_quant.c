@@ -165,8 +165,9 @@ static int n_impls(gemm_impl *impls)
 {
     int n = 0;
     impls[n++] = GEMM_IMPL_REF;
-    if (gemm_impl_best() == GEMM_IMPL_AVX2)
-        impls[n++] = GEMM_IMPL_AVX2;
+    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
+        if (gemm_impl_supported((gemm_impl)i))
+            impls[n++] = (gemm_impl)i;
     return n;
 }
 
@@ -180,7 +181,7 @@ TEST(rows_f32_equal_model)
     float *s = malloc((size_t)M * (K / 128) * sizeof(float)),
           *sm = malloc((size_t)M * (K / 128) * sizeof(float));
     gen_rows(x, M, K);
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int pow2 = 0; pow2 <= 1; pow2++) {
         model_rows(x, M, K, pow2, qm, sm);
@@ -215,7 +216,7 @@ TEST(rows_bf16_equal_model)
         xb[j] = (uint16_t)(u_of(x[j]) >> 16); /* truncation: any bf16 pattern will do */
         x[j] = f_of((uint32_t)xb[j] << 16);
     }
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int pow2 = 0; pow2 <= 1; pow2++) {
         model_rows(x, M, K, pow2, qm, sm);
@@ -266,8 +267,8 @@ TEST(scale_rules_from_the_spec)
 /* fmt_f32_to_e4m3 on every fp32 input (every 61st with EPMOE_QUANT_SAMPLE). */
 TEST(avx2_encoder_equals_fmt_on_every_float)
 {
-    if (gemm_impl_best() != GEMM_IMPL_AVX2)
-        SKIP("no AVX2 on this CPU (or EPMOE_GEMM=ref)");
+    if (gemm_impl_best() < GEMM_IMPL_AVX2)
+        SKIP("no AVX2 on this CPU (or EPMOE_ISA=ref)");
     const char *sample = getenv("EPMOE_QUANT_SAMPLE");
     uint64_t step = sample && *sample == '1' ? 61 : 1;
     enum { CH = 1 << 16 };
@@ -301,11 +302,102 @@ TEST(avx2_encoder_equals_fmt_on_every_float)
     }
 }
 
+/* bf16 RNE by arithmetic (not bit tricks): round to 8 significant bits, never finer than the
+ * bf16 subnormal quantum 2^-133; NaN -> 0x7FFF. */
+static uint16_t model_bf16(float f)
+{
+    if (isnan(f))
+        return 0x7FFF;
+    if (f == 0.0f || isinf(f))
+        return (uint16_t)(u_of(f) >> 16);
+    int e;
+    frexp((double)f, &e);
+    int qe = e - 8 < -133 ? -133 : e - 8;
+    double r = ldexp(nearbyint(ldexp((double)f, -qe)), qe);
+    return (uint16_t)(u_of((float)r) >> 16); /* r beyond FLT_MAX becomes inf: IEEE overflow */
+}
+
+static float bf_val(uint16_t h)
+{
+    return f_of((uint32_t)h << 16);
+}
+
+/* awkward fp32 values: ties at the bf16 rounding point, carries into the exponent, overflow to
+ * inf, subnormals, both zeros, NaN */
+static float odd_float(void)
+{
+    switch (rnd() % 8) {
+    case 0:
+        return f_of((rnd() & 0xFFFF0000u) | 0x8000u); /* a tie */
+    case 1:
+        return f_of(0x7F7FFFFFu - (rnd() & 0x7FFF)); /* near FLT_MAX: may round to inf */
+    case 2:
+        return f_of(rnd() & 0x807FFFFFu); /* subnormal */
+    case 3:
+        return rnd() & 1 ? -0.0f : 0.0f;
+    case 4:
+        return NAN;
+    default:
+        return f_of(rnd() * 2654435761u);
+    }
+}
+
+TEST(bf16_outputs_equal_model)
+{
+    enum { N = 4099, H = 1000, S = 7 };
+    static float x[N];
+    static uint16_t got[N], rows[S][H], last[H], want[H], out[H];
+    for (int i = 0; i < N; i++)
+        x[i] = odd_float();
+    gemm_impl impls[GEMM_IMPL_COUNT];
+    int ni = n_impls(impls);
+    for (int i = 0; i < ni; i++) {
+        qt_f32_to_bf16_n(impls[i], x, N, got);
+        int bad = 0;
+        for (int j = 0; j < N; j++)
+            bad += got[j] != model_bf16(x[j]);
+        if (bad)
+            TEST_FAIL_AT("%s: %d of %d bf16 roundings differ", gemm_impl_name(impls[i]), bad, N);
+    }
+    /* sums: large and small terms whose order matters in fp32, and the specials */
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < H; h++)
+            rows[s][h] = h % 5 == 0 ? model_bf16(odd_float())
+                                    : model_bf16((float)ldexp((double)(int)(rnd() % 2001) - 1000,
+                                                              (int)(rnd() % 40) - 20));
+    for (int h = 0; h < H; h++)
+        last[h] = model_bf16((float)ldexp((double)(int)(rnd() % 201) - 100, (int)(rnd() % 9) - 4));
+    for (int n = 0; n <= S; n++) {
+        const uint16_t *rp[S];
+        for (int s = 0; s < n; s++)
+            rp[s] = rows[(s * 3) % S];
+        for (int h = 0; h < H; h++) {
+            float y = 0.0f; /* fp32 adds from +0 in the given order */
+            for (int s = 0; s < n; s++) {
+                volatile float t = y + bf_val(rp[s][h]);
+                y = t;
+            }
+            volatile float t = y + bf_val(last[h]);
+            want[h] = model_bf16(t);
+        }
+        for (int i = 0; i < ni; i++) {
+            qt_sum_bf16_rows(impls[i], rp, n, last, H, out);
+            int bad = 0;
+            for (int h = 0; h < H; h++)
+                bad += out[h] != want[h];
+            if (bad)
+                TEST_FAIL_AT("%s: %d rows: %d of %d sums differ", gemm_impl_name(impls[i]), n, bad,
+                             H);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(rows_f32_equal_model);
     RUN(rows_bf16_equal_model);
     RUN(scale_rules_from_the_spec);
     RUN(avx2_encoder_equals_fmt_on_every_float);
+    RUN(bf16_outputs_equal_model);
     return test_report();
 }

@@ -76,7 +76,9 @@ static void *xalloc(size_t n)
     return p;
 }
 
-static const gemm_impl IMPLS[2] = {GEMM_IMPL_REF, GEMM_IMPL_AVX2};
+/* Every implementation (an unsupported one runs the reference: route.h); NIMPL of them. */
+static const gemm_impl IMPLS[] = {GEMM_IMPL_REF, GEMM_IMPL_AVX2, GEMM_IMPL_AVX512};
+#define NIMPL ((int)(sizeof IMPLS / sizeof IMPLS[0]))
 
 /* ---- ffn_norm ---- */
 
@@ -106,7 +108,7 @@ static void check_rmsnorm(int T, int H)
     if (T > 2)
         memset(x + H, 0, (size_t)H * 2); /* an all-zero row: r = 1/sqrt(eps) */
     t_rmsnorm(T, H, x, g, 1e-6f, want);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         memset(got, 0xAB, (size_t)T * H * 2);
         route_rmsnorm(IMPLS[i], T, H, x, g, 1e-6f, got);
         int bad = -1;
@@ -135,8 +137,10 @@ TEST(rmsnorm_matches_definition_bitwise)
 
 /* ---- logits ---- */
 
-static void check_logits(int T, int H, int E)
+static void check_logits(int T, int H, int E, int threads)
 {
+    ep_err err = {{0}};
+    gemm_pool *pool = threads > 0 ? gemm_pool_create(threads, &err) : NULL;
     uint16_t *x = xalloc((size_t)T * H * 2), *w = xalloc((size_t)E * H * 2);
     float *want = xalloc((size_t)T * E * 4), *got = xalloc((size_t)T * E * 4);
     for (int i = 0; i < T * H; i++)
@@ -150,10 +154,10 @@ static void check_logits(int T, int H, int E)
                 s += (double)bf(x[t * H + k]) * (double)bf(w[e * H + k]);
             want[t * E + e] = (float)s;
         }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
-        route_logits(IMPLS[i], T, H, E, x, packed, got);
+        route_logits(IMPLS[i], T, H, E, x, packed, got, pool);
         int bad = -1;
         for (int j = 0; j < T * E && bad < 0; j++)
             if (f32_bits(got[j]) != f32_bits(want[j]))
@@ -163,6 +167,7 @@ static void check_logits(int T, int H, int E)
                          gemm_impl_name(IMPLS[i]), T, H, E, bad / E, bad % E, got[bad], want[bad]);
         free(packed);
     }
+    gemm_pool_destroy(&pool);
     free(x);
     free(w);
     free(want);
@@ -171,11 +176,16 @@ static void check_logits(int T, int H, int E)
 
 TEST(logits_match_double_sum_bitwise)
 {
-    check_logits(1, 256, 16);
-    check_logits(5, 256, 13); /* E not a multiple of the 8-expert groups */
-    check_logits(300, 128, 16);
-    check_logits(2, 4096, 256);
-    check_logits(7, 256, 40); /* one 4-token tile, then 3 single rows over 4 + 1 groups */
+    check_logits(1, 256, 16, 0);
+    check_logits(5, 256, 13, 2); /* E not a multiple of the 8-expert groups */
+    check_logits(300, 128, 16, 2);
+    check_logits(2, 4096, 256, 3);
+    check_logits(7, 256, 40, 0); /* one 4-token tile, then 3 single rows over 4 + 1 groups */
+    /* the AVX-512 tiles: 1, 2, 3 and 4 tokens against 1-4 groups of 16, tails of groups, and
+     * more tokens than one widened chunk */
+    for (int T = 1; T <= 4; T++)
+        check_logits(T, 128, 100, T % 2 + 1);
+    check_logits(70, 64, 72, 2);
 }
 
 /* A sum whose result depends on the order: the double sum in ascending k must be what comes
@@ -187,11 +197,11 @@ TEST(logits_accumulate_in_double_in_k_order)
     x[0] = t_bf16(32768.0f), w[0] = t_bf16(32768.0f); /* 2^30 */
     x[1] = t_bf16(1.0f), w[1] = t_bf16(1.0f / 1024.0f);
     x[2] = t_bf16(-32768.0f), w[2] = t_bf16(32768.0f);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         void *packed = xalloc(route_gate_bytes(IMPLS[i], E, H));
         route_gate_pack(IMPLS[i], E, H, w, packed);
         float l;
-        route_logits(IMPLS[i], 1, H, E, x, packed, &l);
+        route_logits(IMPLS[i], 1, H, E, x, packed, &l, NULL);
         CHECK(l == 1.0f / 1024.0f);
         free(packed);
     }
@@ -252,7 +262,7 @@ TEST(topk_ties_pick_the_lower_id)
         s[e] = 0.25f;
         bias[e] = 0.0f;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, E, k, s, NULL, ids);
         for (int j = 0; j < k; j++)
             CHECK_EQ(ids[j], j);
@@ -268,7 +278,7 @@ TEST(topk_ties_pick_the_lower_id)
     s[12] = 0.5f + ldexpf(1.0f, -23);
     CHECK(s[4] + bias[4] == s[9] + bias[9]);
     CHECK(s[4] != s[9]);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, E, 3, s, bias, ids);
         CHECK_EQ(ids[0], 4);
         CHECK_EQ(ids[1], 9);
@@ -288,7 +298,7 @@ TEST(topk_ranks_nan_below_every_number)
     float s[6] = {NAN, -INFINITY, NAN, 1.0f, -5.0f, NAN};
     int32_t ids[6];
     int want[6] = {3, 4, 1, 0, 2, 5};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NIMPL; i++) {
         route_topk(IMPLS[i], 1, 6, 6, s, NULL, ids);
         for (int j = 0; j < 6; j++)
             CHECK_EQ(ids[j], want[j]);

@@ -176,8 +176,9 @@ static int n_impls(gemm_impl *impls)
 {
     int n = 0;
     impls[n++] = GEMM_IMPL_REF;
-    if (gemm_impl_best() == GEMM_IMPL_AVX2)
-        impls[n++] = GEMM_IMPL_AVX2;
+    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
+        if (gemm_impl_supported((gemm_impl)i))
+            impls[n++] = (gemm_impl)i;
     return n;
 }
 
@@ -196,7 +197,7 @@ static void check_case(int M, int I, int with_w, float limit, int pow2)
     float *s = malloc((size_t)M * (I / 128) * sizeof(float));
     float *sm = malloc((size_t)M * (I / 128) * sizeof(float));
     model(a1, a3, M, I, with_w ? w : NULL, limit, pow2, qm, sm);
-    gemm_impl impls[2];
+    gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         swiglu_rows_impl(impls[i], a1, a3, M, I, with_w ? w : NULL, limit, pow2, q, s);

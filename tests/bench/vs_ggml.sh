@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# vs_ggml.sh — epmoe's whole MoE layer beside ggml's matmuls of the same layer and beside the
+# machine's memory and FMA bounds, in one run on one machine (docs/performance.md).
+#
+#   GGML_DIR=/path/to/ggml tests/bench/vs_ggml.sh [--model DIR] [--work DIR] [--threads N]
+#                                                 [--tokens 1,8,64,256] [--runs R]
+#
+# GGML_DIR   a ggml source tree (github.com/ggml-org/ggml, or llama.cpp's ggml/ folder). It is
+#            built here with its own CMake (Release, GGML_NATIVE) into the work folder; epmoe
+#            never vendors or commits any of it.
+# --model    a checkpoint folder (config.json + safetensors); layer 0 is measured. Default: a
+#            DeepSeek-V4-Flash-shaped layer (H 4096, I 2048, 256 MXFP4 experts, top-6, FP8
+#            shared expert) written with `epmoectl mkmodel` into the work folder (3.5 GB; a few
+#            minutes on 2 cores).
+# --work     where to build ggml and this bench and put the generated layer (default: a new
+#            mktemp folder, removed at the end; give one to keep and reuse them).
+# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10): every
+#            result and bound keeps its best of --runs rounds spread over the run.
+#
+# Needs ~3.5 GB free on disk and ~8 GB of memory (the layer in the page cache, then epmoe's
+# packed layer, then ggml's copy, one after the other).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --model) MODEL=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --tokens) TOKENS=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
+    esac
+done
+
+: "${GGML_DIR:?set GGML_DIR to a ggml source tree (see --help)}"
+GGML_SRC=$GGML_DIR
+if [ ! -f "$GGML_SRC/include/ggml.h" ] && [ -f "$GGML_SRC/ggml/include/ggml.h" ]; then
+    GGML_SRC=$GGML_SRC/ggml # a llama.cpp checkout
+fi
+if [ ! -f "$GGML_SRC/include/ggml.h" ] || [ ! -f "$GGML_SRC/CMakeLists.txt" ]; then
+    echo "vs_ggml.sh: $GGML_DIR is not a ggml source tree (no include/ggml.h, CMakeLists.txt)" >&2
+    exit 66
+fi
+
+if [ -z "$WORK" ]; then
+    WORK=$(mktemp -d /tmp/epmoe_vs_ggml_XXXXXX)
+    trap 'rm -rf "$WORK"' EXIT
+fi
+mkdir -p "$WORK"
+JOBS=${EPMOE_JOBS:-$(nproc)}
+
+echo "== building ggml from $GGML_SRC" >&2
+cmake -S "$GGML_SRC" -B "$WORK/ggml-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DBUILD_SHARED_LIBS=OFF -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
+    -DCMAKE_INSTALL_PREFIX="$WORK/ggml" >"$WORK/ggml-configure.log"
+cmake --build "$WORK/ggml-build" -j "$JOBS" >"$WORK/ggml-build.log"
+cmake --install "$WORK/ggml-build" >"$WORK/ggml-install.log"
+
+echo "== building epmoe's bench_vs_ggml" >&2
+cmake -S "$REPO" -B "$WORK/epmoe-build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DEPMOE_CUDA=OFF -DEPMOE_BENCH=ON -DEPMOE_GGML_PREFIX="$WORK/ggml" >"$WORK/epmoe-configure.log"
+cmake --build "$WORK/epmoe-build" -j "$JOBS" --target bench_vs_ggml epmoectl >"$WORK/epmoe-build.log"
+
+if [ -z "$MODEL" ]; then
+    MODEL=$WORK/model
+    if [ ! -f "$MODEL/config.json" ]; then
+        echo "== generating a V4-Flash-shaped layer in $MODEL" >&2
+        "$WORK/epmoe-build/ctl/epmoectl" mkmodel --out "$MODEL" --expert-dtype fp4 --hidden 4096 \
+            --inter 2048 --experts 256 --topk 6 --layers 1 --hash-layers 0 --mtp 0 --vocab 1000 \
+            --shards 1 >&2
+    fi
+fi
+# the load is measured from the page cache: read the checkpoint once first
+cat "$MODEL"/*.safetensors >/dev/null
+
+ggml_rev=$(git -C "$GGML_DIR" rev-parse --short HEAD 2>/dev/null || echo "unknown revision")
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs," \
+    "$(grep -m1 -o 'avx512_vnni' /proc/cpuinfo || echo 'no avx512_vnni'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh --threads $THREADS --tokens $TOKENS --runs $RUNS"
+"$WORK/epmoe-build/tests/bench/bench_vs_ggml" --model "$MODEL" --threads "$THREADS" \
+    --tokens "$TOKENS" --runs "$RUNS"
