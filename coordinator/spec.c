@@ -402,6 +402,18 @@ static bool spec_host_ok(const char *h, size_t n)
 #define SPEC_SUN_PATH sizeof(((struct sockaddr_un *)0)->sun_path)
 _Static_assert(SPEC_SUN_PATH == 108, "the ipc path message says 107 bytes");
 
+/* NULL when port (what follows HOST:) is a number 1..65535, else what is wrong with it. */
+static const char *spec_port_problem(const char *port)
+{
+    size_t pn = strlen(port);
+    if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
+        return "the port is not a number";
+    long p = strtol(port, NULL, 10);
+    if (p < 1 || p > 65535)
+        return "the port is out of range";
+    return NULL;
+}
+
 /* NULL when s is a valid endpoint, else what is wrong with it. bind: the coordinator binds it
  * (listen, admin) and may use the "*" host (all interfaces); peers connect to data endpoints,
  * so those need a real host. */
@@ -428,14 +440,7 @@ static const char *spec_endpoint_problem(const char *s, bool bind)
         return bind ? "bad host (expected a name, an IPv4 address, [IPv6] or *)"
                     : "bad host (expected a name, an IPv4 address or [IPv6])";
     }
-    const char *port = colon + 1;
-    size_t pn = strlen(port);
-    if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
-        return "the port is not a number";
-    long p = strtol(port, NULL, 10);
-    if (p < 1 || p > 65535)
-        return "the port is out of range";
-    return NULL;
+    return spec_port_problem(colon + 1);
 }
 
 /* "cpu" -> -1, "cuda:N" (N 0..255, no leading zeros) -> N, anything else -> -2. */
@@ -649,14 +654,7 @@ static const char *spec_metrics_problem(const char *s)
         return "expected HOST:PORT";
     if (!spec_host_ok(s, (size_t)(colon - s)) || s[0] == '[')
         return "bad host (expected an IPv4 address or a name)";
-    const char *port = colon + 1;
-    size_t pn = strlen(port);
-    if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
-        return "the port is not a number";
-    long p = strtol(port, NULL, 10);
-    if (p < 1 || p > 65535)
-        return "the port is out of range";
-    return NULL;
+    return spec_port_problem(colon + 1);
 }
 
 static int spec_h_metrics(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
