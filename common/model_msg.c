@@ -99,6 +99,56 @@ int mmsg_to_config(const Epmoe__ModelConfig *m, mc_config *out, ep_err *err)
     return 0;
 }
 
+int mmsg_placement_out(const pl_table *t, uint32_t *owner, bool *flat, Epmoe__Placement *m,
+                       pl_wire *w, ep_err *err)
+{
+    epmoe__placement__init(m);
+    memset(w, 0, sizeof *w);
+    *flat = pl_flat_owner(t, owner);
+    if (*flat)
+        return 0;
+    if (pl_encode(t, w, err) != 0)
+        return -1;
+    m->has_n_layers = 1;
+    m->n_layers = (uint32_t)pl_layers(t);
+    m->has_layer_table = m->has_replica_count = m->has_replica_rank = 1;
+    m->layer_table = (ProtobufCBinaryData){.len = w->layer_table_len, .data = w->layer_table};
+    m->replica_count = (ProtobufCBinaryData){.len = w->count_len, .data = w->count};
+    m->replica_rank = (ProtobufCBinaryData){.len = w->rank_len, .data = w->rank};
+    return 0;
+}
+
+pl_table *mmsg_placement_in(int n_layers, int n_experts, int n_ranks, const uint32_t *owner,
+                            size_t n_owner, const Epmoe__Placement *m, ep_err *err)
+{
+    if (m != NULL && n_owner > 0) {
+        ep_err_set(err, "both expert_owner and placement given (expected one)");
+        return NULL;
+    }
+    if (m == NULL) {
+        if (n_owner != (size_t)n_experts) {
+            ep_err_set(err, "expert_owner has %zu entries, expected n_routed_experts %d", n_owner,
+                       n_experts);
+            return NULL;
+        }
+        for (size_t e = 0; e < n_owner; e++)
+            if (owner[e] >= (uint32_t)n_ranks) {
+                ep_err_set(err, "expert_owner[%zu] = %u, expected < world_size %d", e, owner[e],
+                           n_ranks);
+                return NULL;
+            }
+        return pl_flat(n_layers, n_experts, n_ranks, owner, err);
+    }
+    if (!m->has_n_layers || m->n_layers != (uint32_t)n_layers) {
+        ep_err_set(err, "placement.n_layers %s%u, expected the model's %d MoE layers",
+                   m->has_n_layers ? "" : "(absent) ", m->has_n_layers ? m->n_layers : 0, n_layers);
+        return NULL;
+    }
+    return pl_decode(n_layers, n_experts, n_ranks, m->layer_table.data, m->layer_table.len,
+                     m->replica_count.data, m->replica_count.len, m->replica_rank.data,
+                     m->replica_rank.len, err);
+}
+
 int64_t mmsg_max_frame(const mc_config *c)
 {
     int64_t T = EP_MAX_TOKENS, max = EP_MAX_CTRL_MSG;

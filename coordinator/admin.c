@@ -67,6 +67,10 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
         rep.current_epoch = f->current_epoch;
         if (f->problem[0])
             rep.problem = (char *)f->problem;
+        rep.has_balance = f->balance > 0;
+        rep.balance = f->balance;
+        rep.has_staged_epoch = f->staged_epoch != 0;
+        rep.staged_epoch = f->staged_epoch;
     }
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
 }
@@ -76,12 +80,13 @@ void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest 
 {
     uint64_t id = rq->id;
     char lname[64] = "";
-    if (rq->layer != NULL) {
-        /* Placement is the same for every layer; the layer is checked and echoed so that a
-         * script asking about a layer that does not exist hears about it. */
-        int layer;
+    int layer = 0;
+    const plan_table *p = f->plan;
+    if (rq->layer != NULL || pl_stored(p->pl) > 1) {
+        /* each MoE layer has its own table; without --layer the first is shown, named when
+         * the layers differ */
         ep_err err;
-        if (ck_layer_parse(f->cfg, rq->layer, &layer, &err) != 0) {
+        if (rq->layer != NULL && ck_layer_parse(f->cfg, rq->layer, &layer, &err) != 0) {
             adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                       "SHARDS: %s", err.msg);
             return;
@@ -90,11 +95,16 @@ void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest 
         if (k > 0 && lname[k - 1] == '.')
             lname[k - 1] = '\0';
     }
-    const plan_table *p = f->plan;
     int P = p->n_ranks;
     Epmoe__Shard *sh = calloc((size_t)P, sizeof *sh);
     Epmoe__Shard **sp = calloc((size_t)P, sizeof *sp);
-    uint32_t *ex = calloc((size_t)p->n_experts, sizeof *ex);
+    size_t slots = 0; /* replicas of the layer: more than E with redundant experts */
+    for (int e = 0; e < p->n_experts; e++) {
+        int n;
+        plan_replicas(p, layer, e, &n);
+        slots += (size_t)n;
+    }
+    uint32_t *ex = calloc(slots + 1, sizeof *ex);
     int *tmp = calloc((size_t)p->n_experts, sizeof *tmp);
     if (sh == NULL || sp == NULL || ex == NULL || tmp == NULL) {
         adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
@@ -103,7 +113,7 @@ void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest 
     }
     size_t used = 0;
     for (int r = 0; r < P; r++) {
-        int n = plan_rank_experts(p, r, tmp, p->n_experts);
+        int n = plan_rank_experts(p, layer, r, tmp, p->n_experts);
         epmoe__shard__init(&sh[r]);
         sh[r].has_rank = 1;
         sh[r].rank = (uint32_t)r;
@@ -198,4 +208,82 @@ Epmoe__AdminRequest *adm_parse(const wire_msg *m, ob_box *out)
 refuse:
     wire_free_unpacked(&rq->base);
     return NULL;
+}
+
+/* The measured balance of one layer under the current table (0: no load in the window). */
+static double adm_measured(const adm_rebalance *rb, int layer)
+{
+    const plan_table *t = rb->current;
+    uint8_t *holds = calloc((size_t)t->n_ranks, 1);
+    if (holds == NULL)
+        return 0;
+    for (int e = 0; e < t->n_experts; e++) {
+        int n;
+        const uint16_t *reps = plan_replicas(t, layer, e, &n);
+        for (int i = 0; i < n; i++)
+            holds[reps[i]] = 1;
+    }
+    double b = stats_measured_balance(rb->stats, layer, holds);
+    free(holds);
+    return b;
+}
+
+void adm_reply_rebalance(ob_box *out, const wire_msg *m, uint64_t id, const char *cluster,
+                         const adm_rebalance *rb)
+{
+    const plan_report *rep = rb->report;
+    int L = rep->n_layers, n = 0;
+    Epmoe__LayerBalance *lb = calloc((size_t)L + 1, sizeof *lb);
+    Epmoe__LayerBalance **lp = calloc((size_t)L + 1, sizeof *lp);
+    char(*names)[32] = calloc((size_t)L + 1, sizeof *names);
+    if (lb == NULL || lp == NULL || names == NULL) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the coordinator is out of memory");
+        goto done;
+    }
+    for (int l = 0; l < L; l++) {
+        if (rep->layer_before[l] <= 0)
+            continue; /* no load in the window */
+        Epmoe__LayerBalance *b = &lb[n];
+        epmoe__layer_balance__init(b);
+        b->has_layer = b->has_before = b->has_after = b->has_moved = 1;
+        b->layer = (uint32_t)l;
+        int k = ck_layer_prefix(rb->cfg, l, names[n], sizeof names[n]);
+        if (k > 0 && names[n][k - 1] == '.')
+            names[n][k - 1] = '\0';
+        b->name = names[n];
+        b->before = rep->layer_before[l];
+        b->after = rep->layer_after[l];
+        b->moved = (uint32_t)rep->layer_moved[l];
+        double meas = adm_measured(rb, l);
+        b->has_measured = meas > 0;
+        b->measured = meas;
+        lp[n] = b;
+        n++;
+    }
+    Epmoe__RebalanceInfo ri = EPMOE__REBALANCE_INFO__INIT;
+    ri.has_epoch_before = ri.has_epoch_after = ri.has_balance_before = ri.has_balance_after = 1;
+    ri.has_moved_experts = ri.has_applied = ri.has_hierarchical = ri.has_window_steps = 1;
+    ri.has_plan_seconds = 1;
+    ri.epoch_before = rb->epoch_before;
+    ri.epoch_after = rb->epoch_after;
+    ri.balance_before = rep->balance_before;
+    ri.balance_after = rep->balance_after;
+    ri.moved_experts = rep->moved > 0 ? (uint64_t)rep->moved : 0;
+    ri.applied = rb->applied;
+    ri.hierarchical = rep->hierarchical;
+    ri.window_steps = (uint32_t)rb->window_steps;
+    ri.plan_seconds = rb->plan_seconds;
+    ri.n_layers = (size_t)n;
+    ri.layers = lp;
+    Epmoe__AdminReply r = EPMOE__ADMIN_REPLY__INIT;
+    r.cluster = (char *)cluster;
+    r.has_epoch = 1;
+    r.epoch = rb->epoch_after;
+    r.rebalance = &ri;
+    adm_reply(out, m->ident, m->ident_len, id, &r, NULL, 0);
+done:
+    free(lb);
+    free(lp);
+    free(names);
 }

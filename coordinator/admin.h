@@ -3,7 +3,8 @@
  * AdminReply. No state and no decisions: coord.c decides what a verb does (and hands FORWARD to
  * the sequencer); the functions here only turn facts into replies, queued in an ob_box.
  *
- * Verbs: STATUS, WORKERS, SHARDS [layer], CONFIG, FORWARD, SHUTDOWN. Every AdminReply echoes the
+ * Verbs: STATUS, WORKERS, SHARDS [layer], CONFIG, FORWARD, SHUTDOWN, REBALANCE (the reply's
+ * formatting; coord.c plans). Every AdminReply echoes the
  * request's id. A message that is not a decodable AdminRequest gets an Error message
  * (ERR_MALFORMED, ERR_UNKNOWN_TYPE) since no id is known; a decoded request with a bad field gets
  * AdminReply{ok: false, error_code: ERR_BAD_REQUEST, error: "..."}.
@@ -19,6 +20,7 @@
 #include "coordinator/outbox.h"
 #include "coordinator/planner.h"
 #include "coordinator/spec.h"
+#include "coordinator/stats.h"
 
 /* What the read-only verbs report, gathered by coord.c. */
 typedef struct adm_facts {
@@ -30,6 +32,8 @@ typedef struct adm_facts {
     const char *problem;    /* why the cluster is blocked, "" otherwise */
     const char *state;      /* the cluster state's name */
     uint64_t steps_done, steps_failed;
+    double balance;              /* measured max/mean worker load, layer average (0: unknown) */
+    uint64_t staged_epoch;       /* a rebalance epoch being prepared (0: none) */
     Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
     int n_workers;
 } adm_facts;
@@ -54,6 +58,21 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
 void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest *rq,
                       const adm_facts *f);
 void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
+/* What REBALANCE decided (coord.c), for its reply. */
+typedef struct adm_rebalance {
+    uint64_t epoch_before, epoch_after;
+    const plan_report *report;
+    bool applied;
+    double plan_seconds;
+    int window_steps;
+    const mc_config *cfg;
+    const stats_window *stats; /* for the measured balance per layer */
+    const plan_table *current; /* the table the window's rank loads were measured under */
+} adm_rebalance;
+
+/* REBALANCE: RebalanceInfo with the loaded layers (docs/operations.md "epmoectl rebalance"). */
+void adm_reply_rebalance(ob_box *out, const wire_msg *m, uint64_t id, const char *cluster,
+                         const adm_rebalance *rb);
 /* SHUTDOWN: ok, state stopping. */
 void adm_reply_shutdown(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
 /* An unknown verb. */

@@ -26,12 +26,14 @@
 #include "common/sdnotify.h"
 #include "common/wire.h"
 #include "coordinator/admin.h"
+#include "coordinator/cmetrics.h"
 #include "coordinator/keys.h"
 #include "coordinator/ncclboot.h"
 #include "coordinator/outbox.h"
 #include "coordinator/registry.h"
 #include "coordinator/reload.h"
 #include "coordinator/sequencer.h"
+#include "coordinator/stats.h"
 
 /* Worker messages handled per loop iteration before the admin socket gets its turn. */
 #define COORD_BATCH 64
@@ -64,11 +66,17 @@ struct coord {
     bool stop;      /* leave the loop after this iteration */
     int64_t now_ms; /* CLOCK_MONOTONIC, refreshed once per loop iteration */
     int64_t next_heartbeat_ms;
-    uint64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
+    int64_t next_liveness_ms; /* a liveness check every quarter heartbeat */
+    uint64_t watchdog_ms;     /* half of WatchdogSec, 0 when off */
     int64_t next_watchdog_ms;
     int64_t change_ms;   /* when the placement change in progress began (0: none) */
     rl_plan reload;      /* a validated reload waiting for the step in flight (spec != NULL) */
     char not_ready[600]; /* seq_env.not_ready */
+    stats_window *stats; /* the load window (expert_parallel.window_steps) */
+    cmx *mx;             /* Prometheus metrics */
+    uint64_t steps_since_rebalance;
+    int64_t rebalance_ms;     /* when the rebalance in progress was decided (0: none) */
+    uint64_t rebalance_epoch; /* its epoch */
 };
 
 int64_t coord_clock_ms(void)
@@ -105,6 +113,13 @@ static void coord_notify_status(coord *c)
                 n, n - not_ready);
 }
 
+/* How often liveness is checked between heartbeats: a quarter heartbeat, at least 10 ms. */
+static int64_t coord_liveness_ms(const coord *c)
+{
+    int64_t q = c->spec->heartbeat_ms / 4;
+    return q < 10 ? 10 : q;
+}
+
 /* Every member of t acknowledged t and is ready. */
 static bool coord_members_ready(const coord *c, const plan_table *t)
 {
@@ -128,6 +143,7 @@ static coord_state coord_compute_state(const coord *c)
     case PLAN_APPLYING:
         return COORD_LOADING;
     case PLAN_STABLE:
+    case PLAN_STAGING: /* steps run in current while the staged epoch loads */
         break;
     }
     return coord_members_ready(c, plan_current(c->pe)) ? COORD_READY : COORD_LOADING;
@@ -143,6 +159,14 @@ static void coord_update_state(coord *c)
     const plan_table *latest = plan_latest(c->pe);
     if ((ph == PLAN_FORMING || ph == PLAN_APPLYING) && coord_members_ready(c, latest)) {
         plan_applied(c->pe);
+        stats_epoch(c->stats, latest->epoch);
+        if (c->rebalance_ms > 0 && latest->epoch == c->rebalance_epoch) {
+            log_info("cluster %s: rebalance epoch %" PRIu64 " served %" PRId64
+                     " ms after it was decided",
+                     c->spec->name, latest->epoch, c->now_ms - c->rebalance_ms);
+            cmx_rebalance_done(c->mx, (double)(c->now_ms - c->rebalance_ms) / 1000.0);
+            c->rebalance_ms = 0;
+        }
         if (c->change_ms > 0)
             log_info("cluster %s: placement epoch %" PRIu64 " applied by its %d members, %" PRId64
                      " ms after the change began (%s)",
@@ -151,6 +175,9 @@ static void coord_update_state(coord *c)
         c->change_ms = 0;
     }
     coord_state s = coord_compute_state(c);
+    const plan_table *staged = plan_staged(c->pe);
+    cmx_epochs(c->mx, plan_current(c->pe)->epoch, plan_latest(c->pe)->epoch,
+               staged ? staged->epoch : 0);
     if (s == COORD_READY && c->nb != NULL && !nb_ready(c->nb))
         s = COORD_LOADING; /* every member loaded, the NCCL communicator not built yet */
     if (s == c->state)
@@ -159,6 +186,7 @@ static void coord_update_state(coord *c)
              coord_state_name(c->state), coord_state_name(s), plan_current(c->pe)->epoch,
              s == COORD_BLOCKED ? ": " : "", s == COORD_BLOCKED ? plan_problem(c->pe) : "");
     c->state = s;
+    cmx_state(c->mx, coord_state_name(s));
     coord_notify_status(c);
 }
 
@@ -256,9 +284,16 @@ static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, .
         return 0;
     }
     coord_eligible(c, eligible);
+    bool staging = plan_phase_of(c->pe) == PLAN_STAGING;
     int rc = force ? plan_replan_new(c->pe, eligible, from_base, why)
                    : plan_replan(c->pe, eligible, from_base, why);
     free(eligible);
+    if (staging && plan_phase_of(c->pe) != PLAN_STAGING) { /* the change abandoned a rebalance */
+        reg_unstage(c->reg);
+        c->rebalance_ms = 0;
+        cmx_change(c->mx, "abandoned");
+        cmx_rebalance(c->mx, "abandoned", -1, 0);
+    }
     if (rc != 0 && c->change_ms == 0)
         c->change_ms = c->now_ms;
     return rc;
@@ -372,6 +407,179 @@ static void coord_on_load_failed(coord *c, const ob_event *e)
     plan_block(c->pe, problem);
 }
 
+/* ---- load statistics and rebalance ---- */
+
+/* Measured max/mean worker load averaged over the layers with load in the current epoch
+ * (0: none yet). */
+static double coord_measured_balance(const coord *c)
+{
+    const plan_table *cur = plan_current(c->pe);
+    uint8_t *holds = malloc((size_t)cur->n_ranks);
+    double sum = 0;
+    int n = 0;
+    for (int l = 0; holds != NULL && l < cur->n_layers; l++) {
+        memset(holds, 0, (size_t)cur->n_ranks);
+        for (int e = 0; e < cur->n_experts; e++) {
+            int k;
+            const uint16_t *reps = plan_replicas(cur, l, e, &k);
+            for (int i = 0; i < k; i++)
+                holds[reps[i]] = 1;
+        }
+        double b = stats_measured_balance(c->stats, l, holds);
+        if (b > 0) {
+            sum += b;
+            n++;
+        }
+    }
+    free(holds);
+    return n > 0 ? sum / n : 0;
+}
+
+/* Plan a rebalance from the window: *t_p is the new table, or NULL when it would change nothing;
+ * rep gets the balance before and after. 0, or -1 with err. */
+static int coord_plan_rebalance(coord *c, plan_table **t_p, plan_report *rep, double *secs,
+                                ep_err *err)
+{
+    const plan_table *latest = plan_latest(c->pe);
+    size_t LE = (size_t)latest->n_layers * latest->n_experts;
+    *t_p = NULL;
+    if (stats_steps(c->stats) == 0)
+        return ep_err_set(err,
+                          "no load statistics yet: the window (window_steps %d) has no step of "
+                          "this coordinator; run forward steps first",
+                          c->spec->window_steps);
+    double *w = malloc(LE * sizeof *w);
+    uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
+    if (w == NULL || eligible == NULL) {
+        free(w);
+        free(eligible);
+        return ep_err_set(err, "the coordinator is out of memory");
+    }
+    stats_weights(c->stats, w);
+    coord_eligible(c, eligible);
+    int64_t t0 = coord_clock_ms();
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    *t_p = plan_rebalance(latest, w, eligible, plan_max_per_rank(c->pe), 0, rep, err);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    *secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    (void)t0;
+    free(w);
+    free(eligible);
+    if (*t_p == NULL)
+        return -1;
+    if (plan_same(*t_p, latest))
+        plan_free(t_p);
+    return 0;
+}
+
+/* Start a staged epoch: workers load what they gain while steps go on in the current one. */
+static const plan_table *coord_stage(coord *c, plan_table **t_p, const char *why)
+{
+    const plan_table *t = plan_stage(c->pe, t_p, why);
+    if (t == NULL)
+        return NULL;
+    reg_env renv = coord_reg_env(c);
+    if (reg_send_staged(c->reg, &renv, t, why, &c->out) <= 0) {
+        plan_unstage(c->pe, "no worker could be sent the staged epoch");
+        reg_unstage(c->reg);
+        return NULL;
+    }
+    log_info("cluster %s: staged placement epoch %" PRIu64 " sent (%d members): %s", c->spec->name,
+             t->epoch, t->n_members, why);
+    c->rebalance_ms = c->now_ms;
+    c->rebalance_epoch = t->epoch;
+    cmx_change(c->mx, "staged");
+    return t;
+}
+
+/* Every member of the staged epoch prepared it. */
+static bool coord_staged_prepared(const coord *c)
+{
+    const plan_table *t = plan_staged(c->pe);
+    if (t == NULL)
+        return false;
+    for (int r = 0; r < t->n_ranks; r++)
+        if (t->member[r] && !reg_prepared(c->reg, r, t->epoch))
+            return false;
+    return true;
+}
+
+/* At a step boundary: the staged epoch becomes the one served. */
+static void coord_commit(coord *c)
+{
+    const plan_table *t = plan_commit(c->pe);
+    reg_env renv = coord_reg_env(c);
+    log_info("cluster %s: committing placement epoch %" PRIu64 " (prepared by its %d members)",
+             c->spec->name, t->epoch, t->n_members);
+    reg_send_commit(c->reg, &renv, &c->out);
+    c->change_ms = c->now_ms;
+    cmx_change(c->mx, "epoch");
+}
+
+static void coord_on_stage_failed(coord *c, const ob_event *e)
+{
+    const plan_table *t = plan_staged(c->pe);
+    if (t == NULL || t->epoch != e->epoch)
+        return;
+    char why[EP_ERR_MSG_MAX + 128];
+    snprintf(why, sizeof why, "worker %s could not prepare it: %s", c->spec->workers[e->rank].name,
+             e->text);
+    plan_unstage(c->pe, why);
+    reg_unstage(c->reg);
+    c->rebalance_ms = 0;
+    cmx_change(c->mx, "abandoned");
+    cmx_rebalance(c->mx, "abandoned", -1, 0);
+}
+
+/* rebalance_every_steps: plan from the window; stage it when it is at least 3 % better. */
+static void coord_auto_rebalance(coord *c)
+{
+    plan_table *t = NULL;
+    plan_report rep = {0};
+    double secs = 0;
+    ep_err err;
+    c->steps_since_rebalance = 0;
+    if (coord_plan_rebalance(c, &t, &rep, &secs, &err) != 0) {
+        log_warn("cluster %s: automatic rebalance: %s", c->spec->name, err.msg);
+        cmx_rebalance(c->mx, "failed", -1, 0);
+    } else if (t == NULL || rep.balance_after > rep.balance_before * 0.97) {
+        log_info("cluster %s: automatic rebalance: balance %.3f, %.3f after a new plan: kept",
+                 c->spec->name, rep.balance_before, rep.balance_after);
+        cmx_rebalance(c->mx, "unchanged", secs, 0);
+    } else {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "rebalance (every %d steps): balance %.3f -> %.3f, %ld replicas move",
+                 c->spec->rebalance_every_steps, rep.balance_before, rep.balance_after, rep.moved);
+        long moved = rep.moved;
+        if (coord_stage(c, &t, why) != NULL)
+            cmx_rebalance(c->mx, "applied", secs, moved);
+    }
+    plan_free(&t);
+    plan_report_free(&rep);
+}
+
+/* A step closed: metrics, the load window, and the automatic rebalance. */
+static void coord_on_step_end(coord *c)
+{
+    const seq_record *r = seq_last_record(c->seq);
+    cmx_step(c->mx, &c->cfg, c->spec, r);
+    if (!r->ok)
+        return;
+    const plan_table *cur = plan_current(c->pe);
+    if (r->have_load && r->epoch == cur->epoch && r->expert_tokens != NULL &&
+        r->n_ranks == c->spec->n_workers) {
+        if (stats_add(c->stats, r->layer, r->epoch, r->expert_tokens, r->rank_pairs) != 0)
+            log_warn("statistics: step %" PRIu64 " not recorded (out of memory)", r->step_id);
+        cmx_balance(c->mx, &c->cfg, c->spec, c->stats, cur, r->layer);
+    }
+    int every = c->spec->rebalance_every_steps;
+    if (every > 0 && ++c->steps_since_rebalance >= (uint64_t)every &&
+        plan_phase_of(c->pe) == PLAN_STABLE && c->state == COORD_READY && !c->stop)
+        coord_auto_rebalance(c);
+}
+
 /* Hand one event to the module that handles it. */
 static void coord_route(coord *c, const ob_event *e)
 {
@@ -398,6 +606,14 @@ static void coord_route(coord *c, const ob_event *e)
     case OB_EV_LOAD_FAILED:
         coord_on_load_failed(c, e);
         break;
+    case OB_EV_PREPARED: /* coord_settle commits once every member has prepared */
+        break;
+    case OB_EV_STAGE_FAILED:
+        coord_on_stage_failed(c, e);
+        break;
+    case OB_EV_STEP_END:
+        coord_on_step_end(c);
+        break;
     }
 }
 
@@ -411,6 +627,7 @@ static void coord_send_epoch(coord *c)
     log_info("cluster %s: sending placement epoch %" PRIu64 " (%d members): %s", c->spec->name,
              t->epoch, t->n_members, plan_why(c->pe));
     reg_send_epoch(c->reg, &renv, plan_why(c->pe), &c->out);
+    cmx_change(c->mx, "epoch");
 }
 
 /* After every input: send, route events in order, send a decided epoch or swap a reloaded spec
@@ -432,6 +649,10 @@ static void coord_settle(coord *c)
         }
         if (!seq_busy(c->seq) && plan_phase_of(c->pe) == PLAN_PENDING && !c->stop) {
             coord_send_epoch(c);
+            continue;
+        }
+        if (!seq_busy(c->seq) && coord_staged_prepared(c) && !c->stop) {
+            coord_commit(c);
             continue;
         }
         int before = c->out.n_msg + c->out.n_ev;
@@ -476,6 +697,25 @@ static void coord_carry_drains(const plan_epochs *old, const spec_cluster *os, p
     }
 }
 
+/* The load window for the running spec: a new one (history lost, logged) when the worker count
+ * or window_steps changed. */
+static void coord_restat(coord *c, int old_workers, int old_window)
+{
+    if (c->spec->n_workers == old_workers && c->spec->window_steps == old_window)
+        return;
+    ep_err err;
+    stats_window *s = stats_create(mc_num_layers(&c->cfg), c->cfg.n_routed_experts,
+                                   c->spec->n_workers, c->spec->window_steps, &err);
+    if (s == NULL) {
+        log_error("reload: %s; the load statistics keep their old window", err.msg);
+        return;
+    }
+    stats_destroy(&c->stats);
+    c->stats = s;
+    log_info("cluster %s: load statistics start over (%d workers, window_steps %d)", c->spec->name,
+             c->spec->n_workers, c->spec->window_steps);
+}
+
 /* A new world (ranks, peers or timeouts): new registry, planner and sequencer size; every
  * registered worker is welcomed again into the new placement. Returns -1 (old state kept) when
  * memory runs out. */
@@ -493,7 +733,9 @@ static int coord_swap_world(coord *c, ep_err *err)
         return -1;
     }
     reg_adopt(reg, c->reg, "removed from the cluster spec by a reload", &c->out);
+    reg_unstage(reg); /* a rebalance being prepared is abandoned with the old world */
     coord_carry_drains(c->pe, c->spec, pe, rl->spec);
+    int old_workers = c->spec->n_workers, old_window = c->spec->window_steps;
     reg_destroy(&c->reg);
     plan_epochs_destroy(&c->pe);
     spec_free(&c->spec);
@@ -501,6 +743,9 @@ static int coord_swap_world(coord *c, ep_err *err)
     c->pe = pe;
     c->spec = rl->spec;
     rl->spec = NULL;
+    c->rebalance_ms = 0;
+    coord_restat(c, old_workers, old_window);
+    cmx_respec(c->mx, c->spec->n_workers);
     if (formed) {
         coord_replan(c, plan_rejoin(pe) == SPEC_REJOIN_RESTORE, true, "cluster spec reloaded");
         plan_send(pe);
@@ -546,9 +791,11 @@ static void coord_swap_reload(coord *c)
         rc = ep_err_set(&err, "out of memory");
     } else {
         reg_respec(c->reg, rl->spec);
+        int old_window = c->spec->window_steps;
         spec_free(&c->spec);
         c->spec = rl->spec;
         rl->spec = NULL;
+        coord_restat(c, c->spec->n_workers, old_window);
         coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false, "cluster spec reloaded");
     }
     if (rc != 0) {
@@ -569,8 +816,7 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
     if (c->reload.spec != NULL)
         return ep_err_set(err, "a reload is already waiting for the step in flight");
     rl_plan rl;
-    if (rl_build(c->spec->file, c->spec, c->cfg.n_routed_experts, plan_last_epoch(c->pe), &rl,
-                 err) != 0 ||
+    if (rl_build(c->spec->file, c->spec, &c->cfg, plan_last_epoch(c->pe), &rl, err) != 0 ||
         (rl.spec->secure && keys_load(rl.spec, &c->rl_keys, err) != 0)) {
         log_error("reload of %s failed; the old spec keeps serving: %s", c->spec->file, err->msg);
         rl_free(&rl);
@@ -723,8 +969,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     c->state = COORD_FORMING;
     if (coord_signals(c, err) != 0 || coord_random_session(&c->session, err) != 0)
         goto fail;
-    plan_table *base = plan_build(spec->placement, cfg->n_routed_experts, spec->n_workers,
-                                  coord_first_id(1000), err);
+    plan_table *base = plan_for_spec(spec, cfg, coord_first_id(1000), err);
     if (base == NULL)
         goto fail;
     c->pe = plan_epochs_create(base, spec->rejoin, spec->max_experts_per_worker, false, err);
@@ -737,6 +982,14 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     c->seq = seq_create(spec->n_workers, coord_first_id(1000000), EP_MAX_QUEUED_BYTES, err);
     if (c->seq == NULL)
         goto fail;
+    c->stats = stats_create(mc_num_layers(cfg), cfg->n_routed_experts, spec->n_workers,
+                            spec->window_steps, err);
+    if (c->stats == NULL)
+        goto fail;
+    c->mx = cmx_create(spec, cfg, err); /* after coord_signals: its thread keeps them blocked */
+    if (c->mx == NULL)
+        goto fail;
+    cmx_state(c->mx, coord_state_name(c->state));
     if (spec->data_plane == SPEC_PLANE_NCCL && (c->nb = nb_create(spec->n_workers, err)) == NULL)
         goto fail;
     c->zctx = zmq_ctx_new();
@@ -759,6 +1012,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
         goto fail;
     c->now_ms = coord_clock_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
+    c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
     c->watchdog_ms = sdn_watchdog_usec() / 2000;
     c->next_watchdog_ms = c->now_ms;
     return c;
@@ -792,6 +1046,8 @@ void coord_destroy(coord **self_p)
     nb_destroy(&c->nb);
     plan_epochs_destroy(&c->pe);
     rl_free(&c->reload);
+    cmx_destroy(&c->mx);
+    stats_destroy(&c->stats);
     spec_free(&c->spec);
     if (c->sigfd >= 0)
         close(c->sigfd);
@@ -914,6 +1170,8 @@ static int coord_facts(coord *c, adm_facts *f)
                      .state = coord_state_name(c->state),
                      .steps_done = seq_steps_done(c->seq),
                      .steps_failed = seq_steps_failed(c->seq),
+                     .balance = coord_measured_balance(c),
+                     .staged_epoch = plan_staged(c->pe) ? plan_staged(c->pe)->epoch : 0,
                      .n_workers = n};
     Epmoe__WorkerInfo *wi = calloc((size_t)n, sizeof *wi);
     f->workers = calloc((size_t)n, sizeof *f->workers);
@@ -1046,6 +1304,64 @@ static void coord_on_reload(coord *c, const wire_msg *m, const Epmoe__AdminReque
     adm_reply(&c->out, m->ident, m->ident_len, rq->id, &rep, NULL, 0);
 }
 
+/* REBALANCE [dry_run]: plan from the window, report, and (unless dry_run, and when something
+ * moves) start the staged epoch. */
+static void coord_on_rebalance(coord *c, const wire_msg *m, const Epmoe__AdminRequest *rq)
+{
+    bool dry = rq->has_dry_run && rq->dry_run;
+    plan_phase ph = plan_phase_of(c->pe);
+    if (c->spec->data_plane == SPEC_PLANE_NCCL) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "REBALANCE: data_plane nccl routes by one owner per expert in every layer; "
+                  "per-layer placement and replicas need data_plane zmq");
+        return;
+    }
+    if (!dry && (ph != PLAN_STABLE || c->state != COORD_READY)) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                  "REBALANCE: cluster %s is %s (placement %s); a rebalance starts from a ready "
+                  "cluster with no placement change in progress",
+                  c->spec->name, coord_state_name(c->state), plan_phase_name(ph));
+        return;
+    }
+    plan_table *t = NULL;
+    plan_report rep = {0};
+    double secs = 0;
+    ep_err err;
+    if (coord_plan_rebalance(c, &t, &rep, &secs, &err) != 0) {
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                  "REBALANCE: %s", err.msg);
+        cmx_rebalance(c->mx, "failed", -1, 0);
+        return;
+    }
+    adm_rebalance rb = {.epoch_before = plan_current(c->pe)->epoch,
+                        .report = &rep,
+                        .plan_seconds = secs,
+                        .window_steps = stats_steps(c->stats),
+                        .cfg = &c->cfg,
+                        .stats = c->stats,
+                        .current = plan_current(c->pe)};
+    rb.epoch_after = rb.epoch_before;
+    long moved = t != NULL ? rep.moved : 0;
+    if (!dry && t != NULL) {
+        char why[200];
+        snprintf(why, sizeof why,
+                 "rebalance by an operator: balance %.3f -> %.3f, %ld replicas move",
+                 rep.balance_before, rep.balance_after, rep.moved);
+        const plan_table *st = coord_stage(c, &t, why);
+        if (st != NULL) {
+            rb.epoch_after = st->epoch;
+            rb.applied = true;
+            cmx_rebalance(c->mx, "applied", secs, moved);
+        }
+    } else if (!dry) {
+        cmx_rebalance(c->mx, "unchanged", secs, 0);
+    }
+    rep.moved = moved; /* nothing moves when the plan is the placement in force */
+    adm_reply_rebalance(&c->out, m, rq->id, c->spec->name, &rb);
+    plan_free(&t);
+    plan_report_free(&rep);
+}
+
 /* One admin request; takes ownership of m (heap). */
 static void coord_on_admin(coord *c, wire_msg *m)
 {
@@ -1088,6 +1404,9 @@ static void coord_on_admin(coord *c, wire_msg *m)
         break;
     case EPMOE__ADMIN_VERB__ADMIN_RELOAD:
         coord_on_reload(c, m, rq);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_REBALANCE:
+        coord_on_rebalance(c, m, rq);
         break;
     default:
         adm_reply_unknown_verb(&c->out, m, rq);
@@ -1151,7 +1470,14 @@ static void coord_timers(coord *c)
     if (c->now_ms >= c->next_heartbeat_ms) {
         reg_env renv = coord_reg_env(c);
         reg_tick(c->reg, &renv, &c->out);
+        cmx_workers(c->mx, c->spec, c->reg, plan_latest(c->pe));
         c->next_heartbeat_ms = c->now_ms + c->spec->heartbeat_ms;
+        c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
+        coord_settle(c);
+    } else if (c->now_ms >= c->next_liveness_ms) {
+        reg_env renv = coord_reg_env(c);
+        reg_expire(c->reg, &renv, &c->out);
+        c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
         coord_settle(c);
     }
     seq_env senv = coord_seq_env(c);
@@ -1171,6 +1497,8 @@ static void coord_timers(coord *c)
 static long coord_poll_timeout(coord *c)
 {
     int64_t next = c->next_heartbeat_ms;
+    if (c->next_liveness_ms < next)
+        next = c->next_liveness_ms;
     seq_env senv = coord_seq_env(c);
     int64_t s = seq_next_deadline(c->seq, &senv);
     if (s < next)
@@ -1190,9 +1518,12 @@ static void coord_log_plan(const coord *c)
     const plan_table *p = plan_latest(c->pe);
     int *e = malloc((size_t)p->n_experts * sizeof *e);
     for (int r = 0; e != NULL && r < p->n_ranks; r++) {
-        int n = plan_rank_experts(p, r, e, p->n_experts);
-        log_debug(LOG_SUB_PLAN, "epoch %" PRIu64 ": rank %d (%s) owns %d experts, %d..%d", p->epoch,
-                  r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1, n > 0 ? e[n - 1] : -1);
+        int n = plan_rank_experts(p, 0, r, e, p->n_experts);
+        log_debug(LOG_SUB_PLAN,
+                  "epoch %" PRIu64 ": rank %d (%s) owns %d experts of layer 0, %d..%d (%d over "
+                  "all layers)",
+                  p->epoch, r, c->spec->workers[r].name, n, n > 0 ? e[0] : -1,
+                  n > 0 ? e[n - 1] : -1, plan_rank_slots(p, r));
     }
     free(e);
 }
@@ -1200,9 +1531,10 @@ static void coord_log_plan(const coord *c)
 int coord_run(coord *c, ep_err *err)
 {
     coord_log_plan(c);
-    log_info("cluster %s: serving workers on %s, admin on %s (%d workers, epoch %" PRIu64 ")",
+    log_info("cluster %s: serving workers on %s, admin on %s (%d workers, epoch %" PRIu64
+             ", placement %s)",
              c->spec->name, c->spec->listen, c->spec->admin, c->spec->n_workers,
-             plan_latest(c->pe)->epoch);
+             plan_latest(c->pe)->epoch, spec_placement_name(c->spec->placement));
     sdn_notify("READY=1");
     coord_notify_status(c);
     while (!c->stop) {

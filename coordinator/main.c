@@ -70,8 +70,11 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
            c->expert_dtype_given ? "given" : "assumed: config.json has no expert_dtype",
            c->scale_e8m0 ? "yes" : "no", c->act_ue8m0 ? "yes" : "no");
     printf("  config hash 0x%016" PRIx64 "\n", mc_hash(c));
-    printf("placement %s, epoch %" PRIu64 ", dispatch %s (the same for every layer)\n",
-           spec_placement_name(p->placement), p->epoch, spec_dispatch_name(s->dispatch));
+    printf("placement %s, epoch %" PRIu64 ", dispatch %s, %d redundant experts (%s; layer 0 "
+           "shown)\n",
+           spec_placement_name(p->placement), p->epoch, spec_dispatch_name(s->dispatch),
+           s->redundant_experts,
+           pl_stored(p->pl) == 1 ? "the same for every layer" : "layers differ");
     printf("  data plane %s\n", spec_data_plane_name(s->data_plane));
     printf("  %-4s  %-16s  %-16s  %-8s  %-28s  %s\n", "RANK", "WORKER", "NODE", "DEVICE", "DATA",
            "EXPERTS");
@@ -79,7 +82,7 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
     char buf[4096];
     for (int r = 0; r < s->n_workers && e != NULL; r++) {
         const spec_worker *w = &s->workers[r];
-        int n = plan_rank_experts(p, r, e, p->n_experts);
+        int n = plan_rank_experts(p, 0, r, e, p->n_experts);
         ranges_text(e, n, buf, sizeof buf);
         printf("  %-4d  %-16s  %-16s  %-8s  %-28s  %s\n", r, w->name, w->node, w->device, w->data,
                buf);
@@ -202,7 +205,7 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/config.json", spec->model_path);
     if (mc_load(path, &cfg, &err) != 0 || spec_check_experts(spec, cfg.n_routed_experts, &err) != 0)
         goto fail;
-    plan = plan_build(spec->placement, cfg.n_routed_experts, spec->n_workers, 1, &err);
+    plan = plan_for_spec(spec, &cfg, 1, &err);
     if (plan == NULL || check_devices(spec, check, &err) != 0 || check_keys(spec, &err) != 0 ||
         check_checkpoint(spec, &n_files, &err) != 0)
         goto fail;

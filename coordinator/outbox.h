@@ -58,6 +58,12 @@ typedef enum ob_kind {
     OB_EV_ERROR,
     /* registry: a worker that was loading reported ERR_LOAD_FAILED (text: its message). */
     OB_EV_LOAD_FAILED,
+    /* registry: a worker prepared staged epoch `epoch` (READY {staged}). */
+    OB_EV_PREPARED,
+    /* registry: a ready worker could not prepare staged epoch `epoch` (text: why). */
+    OB_EV_STAGE_FAILED,
+    /* sequencer: a step closed (seq_last_record describes it). */
+    OB_EV_STEP_END,
 } ob_kind;
 
 typedef struct ob_event {

@@ -181,22 +181,26 @@ static void reg_send(ob_box *out, reg_worker *w, uint16_t type, const ProtobufCM
     ob_send(out, OB_TO_WORKER_ID, w->spec->rank, w->ident, w->ident_len, type, body, NULL, 0);
 }
 
-/* The placement as EPOCH and WELCOME carry it: owner [E] and the members, ascending. */
+/* The placement as EPOCH and WELCOME carry it: owner [E] when flat, else a Placement; and the
+ * members, ascending. */
 typedef struct reg_tables {
     uint32_t *owner;
+    bool flat;
+    Epmoe__Placement placement;
+    pl_wire wire;
     uint32_t *members;
     size_t n_members;
 } reg_tables;
 
 static int reg_tables_fill(const plan_table *p, reg_tables *t)
 {
+    ep_err err;
+    memset(t, 0, sizeof *t);
     t->owner = malloc((size_t)p->n_experts * sizeof *t->owner);
     t->members = malloc((size_t)p->n_ranks * sizeof *t->members);
-    t->n_members = 0;
-    if (t->owner == NULL || t->members == NULL)
+    if (t->owner == NULL || t->members == NULL ||
+        mmsg_placement_out(p->pl, t->owner, &t->flat, &t->placement, &t->wire, &err) != 0)
         return -1;
-    for (int e = 0; e < p->n_experts; e++)
-        t->owner[e] = (uint32_t)p->owner[e];
     for (int r = 0; r < p->n_ranks; r++)
         if (p->member[r])
             t->members[t->n_members++] = (uint32_t)r;
@@ -207,6 +211,7 @@ static void reg_tables_free(reg_tables *t)
 {
     free(t->owner);
     free(t->members);
+    pl_wire_free(&t->wire);
 }
 
 static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w, ob_box *out)
@@ -233,10 +238,12 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.has_config_hash = 1;
     m.config_hash = env->config_hash;
     m.model_path = (char *)env->spec->model_path;
-    m.n_expert_owner = (size_t)p->n_experts;
+    m.n_expert_owner = tb.flat ? (size_t)p->n_experts : 0;
     m.expert_owner = tb.owner;
+    m.placement = tb.flat ? NULL : &tb.placement;
     m.n_members = tb.n_members;
     m.members = tb.members;
+    m.metrics = sw->metrics[0] ? (char *)sw->metrics : NULL;
     m.n_peers = (size_t)r->n;
     m.peers = r->peer_ps;
     m.has_dispatch = 1;
@@ -271,6 +278,33 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     w->epoch = p->epoch;
 }
 
+/* The worker was told epoch (EPOCH, EPOCH_COMMIT): loading until its READY. */
+static void reg_to_loading(reg_worker *w, uint64_t epoch)
+{
+    w->state = REG_LOADING;
+    w->epoch = epoch;
+    w->staged = 0;
+    w->prepared = false;
+    w->bytes_done = w->bytes_total = 0;
+}
+
+/* EPOCH {env->plan} to one worker. */
+static void reg_epoch_msg(const plan_table *p, reg_tables *tb, const char *reason, bool staged,
+                          Epmoe__Epoch *m)
+{
+    epmoe__epoch__init(m);
+    m->has_epoch = 1;
+    m->epoch = p->epoch;
+    m->n_expert_owner = tb->flat ? (size_t)p->n_experts : 0;
+    m->expert_owner = tb->owner;
+    m->placement = tb->flat ? NULL : &tb->placement;
+    m->n_members = tb->n_members;
+    m->members = tb->members;
+    m->reason = (char *)reason;
+    m->has_staged = staged;
+    m->staged = staged;
+}
+
 void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out)
 {
     const plan_table *p = env->plan;
@@ -280,14 +314,8 @@ void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_
         log_error("out of memory for EPOCH %" PRIu64, p->epoch);
         return;
     }
-    Epmoe__Epoch m = EPMOE__EPOCH__INIT;
-    m.has_epoch = 1;
-    m.epoch = p->epoch;
-    m.n_expert_owner = (size_t)p->n_experts;
-    m.expert_owner = tb.owner;
-    m.n_members = tb.n_members;
-    m.members = tb.members;
-    m.reason = (char *)reason;
+    Epmoe__Epoch m;
+    reg_epoch_msg(p, &tb, reason, false, &m);
     for (int i = 0; i < r->n; i++) {
         reg_worker *w = &r->w[i];
         /* a worker whose load failed is sent a placement only when it still owns experts in
@@ -297,11 +325,63 @@ void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_
         if (w->state != REG_LOADING && w->state != REG_READY && !retry)
             continue;
         reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH, &m.base);
-        w->state = REG_LOADING;
-        w->epoch = p->epoch;
-        w->bytes_done = w->bytes_total = 0;
+        reg_to_loading(w, p->epoch);
     }
     reg_tables_free(&tb);
+}
+
+int reg_send_staged(reg_registry *r, const reg_env *env, const plan_table *t, const char *reason,
+                    ob_box *out)
+{
+    reg_tables tb;
+    if (reg_tables_fill(t, &tb) != 0) {
+        reg_tables_free(&tb);
+        log_error("out of memory for staged EPOCH %" PRIu64, t->epoch);
+        return -1;
+    }
+    Epmoe__Epoch m;
+    reg_epoch_msg(t, &tb, reason, true, &m);
+    int n = 0;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        if (w->state != REG_READY) /* a staged epoch is only started on a ready cluster */
+            continue;
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH, &m.base);
+        w->staged = t->epoch;
+        w->prepared = false;
+        n++;
+    }
+    reg_tables_free(&tb);
+    return n;
+}
+
+bool reg_prepared(const reg_registry *r, int rank, uint64_t epoch)
+{
+    return rank >= 0 && rank < r->n && r->w[rank].state == REG_READY &&
+           r->w[rank].staged == epoch && r->w[rank].prepared;
+}
+
+void reg_send_commit(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    const plan_table *p = env->plan;
+    Epmoe__EpochCommit m = EPMOE__EPOCH_COMMIT__INIT;
+    m.has_epoch = 1;
+    m.epoch = p->epoch;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        if (w->staged != p->epoch || !reg_registered(w))
+            continue;
+        reg_send(out, w, EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT, &m.base);
+        reg_to_loading(w, p->epoch);
+    }
+}
+
+void reg_unstage(reg_registry *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        r->w[i].staged = 0;
+        r->w[i].prepared = false;
+    }
 }
 
 /* Keep REGISTER's device description (strings copied, bounded). */
@@ -479,6 +559,9 @@ void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_
     w->n_experts = 0;
     w->acked = 0;
     w->bytes_read = 0;
+    w->slots_read = 0;
+    w->staged = 0;
+    w->prepared = false;
     w->hash_refused = false;
     w->pid = rq->has_pid ? rq->pid : 0;
     snprintf(w->hostname, sizeof w->hostname, "%s", rq->hostname ? rq->hostname : "");
@@ -571,6 +654,28 @@ static void reg_on_loading(reg_worker *w, const wire_msg *m, ob_box *out)
     wire_free_unpacked(&l->base);
 }
 
+/* READY {epoch, staged}: the worker prepared a staged epoch (it still serves its own). */
+static void reg_on_prepared(reg_worker *w, const Epmoe__Ready *r, const wire_msg *m, ob_box *out)
+{
+    if (w->state != REG_READY || !r->has_epoch || r->epoch != w->staged || w->staged == 0) {
+        log_debug(LOG_SUB_NET,
+                  "worker %s: READY for staged epoch %" PRIu64 " dropped (staged: %" PRIu64 ")",
+                  w->spec->name, r->has_epoch ? r->epoch : 0, w->staged);
+        return;
+    }
+    w->prepared = true;
+    log_info("worker %s (rank %d) prepared staged epoch %" PRIu64 " (%u slots, %u read)",
+             w->spec->name, w->spec->rank, w->staged, r->has_n_slots ? (unsigned)r->n_slots : 0,
+             r->has_n_slots && r->has_slots_kept && r->slots_kept <= r->n_slots
+                 ? (unsigned)(r->n_slots - r->slots_kept)
+                 : 0);
+    ob_event_add(out, OB_EV_PREPARED, w->spec->rank, "prepared");
+    ob_event *e = ob_last_event(out);
+    if (e != NULL)
+        e->epoch = w->staged;
+    (void)m;
+}
+
 static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, ob_box *out)
 {
     ep_err err;
@@ -580,7 +685,13 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
         return;
     }
     uint64_t epoch = w->epoch;
-    int owned = plan_rank_experts(env->plan, w->spec->rank, NULL, 0);
+    if (r->has_staged && r->staged) {
+        reg_on_prepared(w, r, m, out);
+        wire_free_unpacked(&r->base);
+        return;
+    }
+    int owned = plan_rank_max(env->plan, w->spec->rank);
+    int slots = plan_rank_slots(env->plan, w->spec->rank);
     if (r->has_epoch && r->epoch < epoch &&
         (w->state == REG_LOADING || w->state == REG_LOAD_FAILED)) {
         /* it finished an epoch that was replaced while it loaded; the newer one follows */
@@ -606,6 +717,11 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                   "worker %s: READY with %u experts, but rank %d owns %d in epoch %" PRIu64,
                   w->spec->name, (unsigned)r->n_experts, w->spec->rank, owned, epoch);
+    } else if (r->has_n_slots && (int)r->n_slots != slots) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "worker %s: READY with %u (layer, expert) slots, but rank %d holds %d in epoch "
+                  "%" PRIu64,
+                  w->spec->name, (unsigned)r->n_slots, w->spec->rank, slots, epoch);
     } else {
         w->state = REG_READY;
         w->acked = epoch;
@@ -613,6 +729,9 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
         if (r->has_bytes_loaded)
             w->bytes_done = w->bytes_total = r->bytes_loaded;
         w->bytes_read = r->has_bytes_read ? r->bytes_read : w->bytes_done;
+        w->slots_read = r->has_n_slots && r->has_slots_kept && r->slots_kept <= r->n_slots
+                            ? r->n_slots - r->slots_kept
+                            : 0;
         if (r->has_bytes_read && r->has_load_ms && r->bytes_read > 0) {
             w->load_read = r->bytes_read; /* a load that kept every expert has no rate */
             w->load_ms = r->load_ms;
@@ -646,7 +765,14 @@ static void reg_on_error(reg_worker *w, const wire_msg *m, ob_box *out)
         log_error("worker %s (rank %d) failed to load its shard: %s", w->spec->name, w->spec->rank,
                   text);
         reg_set_error(w, "load failed: %s", text);
-        if (w->state == REG_LOADING || w->state == REG_READY) {
+        if (w->state == REG_READY && w->staged != 0) {
+            /* the staged epoch could not be prepared; the worker still serves its own */
+            ob_event_add(out, OB_EV_STAGE_FAILED, w->spec->rank, "%s", text);
+            ob_event *ev = ob_last_event(out);
+            if (ev != NULL)
+                ev->epoch = w->staged;
+            w->staged = 0;
+        } else if (w->state == REG_LOADING || w->state == REG_READY) {
             bool was_ready = w->state == REG_READY;
             w->state = REG_LOAD_FAILED;
             if (was_ready)
@@ -727,6 +853,21 @@ void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms
         w->last_seen_ms = now_ms; /* garbage, but alive */
 }
 
+void reg_expire(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        int64_t silent = env->now_ms - w->last_seen_ms;
+        if (!reg_registered(w) || silent <= expiry)
+            continue;
+        char why[160];
+        snprintf(why, sizeof why, "silent for %" PRId64 " ms (liveness %d x heartbeat %d ms)",
+                 silent, env->spec->liveness, env->spec->heartbeat_ms);
+        reg_declare_dead(r, i, why, out);
+    }
+}
+
 void reg_tick(reg_registry *r, const reg_env *env, ob_box *out)
 {
     int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;
@@ -791,13 +932,20 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
     }
     if (w->backend[0])
         o->backend = w->backend;
-    o->has_n_experts = 1;
-    o->n_experts = (uint32_t)plan_rank_experts(env->plan, sw->rank, NULL, 0);
+    o->has_n_experts = o->has_n_slots = 1;
+    o->n_experts = (uint32_t)plan_rank_max(env->plan, sw->rank);
+    o->n_slots = (uint32_t)plan_rank_slots(env->plan, sw->rank);
+    if (w->staged) {
+        o->has_staged = o->has_prepared = 1;
+        o->staged = w->staged;
+        o->prepared = w->prepared;
+    }
     if (w->acked) {
         o->has_epoch = 1;
         o->epoch = w->acked;
-        o->has_bytes_read = 1;
+        o->has_bytes_read = o->has_slots_read = 1;
         o->bytes_read = w->bytes_read;
+        o->slots_read = w->slots_read;
     }
     o->has_member = 1;
     o->member = plan_is_member(env->plan, sw->rank);

@@ -14,6 +14,8 @@
  *                          |  READY later moves it on again)
  *   any registered state --silent for liveness x heartbeat_ms--> dead --REGISTER--> welcomed
  *   loading, ready, load-failed --EPOCH sent--> loading --READY{epoch}--> ready
+ *   ready --EPOCH{staged} sent--> ready (staged) --READY{staged}--> ready (prepared)
+ *         --EPOCH_COMMIT sent--> loading --READY{epoch}--> ready
  *
  * Placement epochs: each worker remembers the epoch it was last told (WELCOME or EPOCH) and the
  * one it last acknowledged (READY). READY for an older epoch than the one the worker was told
@@ -79,6 +81,9 @@ typedef struct reg_worker {
     uint64_t epoch;      /* the epoch it was last told (WELCOME, EPOCH) */
     uint64_t acked;      /* the epoch of its last accepted READY (0: none) */
     uint64_t bytes_read; /* checkpoint bytes its last READY read */
+    uint32_t slots_read; /* (layer, expert) slots its last READY read */
+    uint64_t staged;     /* a staged epoch it was sent and has not committed (0: none) */
+    bool prepared;       /* it answered READY {staged} for it */
     bool hash_refused;   /* its CONFIG_ACK hash differed: it gets no work */
     char hostname[EP_MAX_NAME];
     char version[64];
@@ -143,6 +148,9 @@ int reg_sender(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *o
 void reg_on_message(reg_registry *r, const reg_env *env, int rank, const wire_msg *m, ob_box *out);
 /* A malformed message from this routing id: still a sign of life from a registered worker. */
 void reg_touch(reg_registry *r, const uint8_t *ident, size_t len, int64_t now_ms);
+/* Declare the workers silent for more than liveness x heartbeat_ms dead (coord.c checks every
+ * quarter heartbeat, so a death is noticed within a quarter heartbeat of its expiry). */
+void reg_expire(reg_registry *r, const reg_env *env, ob_box *out);
 /* Every heartbeat_ms: declare silent workers dead, send HEARTBEAT to the others. */
 void reg_tick(reg_registry *r, const reg_env *env, ob_box *out);
 /* Declare a registered worker dead now (logged, error text set, OB_EV_LOST). */
@@ -152,6 +160,18 @@ void reg_set_error(reg_worker *w, const char *fmt, ...) __attribute__((format(pr
 /* Send EPOCH {env->plan, reason} to every worker with a session (loading, ready or
  * load-failed); they move to loading. */
 void reg_send_epoch(reg_registry *r, const reg_env *env, const char *reason, ob_box *out);
+/* A staged epoch t (a rebalance): EPOCH {t, staged} to every ready worker; they keep serving
+ * and answer READY {staged} (OB_EV_PREPARED) or a load error (OB_EV_STAGE_FAILED). Returns the
+ * number of workers sent it, -1 when out of memory. */
+int reg_send_staged(reg_registry *r, const reg_env *env, const plan_table *t, const char *reason,
+                    ob_box *out);
+/* Whether the worker of rank is ready and prepared staged epoch `epoch`. */
+bool reg_prepared(const reg_registry *r, int rank, uint64_t epoch);
+/* EPOCH_COMMIT {env->plan->epoch} to every worker sent that staged epoch; they move to loading
+ * until their READY {epoch}. */
+void reg_send_commit(reg_registry *r, const reg_env *env, ob_box *out);
+/* Forget staged epochs (abandoned). */
+void reg_unstage(reg_registry *r);
 /* A send to the worker of rank failed because its connection is gone: declared dead. */
 void reg_unreachable(reg_registry *r, int rank, const char *err, ob_box *out);
 /* Send SHUTDOWN{reason} to every registered worker (best effort). */

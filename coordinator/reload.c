@@ -37,6 +37,11 @@ static int rl_check_fixed(const spec_cluster *n, const spec_cluster *o, ep_err *
                           "%s:%d:%d: coordinator.admin: changed from \"%s\" to \"%s\"; the "
                           "coordinator's own endpoints change only with a restart",
                           n->file, n->admin_pos.line, n->admin_pos.col, o->admin, n->admin);
+    if (strcmp(n->metrics, o->metrics) != 0)
+        return ep_err_set(err,
+                          "%s:%d:%d: coordinator.metrics: changed from \"%s\" to \"%s\"; the "
+                          "coordinator's own endpoints change only with a restart",
+                          n->file, n->metrics_pos.line, n->metrics_pos.col, o->metrics, n->metrics);
     if (strcmp(n->model_path, o->model_path) != 0)
         return ep_err_set(err,
                           "%s:%d:%d: model.path: changed from \"%s\" to \"%s\"; another model "
@@ -88,9 +93,10 @@ static bool rl_world_changed(const spec_cluster *n, const spec_cluster *o, char 
     bool changed = n->n_workers != o->n_workers;
     for (int i = 0; i < n->n_workers && !changed; i++)
         changed = strcmp(n->workers[i].name, o->workers[i].name) != 0 ||
-                  strcmp(n->workers[i].data, o->workers[i].data) != 0;
+                  strcmp(n->workers[i].data, o->workers[i].data) != 0 ||
+                  strcmp(n->workers[i].metrics, o->workers[i].metrics) != 0;
     if (changed)
-        rl_note(buf, cap, "ranks or data endpoints changed");
+        rl_note(buf, cap, "ranks, data endpoints or metrics addresses changed");
     rl_membership(n, o, buf, cap);
     const struct {
         const char *key;
@@ -124,22 +130,30 @@ static void rl_rules(const spec_cluster *n, const spec_cluster *o, char *buf, si
     if (n->rejoin != o->rejoin)
         rl_note(buf, cap, "rejoin %s -> %s", spec_rejoin_name(o->rejoin),
                 spec_rejoin_name(n->rejoin));
-    if (n->max_experts_per_worker != o->max_experts_per_worker)
-        rl_note(buf, cap, "max_experts_per_worker %d -> %d", o->max_experts_per_worker,
-                n->max_experts_per_worker);
+    const struct {
+        const char *key;
+        int was, now;
+    } ints[] = {{"max_experts_per_worker", o->max_experts_per_worker, n->max_experts_per_worker},
+                {"redundant_experts", o->redundant_experts, n->redundant_experts},
+                {"expert_groups", o->expert_groups, n->expert_groups},
+                {"window_steps", o->window_steps, n->window_steps},
+                {"rebalance_every_steps", o->rebalance_every_steps, n->rebalance_every_steps}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].was != ints[i].now)
+            rl_note(buf, cap, "%s %d -> %d", ints[i].key, ints[i].was, ints[i].now);
 }
 
-int rl_build(const char *path, const spec_cluster *old, int n_experts, uint64_t epoch, rl_plan *out,
-             ep_err *err)
+int rl_build(const char *path, const spec_cluster *old, const mc_config *cfg, uint64_t epoch,
+             rl_plan *out, ep_err *err)
 {
     *out = (rl_plan){0};
     out->spec = spec_load(path, err);
     if (out->spec == NULL)
         return -1;
-    if (spec_check_experts(out->spec, n_experts, err) != 0 ||
+    if (spec_check_experts(out->spec, cfg->n_routed_experts, err) != 0 ||
         rl_check_fixed(out->spec, old, err) != 0)
         goto fail;
-    out->base = plan_build(out->spec->placement, n_experts, out->spec->n_workers, epoch, err);
+    out->base = plan_for_spec(out->spec, cfg, epoch, err);
     if (out->base == NULL) {
         ep_err_prefix(err, "%s", out->spec->file);
         goto fail;

@@ -9,10 +9,11 @@
  * rl_build fails (nginx's ngx_init_cycle, anchors-ops-style §2).
  *
  * The world of the cluster (what WELCOME told each worker: ranks, peers, data endpoints,
- * heartbeat_ms, liveness, step_timeout_ms, dispatch, gpu_gemm) either stays — then only the
- * placement rules may differ (placement, rejoin, max_experts_per_worker) and a new epoch follows if
- * the placement does — or changes, and every worker is welcomed again into the new world (keeping
- * the experts it has loaded and still owns).
+ * heartbeat_ms, liveness, step_timeout_ms, dispatch, gpu_gemm, metrics addresses) either stays —
+ * then only the placement rules may differ (placement, rejoin, max_experts_per_worker,
+ * redundant_experts, expert_groups, window_steps, rebalance_every_steps) and a new epoch follows
+ * if the placement does — or changes, and every worker is welcomed again into the new world
+ * (keeping the experts it has loaded and still owns).
  */
 #ifndef EPMOE_RELOAD_H
 #define EPMOE_RELOAD_H
@@ -20,6 +21,7 @@
 #include <stdbool.h>
 
 #include "common/error.h"
+#include "common/model_config.h"
 #include "coordinator/planner.h"
 #include "coordinator/spec.h"
 
@@ -30,10 +32,10 @@ typedef struct rl_plan {
     char summary[EP_ERR_MSG_MAX]; /* "workers added: b2; step_timeout_ms 30000 -> 5000" */
 } rl_plan;
 
-/* Read path and build the new state against the running spec old and the model's expert count;
- * base gets epoch `epoch`. 0, or -1 with err (FILE:LINE:COLUMN: what and what was expected). */
-int rl_build(const char *path, const spec_cluster *old, int n_experts, uint64_t epoch, rl_plan *out,
-             ep_err *err);
+/* Read path and build the new state against the running spec old and the model; base gets epoch
+ * `epoch`. 0, or -1 with err (FILE:LINE:COLUMN: what and what was expected). */
+int rl_build(const char *path, const spec_cluster *old, const mc_config *cfg, uint64_t epoch,
+             rl_plan *out, ep_err *err);
 /* Free what out still owns. */
 void rl_free(rl_plan *p);
 

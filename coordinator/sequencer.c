@@ -64,6 +64,8 @@ struct seq_sequencer {
     seq_step step;
     uint64_t last_step_id;
     uint64_t steps_done, steps_failed;
+    seq_record rec; /* the step in flight's, then the last closed step's */
+    int rec_E, rec_P;
 };
 
 seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err)
@@ -126,8 +128,68 @@ void seq_destroy(seq_sequencer **self_p)
     free(s->step.answer);
     free(s->step.begin);
     free(s->step.count);
+    free(s->rec.expert_tokens);
+    free(s->rec.rank_pairs);
     free(s);
     *self_p = NULL;
+}
+
+const seq_record *seq_last_record(const seq_sequencer *s)
+{
+    return &s->rec;
+}
+
+/* A fresh record for the step starting (arrays sized for E experts and P ranks). */
+static int seq_record_begin(seq_sequencer *s, int E, uint64_t step_id, uint64_t epoch, int layer,
+                            int T)
+{
+    seq_record *r = &s->rec;
+    if (s->rec_E != E || s->rec_P != s->P) {
+        free(r->expert_tokens);
+        free(r->rank_pairs);
+        r->expert_tokens = calloc((size_t)E, sizeof *r->expert_tokens);
+        r->rank_pairs = calloc((size_t)s->P, sizeof *r->rank_pairs);
+        s->rec_E = r->expert_tokens && r->rank_pairs ? E : 0;
+        s->rec_P = s->P;
+        if (s->rec_E == 0)
+            return -1;
+    }
+    uint32_t *et = r->expert_tokens, *rp = r->rank_pairs;
+    memset(et, 0, (size_t)E * sizeof *et);
+    memset(rp, 0, (size_t)s->P * sizeof *rp);
+    *r = (seq_record){.step_id = step_id,
+                      .epoch = epoch,
+                      .layer = layer,
+                      .n_tokens = T,
+                      .n_experts = E,
+                      .n_ranks = s->P,
+                      .expert_tokens = et,
+                      .rank_pairs = rp};
+    return 0;
+}
+
+/* Add one STEP_DONE's load and timings to the record (entries out of range are ignored). */
+static void seq_record_add(seq_sequencer *s, const Epmoe__StepDone *d)
+{
+    seq_record *r = &s->rec;
+    if (s->rec_E == 0)
+        return;
+    for (size_t i = 0; i < d->n_routed_expert && i < d->n_routed_tokens; i++)
+        if (d->routed_expert[i] < (uint32_t)r->n_experts)
+            r->expert_tokens[d->routed_expert[i]] += d->routed_tokens[i];
+    for (size_t i = 0; i < d->n_pair_rank && i < d->n_pair_count; i++)
+        if (d->pair_rank[i] < (uint32_t)r->n_ranks)
+            r->rank_pairs[d->pair_rank[i]] += d->pair_count[i];
+    r->have_load |= d->n_routed_expert > 0;
+    if (d->has_dispatch_seconds && d->dispatch_seconds > r->dispatch_s)
+        r->dispatch_s = d->dispatch_seconds;
+    if (d->has_expert_seconds && d->expert_seconds > r->expert_s)
+        r->expert_s = d->expert_seconds;
+    if (d->has_combine_seconds && d->combine_seconds > r->combine_s)
+        r->combine_s = d->combine_seconds;
+    r->messages += d->has_messages_sent ? d->messages_sent : 0;
+    r->dispatch_bytes += d->has_dispatch_bytes ? d->dispatch_bytes : 0;
+    r->combine_bytes += d->has_combine_bytes ? d->combine_bytes : 0;
 }
 
 uint64_t seq_steps_done(const seq_sequencer *s)
@@ -328,6 +390,7 @@ static void seq_answer_error(seq_sequencer *s, Epmoe__ErrorCode code, const char
     if (st->failed)
         return;
     st->failed = true;
+    s->rec.code = code;
     s->steps_failed++;
     if (st->req != NULL)
         adm_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s", text);
@@ -415,10 +478,13 @@ static void seq_answer_ok(seq_sequencer *s, ob_box *out)
 static void seq_finish(seq_sequencer *s, ob_box *out)
 {
     seq_step *st = &s->step;
+    s->rec.ok = !st->failed;
+    s->rec.seconds = seq_seconds_since(&st->t0);
     if (!st->failed)
         seq_answer_ok(s, out);
     seq_step_release(st);
     st->active = false;
+    ob_event_add(out, OB_EV_STEP_END, -1, "step %" PRIu64, st->step_id);
 }
 
 static int seq_alloc_outputs(seq_step *st)
@@ -478,6 +544,9 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
     st->topk = env->cfg->num_experts_per_tok;
     clock_gettime(CLOCK_MONOTONIC, &st->t0);
     st->deadline_ms = env->now_ms + env->spec->step_timeout_ms;
+    if (seq_record_begin(s, env->cfg->n_routed_experts, st->step_id, env->plan->epoch, st->layer,
+                         T) != 0)
+        log_warn("step %" PRIu64 ": out of memory for its load record", st->step_id);
     /* the epoch's members, in rank order, own the tokens as data-parallel ranks would: the
      * i-th member of M gets [floor(i*T/M), floor((i+1)*T/M)); other ranks get no STEP */
     const plan_table *plan = env->plan;
@@ -635,6 +704,7 @@ static void seq_on_done(seq_sequencer *s, const seq_env *env, int r, const wire_
         memcpy(st->wts + b * k * 4, m->payload[2], m->payload_len[2]);
         st->dispatch_bytes += d->has_dispatch_bytes ? d->dispatch_bytes : 0;
         st->combine_bytes += d->has_combine_bytes ? d->combine_bytes : 0;
+        seq_record_add(s, d);
     }
 done:
     wire_free_unpacked(&d->base);

@@ -23,8 +23,9 @@
  * A passive state machine (coord.h): the facts it needs come in a seq_env, and what it decides
  * goes into an ob_box — STEP and STEP_ABORT to ranks, AdminReplies to clients (formatted by
  * admin.h), and events: OB_EV_DECLARE_DEAD for a worker that ignored STEP_ABORT, OB_EV_ERROR
- * for an error text to show on a worker. Only seq_pump closes a settled step and starts the
- * next one, and only coord.c calls it, after it has routed every event of the loop turn.
+ * for an error text to show on a worker, OB_EV_STEP_END when a step closed (its record). Only
+ * seq_pump closes a settled step and starts the next one, and only coord.c calls it, after it has
+ * routed every event of the loop turn.
  */
 #ifndef EPMOE_SEQUENCER_H
 #define EPMOE_SEQUENCER_H
@@ -53,6 +54,25 @@ typedef struct seq_env {
 } seq_env;
 
 typedef struct seq_sequencer seq_sequencer;
+
+/* What a closed step leaves for the statistics and the metrics (seq_last_record, after
+ * OB_EV_STEP_END): its outcome, and what its STEP_DONEs reported — the (token, expert) pairs per
+ * expert and per rank that computed them (counted at the origins), the slowest worker's
+ * dispatch / expert / combine times, bytes and data-plane messages summed. */
+typedef struct seq_record {
+    uint64_t step_id, epoch;
+    int layer, n_tokens;
+    bool ok;
+    Epmoe__ErrorCode code; /* the failure's (ok false) */
+    double seconds;        /* from the STEPs' sending to the last answer */
+    int n_experts, n_ranks;
+    uint32_t *expert_tokens; /* [n_experts] */
+    uint32_t *rank_pairs;    /* [n_ranks] */
+    bool have_load;          /* some worker reported routed pairs */
+    double dispatch_s, expert_s, combine_s;
+    uint64_t dispatch_bytes, combine_bytes;
+    uint64_t messages;
+} seq_record;
 
 /* first_step: the id of the first step (coord.c: the start time in microseconds, so ids keep
  * increasing across restarts). max_queued_bytes: what the requests waiting may hold in all
@@ -85,6 +105,9 @@ bool seq_busy(const seq_sequencer *s);
 int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err);
 /* Orderly stop: answer the step in flight and every queued request with ERR_SHUTTING_DOWN. */
 void seq_stop(seq_sequencer *s, ob_box *out);
+
+/* The last closed step (valid from its OB_EV_STEP_END until the next step starts). */
+const seq_record *seq_last_record(const seq_sequencer *s);
 
 uint64_t seq_steps_done(const seq_sequencer *s);
 uint64_t seq_steps_failed(const seq_sequencer *s);

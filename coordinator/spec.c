@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,6 +405,18 @@ static bool spec_host_ok(const char *h, size_t n)
 #define SPEC_SUN_PATH sizeof(((struct sockaddr_un *)0)->sun_path)
 _Static_assert(SPEC_SUN_PATH == 108, "the ipc path message says 107 bytes");
 
+/* NULL when port (what follows HOST:) is a number 1..65535, else what is wrong with it. */
+static const char *spec_port_problem(const char *port)
+{
+    size_t pn = strlen(port);
+    if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
+        return "the port is not a number";
+    long p = strtol(port, NULL, 10);
+    if (p < 1 || p > 65535)
+        return "the port is out of range";
+    return NULL;
+}
+
 /* NULL when s is a valid endpoint, else what is wrong with it. bind: the coordinator binds it
  * (listen, admin) and may use the "*" host (all interfaces); peers connect to data endpoints,
  * so those need a real host. */
@@ -430,14 +443,7 @@ static const char *spec_endpoint_problem(const char *s, bool bind)
         return bind ? "bad host (expected a name, an IPv4 address, [IPv6] or *)"
                     : "bad host (expected a name, an IPv4 address or [IPv6])";
     }
-    const char *port = colon + 1;
-    size_t pn = strlen(port);
-    if (pn == 0 || pn > 5 || strspn(port, "0123456789") != pn)
-        return "the port is not a number";
-    long p = strtol(port, NULL, 10);
-    if (p < 1 || p > 65535)
-        return "the port is out of range";
-    return NULL;
+    return spec_port_problem(colon + 1);
 }
 
 /* "cpu" -> -1, "cuda:N" (N 0..255, no leading zeros) -> N, anything else -> -2. */
@@ -479,7 +485,7 @@ struct spec_field {
 };
 
 /* The most keys one section has; spec_walk tracks them in a fixed array. */
-#define SPEC_MAX_FIELDS 8
+#define SPEC_MAX_FIELDS 12
 
 #define SPEC_POS(type, member) .has_pos = true, .pos_off = offsetof(type, member)
 #define SPEC_STR(type, member) .off = offsetof(type, member), .cap = sizeof(((type *)0)->member)
@@ -510,7 +516,7 @@ static int spec_h_section(spec_ctx *c, const ynode *key, const ynode *val, const
 static int spec_h_int(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                       const char *path, void *obj)
 {
-    long long v;
+    long long v = 0;
     if (spec_int(c, val, path, f->lo, f->hi, &v) != 0)
         return -1;
     *(int *)(void *)((char *)obj + f->off) = (int)v;
@@ -584,7 +590,7 @@ static int spec_choice(spec_ctx *c, const ynode *val, const char *path, const ch
     return -1;
 }
 
-static const char *const spec_placement_names[] = {"contiguous", "round_robin"};
+static const char *const spec_placement_names[] = {"contiguous", "round_robin", "eplb"};
 static const char *const spec_dispatch_names[] = {"fp8", "bf16"};
 static const char *const spec_data_plane_names[] = {"zmq", "nccl"};
 static const char *const spec_rejoin_names[] = {"restore", "stay"};
@@ -593,7 +599,7 @@ static const char *const spec_gpu_gemm_names[] = {"exact", "fast"};
 static int spec_h_placement(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                             const char *path, void *obj)
 {
-    int i = spec_choice(c, val, path, "placement", spec_placement_names, 2);
+    int i = spec_choice(c, val, path, "placement", spec_placement_names, 3);
     if (i < 0)
         return -1;
     ((spec_cluster *)obj)->placement = (spec_placement)i;
@@ -640,19 +646,32 @@ static int spec_h_gpu_gemm(spec_ctx *c, const ynode *key, const ynode *val, cons
     return 0;
 }
 
-static int spec_h_redundant(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
-                            const char *path, void *obj)
+/* NULL when s is a valid metrics address HOST:PORT (an IPv4 address or a name; PORT
+ * 1..65535), else what is wrong with it. libmicrohttpd binds it, so no ZeroMQ scheme. */
+static const char *spec_metrics_problem(const char *s)
 {
-    long long v;
-    if (spec_int(c, val, path, 0, MC_MAX_EXPERTS, &v) != 0)
+    const char *colon = strrchr(s, ':');
+    if (strstr(s, "://") != NULL)
+        return "no scheme: HOST:PORT, served over HTTP";
+    if (colon == NULL || colon == s)
+        return "expected HOST:PORT";
+    if (!spec_host_ok(s, (size_t)(colon - s)) || s[0] == '[')
+        return "bad host (expected an IPv4 address or a name)";
+    return spec_port_problem(colon + 1);
+}
+
+static int spec_h_metrics(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                          const char *path, void *obj)
+{
+    char buf[64];
+    const char *s = spec_str(c, val, path, "a metrics address");
+    if (s == NULL)
         return -1;
-    if (v != 0)
-        return spec_fail(c, val->pos,
-                         "%s: only 0 is supported for now (redundant experts are not "
-                         "implemented yet), found %lld",
-                         path, v);
-    ((spec_cluster *)obj)->redundant_experts = 0;
-    return 0;
+    const char *problem = spec_metrics_problem(s);
+    if (problem != NULL)
+        return spec_fail(c, val->pos, "%s: bad metrics address %s: %s (e.g. \"127.0.0.1:9400\")",
+                         path, spec_quote(s, val->len, buf, sizeof buf), problem);
+    return spec_put_str(c, val, f, path, obj, s);
 }
 
 static int spec_h_device(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
@@ -704,6 +723,10 @@ static const spec_field spec_worker_fields[] = {
      .required = true,
      SPEC_STR(spec_worker, data),
      SPEC_POS(spec_worker, data_pos)},
+    {.key = "metrics",
+     .handle = spec_h_metrics,
+     SPEC_STR(spec_worker, metrics),
+     SPEC_POS(spec_worker, metrics_pos)},
 };
 SPEC_SECTION(spec_worker_section, spec_worker_fields);
 
@@ -800,6 +823,10 @@ static const spec_field spec_coordinator_fields[] = {
     {.key = "step_timeout_ms",
      .handle = spec_h_int,
      SPEC_INT(spec_cluster, step_timeout_ms, 100, 3600000)},
+    {.key = "metrics",
+     .handle = spec_h_metrics,
+     SPEC_STR(spec_cluster, metrics),
+     SPEC_POS(spec_cluster, metrics_pos)},
 };
 SPEC_SECTION(spec_coordinator_section, spec_coordinator_fields);
 
@@ -814,7 +841,20 @@ SPEC_SECTION(spec_model_section, spec_model_fields);
 
 static const spec_field spec_ep_fields[] = {
     {.key = "placement", .handle = spec_h_placement, SPEC_POS(spec_cluster, placement_pos)},
-    {.key = "redundant_experts", .handle = spec_h_redundant},
+    {.key = "redundant_experts",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, redundant_experts, 0, SPEC_MAX_REDUNDANT),
+     SPEC_POS(spec_cluster, redundant_pos)},
+    {.key = "expert_groups",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, expert_groups, 1, MC_MAX_EXPERTS),
+     SPEC_POS(spec_cluster, groups_pos)},
+    {.key = "window_steps",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, window_steps, 1, SPEC_MAX_WINDOW_STEPS)},
+    {.key = "rebalance_every_steps",
+     .handle = spec_h_int,
+     SPEC_INT(spec_cluster, rebalance_every_steps, 0, 1000000000)},
     {.key = "dispatch", .handle = spec_h_dispatch, SPEC_POS(spec_cluster, dispatch_pos)},
     {.key = "data_plane", .handle = spec_h_data_plane, SPEC_POS(spec_cluster, data_plane_pos)},
     {.key = "rejoin", .handle = spec_h_rejoin},
@@ -957,6 +997,11 @@ static int spec_check_pair(const spec_ctx *c, int i, int j)
                          "%s.data: duplicate data endpoint \"%s\" (already used by worker %s at "
                          "line %d, column %d)",
                          path, w->data, o->name, o->data_pos.line, o->data_pos.col);
+    if (w->metrics[0] && strcmp(w->metrics, o->metrics) == 0)
+        return spec_fail(c, w->metrics_pos,
+                         "%s.metrics: duplicate metrics address \"%s\" (already used by worker "
+                         "%s at line %d, column %d)",
+                         path, w->metrics, o->name, o->metrics_pos.line, o->metrics_pos.col);
     /* Several workers may share one GPU (each has its own stream and arena; tests and small
      * models do this), but NCCL refuses two ranks of a communicator on one device. */
     if (c->s->data_plane == SPEC_PLANE_NCCL && w->node_index == o->node_index &&
@@ -983,6 +1028,13 @@ static int spec_check_nccl(const spec_ctx *c)
                          "fp8 dispatch only, found %s",
                          s->data_plane_pos.line, s->data_plane_pos.col,
                          spec_dispatch_name(s->dispatch));
+    /* its step driver routes by one owner per expert, the same in every layer */
+    if (s->placement == SPEC_PLACE_EPLB || s->redundant_experts > 0 || s->rebalance_every_steps > 0)
+        return spec_fail(c, s->placement_pos.line ? s->placement_pos : s->data_plane_pos,
+                         "expert_parallel: data_plane nccl (line %d, column %d) routes by one "
+                         "owner per expert in every layer: placement eplb, redundant_experts and "
+                         "rebalance_every_steps need data_plane zmq",
+                         s->data_plane_pos.line, s->data_plane_pos.col);
     for (int i = 0; i < s->n_workers; i++) {
         const spec_worker *w = &s->workers[i];
         if (w->cuda_index >= 0)
@@ -1047,6 +1099,14 @@ static int spec_cross_check(const spec_ctx *c)
                              "%s.data: duplicate data endpoint \"%s\" (already used by "
                              "coordinator.%s at line %d, column %d)",
                              path, w->data, l ? "listen" : "admin", at.line, at.col);
+        }
+        if (w->metrics[0] && strcmp(w->metrics, s->metrics) == 0) {
+            char path[96];
+            spec_worker_path(s, i, path, sizeof path);
+            return spec_fail(c, w->metrics_pos,
+                             "%s.metrics: duplicate metrics address \"%s\" (already used by "
+                             "coordinator.metrics at line %d, column %d)",
+                             path, w->metrics, s->metrics_pos.line, s->metrics_pos.col);
         }
         for (int j = 0; j < i; j++)
             if (spec_check_pair(c, i, j) != 0)
@@ -1142,6 +1202,8 @@ static spec_cluster *spec_parse_in(const char *text, size_t len, const char *fil
     s->step_timeout_ms = 30000;
     s->placement = SPEC_PLACE_CONTIGUOUS;
     s->dispatch = SPEC_DISPATCH_FP8;
+    s->expert_groups = 1;
+    s->window_steps = SPEC_DEFAULT_WINDOW;
     spec_ctx c = {.file = s->file,
                   .text = text ? text : "",
                   .len = len,
@@ -1245,35 +1307,53 @@ const spec_worker *spec_find_worker(const spec_cluster *s, const char *name)
 
 int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err)
 {
-    int p = s->n_workers;
-    spec_pos at = s->nodes_pos;
+    int p = s->n_workers, red = s->redundant_experts;
+    spec_pos at = s->nodes_pos, rp = s->redundant_pos, gp = s->groups_pos;
     if (n_experts < 1 || n_experts > MC_MAX_EXPERTS)
         return ep_err_set(err, "%s: the model has %d routed experts (expected 1..%d)", s->file,
                           n_experts, MC_MAX_EXPERTS);
-    if (p > n_experts)
+    if (red > 0 && s->placement != SPEC_PLACE_EPLB)
         return ep_err_set(err,
-                          "%s:%d:%d: nodes: %d workers are more than the model's %d experts "
+                          "%s:%d:%d: expert_parallel.redundant_experts: %d needs placement eplb "
+                          "(replicas are placed by EPLB; placement is %s)",
+                          s->file, rp.line, rp.col, red, spec_placement_name(s->placement));
+    if ((int64_t)n_experts + red > (int64_t)n_experts * p)
+        return ep_err_set(err,
+                          "%s:%d:%d: expert_parallel.redundant_experts: %d experts + %d redundant "
+                          "need more than one replica of an expert on some of the %d workers",
+                          s->file, rp.line, rp.col, n_experts, red, p);
+    if (p > n_experts + red)
+        return ep_err_set(err,
+                          "%s:%d:%d: nodes: %d workers are more than the model's %d experts%s "
                           "(every worker must own at least one expert)",
-                          s->file, at.line, at.col, p, n_experts);
+                          s->file, at.line, at.col, p, n_experts + red,
+                          red ? " and redundant slots" : "");
     if (s->placement == SPEC_PLACE_CONTIGUOUS && n_experts % p != 0)
         return ep_err_set(err,
                           "%s:%d:%d: nodes: %d workers do not divide the model's %d experts "
                           "evenly (placement contiguous needs n_routed_experts %% workers == 0; "
-                          "round_robin does not)",
+                          "round_robin and eplb do not)",
                           s->file, at.line, at.col, p, n_experts);
-    int most = (n_experts + p - 1) / p; /* what the spec's placement gives its busiest worker */
+    if (n_experts % s->expert_groups != 0)
+        return ep_err_set(err,
+                          "%s:%d:%d: expert_parallel.expert_groups: %d groups do not divide the "
+                          "model's %d experts",
+                          s->file, gp.line, gp.col, s->expert_groups, n_experts);
+    /* what the spec's placement gives its busiest worker */
+    int most = (n_experts + red + p - 1) / p;
     spec_pos mp = s->max_experts_pos;
     if (s->max_experts_per_worker > 0 && s->max_experts_per_worker < most)
         return ep_err_set(err,
                           "%s:%d:%d: expert_parallel.max_experts_per_worker: %d is less than the "
                           "%d experts the placement gives a worker (%d experts over %d workers)",
-                          s->file, mp.line, mp.col, s->max_experts_per_worker, most, n_experts, p);
+                          s->file, mp.line, mp.col, s->max_experts_per_worker, most,
+                          n_experts + red, p);
     return 0;
 }
 
 const char *spec_placement_name(spec_placement p)
 {
-    return (unsigned)p < 2 ? spec_placement_names[p] : "unknown";
+    return (unsigned)p < 3 ? spec_placement_names[p] : "unknown";
 }
 
 const char *spec_gpu_gemm_name(spec_gpu_gemm g)

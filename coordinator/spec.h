@@ -33,9 +33,16 @@ typedef struct spec_pos {
 } spec_pos;
 
 typedef enum spec_placement {
-    SPEC_PLACE_CONTIGUOUS = 0, /* rank r owns [r*E/P, (r+1)*E/P) (spec §1.4); needs E % P == 0 */
-    SPEC_PLACE_ROUND_ROBIN = 1 /* expert e -> rank e % P */
+    SPEC_PLACE_CONTIGUOUS = 0,  /* rank r owns [r*E/P, (r+1)*E/P) (spec §1.4); needs E % P == 0 */
+    SPEC_PLACE_ROUND_ROBIN = 1, /* expert e -> rank e % P */
+    SPEC_PLACE_EPLB = 2         /* DeepSeek's EPLB with redundant_experts (coordinator/eplb.h) */
 } spec_placement;
+
+/* Bounds of the load-statistics settings (issue 9). */
+#define SPEC_MAX_WINDOW_STEPS 100000
+#define SPEC_DEFAULT_WINDOW   1000
+#define SPEC_MAX_REDUNDANT    (MC_MAX_EXPERTS * 64)
+#define SPEC_MAX_METRICS_ADDR 64
 
 typedef enum spec_dispatch {
     SPEC_DISPATCH_FP8 = 0, /* activations cross the all-to-all as FP8 e4m3 + UE8M0 scales */
@@ -65,8 +72,9 @@ typedef struct spec_worker {
     char data[EP_MAX_NAME]; /* data-plane endpoint the worker binds; unique in the cluster */
     int rank;               /* order of appearance, 0-based */
     int node_index;         /* index into spec_cluster.nodes */
-    spec_pos pos;           /* the worker's mapping */
-    spec_pos name_pos, device_pos, data_pos;
+    char metrics[SPEC_MAX_METRICS_ADDR]; /* HOST:PORT of its /metrics, "" when off */
+    spec_pos pos;                        /* the worker's mapping */
+    spec_pos name_pos, device_pos, data_pos, metrics_pos;
 } spec_worker;
 
 typedef struct spec_node {
@@ -85,8 +93,12 @@ typedef struct spec_cluster {
     int liveness;                 /* missed heartbeats before a worker is dead, 1..100, default 3 */
     int step_timeout_ms;          /* 100..3600000, default 30000 */
     char model_path[EP_MAX_PATH]; /* resolved: absolute, or relative to the process's cwd */
+    char metrics[SPEC_MAX_METRICS_ADDR]; /* coordinator.metrics HOST:PORT, "" when off */
     spec_placement placement;
-    int redundant_experts; /* always 0 for now */
+    int redundant_experts;     /* extra expert slots per layer (placement eplb) */
+    int expert_groups;         /* expert groups for hierarchical eplb (default 1: none) */
+    int window_steps;          /* steps the load statistics cover (default 1000) */
+    int rebalance_every_steps; /* 0: off; else a rebalance is tried every N steps */
     spec_dispatch dispatch;
     spec_data_plane data_plane;
     spec_rejoin rejoin;
@@ -105,6 +117,7 @@ typedef struct spec_cluster {
     spec_node *nodes; /* [n_nodes] in file order */
     spec_pos pos;     /* the top-level mapping */
     spec_pos listen_pos, admin_pos, model_pos, placement_pos, nodes_pos, max_experts_pos;
+    spec_pos metrics_pos, redundant_pos, groups_pos;
     spec_pos dispatch_pos, data_plane_pos;
 } spec_cluster;
 
@@ -125,12 +138,14 @@ void spec_free(spec_cluster **self_p);
 const spec_worker *spec_find_worker(const spec_cluster *s, const char *name);
 
 /* Cross-check the cluster with the model's routed expert count: every placement needs
- * n_workers <= n_experts (each worker owns at least one expert), contiguous also needs
- * n_experts % n_workers == 0 (the error points at the spec's nodes: key); a
- * max_experts_per_worker must hold the spec's own placement (ceil(E / P) experts). */
+ * n_workers <= n_experts + redundant_experts (each worker owns at least one expert), contiguous
+ * also needs n_experts % n_workers == 0 (the error points at the spec's nodes: key);
+ * redundant_experts needs placement eplb and at most one replica of an expert per worker
+ * (E + redundant <= E x P); expert_groups must divide n_experts; a max_experts_per_worker must
+ * hold the spec's own placement (ceil((E + redundant) / P) experts). */
 int spec_check_experts(const spec_cluster *s, int n_experts, ep_err *err);
 
-const char *spec_placement_name(spec_placement p);   /* "contiguous" / "round_robin" */
+const char *spec_placement_name(spec_placement p);   /* "contiguous" / "round_robin" / "eplb" */
 const char *spec_dispatch_name(spec_dispatch d);     /* "fp8" / "bf16" */
 const char *spec_data_plane_name(spec_data_plane p); /* "zmq" / "nccl" */
 const char *spec_rejoin_name(spec_rejoin r);         /* "restore" / "stay" */

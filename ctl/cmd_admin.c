@@ -1,5 +1,6 @@
 /*
- * cmd_admin.c — the admin verbs of epmoectl: status, workers, shards, config, shutdown.
+ * cmd_admin.c — the admin verbs of epmoectl: status, workers, shards, config, shutdown, drain,
+ * undrain, reload, rebalance.
  *
  *   epmoectl [-o table|json] status [--wait-ready [--wait-timeout S]]
  *   epmoectl [-o table|json] workers
@@ -185,6 +186,21 @@ static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb ver
     return call_rq(ctx, cmd, &rq, false, out);
 }
 
+/* "--wait-timeout S" at argv[*i]: 1 consumed (S in *wait_s), 0 not this option, or CMD_USAGE. */
+static int wait_timeout_opt(const char *cmd, int argc, char **argv, int *i, long *wait_s)
+{
+    if (strcmp(argv[*i], "--wait-timeout") != 0 || *i + 1 >= argc)
+        return 0;
+    char *end;
+    *wait_s = strtol(argv[++*i], &end, 10);
+    if (*end != '\0' || *wait_s < 1 || *wait_s > 86400) {
+        fprintf(stderr, "epmoectl %s: --wait-timeout %s: expected seconds, 1..86400\n", cmd,
+                argv[*i]);
+        return CMD_USAGE;
+    }
+    return 1;
+}
+
 /* Only -h/--help, or nothing (-o was taken by epmoectl.c). */
 static int no_args(const char *cmd, int argc, char **argv, const char *usage, cmd_ctx *ctx)
 {
@@ -265,6 +281,12 @@ static json_t *worker_json(const Epmoe__WorkerInfo *w)
     json_object_set_new(o, "drained", json_boolean(w->drained));
     json_object_set_new(o, "bytes_read",
                         w->has_bytes_read ? json_integer((json_int_t)w->bytes_read) : json_null());
+    json_object_set_new(o, "n_slots", json_integer(w->n_slots));
+    json_object_set_new(o, "slots_read",
+                        w->has_slots_read ? json_integer(w->slots_read) : json_null());
+    json_object_set_new(o, "staged",
+                        w->has_staged ? json_integer((json_int_t)w->staged) : json_null());
+    json_object_set_new(o, "prepared", json_boolean(w->has_prepared && w->prepared));
     return o;
 }
 
@@ -326,6 +348,10 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         json_object_set_new(o, "model_path", jstr(r->model_path));
         json_object_set_new(o, "steps_done", json_integer((json_int_t)r->steps_done));
         json_object_set_new(o, "steps_failed", json_integer((json_int_t)r->steps_failed));
+        json_object_set_new(o, "balance", r->has_balance ? json_real(r->balance) : json_null());
+        json_object_set_new(o, "staged_epoch",
+                            r->has_staged_epoch ? json_integer((json_int_t)r->staged_epoch)
+                                                : json_null());
         json_object_set_new(o, "workers", workers_json(r));
         json_print(o);
         return;
@@ -340,6 +366,11 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
     else
         printf("epoch        %" PRIu64 " (epoch %" PRIu64 " is being applied)\n", r->current_epoch,
                r->epoch);
+    if (r->has_staged_epoch)
+        printf("rebalance    epoch %" PRIu64 " is being prepared (steps run in %" PRIu64 ")\n",
+               r->staged_epoch, r->current_epoch);
+    if (r->has_balance)
+        printf("balance      %.3f (max/mean worker load, measured)\n", r->balance);
     if (r->problem)
         printf("problem      %s\n", r->problem);
     printf("config hash  %s\n", hash);
@@ -367,19 +398,15 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
     bool wait = false;
     long wait_s = 60;
     for (int i = 1; i < argc; i++) {
+        int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", status_usage);
             return CMD_OK;
         } else if (strcmp(argv[i], "--wait-ready") == 0) {
             wait = true;
-        } else if (strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
-            char *end;
-            wait_s = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
-                fprintf(stderr, "epmoectl status: --wait-timeout %s: expected seconds, 1..86400\n",
-                        argv[i]);
-                return CMD_USAGE;
-            }
+        } else if ((o = wait_timeout_opt("status", argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
         } else {
             fprintf(stderr,
                     "epmoectl status: unexpected argument \"%s\" (see epmoectl status "
@@ -454,9 +481,9 @@ int cmd_workers(const cmd_ctx *gctx, int argc, char **argv)
 
 static const char shards_usage[] =
     "usage: epmoectl [-o table|json] shards [--layer L]\n\n"
-    "The placement: which routed experts each rank owns (ranges like 0-31,64). The placement\n"
-    "is the same for every MoE layer; --layer (L, layers.L or mtp.I) is checked against the\n"
-    "model and echoed.\n";
+    "The placement of one MoE layer (L, layers.L or mtp.I; default the first): which routed\n"
+    "experts each rank holds (ranges like 0-31,64). An expert listed on several ranks has\n"
+    "replicas (redundant_experts); each MoE layer has its own table after a rebalance.\n";
 
 int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
 {
@@ -506,8 +533,12 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
         json_object_set_new(o, "shards", a);
         json_print(o);
     } else {
-        printf("placement %s, epoch %" PRIu64 "; the same for every layer%s%s\n\n", r->placement,
-               r->epoch, r->layer ? ", including " : "", r->layer ? r->layer : "");
+        if (r->layer)
+            printf("placement %s, epoch %" PRIu64 ", layer %s\n\n", r->placement, r->epoch,
+                   r->layer);
+        else
+            printf("placement %s, epoch %" PRIu64 "; the same for every layer\n\n", r->placement,
+                   r->epoch);
         tbl t = {.ncol = 4};
         tbl_row(&t, "RANK", "WORKER", "COUNT", "EXPERTS");
         for (size_t i = 0; i < r->n_shards; i++) {
@@ -689,19 +720,15 @@ static int drain_cmd(const cmd_ctx *gctx, int argc, char **argv, bool drain)
     bool wait = drain;
     long wait_s = 60;
     for (int i = 1; i < argc; i++) {
+        int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", drain_usage);
             return CMD_OK;
         } else if (drain && strcmp(argv[i], "--no-wait") == 0) {
             wait = false;
-        } else if (drain && strcmp(argv[i], "--wait-timeout") == 0 && i + 1 < argc) {
-            char *end;
-            wait_s = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || wait_s < 1 || wait_s > 86400) {
-                fprintf(stderr, "epmoectl drain: --wait-timeout %s: expected seconds, 1..86400\n",
-                        argv[i]);
-                return CMD_USAGE;
-            }
+        } else if (drain && (o = wait_timeout_opt(cmd, argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
         } else if (name == NULL && argv[i][0] != '-') {
             name = argv[i];
         } else {
@@ -755,4 +782,130 @@ int cmd_reload(const cmd_ctx *gctx, int argc, char **argv)
     message_print(ctx, "reload", rr.reply);
     rpc_reply_free(&rr);
     return CMD_OK;
+}
+
+/* ---- rebalance ---- */
+
+static const char rebalance_usage[] =
+    "usage: epmoectl [-o table|json] rebalance [--dry-run] [--no-wait] [--wait-timeout S]\n\n"
+    "Plan a new placement with EPLB from the load of the coordinator's window (the last\n"
+    "expert_parallel.window_steps steps) and show its balance, max/mean worker load per layer,\n"
+    "before and after. Unless --dry-run, apply it through a staged epoch: the workers load what\n"
+    "they gain while steps keep running, the switch happens at a step boundary, and no step\n"
+    "fails. Only changed experts move. Waits for the new epoch to be current unless --no-wait.\n\n"
+    "  --dry-run          plan and show, change nothing\n"
+    "  --no-wait          return once the staged epoch was started\n"
+    "  --wait-timeout S   seconds to wait (default 120)\n";
+
+static json_t *rebalance_json(const Epmoe__AdminReply *r, const Epmoe__RebalanceInfo *b, bool dry)
+{
+    json_t *o = reply_json(r), *layers = json_array();
+    json_object_set_new(o, "epoch_before", json_integer((json_int_t)b->epoch_before));
+    json_object_set_new(o, "epoch_after", json_integer((json_int_t)b->epoch_after));
+    json_object_set_new(o, "balance_before", json_real(b->balance_before));
+    json_object_set_new(o, "balance_after", json_real(b->balance_after));
+    json_object_set_new(o, "moved_experts", json_integer((json_int_t)b->moved_experts));
+    for (size_t i = 0; i < b->n_layers; i++) {
+        const Epmoe__LayerBalance *l = b->layers[i];
+        json_t *lo = json_object();
+        json_object_set_new(lo, "layer", json_integer(l->layer));
+        json_object_set_new(lo, "name", jstr(l->name));
+        json_object_set_new(lo, "balance_before", json_real(l->before));
+        json_object_set_new(lo, "balance_after", json_real(l->after));
+        json_object_set_new(lo, "measured", l->has_measured ? json_real(l->measured) : json_null());
+        json_object_set_new(lo, "moved_experts", json_integer(l->moved));
+        json_array_append_new(layers, lo);
+    }
+    json_object_set_new(o, "layers", layers);
+    json_object_set_new(o, "dry_run", json_boolean(dry));
+    json_object_set_new(o, "applied", json_boolean(b->applied));
+    json_object_set_new(o, "policy", json_string(b->hierarchical ? "hierarchical" : "global"));
+    json_object_set_new(o, "window_steps", json_integer(b->window_steps));
+    json_object_set_new(o, "plan_seconds", json_real(b->plan_seconds));
+    return o;
+}
+
+static void rebalance_table(const Epmoe__RebalanceInfo *b, bool dry)
+{
+    printf("balance      %.3f -> %.3f (max/mean worker load, average of %zu loaded layers)\n",
+           b->balance_before, b->balance_after, b->n_layers);
+    printf("moves        %" PRIu64 " replicas (EPLB %s, %u steps in the window, planned in "
+           "%.3f s)\n",
+           b->moved_experts, b->hierarchical ? "hierarchical" : "global", b->window_steps,
+           b->plan_seconds);
+    if (dry)
+        printf("epoch        %" PRIu64 " (dry run: nothing applied)\n\n", b->epoch_before);
+    else if (b->applied)
+        printf("epoch        %" PRIu64 " -> %" PRIu64 " (staged: workers load, then switch)\n\n",
+               b->epoch_before, b->epoch_after);
+    else
+        printf("epoch        %" PRIu64 " (the plan changes nothing)\n\n", b->epoch_before);
+    tbl t = {.ncol = 5};
+    tbl_row(&t, "LAYER", "MEASURED", "BEFORE", "AFTER", "MOVED");
+    for (size_t i = 0; i < b->n_layers; i++) {
+        const Epmoe__LayerBalance *l = b->layers[i];
+        char m[32], bf[32], af[32], mv[16];
+        snprintf(m, sizeof m, l->has_measured ? "%.3f" : "-", l->measured);
+        snprintf(bf, sizeof bf, "%.3f", l->before);
+        snprintf(af, sizeof af, "%.3f", l->after);
+        snprintf(mv, sizeof mv, "%u", l->moved);
+        tbl_row(&t, l->name, m, bf, af, mv);
+    }
+    tbl_print(&t);
+}
+
+int cmd_rebalance(const cmd_ctx *gctx, int argc, char **argv)
+{
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    bool dry = false, wait = true;
+    long wait_s = 120;
+    for (int i = 1; i < argc; i++) {
+        int o;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", rebalance_usage);
+            return CMD_OK;
+        } else if (strcmp(argv[i], "--dry-run") == 0) {
+            dry = true;
+        } else if (strcmp(argv[i], "--no-wait") == 0) {
+            wait = false;
+        } else if ((o = wait_timeout_opt("rebalance", argc, argv, &i, &wait_s)) != 0) {
+            if (o != 1)
+                return o;
+        } else {
+            fprintf(stderr,
+                    "epmoectl rebalance: unexpected argument \"%s\" (see epmoectl rebalance "
+                    "--help)\n",
+                    argv[i]);
+            return CMD_USAGE;
+        }
+    }
+    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
+    rq.has_verb = rq.has_dry_run = 1;
+    rq.verb = EPMOE__ADMIN_VERB__ADMIN_REBALANCE;
+    rq.dry_run = dry;
+    rpc_reply rr;
+    ep_err err;
+    int rc = rpc_call(ctx, &rq, NULL, 0, dry, &rr, &err); /* a real rebalance is sent once */
+    if (rc != CMD_OK) {
+        fprintf(stderr, "epmoectl rebalance: %s\n", err.msg);
+        return rc;
+    }
+    if (!rr.reply->has_ok || !rr.reply->ok) {
+        rc = rpc_report_error("rebalance", rr.reply);
+        rpc_reply_free(&rr);
+        return rc;
+    }
+    const Epmoe__RebalanceInfo *b = rr.reply->rebalance;
+    if (b == NULL) {
+        rpc_reply_free(&rr);
+        return protocol_error("rebalance", ctx, "the plan");
+    }
+    if (ctx->output == CMD_OUT_JSON)
+        json_print(rebalance_json(rr.reply, b, dry));
+    else
+        rebalance_table(b, dry);
+    uint64_t epoch = b->epoch_after;
+    bool applied = b->applied;
+    rpc_reply_free(&rr);
+    return wait && applied ? wait_epoch(ctx, "rebalance", epoch, wait_s) : CMD_OK;
 }

@@ -64,5 +64,6 @@ int cmd_shutdown(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_drain(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_undrain(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_reload(const cmd_ctx *ctx, int argc, char **argv);
+int cmd_rebalance(const cmd_ctx *ctx, int argc, char **argv);
 
 #endif

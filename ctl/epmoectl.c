@@ -36,6 +36,7 @@ static const struct {
     {"drain", cmd_drain, "move a worker's experts to the others (then it can be stopped)"},
     {"undrain", cmd_undrain, "let a drained worker own experts again"},
     {"reload", cmd_reload, "make the coordinator re-read its cluster spec (like SIGHUP)"},
+    {"rebalance", cmd_rebalance, "place experts by the measured load (EPLB), or --dry-run"},
 };
 
 static void ctl_usage(FILE *out)

@@ -22,6 +22,7 @@
 #include "common/model_msg.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
+#include "worker/wmetrics.h"
 
 #ifndef EPMOE_VERSION_STRING
 #define EPMOE_VERSION_STRING "unknown"
@@ -63,6 +64,8 @@ typedef struct wctl {
     int64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
     bool done;
     int exit_code;
+    uint64_t staged; /* a staged epoch the executor prepares (0: none) */
+    wmx *mx;         /* metrics, served when WELCOME names an address */
 } wctl;
 
 static int64_t wctl_now_ms(void)
@@ -82,6 +85,7 @@ static const char *wctl_code_name(int code)
 static void wctl_set_state(wctl *w, wctl_state s, const char *detail)
 {
     w->state = s;
+    wmx_state(w->mx, wctl_state_names[s]);
     sdn_notifyf("STATUS=%s%s%s", wctl_state_names[s], detail ? ": " : "", detail ? detail : "");
     log_debug(LOG_SUB_NET, "state %s%s%s", wctl_state_names[s], detail ? ": " : "",
               detail ? detail : "");
@@ -226,14 +230,16 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *e
         return NULL;
     }
     s->config = c;
-    if (exec_check_placement(s, true, w->expert_owner, w->n_expert_owner, w->members, w->n_members,
-                             err) != 0) {
+    pl_table *t = exec_parse_placement(s, true, w->expert_owner, w->n_expert_owner, w->placement,
+                                       w->members, w->n_members, err);
+    if (t == NULL) {
         ep_err_prefix(err, "WELCOME");
         exec_session_free(&s);
         return NULL;
     }
     if (wctl_check_peers(w, secure, s, err) != 0 || wctl_check_strings(w, s, err) != 0 ||
         wctl_check_checkpoint(w, s, err) != 0) {
+        pl_free(&t);
         exec_session_free(&s);
         return NULL;
     }
@@ -241,7 +247,7 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *e
     s->rank = (int)w->rank;
     s->epoch = w->epoch;
     s->session = w->session;
-    exec_set_placement(s, w->expert_owner, w->members, w->n_members);
+    exec_adopt_placement(s, &t, w->members, w->n_members);
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
     s->gpu_gemm = w->has_gpu_gemm && w->gpu_gemm == EPMOE__GPU_GEMM__GPU_GEMM_FAST ? MB_GEMM_FAST
                                                                                    : MB_GEMM_EXACT;
@@ -483,9 +489,12 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     w->rank = s->rank;
     w->world_size = s->world_size;
     w->epoch = s->epoch;
+    w->staged = 0;
     w->heartbeat_ms = (int)wm->heartbeat_ms;
     w->liveness = (int)wm->liveness;
     w->max_msg = mmsg_max_frame(&s->config); /* for the next connection */
+    if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
+        log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
     wctl_exec_reset(w);
     if (exec_send_session(w->exec, &s, &err) != 0)
@@ -547,7 +556,21 @@ static void wctl_on_epoch(wctl *w, wire_msg *m)
         return;
     }
     uint64_t epoch = ep->epoch;
+    bool staged = ep->has_staged && ep->staged;
     wire_free_unpacked(&ep->base);
+    if (staged) {
+        /* a rebalance: the executor prepares it between the steps it keeps serving */
+        if (w->state != WCTL_READY) {
+            wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH,
+                            "worker %s: staged EPOCH in state %s (expected ready)", w->opt->name,
+                            wctl_state_names[w->state]);
+            return;
+        }
+        w->staged = epoch;
+        wctl_relay(m, exec_pipe(w->exec), false);
+        log_info("preparing staged placement epoch %llu", (unsigned long long)epoch);
+        return;
+    }
     if (w->state != WCTL_LOADING && w->state != WCTL_READY && w->state != WCTL_LOAD_FAILED) {
         wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH,
                         "worker %s: EPOCH in state %s (expected after LOAD)", w->opt->name,
@@ -556,9 +579,40 @@ static void wctl_on_epoch(wctl *w, wire_msg *m)
     }
     /* the executor handles it after a load in progress, so epochs apply in order */
     w->epoch = epoch;
+    w->staged = 0;
     wctl_relay(m, exec_pipe(w->exec), false);
     char detail[128];
     snprintf(detail, sizeof detail, "loading placement epoch %llu", (unsigned long long)epoch);
+    wctl_set_state(w, WCTL_LOADING, detail);
+}
+
+/* EPOCH_COMMIT: the staged epoch is served from now on (the executor switches, READY). */
+static void wctl_on_commit(wctl *w, wire_msg *m)
+{
+    ep_err err;
+    const uint16_t COMMIT = EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT;
+    Epmoe__EpochCommit *c =
+        (Epmoe__EpochCommit *)wire_unpack(&epmoe__epoch_commit__descriptor, m, &err);
+    if (c == NULL || !c->has_epoch) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, COMMIT, "%s",
+                        c ? "EPOCH_COMMIT without an epoch" : err.msg);
+        wire_free_unpacked(c ? &c->base : NULL);
+        return;
+    }
+    uint64_t epoch = c->epoch;
+    wire_free_unpacked(&c->base);
+    if (w->state != WCTL_READY || epoch != w->staged) {
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, COMMIT,
+                        "worker %s: EPOCH_COMMIT %llu in state %s (staged: %llu)", w->opt->name,
+                        (unsigned long long)epoch, wctl_state_names[w->state],
+                        (unsigned long long)w->staged);
+        return;
+    }
+    w->epoch = epoch;
+    w->staged = 0;
+    wctl_relay(m, exec_pipe(w->exec), false);
+    char detail[128];
+    snprintf(detail, sizeof detail, "switching to placement epoch %llu", (unsigned long long)epoch);
     wctl_set_state(w, WCTL_LOADING, detail);
 }
 
@@ -609,6 +663,9 @@ static void wctl_on_coordinator(wctl *w, wire_msg *m)
         break;
     case EPMOE__MSG_TYPE__MSG_EPOCH:
         wctl_on_epoch(w, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT:
+        wctl_on_commit(w, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP:
         wctl_on_step(w, m);
@@ -677,12 +734,13 @@ static void wctl_read_monitor(wctl *w)
 /* ---- executor messages ------------------------------------------------------------------------
  */
 
-/* The epoch a READY from the executor is for (0 when it does not say): a READY for an epoch
- * that a newer EPOCH replaced while it loaded does not make the worker ready. */
+/* The epoch a READY from the executor is for (0 when it does not say, or when it only says a
+ * staged epoch is prepared): a READY for an epoch that a newer EPOCH replaced while it loaded
+ * does not make the worker ready. */
 static uint64_t wctl_ready_epoch(const wire_msg *m)
 {
     Epmoe__Ready *r = (Epmoe__Ready *)wire_unpack(&epmoe__ready__descriptor, m, NULL);
-    uint64_t epoch = r && r->has_epoch ? r->epoch : 0;
+    uint64_t epoch = r && r->has_epoch && !(r->has_staged && r->staged) ? r->epoch : 0;
     wire_free_unpacked(r ? &r->base : NULL);
     return epoch;
 }
@@ -704,8 +762,11 @@ static void wctl_on_exec(wctl *w, wire_msg *m)
         snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
                  (unsigned long long)w->epoch);
         wctl_set_state(w, WCTL_READY, detail);
+        wmx_epoch(w->mx, w->epoch);
         sdn_notify("READY=1");
         log_info("ready: %s", detail);
+    } else if (m->type == EPMOE__MSG_TYPE__MSG_ERROR && w->state == WCTL_READY && w->staged) {
+        w->staged = 0; /* the staged epoch could not be prepared; the served one goes on */
     } else if (m->type == EPMOE__MSG_TYPE__MSG_ERROR && w->state == WCTL_LOADING) {
         wctl_set_state(w, WCTL_LOAD_FAILED, "see the log");
     }
@@ -889,6 +950,10 @@ int wctl_run(const wctl_options *opt)
     w.exec = exec_start(w.zctx, &be, opt->key, &err);
     if (w.exec == NULL)
         goto fail_exec;
+    /* metrics are best effort: a worker serves without them */
+    w.mx = wmx_create(&err);
+    if (w.mx == NULL || exec_send_metrics(w.exec, w.mx, &err) != 0)
+        log_error("metrics: %s", err.msg);
     if (wctl_connect(&w, &err) != 0)
         goto fail_connect;
     uint64_t wd = sdn_watchdog_usec();
@@ -899,6 +964,7 @@ int wctl_run(const wctl_options *opt)
     wctl_loop(&w);
     sdn_notify("STOPPING=1");
     exec_stop(&w.exec);
+    wmx_destroy(&w.mx); /* after the executor: it updates them */
     if (w.dealer)
         wctl_close_dealer_with(&w, w.dealer);
     if (w.retired)
@@ -910,6 +976,7 @@ int wctl_run(const wctl_options *opt)
 
 fail_connect:
     exec_stop(&w.exec);
+    wmx_destroy(&w.mx);
 fail_exec:
     auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);

@@ -34,11 +34,13 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "common/model_msg.h"
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
 #include "worker/shard.h"
 #include "worker/step_nccl.h"
+#include "worker/wmetrics.h"
 
 /* LOADING messages per second at most. */
 #define EXEC_PROGRESS_INTERVAL_S 0.1
@@ -57,6 +59,12 @@ struct exec_actor {
     bool secure;
     auth_keypair key; /* with security */
 };
+
+/* What a load keeps and reads: (layer, expert) slots the rank holds, the most in one layer, and
+ * of those the ones the old layers already held. */
+typedef struct exec_slots {
+    int max_per_layer, slots, kept;
+} exec_slots;
 
 typedef struct exec_state {
     exec_actor *actor;
@@ -82,6 +90,16 @@ typedef struct exec_state {
     bool stop;
     wire_msg stash[EXEC_MAX_STASH];
     int n_stash;
+    /* a staged epoch (a rebalance): its session and layers, loaded beside the serving ones */
+    exec_session *staged;
+    mb_layer **staged_layers; /* [n_layers] */
+    exec_slots staged_cost;   /* what preparing it read: its commit reports it */
+    uint64_t staged_bytes;
+    uint64_t staged_files; /* exec_files_hash of the files it was read from */
+    double staged_load_s;
+    /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
+    struct exec_step_s *open;
+    struct wmx *mx; /* the worker's metrics (thread-safe), or NULL */
 } exec_state;
 
 static double exec_now(void)
@@ -127,48 +145,134 @@ void exec_session_free(exec_session **self_p)
     free(s->peer_key);
     free(s->checkpoint);
     free(s->member);
+    pl_free(&s->place);
     free(s);
     *self_p = NULL;
+}
+
+/* A copy of s (its peers and config) for a staged epoch; NULL when out of memory. */
+static exec_session *exec_session_dup(const exec_session *s)
+{
+    exec_session *c = exec_session_new(s->config.n_routed_experts, s->world_size);
+    if (c == NULL)
+        return NULL;
+    uint32_t *owner = c->expert_owner;
+    uint8_t *member = c->member;
+    char **pe = c->peer_endpoint, **pn = c->peer_name;
+    *c = *s;
+    c->expert_owner = owner;
+    c->member = member;
+    c->peer_endpoint = pe;
+    c->peer_name = pn;
+    c->place = s->place ? pl_copy(s->place) : NULL;
+    memcpy(owner, s->expert_owner, (size_t)s->config.n_routed_experts * sizeof *owner);
+    memcpy(member, s->member, (size_t)s->world_size);
+    bool ok = s->place == NULL || c->place != NULL;
+    /* the keys and the fingerprint are the copy's own (each session frees its arrays) */
+    c->peer_key = NULL;
+    c->checkpoint = NULL;
+    if (ok && s->peer_key) {
+        size_t n = (size_t)s->world_size * sizeof *s->peer_key;
+        ok = (c->peer_key = malloc(n)) != NULL;
+        if (ok)
+            memcpy(c->peer_key, s->peer_key, n);
+    }
+    if (ok && s->n_checkpoint > 0) {
+        size_t n = (size_t)s->n_checkpoint * sizeof *s->checkpoint;
+        ok = (c->checkpoint = malloc(n)) != NULL;
+        if (ok)
+            memcpy(c->checkpoint, s->checkpoint, n);
+    }
+    for (int r = 0; r < s->world_size && ok; r++) {
+        pe[r] = s->peer_endpoint[r] ? strdup(s->peer_endpoint[r]) : NULL;
+        pn[r] = s->peer_name[r] ? strdup(s->peer_name[r]) : NULL;
+        ok = (pe[r] || !s->peer_endpoint[r]) && (pn[r] || !s->peer_name[r]);
+    }
+    if (!ok)
+        exec_session_free(&c);
+    return c;
+}
+
+pl_table *exec_parse_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
+                               size_t n_owner, const Epmoe__Placement *pm, const uint32_t *members,
+                               size_t n_members, ep_err *err)
+{
+    if (!has_epoch) {
+        ep_err_set(err, "epoch missing");
+        return NULL;
+    }
+    pl_table *t = mmsg_placement_in(mc_num_layers(&s->config), s->config.n_routed_experts,
+                                    s->world_size, owner, n_owner, pm, err);
+    if (t == NULL)
+        return NULL;
+    if (n_members > (size_t)s->world_size) {
+        ep_err_set(err, "%zu members, more than world_size %d", n_members, s->world_size);
+        goto fail;
+    }
+    for (size_t i = 0; i < n_members; i++)
+        if (members[i] >= (uint32_t)s->world_size || (i > 0 && members[i] <= members[i - 1])) {
+            ep_err_set(err, "members[%zu] = %u: expected ascending ranks < world_size %d", i,
+                       members[i], s->world_size);
+            goto fail;
+        }
+    /* every holder must be a member: the others never get a STEP and would never answer */
+    if (n_members > 0) {
+        uint8_t *holds = malloc((size_t)s->world_size);
+        if (holds == NULL) {
+            ep_err_set(err, "out of memory");
+            goto fail;
+        }
+        pl_members(t, holds);
+        for (size_t i = 0; i < n_members; i++)
+            holds[members[i]] = 0;
+        for (int r = 0; r < s->world_size; r++)
+            if (holds[r]) {
+                free(holds);
+                ep_err_set(err, "rank %d holds experts but is not a member", r);
+                goto fail;
+            }
+        free(holds);
+    }
+    return t;
+fail:
+    pl_free(&t);
+    return NULL;
+}
+
+void exec_adopt_placement(exec_session *s, pl_table **pl_p, const uint32_t *members,
+                          size_t n_members)
+{
+    pl_free(&s->place);
+    s->place = *pl_p;
+    *pl_p = NULL;
+    int E = s->config.n_routed_experts;
+    if (!pl_flat_owner(s->place, s->expert_owner))
+        for (int e = 0; e < E; e++) { /* NCCL's view: the first replica of layer 0 */
+            int n;
+            s->expert_owner[e] = pl_replicas(s->place, 0, e, &n)[0];
+        }
+    memset(s->member, n_members == 0, (size_t)s->world_size);
+    for (size_t i = 0; i < n_members; i++)
+        s->member[members[i]] = 1;
+    s->n_members = n_members == 0 ? s->world_size : (int)n_members;
 }
 
 int exec_check_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
                          size_t n_owner, const uint32_t *members, size_t n_members, ep_err *err)
 {
-    if (!has_epoch)
-        return ep_err_set(err, "epoch missing");
-    if (n_owner != (size_t)s->config.n_routed_experts)
-        return ep_err_set(err, "expert_owner has %zu entries, expected n_routed_experts %d",
-                          n_owner, s->config.n_routed_experts);
-    for (size_t e = 0; e < n_owner; e++)
-        if (owner[e] >= (uint32_t)s->world_size)
-            return ep_err_set(err, "expert_owner[%zu] = %u, expected < world_size %d", e, owner[e],
-                              s->world_size);
-    if (n_members > (size_t)s->world_size)
-        return ep_err_set(err, "%zu members, more than world_size %d", n_members, s->world_size);
-    for (size_t i = 0; i < n_members; i++)
-        if (members[i] >= (uint32_t)s->world_size || (i > 0 && members[i] <= members[i - 1]))
-            return ep_err_set(err, "members[%zu] = %u: expected ascending ranks < world_size %d", i,
-                              members[i], s->world_size);
-    /* every owner must be a member: the others never get a STEP and would never answer */
-    for (size_t e = 0; e < n_owner && n_members > 0; e++) {
-        size_t i = 0;
-        while (i < n_members && members[i] != owner[e])
-            i++;
-        if (i == n_members)
-            return ep_err_set(err, "expert %zu belongs to rank %u, which is not a member", e,
-                              owner[e]);
-    }
-    return 0;
+    pl_table *t = exec_parse_placement(s, has_epoch, owner, n_owner, NULL, members, n_members, err);
+    int rc = t ? 0 : -1;
+    pl_free(&t);
+    return rc;
 }
 
 void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *members,
                         size_t n_members)
 {
-    memcpy(s->expert_owner, owner, (size_t)s->config.n_routed_experts * sizeof *owner);
-    memset(s->member, n_members == 0, (size_t)s->world_size);
-    for (size_t i = 0; i < n_members; i++)
-        s->member[members[i]] = 1;
-    s->n_members = n_members == 0 ? s->world_size : (int)n_members;
+    pl_table *t =
+        pl_flat(mc_num_layers(&s->config), s->config.n_routed_experts, s->world_size, owner, NULL);
+    if (t != NULL)
+        exec_adopt_placement(s, &t, members, n_members);
 }
 
 const char *exec_backend_name(const exec_actor *a)
@@ -244,9 +348,19 @@ static void exec_free_shard(exec_state *st)
     st->n_layers = 0;
 }
 
+static void exec_drop_staged(exec_state *st)
+{
+    exec_free_layers(st->staged_layers, st->n_layers);
+    st->staged_layers = NULL;
+    exec_session_free(&st->staged);
+}
+
+static void exec_close_open(exec_state *st);
+
 /* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
 static void exec_close_plane(exec_state *st)
 {
+    exec_close_open(st);
     tp_destroy(&st->tp);
     for (int r = 0; st->tp_peers && r < st->tp_world; r++)
         free(st->tp_peers[r]);
@@ -263,8 +377,10 @@ static void exec_close_plane(exec_state *st)
  * I/O threads have cleaned up and the close is harmless. */
 static void exec_drop_session(exec_state *st)
 {
+    exec_close_open(st);
     st->ready = false;
     st->have_last = false;
+    exec_drop_staged(st);
     sn_destroy(&st->sn); /* an NCCL communicator belongs to its session */
     tp_comm_destroy(&st->comm);
     exec_session_free(&st->session);
@@ -275,9 +391,12 @@ static void exec_drop_session(exec_state *st)
 
 typedef struct exec_progress {
     exec_state *st;
+    const exec_session *s; /* the session being loaded */
     uint64_t total;
     int layers_done, layers_total;
     double start, last; /* when the layers' load began; the last LOADING */
+    bool serve;         /* a staged load: serve steps between layers */
+    int served_at;      /* the layer boundary steps were last served at */
 } exec_progress;
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
@@ -285,7 +404,7 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     Epmoe__Loading m = EPMOE__LOADING__INIT;
     m.has_epoch = m.has_bytes_done = m.has_bytes_total = 1;
     m.has_layers_done = m.has_layers_total = 1;
-    m.epoch = p->st->session->epoch;
+    m.epoch = p->s->epoch;
     m.bytes_done = done;
     m.bytes_total = p->total;
     m.layers_done = (uint32_t)p->layers_done;
@@ -296,17 +415,28 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     p->last = exec_now();
 }
 
+static bool exec_serve_between_layers(exec_progress *p);
+
 /* shard_load's progress: LOADING at most every EXEC_PROGRESS_INTERVAL_S, and a stop request
- * while a RESET or TERM is pending. */
+ * while a RESET or TERM is pending. A staged load serves steps at each layer boundary: shard_load
+ * reports a new layers_done before it starts that layer, when no backend call is under way. */
 static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers_done,
                             int layers_total)
 {
     exec_progress *p = ctx;
+    bool boundary = layers_done != p->served_at;
     p->total = total;
     p->layers_done = layers_done;
     p->layers_total = layers_total;
-    if (p->last == 0 || exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S || done == total)
-        exec_send_loading(p, done);
+    wmx_load_progress(p->st->mx, done, total);
+    if (!p->serve &&
+        (p->last == 0 || exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S || done == total))
+        exec_send_loading(p, done); /* a staged load says nothing until it is prepared */
+    if (p->serve && boundary) {
+        p->served_at = layers_done;
+        if (!exec_serve_between_layers(p))
+            return 1;
+    }
     return atomic_load(&p->st->actor->cancel) > 0;
 }
 
@@ -346,6 +476,18 @@ static int exec_plane_key(exec_state *st, ep_err *err)
     return st->tp_peers ? 0 : ep_err_set(err, "out of memory");
 }
 
+/* [E]: 1 where rank holds expert e in some layer (the data plane's check; the executor checks
+ * the step's layer). */
+static uint8_t *exec_owned_any(const exec_session *s)
+{
+    int E = s->config.n_routed_experts, L = mc_num_layers(&s->config);
+    uint8_t *o = calloc((size_t)E, 1);
+    for (int l = 0; o != NULL && l < L; l++)
+        for (int e = 0; e < E; e++)
+            o[e] |= pl_holds(s->place, l, e, s->rank);
+    return o;
+}
+
 /* The data plane of the session's epoch: the open one with the new placement when it fits,
  * else a new one. Rebinding drops whatever the peers had in flight to the old sockets and
  * makes them reconnect; keeping the sockets within a coordinator's epochs avoids both. */
@@ -356,8 +498,14 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
         exec_close_plane(st);
         return exec_nccl_open(st, err);
     }
-    if (exec_plane_fits(st))
-        return tp_set_placement(st->tp, s->epoch, s->expert_owner, err);
+    uint8_t *owned = exec_owned_any(s);
+    if (owned == NULL)
+        return ep_err_set(err, "out of memory");
+    if (exec_plane_fits(st)) {
+        int rc = tp_set_placement_owned(st->tp, s->epoch, owned, err);
+        free(owned);
+        return rc;
+    }
     exec_close_plane(st);
     tp_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
@@ -367,15 +515,19 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
                      .n_experts = s->config.n_routed_experts,
                      .topk = s->config.num_experts_per_tok,
                      .expert_owner = s->expert_owner,
+                     .owned = owned,
                      .bind_endpoint = s->data_endpoint};
-    if (st->actor->secure && s->peer_key == NULL)
+    if (st->actor->secure && s->peer_key == NULL) {
+        free(owned);
         return ep_err_set(err, "this worker has a key (--key) but WELCOME gave no peer keys");
+    }
     if (st->actor->secure) {
         cfg.key = &st->actor->key;
         cfg.peer_key = (const uint8_t(*)[AUTH_KEY_BYTES])s->peer_key;
         cfg.peer_name = (const char *const *)s->peer_name;
     }
     st->tp = tp_create(st->actor->zctx, &cfg, err);
+    free(owned);
     if (st->tp == NULL || exec_plane_key(st, err) != 0)
         return -1;
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
@@ -402,76 +554,99 @@ static uint64_t exec_files_hash(const st_model *m)
     return h;
 }
 
-/* The experts the layers hold (the same in every layer), or none. */
-static void exec_held(const exec_state *st, uint8_t *have, int E)
+static exec_slots exec_count_slots(const exec_session *s, mb_layer *const *old, int n_old)
 {
-    for (int e = 0; e < E; e++)
-        have[e] = st->n_layers > 0 && st->layers[0] && mb_layer_owns(st->layers[0], e);
+    int E = s->config.n_routed_experts, L = mc_num_layers(&s->config);
+    exec_slots c = {0};
+    for (int l = 0; l < L; l++) {
+        int n = 0;
+        for (int e = 0; e < E; e++) {
+            if (!pl_holds(s->place, l, e, s->rank))
+                continue;
+            n++;
+            c.kept += l < n_old && old[l] && mb_layer_owns(old[l], e);
+        }
+        c.slots += n;
+        c.max_per_layer = n > c.max_per_layer ? n : c.max_per_layer;
+    }
+    return c;
 }
 
-/* Load every layer with the experts this rank owns, keeping those the old layers hold; 1 when
- * cancelled (RESET or TERM pending), -1 on error. *kept: owned experts that were held. */
-static int exec_load_layers(exec_state *st, const st_model *m, exec_progress *p, int *kept,
-                            ep_err *err)
+/* Load every layer of session s into out[L] (the experts the rank holds in each layer), reusing
+ * what old[n_old] holds (old stays usable); 1 when cancelled or abandoned, -1 on error. */
+static int exec_load_into(exec_state *st, const exec_session *s, mb_layer **old, int n_old,
+                          mb_layer **out, exec_progress *p, exec_slots *cost, uint64_t *files,
+                          ep_err *err)
 {
-    exec_session *s = st->session;
     const mc_config *c = &s->config;
     int E = c->n_routed_experts, L = mc_num_layers(c);
-    uint8_t *want = calloc((size_t)L * (size_t)E, 1), *have = calloc((size_t)E, 1);
-    mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    uint8_t *want = calloc((size_t)L * (size_t)E, 1);
+    st_model *m = NULL;
     int rc = -1;
-    if (want == NULL || have == NULL || layers == NULL) {
+    if (want == NULL) {
         ep_err_set(err, "out of memory");
         goto done;
     }
-    exec_held(st, have, E);
-    *kept = 0;
-    for (int e = 0; e < E; e++)
-        *kept += have[e] && s->expert_owner[e] == (uint32_t)s->rank;
     for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++)
-            want[(size_t)l * E + e] = s->expert_owner[e] == (uint32_t)s->rank;
+            want[(size_t)l * E + e] = pl_holds(s->place, l, e, s->rank);
+    if ((m = st_model_open(s->model_path, err)) == NULL)
+        goto done;
+    /* the files opened are the files loaded: compare those with the coordinator's */
+    if (s->n_checkpoint > 0 && st_model_check_prints(m, s->checkpoint, s->n_checkpoint, err) != 0)
+        goto done;
+    *files = exec_files_hash(m);
+    if (n_old > 0 && *files != st->shard_files) {
+        log_info("the checkpoint's files changed since the loaded experts were read: reading "
+                 "every expert again");
+        old = NULL;
+        n_old = 0;
+        *cost = exec_count_slots(s, NULL, 0);
+    }
+    p->start = exec_now();
     rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
-        rc = shard_load(st->be, m, c, want, st->n_layers == L ? st->layers : NULL, EP_MAX_TOKENS,
-                        layers, exec_on_progress, p, err);
-    /* the old layers gave their kept experts to the new ones (or the load failed half-way and
-     * they may have): either way only the new layers are to be trusted */
-    exec_free_shard(st);
-    if (rc == 0) {
-        st->layers = layers;
-        st->n_layers = L;
-        layers = NULL;
-        st->shard_hash = s->config_hash;
-        snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
-        st->shard_files = exec_files_hash(m);
-    }
+        rc = shard_load(st->be, m, c, want, n_old == L ? old : NULL, EP_MAX_TOKENS, out,
+                        exec_on_progress, p, err);
 done:
-    free(layers);
+    st_model_close(&m);
     free(want);
-    free(have);
     return rc;
 }
 
-static void exec_send_ready(exec_state *st, uint64_t bytes_read, int kept, double load_s)
+static double exec_gbps(uint64_t bytes, double s)
 {
-    exec_session *s = st->session;
+    return s > 0 ? (double)bytes / s / 1e9 : 0.0;
+}
+
+static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
+{
     uint64_t bytes = 0;
-    for (int l = 0; l < st->n_layers; l++)
-        bytes += mb_layer_bytes(st->layers[l]);
-    uint32_t owned = 0;
-    for (int e = 0; e < s->config.n_routed_experts; e++)
-        owned += s->expert_owner[e] == (uint32_t)s->rank;
+    for (int l = 0; l < n; l++)
+        bytes += mb_layer_bytes(layers[l]);
+    return bytes;
+}
+
+/* READY for session s with its layers: n_experts is the most it holds in one layer. */
+static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *const *layers,
+                            uint64_t bytes_read, exec_slots c, bool staged, double load_s)
+{
     Epmoe__Ready r = EPMOE__READY__INIT;
     r.has_epoch = r.has_config_hash = r.has_bytes_loaded = r.has_n_experts = 1;
     r.epoch = s->epoch;
     r.config_hash = s->config_hash;
-    r.bytes_loaded = bytes;
-    r.n_experts = owned;
+    r.bytes_loaded = exec_layer_bytes(layers, st->n_layers);
+    r.n_experts = (uint32_t)c.max_per_layer;
     r.has_bytes_read = r.has_experts_kept = r.has_load_ms = 1;
     r.bytes_read = bytes_read;
-    r.experts_kept = (uint32_t)kept;
+    /* per layer on average: experts_kept predates per-layer placement */
+    r.experts_kept = (uint32_t)(st->n_layers > 0 ? c.kept / st->n_layers : 0);
     r.load_ms = (uint32_t)(load_s * 1000.0);
+    r.has_n_slots = r.has_slots_kept = 1;
+    r.n_slots = (uint32_t)c.slots;
+    r.slots_kept = (uint32_t)c.kept;
+    r.has_staged = staged;
+    r.staged = staged;
     r.backend = (char *)mb_name(st->be);
     if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
         r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
@@ -491,34 +666,30 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
                    wire_type_name(in_reply_to));
         return;
     }
+    exec_close_open(st);
     st->ready = false;
     st->have_last = false;
-    if (st->n_layers > 0 && (st->shard_hash != st->session->config_hash ||
-                             strcmp(st->shard_model, st->session->model_path) != 0))
+    exec_drop_staged(st);
+    exec_session *s = st->session;
+    if (st->n_layers > 0 &&
+        (st->shard_hash != s->config_hash || strcmp(st->shard_model, s->model_path) != 0))
         exec_free_shard(st); /* another model or config: nothing to keep */
     double t0 = exec_now();
     ep_err err = {{0}};
-    st_model *m = NULL;
-    exec_progress p = {.st = st};
-    int kept = 0;
-    int rc = exec_open_data_plane(st, &err);
-    if (rc == 0 && (m = st_model_open(st->session->model_path, &err)) == NULL)
-        rc = -1;
-    /* the files opened are the files loaded: compare those with the coordinator's */
-    if (rc == 0 && st->session->n_checkpoint > 0 &&
-        st_model_check_prints(m, st->session->checkpoint, st->session->n_checkpoint, &err) != 0)
-        rc = -1;
-    if (rc == 0 && st->n_layers > 0 && exec_files_hash(m) != st->shard_files) {
-        log_info("the checkpoint's files changed since the loaded experts were read: reading "
-                 "every expert again");
-        exec_free_shard(st);
-    }
-    p.start = exec_now();
+    exec_progress p = {.st = st, .s = s, .served_at = -1};
+    int L = mc_num_layers(&s->config);
+    exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
+    mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    uint64_t files = 0;
+    int rc = layers ? exec_open_data_plane(st, &err) : ep_err_set(&err, "out of memory");
     if (rc == 0)
-        rc = exec_load_layers(st, m, &p, &kept, &err);
-    double load_s = exec_now() - p.start;
-    st_model_close(&m);
+        rc = exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err);
+    double load_s = p.start > 0 ? exec_now() - p.start : 0;
+    /* the old layers gave their kept experts to the new ones (or the load failed half-way and
+     * they may have): either way only the new layers are to be trusted */
+    exec_free_shard(st);
     if (rc != 0) {
+        free(layers);
         exec_close_plane(st);
         if (rc > 0) {
             log_info("load abandoned (reset or shutdown)");
@@ -528,20 +699,69 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
         exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, in_reply_to, "%s", err.msg);
         return;
     }
+    st->layers = layers;
+    st->n_layers = L;
+    st->shard_hash = s->config_hash;
+    snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
+    st->shard_files = files;
     st->ready = true;
-    int owned = 0;
-    for (int e = 0; e < st->session->config.n_routed_experts; e++)
-        owned += st->session->expert_owner[e] == (uint32_t)st->session->rank;
-    log_info("epoch %llu: %d layers with %d experts (%d kept, %d read: %llu bytes at %.2f GB/s) "
-             "from %s in %.2f s; data plane %s (%d members)",
-             (unsigned long long)st->session->epoch, st->n_layers, owned, kept, owned - kept,
-             (unsigned long long)p.total, load_s > 0 ? (double)p.total / load_s / 1e9 : 0.0,
-             st->session->model_path, exec_now() - t0,
-             st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", st->session->n_members);
-    exec_send_ready(st, p.total, kept, load_s);
+    log_info(
+        "epoch %llu: %d layers, %d (layer, expert) slots, at most %d experts a layer (%d "
+        "kept, %d read: %llu bytes at %.2f GB/s) from %s in %.2f s; data plane %s (%d members)",
+        (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
+        c.slots - c.kept, (unsigned long long)p.total, exec_gbps(p.total, load_s), s->model_path,
+        exec_now() - t0, st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
+    wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
+               exec_layer_bytes(st->layers, st->n_layers));
+    wmx_epoch(st->mx, s->epoch);
+    exec_send_ready(st, s, st->layers, p.total, c, false, load_s);
 }
 
-/* EPOCH: validate against the session, adopt the placement, load. */
+/* A staged EPOCH (a rebalance): the new epoch's layers are loaded beside the serving ones, which
+ * keep serving steps between layers; READY {epoch, staged} when prepared. */
+static void exec_stage(exec_state *st, exec_session **s_p)
+{
+    const uint16_t EPOCH = EPMOE__MSG_TYPE__MSG_EPOCH;
+    exec_session *s = *s_p;
+    exec_drop_staged(st);
+    int L = mc_num_layers(&s->config);
+    exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
+    mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    exec_progress p = {.st = st, .s = s, .serve = true, .served_at = -1};
+    ep_err err = {{0}};
+    double t0 = exec_now();
+    uint64_t files = 0;
+    int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err)
+                    : ep_err_set(&err, "out of memory");
+    /* steps served between layers count in: the rate is a lower bound */
+    double load_s = p.start > 0 ? exec_now() - p.start : 0;
+    if (rc != 0) {
+        free(layers);
+        exec_session_free(s_p);
+        if (rc > 0) {
+            log_info("staged epoch abandoned (a newer command came)");
+            return;
+        }
+        log_error("staged epoch: load failed: %s", err.msg);
+        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, EPOCH, "staged epoch: %s", err.msg);
+        return;
+    }
+    st->staged = s;
+    *s_p = NULL;
+    st->staged_layers = layers;
+    st->staged_cost = c;
+    st->staged_files = files;
+    st->staged_bytes = p.total;
+    st->staged_load_s = load_s;
+    log_info("staged epoch %llu prepared in %.2f s: %d slots (%d kept, %d read: %llu bytes), "
+             "serving epoch %llu meanwhile",
+             (unsigned long long)s->epoch, exec_now() - t0, c.slots, c.kept, c.slots - c.kept,
+             (unsigned long long)p.total, (unsigned long long)st->session->epoch);
+    wmx_loaded(st->mx, "staged", p.total, exec_layer_bytes(st->layers, st->n_layers));
+    exec_send_ready(st, s, layers, p.total, c, true, load_s);
+}
+
+/* EPOCH: validate against the session, adopt the placement, load (or stage). */
 static void exec_epoch(exec_state *st, const wire_msg *m)
 {
     const uint16_t EPOCH = EPMOE__MSG_TYPE__MSG_EPOCH;
@@ -552,19 +772,86 @@ static void exec_epoch(exec_state *st, const wire_msg *m)
         return;
     }
     exec_session *s = st->session;
+    bool staged = ep->has_staged && ep->staged;
+    pl_table *t = NULL;
     if (s == NULL) {
         exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH before WELCOME");
-    } else if (exec_check_placement(s, ep->has_epoch, ep->expert_owner, ep->n_expert_owner,
-                                    ep->members, ep->n_members, &err) != 0) {
+    } else if ((t = exec_parse_placement(s, ep->has_epoch, ep->expert_owner, ep->n_expert_owner,
+                                         ep->placement, ep->members, ep->n_members, &err)) ==
+               NULL) {
         exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH, "EPOCH: %s", err.msg);
+    } else if (staged && (!st->ready || st->n_layers == 0)) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPOCH,
+                   "staged EPOCH %llu while not serving an epoch", (unsigned long long)ep->epoch);
+    } else if (staged) {
+        exec_session *n = exec_session_dup(s);
+        if (n == NULL) {
+            exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, EPOCH, "out of memory");
+        } else {
+            n->epoch = ep->epoch;
+            exec_adopt_placement(n, &t, ep->members, ep->n_members);
+            log_info("staged epoch %llu: %s", (unsigned long long)n->epoch,
+                     ep->reason ? ep->reason : "new placement");
+            exec_stage(st, &n);
+        }
     } else {
         s->epoch = ep->epoch;
-        exec_set_placement(s, ep->expert_owner, ep->members, ep->n_members);
+        exec_adopt_placement(s, &t, ep->members, ep->n_members);
         log_info("epoch %llu: %s", (unsigned long long)s->epoch,
                  ep->reason ? ep->reason : "new placement");
         exec_load(st, EPOCH);
     }
+    pl_free(&t);
     wire_free_unpacked(&ep->base);
+}
+
+/* EPOCH_COMMIT: the staged epoch is served from now on. */
+static void exec_commit(exec_state *st, const wire_msg *m)
+{
+    const uint16_t COMMIT = EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT;
+    ep_err err;
+    Epmoe__EpochCommit *c =
+        (Epmoe__EpochCommit *)wire_unpack(&epmoe__epoch_commit__descriptor, m, &err);
+    if (c == NULL || !c->has_epoch) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, COMMIT, "%s",
+                   c ? "EPOCH_COMMIT without an epoch" : err.msg);
+        wire_free_unpacked(c ? &c->base : NULL);
+        return;
+    }
+    uint64_t epoch = c->epoch;
+    wire_free_unpacked(&c->base);
+    if (st->staged == NULL || st->staged->epoch != epoch || !st->ready) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, COMMIT,
+                   "EPOCH_COMMIT %llu: no such staged epoch prepared (staged: %llu)",
+                   (unsigned long long)epoch,
+                   (unsigned long long)(st->staged ? st->staged->epoch : 0));
+        return;
+    }
+    exec_close_open(st);
+    uint8_t *owned = exec_owned_any(st->staged);
+    if (owned == NULL) {
+        exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, COMMIT, "out of memory");
+        return;
+    }
+    exec_free_shard(st); /* drops the experts the new epoch does not hold */
+    st->n_layers = mc_num_layers(&st->staged->config);
+    st->layers = st->staged_layers;
+    st->staged_layers = NULL;
+    st->shard_files = st->staged_files;
+    exec_session_free(&st->session);
+    st->session = st->staged;
+    st->staged = NULL;
+    ep_err err2;
+    if (tp_set_placement_owned(st->tp, epoch, owned, &err2) != 0)
+        log_error("epoch %llu committed: %s", (unsigned long long)epoch, err2.msg);
+    free(owned);
+    /* what this epoch cost is what preparing it read: READY says so (nothing is read now) */
+    exec_slots n = st->staged_cost;
+    log_info("epoch %llu committed: %d slots, at most %d experts a layer (%d members)",
+             (unsigned long long)epoch, n.slots, n.max_per_layer, st->session->n_members);
+    wmx_loaded(st->mx, "commit", 0, exec_layer_bytes(st->layers, st->n_layers));
+    wmx_epoch(st->mx, epoch);
+    exec_send_ready(st, st->session, st->layers, st->staged_bytes, n, false, st->staged_load_s);
 }
 
 /* ---- one step ---------------------------------------------------------------------------------
@@ -589,12 +876,15 @@ typedef struct exec_step_s {
     uint32_t **slot_to; /* [P][n_pairs_to]: t*k + j of each pair, in wire order */
     uint8_t *heard_d;   /* [P] */
     uint8_t *heard_c;   /* [P] */
-    int need_d, need_c;
-    uint32_t *expert_tokens; /* [E] */
+    int need_c;         /* COMBINEs still due: one per peer sent a DISPATCH */
+    int layer_index;
+    uint32_t *expert_tokens; /* [E] pairs of this worker's tokens per expert (the load) */
     uint64_t dispatch_bytes, combine_bytes;
     double compute_s;
-    bool aborted;   /* by STEP_ABORT (answered) */
-    bool abandoned; /* by RESET or TERM (not answered) */
+    double t0, dispatch_s, expert_s, combine_s; /* where the step's time went */
+    uint32_t messages;                          /* data-plane messages sent */
+    bool aborted;                               /* by STEP_ABORT (answered) */
+    bool abandoned;                             /* by RESET or TERM (not answered) */
     ep_err err;
     Epmoe__ErrorCode code;
 } exec_step_s;
@@ -730,32 +1020,59 @@ static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_ms
     return 0;
 }
 
-static int exec_owner(const exec_step_s *s, int32_t e)
+/* Which rank computes each (token, slot) pair: one replica of its expert in the step's layer,
+ * chosen by the rule of common/placement.h (round-robin over the pairs of that expert, starting
+ * at this origin's offset). dest[T*k]; -1 for empty slots. Counts the load too. */
+static int exec_route_pairs(exec_step_s *s, int *dest)
 {
-    return (int)s->st->session->expert_owner[e];
+    const pl_table *t = s->st->session->place;
+    int Tk = s->T * s->k, E = pl_experts(t);
+    uint32_t *seq = calloc((size_t)E, sizeof *seq);
+    if (seq == NULL)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+    for (int i = 0; i < Tk; i++) {
+        int32_t e = s->topk_ids[i];
+        dest[i] = -1;
+        if (e < 0 || e >= E)
+            continue;
+        int n;
+        const uint16_t *reps = pl_replicas(t, s->layer_index, e, &n);
+        dest[i] = pl_pick(reps, n, s->rank, seq[e]++);
+        s->expert_tokens[e]++;
+    }
+    free(seq);
+    return 0;
 }
 
 /* Count each destination's pairs and record their [token, slot] in wire order. */
 static int exec_plan_pairs(exec_step_s *s)
 {
     int Tk = s->T * s->k;
+    int *dest = malloc((size_t)Tk * sizeof *dest + 1);
+    if (dest == NULL || exec_route_pairs(s, dest) != 0) {
+        free(dest);
+        return dest ? -1 : exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+    }
     for (int i = 0; i < Tk; i++)
-        if (s->topk_ids[i] >= 0)
-            s->n_pairs_to[exec_owner(s, s->topk_ids[i])]++;
+        if (dest[i] >= 0)
+            s->n_pairs_to[dest[i]]++;
     for (int r = 0; r < s->P; r++) {
         s->slot_to[r] = malloc((size_t)s->n_pairs_to[r] * sizeof **s->slot_to + 1);
-        if (s->slot_to[r] == NULL)
+        if (s->slot_to[r] == NULL) {
+            free(dest);
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+        }
     }
     int *fill = calloc((size_t)s->P, sizeof *fill);
-    if (fill == NULL)
+    if (fill == NULL) {
+        free(dest);
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
+    }
     for (int i = 0; i < Tk; i++)
-        if (s->topk_ids[i] >= 0) {
-            int r = exec_owner(s, s->topk_ids[i]);
-            s->slot_to[r][fill[r]++] = (uint32_t)i;
-        }
+        if (dest[i] >= 0)
+            s->slot_to[dest[i]][fill[dest[i]]++] = (uint32_t)i;
     free(fill);
+    free(dest);
     return 0;
 }
 
@@ -822,7 +1139,8 @@ static int exec_send_dispatches(exec_step_s *s)
 {
     exec_session *ses = s->st->session;
     for (int r = 0; r < s->P; r++) {
-        if (r == s->rank || !ses->member[r])
+        /* sparse: a peer none of our tokens go to gets nothing (and owes no COMBINE) */
+        if (r == s->rank || !ses->member[r] || s->n_pairs_to[r] == 0)
             continue;
         tp_msg d = {.kind = TP_DISPATCH,
                     .step_id = s->step_id,
@@ -838,11 +1156,15 @@ static int exec_send_dispatches(exec_step_s *s)
             tp_msg_release(&d);
             return -1;
         }
-        s->dispatch_bytes += tp_msg_bytes(&d, s->H);
+        size_t bytes = tp_msg_bytes(&d, s->H);
+        s->dispatch_bytes += bytes;
         tp_grant(s->st->tp, s->step_id, r, d.n_pairs); /* before its answer can arrive */
         if (tp_send(s->st->tp, r, &d, &s->err) != 0)
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to %s: %s",
                              ses->peer_name[r], s->err.msg);
+        wmx_sent(s->st->mx, false, bytes);
+        s->messages++;
+        s->need_c++;
     }
     return 0;
 }
@@ -853,6 +1175,22 @@ static void exec_scatter(exec_step_s *s, const uint32_t *slots, int n, const uin
     size_t H = (size_t)s->H;
     for (int p = 0; p < n; p++)
         memcpy(s->eo + (size_t)slots[p] * H, out + (size_t)p * H, H * 2);
+}
+
+/* The pairs this worker computed, per expert, into its metrics. */
+static void exec_count_pairs(exec_step_s *s, const uint32_t *expert, int n)
+{
+    if (s->st->mx == NULL || n == 0)
+        return;
+    int E = s->st->session->config.n_routed_experts;
+    uint32_t *c = calloc((size_t)E, sizeof *c);
+    for (int p = 0; c != NULL && p < n; p++)
+        if (expert[p] < (uint32_t)E)
+            c[expert[p]]++;
+    for (int e = 0; c != NULL && e < E; e++)
+        if (c[e])
+            wmx_expert_pairs(s->st->mx, s->layer_index, e, c[e]);
+    free(c);
 }
 
 /* Own pairs and the shared expert, on own tokens. */
@@ -872,7 +1210,6 @@ static int exec_local(exec_step_s *s)
         row[p] = slot / (uint32_t)s->k;
         ex[p] = (uint32_t)s->topk_ids[slot];
         w[p] = s->topk_w[slot];
-        s->expert_tokens[ex[p]]++;
     }
     double t0 = exec_now();
     /* the shared expert first: a GPU backend runs it while the host plans the local pairs */
@@ -886,6 +1223,8 @@ static int exec_local(exec_step_s *s)
     }
     exec_scatter(s, s->slot_to[s->rank], n, out);
     exec_tick(s, t0);
+    s->expert_s += exec_now() - t0;
+    exec_count_pairs(s, ex, n);
 done:
     free(row);
     free(ex);
@@ -905,6 +1244,14 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
                  s->heard_d[src] ? "duplicate" : "layer differs from the step's");
         return 0;
     }
+    for (int p = 0; p < d->n_pairs; p++)
+        if (!mb_layer_owns(s->layer, (int)d->pair_expert[p])) {
+            log_warn("step %llu: dropped a DISPATCH from rank %d (%s): pair %d names expert %u, "
+                     "which this worker does not hold in layer %d",
+                     (unsigned long long)s->step_id, src, ses->peer_name[src], p, d->pair_expert[p],
+                     s->layer_index);
+            return 0;
+        }
     size_t H = (size_t)s->H, SC = H / EP_FP8_BLOCK, rows = (size_t)d->n_rows;
     uint8_t *q = d->codes, *qbuf = NULL;
     float *qs = d->scales, *qsbuf = NULL;
@@ -935,16 +1282,18 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         goto done;
     }
     exec_tick(s, t0);
-    for (int p = 0; p < d->n_pairs; p++)
-        s->expert_tokens[d->pair_expert[p]]++;
-    s->combine_bytes += tp_msg_bytes(&c, s->H);
+    s->expert_s += exec_now() - t0;
+    exec_count_pairs(s, d->pair_expert, d->n_pairs);
+    size_t bytes = tp_msg_bytes(&c, s->H);
+    s->combine_bytes += bytes;
     if (tp_send(s->st->tp, src, &c, &s->err) != 0) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "COMBINE to %s: %s",
                        ses->peer_name[src], s->err.msg);
         goto done;
     }
+    wmx_sent(s->st->mx, true, bytes);
+    s->messages++;
     s->heard_d[src] = 1;
-    s->need_d--;
 done:
     tp_msg_release(&c);
     free(qbuf);
@@ -981,6 +1330,9 @@ static int exec_drain(exec_step_s *s)
             log_warn("step %llu: dropped a message from rank %d, not a member of epoch %llu",
                      (unsigned long long)s->step_id, m.src_rank,
                      (unsigned long long)s->st->session->epoch);
+        else if (m.kind == TP_COMBINE && s->heard_c == NULL)
+            log_warn("step %llu: dropped a COMBINE from rank %d: the step's own part is done",
+                     (unsigned long long)s->step_id, m.src_rank);
         else if (m.kind == TP_DISPATCH)
             rc = exec_on_dispatch(s, &m);
         else
@@ -998,12 +1350,10 @@ static void exec_missing(const exec_step_s *s, char *buf, size_t cap)
     size_t n = 0;
     buf[0] = '\0';
     for (int r = 0; r < s->P && n < cap; r++) {
-        if (r == s->rank || !s->st->session->member[r] || (s->heard_d[r] && s->heard_c[r]))
+        if (r == s->rank || s->n_pairs_to[r] == 0 || s->heard_c[r])
             continue;
-        n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s): %s%s%s", n ? ", " : "", r,
-                              s->st->session->peer_name[r], s->heard_d[r] ? "" : "DISPATCH",
-                              !s->heard_d[r] && !s->heard_c[r] ? " and " : "",
-                              s->heard_c[r] ? "" : "COMBINE");
+        n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s): COMBINE", n ? ", " : "", r,
+                              s->st->session->peer_name[r]);
     }
 }
 
@@ -1057,14 +1407,14 @@ static int exec_step_pipe(exec_step_s *s)
     return -1;
 }
 
-/* Wait for every peer's DISPATCH and COMBINE, answering as they come. */
+/* Wait for the COMBINEs of our DISPATCHes, answering peers' DISPATCHes as they come. */
 static int exec_wait_peers(exec_step_s *s, double deadline)
 {
     exec_state *st = s->st;
-    while (s->need_d > 0 || s->need_c > 0) {
+    while (s->need_c > 0) {
         if (exec_drain(s) != 0)
             return -1;
-        if (s->need_d == 0 && s->need_c == 0)
+        if (s->need_c == 0)
             break;
         double left = deadline - exec_now();
         if (left <= 0) {
@@ -1087,7 +1437,20 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
     return 0;
 }
 
-static void exec_send_done(exec_step_s *s)
+/* Sparse (index, count) lists of the nonzero entries of a[n] (the load STEP_DONE reports). */
+static size_t exec_sparse(const uint32_t *a, int n, uint32_t *idx, uint32_t *cnt)
+{
+    size_t k = 0;
+    for (int i = 0; i < n; i++)
+        if (a[i]) {
+            idx[k] = (uint32_t)i;
+            cnt[k++] = a[i];
+        }
+    return k;
+}
+
+/* STEP_DONE once this worker's tokens are combined; returns 0 when sent. */
+static int exec_send_done(exec_step_s *s)
 {
     size_t T = (size_t)s->T, H = (size_t)s->H, k = (size_t)s->k;
     uint16_t *out = s->out ? s->out : malloc(T * H * 2 + 1);
@@ -1095,32 +1458,48 @@ static void exec_send_done(exec_step_s *s)
     if (out == NULL) {
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
                          "out of memory for the output");
-        return;
+        return -1;
     }
     double t0 = exec_now();
     if (s->ms != NULL && mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
         free(out);
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
                          s->err.msg);
-        return;
+        return -1;
     }
     exec_tick(s, t0);
-    exec_session *ses = s->st->session;
-    int E = ses->config.n_routed_experts, n_owned = 0;
-    uint32_t *counts = malloc((size_t)E * sizeof *counts);
-    for (int e = 0; counts && e < E; e++)
-        if (ses->expert_owner[e] == (uint32_t)s->rank)
-            counts[n_owned++] = s->expert_tokens[e];
+    int E = s->st->session->config.n_routed_experts;
+    size_t cap = (size_t)(E > s->P ? E : s->P);
+    uint32_t *buf = malloc(4 * cap * sizeof *buf + 4);
+    uint32_t *pairs = calloc((size_t)s->P, sizeof *pairs);
     Epmoe__StepDone d = EPMOE__STEP_DONE__INIT;
+    if (buf != NULL && pairs != NULL) {
+        for (int r = 0; r < s->P; r++)
+            pairs[r] = (uint32_t)s->n_pairs_to[r];
+        if (s->st->session->nccl) /* the collective counts what each rank computed */
+            for (int e = 0; e < E; e++)
+                pairs[s->rank] += s->expert_tokens[e];
+        d.routed_expert = buf;
+        d.routed_tokens = buf + cap;
+        d.n_routed_expert = d.n_routed_tokens =
+            exec_sparse(s->expert_tokens, E, d.routed_expert, d.routed_tokens);
+        d.pair_rank = buf + 2 * cap;
+        d.pair_count = buf + 3 * cap;
+        d.n_pair_rank = d.n_pair_count = exec_sparse(pairs, s->P, d.pair_rank, d.pair_count);
+    }
+    double total = exec_now() - s->t0;
     d.has_step_id = d.has_n_tokens = d.has_dispatch_bytes = d.has_combine_bytes = 1;
-    d.has_compute_seconds = 1;
+    d.has_compute_seconds = d.has_dispatch_seconds = d.has_expert_seconds = 1;
+    d.has_combine_seconds = d.has_messages_sent = 1;
     d.step_id = s->step_id;
     d.n_tokens = (uint32_t)s->T;
     d.dispatch_bytes = s->dispatch_bytes;
     d.combine_bytes = s->combine_bytes;
     d.compute_seconds = s->compute_s;
-    d.n_expert_tokens = counts ? (size_t)n_owned : 0;
-    d.expert_tokens = counts;
+    d.dispatch_seconds = s->dispatch_s;
+    d.expert_seconds = s->expert_s;
+    d.combine_seconds = s->combine_s;
+    d.messages_sent = s->messages;
     wire_payload pl[3] = {
         {.data = out, .len = T * H * 2, .free_fn = wire_free_malloc},
         {.data = s->topk_ids, .len = T * k * 4, .free_fn = wire_free_malloc},
@@ -1129,7 +1508,11 @@ static void exec_send_done(exec_step_s *s)
     s->topk_ids = NULL; /* owned by the message now */
     s->topk_w = NULL;
     exec_send(s->st, EPMOE__MSG_TYPE__MSG_STEP_DONE, &d.base, pl, 3);
-    free(counts);
+    free(buf);
+    free(pairs);
+    wmx_step(s->st->mx, s->layer_index, total, s->dispatch_s, s->expert_s, s->combine_s);
+    wmx_step_result(s->st->mx, true);
+    return 0;
 }
 
 /* Route, dispatch, compute, wait, combine. */
@@ -1138,15 +1521,76 @@ static int exec_step_run(exec_step_s *s)
     exec_state *st = s->st;
     double deadline = exec_now() + st->session->step_timeout_ms / 1000.0;
     double t0 = exec_now();
+    s->t0 = t0;
     s->ms = mb_step_begin(st->be, s->layer, s->T, s->x, s->ids, s->topk_ids, s->topk_w, s->q, s->qs,
                           s->xn, &s->err);
     if (s->ms == NULL)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
                          (unsigned long long)s->step_id, s->err.msg);
     exec_tick(s, t0);
-    if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0 || exec_local(s) != 0)
+    double routed = exec_now();
+    if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0)
         return -1;
-    return exec_wait_peers(s, deadline);
+    s->dispatch_s = exec_now() - routed;
+    if (exec_local(s) != 0)
+        return -1;
+    double waiting = exec_now();
+    int rc = exec_wait_peers(s, deadline);
+    s->combine_s = exec_now() - waiting;
+    return rc;
+}
+
+/* The open step is over (the next STEP, STEP_ABORT, a placement message or a reset): its
+ * messages are dropped from now on. */
+static void exec_close_open(exec_state *st)
+{
+    exec_step_s *o = st->open;
+    if (o == NULL)
+        return;
+    if (st->tp)
+        tp_finish(st->tp, o->step_id);
+    exec_step_free(o);
+    free(o);
+    st->open = NULL;
+}
+
+/* Keep a step whose STEP_DONE went out open, to serve its peers' DISPATCHes: only what serving
+ * needs stays allocated. */
+static void exec_keep_open(exec_state *st, exec_step_s *s)
+{
+    uint8_t *heard = s->heard_d;
+    s->heard_d = NULL;
+    exec_step_free(s);
+    s->heard_d = heard;
+    s->x = NULL;
+    s->ids = NULL;
+    s->xn = NULL;
+    s->topk_ids = NULL;
+    s->topk_w = NULL;
+    s->q = NULL;
+    s->qs = NULL;
+    s->ms = NULL;
+    s->eo = NULL;
+    s->slot_to = NULL;
+    s->n_pairs_to = NULL;
+    s->heard_c = NULL;
+    s->expert_tokens = NULL;
+    s->out = NULL;
+    st->open = s;
+}
+
+/* DISPATCHes for the open step, between steps (the main loop and a staged load call this). */
+static void exec_serve_open(exec_state *st)
+{
+    if (st->open == NULL)
+        return;
+    st->open->need_c = 0;
+    if (exec_drain(st->open) != 0) {
+        /* its STEP_DONE is out: the peer whose COMBINE is missing fails the step */
+        log_warn("step %llu: serving a peer failed: %s", (unsigned long long)st->open->step_id,
+                 st->open->err.msg);
+        exec_close_open(st);
+    }
 }
 
 /* ---- the NCCL data plane (data_plane nccl; docs/protocol.md "NCCL data plane") -------------
@@ -1375,6 +1819,7 @@ static void exec_comm_init(exec_state *st, const wire_msg *m)
 static void exec_step(exec_state *st, wire_msg *m)
 {
     ep_err err;
+    exec_close_open(st); /* a new STEP: every step before it is complete everywhere */
     Epmoe__Step *req = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, m, &err);
     if (req == NULL || !req->has_step_id) {
         exec_step_failed(st, false, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "%s",
@@ -1382,52 +1827,71 @@ static void exec_step(exec_state *st, wire_msg *m)
         wire_free_unpacked(req ? &req->base : NULL);
         return;
     }
-    exec_step_s s = {.st = st, .step_id = req->step_id, .code = EPMOE__ERROR_CODE__ERR_NONE};
-    if (!st->ready) {
-        exec_step_failed(st, true, s.step_id, EPMOE__ERROR_CODE__ERR_NOT_READY,
-                         "STEP %llu: the shard is not loaded", (unsigned long long)s.step_id);
+    exec_step_s *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        exec_step_failed(st, true, req->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                         "out of memory");
         wire_free_unpacked(&req->base);
+        return;
+    }
+    *s = (exec_step_s){.st = st, .step_id = req->step_id, .code = EPMOE__ERROR_CODE__ERR_NONE};
+    if (!st->ready) {
+        exec_step_failed(st, true, s->step_id, EPMOE__ERROR_CODE__ERR_NOT_READY,
+                         "STEP %llu: the shard is not loaded", (unsigned long long)s->step_id);
+        wire_free_unpacked(&req->base);
+        free(s);
         return;
     }
     const mc_config *c = &st->session->config;
-    s.k = c->num_experts_per_tok;
-    s.H = c->hidden_size;
-    s.P = st->session->world_size;
-    s.rank = st->session->rank;
-    if (!st->session->member[s.rank]) {
-        exec_step_failed(st, true, s.step_id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+    s->k = c->num_experts_per_tok;
+    s->H = c->hidden_size;
+    s->P = st->session->world_size;
+    s->rank = st->session->rank;
+    if (!st->session->member[s->rank]) {
+        exec_step_failed(st, true, s->step_id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
                          "STEP %llu: rank %d owns no experts in epoch %llu (not a member)",
-                         (unsigned long long)s.step_id, s.rank,
+                         (unsigned long long)s->step_id, s->rank,
                          (unsigned long long)st->session->epoch);
         wire_free_unpacked(&req->base);
+        free(s);
         return;
     }
-    s.need_d = s.need_c = st->session->n_members - 1;
-    int rc = exec_step_parse(&s, req, m);
+    int rc = exec_step_parse(s, req, m);
     wire_free_unpacked(&req->base);
     if (rc != 0) {
-        exec_step_failed(st, true, s.step_id, s.code, "%s", s.err.msg);
-        exec_step_free(&s);
+        exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+        wmx_step_result(st->mx, false);
+        exec_step_free(s);
+        free(s);
         return;
     }
-    log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s.step_id,
-              mb_layer_index(s.layer), s.T);
+    s->layer_index = mb_layer_index(s->layer);
+    log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s->step_id,
+              s->layer_index, s->T);
     /* the coordinator settled every earlier step before it started this one: what the data
      * plane still holds for them is stale (a restarted worker's peers' queued DISPATCHes) */
-    if (st->tp && s.step_id > 0)
-        tp_finish(st->tp, s.step_id - 1);
-    rc = st->session->nccl ? exec_nccl_step(&s) : exec_step_run(&s);
-    if (rc == 0)
-        exec_send_done(&s);
-    else if (st->session->nccl && !s.abandoned)
-        exec_nccl_failed(&s);
-    else if (!s.abandoned)
-        exec_step_failed(st, true, s.step_id, s.code, "%s", s.err.msg);
-    if (st->tp)
-        tp_finish(st->tp, s.step_id);
+    if (st->tp && s->step_id > 0)
+        tp_finish(st->tp, s->step_id - 1);
+    bool nccl = st->session->nccl; /* a collective: no open step to serve afterwards */
+    rc = nccl ? exec_nccl_step(s) : exec_step_run(s);
     st->have_last = true;
-    st->last_step = s.step_id;
-    exec_step_free(&s);
+    st->last_step = s->step_id;
+    if (rc == 0 && exec_send_done(s) == 0 && !nccl) {
+        exec_keep_open(st, s);
+        exec_serve_open(st); /* DISPATCHes that came before the STEP wait in the transport */
+        return;
+    }
+    if (rc != 0 && !s->abandoned) {
+        if (nccl)
+            exec_nccl_failed(s);
+        else
+            exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+        wmx_step_result(st->mx, false);
+    }
+    if (st->tp)
+        tp_finish(st->tp, s->step_id);
+    exec_step_free(s);
+    free(s);
 }
 
 /* ---- the thread -------------------------------------------------------------------------------
@@ -1443,6 +1907,18 @@ static void exec_session_cmd(exec_state *st, const wire_msg *m)
     memcpy(&s, m->body, sizeof s);
     exec_drop_session(st);
     st->session = s;
+}
+
+/* STEP_ABORT between steps: closes the open step it names (its STEP_DONE already went out). */
+static void exec_abort_open(exec_state *st, const wire_msg *m)
+{
+    Epmoe__StepAbort *a = (Epmoe__StepAbort *)wire_unpack(&epmoe__step_abort__descriptor, m, NULL);
+    bool ours = a && a->has_step_id && st->open && a->step_id == st->open->step_id;
+    wire_free_unpacked(a ? &a->base : NULL);
+    if (ours)
+        exec_close_open(st);
+    else
+        log_debug(LOG_SUB_STEP, "STEP_ABORT for a step not running: ignored");
 }
 
 static void exec_handle(exec_state *st, wire_msg *m)
@@ -1469,13 +1945,52 @@ static void exec_handle(exec_state *st, wire_msg *m)
         exec_step(st, m);
         break;
     case EPMOE__MSG_TYPE__MSG_STEP_ABORT:
-        log_debug(LOG_SUB_STEP, "STEP_ABORT for a step not running: ignored");
+        exec_abort_open(st, m);
+        break;
+    case EPMOE__MSG_TYPE__MSG_EPOCH_COMMIT:
+        exec_commit(st, m);
+        break;
+    case EXEC_CMD_METRICS:
+        if (m->body_len == sizeof st->mx)
+            memcpy(&st->mx, m->body, sizeof st->mx);
         break;
     case EPMOE__MSG_TYPE__MSG_COMM_INIT:
         exec_comm_init(st, m);
         break;
     default:
         log_warn("executor: unexpected %s on the pipe", wire_type_name(m->type));
+    }
+}
+
+/* A staged load at a layer boundary: serve the steps that came and the open step's peers;
+ * false when a command that supersedes the staged load came (stashed for the loop). */
+static bool exec_serve_between_layers(exec_progress *p)
+{
+    exec_state *st = p->st;
+    for (;;) {
+        if (st->tp) {
+            tp_pump(st->tp);
+            exec_serve_open(st);
+        }
+        if (st->n_stash > 0) /* a step's wait set something aside: it comes first */
+            return false;
+        wire_msg m;
+        ep_err err;
+        wire_rc rc =
+            wire_recv(st->pipe, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+        if (rc == WIRE_AGAIN)
+            return true;
+        if (rc == WIRE_ERR) {
+            log_error("executor: %s", err.msg);
+            continue;
+        }
+        if (m.type != EPMOE__MSG_TYPE__MSG_STEP && m.type != EPMOE__MSG_TYPE__MSG_STEP_ABORT &&
+            m.type != EXEC_CMD_METRICS) {
+            exec_stash(st, &m);
+            return false;
+        }
+        exec_handle(st, &m);
+        wire_msg_close(&m);
     }
 }
 
@@ -1497,8 +2012,10 @@ static void exec_loop(exec_state *st)
             {.socket = st->tp ? tp_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
         if (zmq_poll(it, st->tp ? 2 : 1, 1000) <= 0)
             continue;
-        if (st->tp && it[1].revents)
+        if (st->tp && it[1].revents) {
             tp_pump(st->tp);
+            exec_serve_open(st);
+        }
         if (!it[0].revents)
             continue;
         wire_msg m;
@@ -1588,6 +2105,18 @@ int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err)
     if (cmd == EXEC_CMD_RESET || cmd == EXEC_CMD_TERM)
         atomic_fetch_add(&a->cancel, 1);
     return wire_send(a->pipe, NULL, 0, cmd, NULL, NULL, 0, false, err);
+}
+
+int exec_send_metrics(exec_actor *a, struct wmx *m, ep_err *err)
+{
+    if (zmq_send(a->pipe, WIRE_VERSION, strlen(WIRE_VERSION), ZMQ_SNDMORE) < 0)
+        goto fail;
+    uint8_t tb[2] = {(uint8_t)(EXEC_CMD_METRICS & 0xFF), (uint8_t)(EXEC_CMD_METRICS >> 8)};
+    if (zmq_send(a->pipe, tb, 2, ZMQ_SNDMORE) < 0 || zmq_send(a->pipe, &m, sizeof m, 0) < 0)
+        goto fail;
+    return 0;
+fail:
+    return ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
 }
 
 int exec_send_session(exec_actor *a, exec_session **s_p, ep_err *err)

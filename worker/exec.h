@@ -25,11 +25,19 @@
  *                     read (READY.experts_kept, READY.bytes_read say how it went).
  *   EPOCH             the session moves to a new placement (epoch, owners, members), then
  *                     exactly as LOAD: gained experts are read, lost ones dropped, READY{epoch}.
+ *   EPOCH {staged}    a rebalance: load the epoch's layers beside the ones serving (reusing
+ *                     what they hold) while steps go on between layers; READY{epoch, staged}.
+ *                     Any other command but STEP and STEP_ABORT abandons the staged load.
+ *   EPOCH_COMMIT      serve the staged epoch from now on: its layers replace the old ones (lost
+ *                     experts dropped), the data plane takes its epoch in place; READY{epoch}.
  *   STEP              route, dispatch, experts, combine (docs/protocol.md "Forward steps");
  *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}. A
  *                     STEP must carry the session; its hidden states must be finite (a NaN or
- *                     Inf is ERR_BAD_REQUEST naming the token and channel).
- *   STEP_ABORT        abandon that step if running (STEP_FAILED); otherwise ignored.
+ *                     Inf is ERR_BAD_REQUEST naming the token and channel). STEP_DONE goes out
+ *                     once this worker's own tokens are combined; the step stays open to serve
+ *                     its peers' DISPATCHes until the next STEP, STEP_ABORT or placement message
+ *                     closes it (docs/protocol.md "Sparse all-to-all").
+ *   STEP_ABORT        abandon that step if running (STEP_FAILED) or close it if open.
  *
  * While a step waits for its peers the executor also watches the pipe, so STEP_ABORT, RESET and
  * TERM interrupt it; a step that outlives step_timeout_ms fails naming the peers not heard from.
@@ -48,6 +56,8 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/wire.h"
+#include "common/placement.h"
+#include "epmoe.pb-c.h"
 #include "kernels/moe_backend.h"
 #include "worker/transport.h"
 
@@ -56,6 +66,7 @@ enum {
     EXEC_CMD_SESSION = 1000,
     EXEC_CMD_RESET = 1001,
     EXEC_CMD_TERM = 1002,
+    EXEC_CMD_METRICS = 1003,
     EXEC_EVT_RESET_DONE = 1100,
 };
 
@@ -70,7 +81,9 @@ typedef struct exec_session {
     uint64_t epoch;
     char model_path[EP_MAX_PATH];
     char data_endpoint[EP_MAX_PATH]; /* where to bind */
-    uint32_t *expert_owner;          /* [n_routed_experts] */
+    uint32_t *expert_owner;          /* [n_routed_experts]: the flat owner (every layer, one
+                                      * replica), else layer 0's first replica (NCCL's view) */
+    pl_table *place;                 /* the replicas of every (layer, expert) */
     uint8_t *member;                 /* [world_size]: the rank takes part in steps */
     int n_members;
     char **peer_endpoint; /* [world_size], by rank */
@@ -97,12 +110,20 @@ int exec_step_check(const exec_session *s, int n_layers, bool have_last, uint64_
 exec_session *exec_session_new(int n_experts, int world_size);
 void exec_session_free(exec_session **self_p);
 
-/* Check a placement (WELCOME or EPOCH) against the session's config and world: one owner per
- * routed expert, each < world_size; members ascending, < world_size, and holding every owner
- * (n_members 0: every rank). Errors name the field and what was expected. */
+/* Check a placement (WELCOME or EPOCH) against the session's config and world: exactly one of
+ * expert_owner (one owner per routed expert, each < world_size) and a Placement (per-layer
+ * tables with replicas, common/placement.h); members ascending, < world_size, and holding every
+ * replica (n_members 0: every rank). Returns the table, or NULL with err naming the field and
+ * what was expected. */
+pl_table *exec_parse_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
+                               size_t n_owner, const Epmoe__Placement *pm, const uint32_t *members,
+                               size_t n_members, ep_err *err);
+/* Adopt a checked placement (*pl_p taken) and its members (n_members 0: every rank). */
+void exec_adopt_placement(exec_session *s, pl_table **pl_p, const uint32_t *members,
+                          size_t n_members);
+/* The flat forms of the two above (expert_owner only). */
 int exec_check_placement(const exec_session *s, bool has_epoch, const uint32_t *owner,
                          size_t n_owner, const uint32_t *members, size_t n_members, ep_err *err);
-/* Adopt a checked placement: owners and members (n_members 0: every rank). */
 void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *members,
                         size_t n_members);
 
@@ -122,6 +143,10 @@ void *exec_pipe(exec_actor *a);
 int exec_send_cmd(exec_actor *a, uint16_t cmd, ep_err *err);
 /* Hand a session to the executor (EXEC_CMD_SESSION); *s_p is taken and NULLed, even on failure. */
 int exec_send_session(exec_actor *a, exec_session **s_p, ep_err *err);
+/* The worker's metrics (worker/wmetrics.h; thread-safe) for the executor to update; sent over
+ * the pipe (EXEC_CMD_METRICS), NULL to stop. */
+struct wmx;
+int exec_send_metrics(exec_actor *a, struct wmx *m, ep_err *err);
 
 /* "cpu-avx2", "cuda-exact", ...: what READY reports as the backend. */
 const char *exec_backend_name(const exec_actor *a);

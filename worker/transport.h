@@ -15,10 +15,11 @@
  * when it is readable. tp_pump validates each message completely before keeping it:
  *   session == ours and epoch == ours; with security, the ZAP user id of the sender (its key's
  *   name) is the name of the rank it claims; src_rank < world_size and != ours; step_id present;
- *   the payload count of the kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows x k
- *   before any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes when
- *   scales_e8m0 else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine out
- *   n_pairs*H*2); pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner).
+ *   the payload count of the kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows x
+ *   MC_MAX_TOPK before any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes
+ *   when scales_e8m0 else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine
+ *   out n_pairs*H*2); pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner,
+ *   or owned: held in some layer; the executor checks the step's layer).
  * A message that fails any check is dropped: counted, its reason logged (rate-limited) and kept
  * in tp_last_drop; it never disturbs other messages.
  *
@@ -80,7 +81,9 @@ typedef struct tp_config {
     int hidden;                   /* H, a multiple of 128 */
     int n_experts;                /* E */
     int topk;                     /* k: n_pairs <= n_rows x k */
-    const uint32_t *expert_owner; /* [E]: rank owning expert e (copied) */
+    const uint32_t *expert_owner; /* [E]: rank owning expert e (copied); unused when owned */
+    const uint8_t *owned;         /* [E] or NULL: 1 where this rank holds expert e in some layer
+                                   * (per-layer placements and replicas; copied) */
     const char *bind_endpoint;    /* PULL; "tcp://127.0.0.1:*" binds an ephemeral port */
     /* Security (key NULL: none): this worker's key pair, each rank's public key and the name
      * its key speaks for (the ZAP user id its messages must carry). Copied. */
@@ -209,6 +212,9 @@ void tp_finish(tp_transport *tp, uint64_t step_id);
  * message of an earlier epoch can pass); the sockets and their connections stay, so no message
  * of the new epoch is lost to a reconnect. -1 with err when epoch does not increase. */
 int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err);
+/* The same with the experts this rank holds in some layer (owned [E], copied): per-layer
+ * placements and replicas (issue 9), and a committed staged epoch. */
+int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err);
 uint64_t tp_epoch(const tp_transport *tp);
 uint64_t tp_session(const tp_transport *tp);
 

@@ -52,7 +52,7 @@ struct tp_transport {
     void **push; /* [world_size], NULL for own rank and before tp_connect */
     int rank, world_size, hidden, n_experts, topk;
     uint64_t session, epoch;
-    uint8_t *owned; /* [E]: expert_owner[e] == rank */
+    uint8_t *owned; /* [E]: this rank holds expert e (in some layer) */
     char endpoint[EP_MAX_PATH];
     bool secure;
     auth_keypair key;
@@ -247,7 +247,8 @@ static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
     if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp_copy_security(tp, cfg) != 0)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
-        tp->owned[e] = cfg->expert_owner[e] == (uint32_t)cfg->rank;
+        tp->owned[e] =
+            cfg->owned ? cfg->owned[e] != 0 : cfg->expert_owner[e] == (uint32_t)cfg->rank;
     return tp;
 fail_alloc:
     ep_err_set(err, "transport: out of memory");
@@ -768,14 +769,14 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
     }
 }
 
-int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err)
 {
     if (epoch <= tp->epoch)
         return ep_err_set(err, "data plane: epoch %llu does not follow epoch %llu",
                           (unsigned long long)epoch, (unsigned long long)tp->epoch);
     tp->epoch = epoch;
     for (int e = 0; e < tp->n_experts; e++)
-        tp->owned[e] = expert_owner[e] == (uint32_t)tp->rank;
+        tp->owned[e] = owned[e] != 0;
     /* nothing of the old epoch is kept or granted any more (the coordinator starts the new
      * epoch's steps once every member has it, so nothing of the new one is in flight yet) */
     for (int r = 0; r < tp->world_size; r++) {
@@ -788,6 +789,18 @@ int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_ow
     }
     tp->n_pending = 0;
     return 0;
+}
+
+int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+{
+    uint8_t *owned = malloc((size_t)tp->n_experts);
+    if (owned == NULL)
+        return ep_err_set(err, "data plane: out of memory");
+    for (int e = 0; e < tp->n_experts; e++)
+        owned[e] = expert_owner[e] == (uint32_t)tp->rank;
+    int rc = tp_set_placement_owned(tp, epoch, owned, err);
+    free(owned);
+    return rc;
 }
 
 uint64_t tp_epoch(const tp_transport *tp)

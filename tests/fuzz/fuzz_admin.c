@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (spec == NULL) {
         if (mc_parse(CONFIG, strlen(CONFIG), "cfg.json", &cfg, &err) != 0 ||
             (spec = spec_parse(SPEC, strlen(SPEC), "f.yaml", &err)) == NULL ||
-            (plan = plan_build(SPEC_PLACE_CONTIGUOUS, 4, 1, 1, &err)) == NULL)
+            (plan = plan_for_spec(spec, &cfg, 1, &err)) == NULL)
             abort();
     }
     wire_msg *m = fuzz_message(data, size);

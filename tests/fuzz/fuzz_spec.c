@@ -30,13 +30,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (s->workers[i].rank != i || spec_find_worker(s, s->workers[i].name) != &s->workers[i])
             abort();
     const int experts[] = {1, 16, 256, 255};
+    /* max_experts_per_worker bounds failovers, not the spec's own placement */
+    int max = s->max_experts_per_worker;
+    s->max_experts_per_worker = 0;
     for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++) {
         int ok = spec_check_experts(s, experts[i], &err) == 0;
-        plan_table *t = plan_build(s->placement, experts[i], s->n_workers, 1, &err);
+        mc_config cfg = {.n_routed_experts = experts[i], .num_hidden_layers = 2};
+        plan_table *t = plan_for_spec(s, &cfg, 1, &err);
         if (ok != (t != NULL))
             abort();
         plan_free(&t);
     }
+    s->max_experts_per_worker = max;
     spec_free(&s);
     return 0;
 }

@@ -23,19 +23,16 @@ COORD=$2
 WORKER=$3
 POKE=$4
 SECURE=${5:-}
-. "$(dirname "$0")/lib.sh" epmoe_cluster
+TMP=$(mktemp -d /tmp/epmoe_cluster_XXXXXX)
+PIDS=()
+fails=0
+
+# shellcheck source=cluster_lib.sh
+. "$(dirname "$0")/cluster_lib.sh"
 
 # keys for the secure run: the coordinator, the workers (w0..w3), an operator, an intruder
 KEYS=$TMP/keys
-if [ -n "$SECURE" ]; then
-    mkdir -p "$KEYS/workers" "$KEYS/operators"
-    for k in coordinator op1 intruder w0 w1 w2 w3; do
-        "$CTL" keygen --out "$KEYS" --name $k >/dev/null || { echo "FAIL: keygen $k"; exit 1; }
-    done
-    cp "$KEYS"/w?.pub "$KEYS/workers/"
-    cp "$KEYS/op1.pub" "$KEYS/operators/"
-    export EPMOE_KEY=$KEYS/op1.key EPMOE_SERVER_KEY=$KEYS/coordinator.pub
-fi
+[ -n "$SECURE" ] && cluster_keys w0 w1 w2 w3 op1 intruder
 
 # poke_as KEY SERVER ENDPOINT MODE KIND: zmq_poke, with security as KEY towards SERVER's key
 poke_as() {
@@ -48,92 +45,13 @@ poke_as() {
     POKE_PUBLIC=${z85[0]:-} POKE_SECRET=${z85[1]:-} POKE_SERVER=${z85[2]:-} "$POKE" "${@:3}"
 }
 
-# worker_keys NAME: the worker's key options in the secure run
-worker_keys() {
-    [ -n "$SECURE" ] && echo "--key $KEYS/$1.key --coordinator-key $KEYS/coordinator.pub"
-}
-
-# start_cluster NAME MODEL P DISPATCH: writes $TMP/NAME.yaml, starts the daemons, waits for
-# ready; sets ADMIN, LISTEN, DATA (array) and CPIDS (coordinator then workers)
-start_cluster() {
-    local name=$1 model=$2 p=$3 dispatch=$4
-    read -r -a ports <<<"$(free_ports $((p + 2)))"
-    LISTEN="tcp://127.0.0.1:${ports[0]}"
-    ADMIN="tcp://127.0.0.1:${ports[1]}"
-    DATA=()
-    local spec=$TMP/$name.yaml
-    {
-        echo "cluster: {name: $name}"
-        echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: 200, liveness: 10}"
-        echo "model: {path: $model}"
-        echo "expert_parallel: {placement: contiguous, dispatch: $dispatch}"
-        echo "nodes:"
-        echo "  - name: local"
-        echo "    workers:"
-        for ((r = 0; r < p; r++)); do
-            DATA+=("tcp://127.0.0.1:${ports[$((r + 2))]}")
-            echo "      - {name: w$r, device: cpu, data: \"${DATA[$r]}\"}"
-        done
-        if [ -n "$SECURE" ]; then
-            echo "security: {coordinator_key: $KEYS/coordinator.key, worker_keys: $KEYS/workers,"
-            echo "           operator_keys: $KEYS/operators}"
-        fi
-    } >"$spec"
-    CPIDS=()
-    "$COORD" --cluster "$spec" >"$TMP/$name.coord.log" 2>&1 &
-    CPIDS+=($!)
-    PIDS+=($!)
-    for ((r = 0; r < p; r++)); do
-        # shellcheck disable=SC2046
-        "$WORKER" --coordinator "$LISTEN" --name "w$r" --threads 1 $(worker_keys "w$r") \
-            >"$TMP/$name.w$r.log" 2>&1 &
-        CPIDS+=($!)
-        PIDS+=($!)
-    done
-    if ! "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 120 >"$TMP/$name.status" 2>&1; then
-        fail "$name: cluster not ready"
-        cat "$TMP/$name.status" "$TMP/$name.coord.log" "$TMP/$name".w*.log | tail -40
-        return 1
-    fi
-}
-
-# stop_cluster NAME: admin shutdown, every daemon must exit 0 within 20 s
-stop_cluster() {
-    local name=$1
-    "$CTL" --coordinator "$ADMIN" shutdown >/dev/null 2>&1 || fail "$name: shutdown verb"
-    for pid in "${CPIDS[@]}"; do
-        local waited=0
-        while kill -0 "$pid" 2>/dev/null && [ $waited -lt 200 ]; do
-            sleep 0.1
-            waited=$((waited + 1))
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            fail "$name: pid $pid still running 20 s after shutdown"
-            kill -9 "$pid"
-        fi
-        wait "$pid"
-        local rc=$?
-        [ $rc -eq 0 ] || fail "$name: pid $pid exited $rc after shutdown"
-    done
-}
-
-# the reference: forward --local, once per (model, layer, tokens)
-local_ref() {
-    local model=$1 layer=$2 t=$3 ref=$TMP/ref_$(basename "$1")_${2}_$3.st
-    if [ ! -f "$ref" ]; then
-        "$CTL" forward --local --model "$model" --layer "$layer" --input "$TMP/in_$t.st" \
-            --output "$ref" >/dev/null || echo "FAIL: forward --local $model $layer T=$t" >&2
-    fi
-    echo "$ref"
-}
-
 # check_forwards NAME MODEL: every layer kind and token count through the cluster
 check_forwards() {
     local name=$1 model=$2 n=0 bad=0
     for layer in 0 1 mtp.0; do
         for t in 1 7 64 300; do
             local out=$TMP/$name.$layer.$t.st ref
-            ref=$(local_ref "$model" "$layer" "$t")
+            ref=$(local_ref "$model" "$layer" "$TMP/in_$t.st")
             if ! "$CTL" --coordinator "$ADMIN" forward --layer "$layer" --input "$TMP/in_$t.st" \
                 --output "$out" >"$TMP/$name.fwd.log" 2>&1; then
                 fail "$name: forward layer $layer T=$t: $(cat "$TMP/$name.fwd.log")"
@@ -192,7 +110,7 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
         if ! wait "$pid"; then
             fail "concurrent forward $i: $(cat "$TMP/conc$i.log")"
             cbad=1
-        elif ! cmp -s "$TMP/conc$i.st" "$(local_ref "$TMP/fp8" "$layer" "$t")"; then
+        elif ! cmp -s "$TMP/conc$i.st" "$(local_ref "$TMP/fp8" "$layer" "$TMP/in_$t.st")"; then
             fail "concurrent forward $i (layer $layer, T $t) differs from --local"
             cbad=1
         fi

@@ -23,7 +23,11 @@ COORD=$2
 WORKER=$3
 POKE=$4
 HAVE_CUDA=${5:-0}
-. "$(dirname "$0")/lib.sh" epmoe_trust
+TMP=$(mktemp -d /tmp/epmoe_trust_XXXXXX)
+PIDS=()
+fails=0
+# shellcheck source=cluster_lib.sh
+. "$(dirname "$0")/cluster_lib.sh"
 
 # wait_exit PID SECONDS: the exit code, or 255 after killing a process that did not exit
 wait_exit() {

@@ -722,12 +722,27 @@ static int run_step(cluster *cl, const fixture *fx, int layer, int T, outs *got)
             int t0 = (int)((long)r * T / cl->P), n = (int)((long)(r + 1) * T / cl->P) - t0;
             Epmoe__StepDone *d =
                 (Epmoe__StepDone *)wire_unpack(&epmoe__step_done__descriptor, &m, &err);
-            uint32_t owned = 0;
-            for (int e = 0; e < c->n_routed_experts; e++)
-                owned += cl->owner[e] == (uint32_t)r;
-            bool ok = d && d->step_id == cl->step_id && d->n_tokens == (uint32_t)n &&
-                      d->n_expert_tokens == owned && m.n_payloads == 3 &&
-                      m.payload_len[0] == (size_t)n * H * 2 &&
+            /* the load of its own tokens: per expert, the histogram of the topk_ids it sends
+             * back; per computing rank, the same pairs again */
+            bool load_ok = d != NULL && d->n_routed_expert == d->n_routed_tokens &&
+                           d->n_pair_rank == d->n_pair_count && m.n_payloads == 3 &&
+                           m.payload_len[1] == (size_t)n * k * 4;
+            uint64_t routed = 0, computed = 0;
+            for (size_t i = 0; load_ok && i < d->n_routed_expert; i++) {
+                uint32_t e = d->routed_expert[i], hist = 0;
+                for (size_t j = 0; j < (size_t)n * k; j++) {
+                    int32_t id;
+                    memcpy(&id, m.payload[1] + 4 * j, 4);
+                    hist += id == (int32_t)e;
+                }
+                load_ok = hist == d->routed_tokens[i];
+                routed += d->routed_tokens[i];
+            }
+            for (size_t i = 0; load_ok && i < d->n_pair_rank; i++)
+                computed += d->pair_rank[i] < (uint32_t)cl->P ? d->pair_count[i] : 0;
+            load_ok = load_ok && routed == (uint64_t)n * k && computed == routed;
+            bool ok = d && d->step_id == cl->step_id && d->n_tokens == (uint32_t)n && load_ok &&
+                      m.n_payloads == 3 && m.payload_len[0] == (size_t)n * H * 2 &&
                       m.payload_len[1] == (size_t)n * k * 4 &&
                       m.payload_len[2] == (size_t)n * k * 4;
             if (!ok) {
@@ -735,8 +750,8 @@ static int run_step(cluster *cl, const fixture *fx, int layer, int T, outs *got)
                        (unsigned long long)cl->step_id, who);
                 rc = -1;
             } else {
-                for (size_t i = 0; i < d->n_expert_tokens; i++)
-                    pairs += d->expert_tokens[i];
+                for (size_t i = 0; i < d->n_routed_tokens; i++)
+                    pairs += d->routed_tokens[i];
                 memcpy(got->out + (size_t)t0 * H, m.payload[0], m.payload_len[0]);
                 memcpy(got->ids + (size_t)t0 * k, m.payload[1], m.payload_len[1]);
                 memcpy(got->w + (size_t)t0 * k, m.payload[2], m.payload_len[2]);

@@ -76,7 +76,7 @@ TEST(the_queue_is_bounded_in_bytes)
     mc_config cfg;
     CHECK(mc_parse(CONFIG, strlen(CONFIG), "cfg.json", &cfg, &err) == 0);
     spec_cluster *spec = spec_parse(SPEC, strlen(SPEC), "s.yaml", &err);
-    plan_table *plan = plan_build(SPEC_PLACE_CONTIGUOUS, 2, 1, 5, &err);
+    plan_table *plan = spec ? plan_for_spec(spec, &cfg, 5, &err) : NULL;
     CHECK(spec && plan);
     if (!spec || !plan) {
         printf("  %s\n", err.msg);

@@ -327,12 +327,13 @@ TEST(unknown_keys_are_named_with_the_allowed_set)
                                             "  admin: \"tcp://*:7401\"\n" /* 4 */
                                   L_MODEL L_NODES W0);
     CHECK_STR_EQ(msg, TFILE ":3:3: unknown key \"listn\" in coordinator (expected one of listen, "
-                            "admin, heartbeat_ms, liveness, step_timeout_ms)");
+                            "admin, heartbeat_ms, liveness, step_timeout_ms, metrics)");
     EXPECT_ERR(HEAD W0 "extra: 1\n", "8:1",
                "unknown key \"extra\" at the top level (expected one of cluster, coordinator, "
                "model, expert_parallel, nodes, security)");
     EXPECT_ERR(HEAD "      - {name: w0, device: cpu, data: \"tcp://h:7500\", gpu: 1}\n", "7:55",
-               "unknown key \"gpu\" in nodes[0].workers[0] (expected one of name, device, data)");
+               "unknown key \"gpu\" in nodes[0].workers[0] (expected one of name, device, data, "
+               "metrics)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {placment: contiguous}\n" L_NODES W0,
                "4:19", "unknown key \"placment\" in expert_parallel");
 }
@@ -559,12 +560,14 @@ TEST(bad_choices_list_the_allowed_values)
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {placement: spread}\n" L_NODES W0,
                "4:30",
                "expert_parallel.placement: unknown placement \"spread\" (expected one of "
-               "contiguous, round_robin)");
+               "contiguous, round_robin, eplb)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {dispatch: fp16}\n" L_NODES W0, "4:29",
                "expert_parallel.dispatch: unknown dispatch format \"fp16\" (expected one of fp8, "
                "bf16)");
-    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {redundant_experts: 2}\n" L_NODES W0,
-               "4:38", "expert_parallel.redundant_experts: only 0 is supported");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {redundant_experts: -2}\n" L_NODES W0,
+               "4:38", "expert_parallel.redundant_experts: -2 is out of range (expected 0..");
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {window_steps: 0}\n" L_NODES W0, "4:33",
+               "expert_parallel.window_steps: 0 is out of range (expected 1..100000)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {rejoin: back}\n" L_NODES W0, "4:27",
                "expert_parallel.rejoin: unknown rejoin policy \"back\" (expected one of restore, "
                "stay)");
@@ -597,6 +600,60 @@ TEST(failover_rules_parse_and_the_limit_must_hold_the_placement)
                                  "the 4 experts the placement gives a worker (12 experts over 3 "
                                  "workers)");
     spec_free(&s);
+}
+
+/* Issue 9: eplb with redundant experts, groups, the load window, metrics addresses. */
+TEST(eplb_and_metrics_settings)
+{
+    const char *text =
+        L_CLUSTER "coordinator: {listen: \"tcp://*:7400\", admin: \"tcp://127.0.0.1:7401\", "
+                  "metrics: \"127.0.0.1:9400\"}\n" /* 2 */
+        L_MODEL "expert_parallel: {placement: eplb, redundant_experts: 6, expert_groups: 2, "
+                  "window_steps: 50, rebalance_every_steps: 100}\n" /* 4 */
+                  "nodes:\n"
+                  "  - name: n0\n"
+                  "    workers:\n" W("w0", "cpu", "tcp://h:1") /* 8 */
+        "      - {name: w1, device: cpu, data: \"tcp://h:2\", metrics: \"127.0.0.1:9401\"}\n" W(
+            "w2", "cpu", "tcp://h:3");
+    spec_cluster *s = parse_as(text, TFILE);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return;
+    CHECK_EQ(s->placement, SPEC_PLACE_EPLB);
+    CHECK_STR_EQ(spec_placement_name(s->placement), "eplb");
+    CHECK_EQ(s->redundant_experts, 6);
+    CHECK_EQ(s->expert_groups, 2);
+    CHECK_EQ(s->window_steps, 50);
+    CHECK_EQ(s->rebalance_every_steps, 100);
+    CHECK_STR_EQ(s->metrics, "127.0.0.1:9400");
+    CHECK_STR_EQ(s->workers[0].metrics, "");
+    CHECK_STR_EQ(s->workers[1].metrics, "127.0.0.1:9401");
+    CHECK_EQ(spec_check_experts(s, 8, &err), 0); /* 14 slots on 3 workers */
+    CHECK_EQ(spec_check_experts(s, 7, &err), -1);
+    CHECK_STR_HAS(err.msg, "expert_parallel.expert_groups: 2 groups do not divide the model's 7");
+    CHECK_EQ(spec_check_experts(s, 2, &err), -1); /* 8 slots, at most 2 x 3 */
+    CHECK_STR_HAS(err.msg, TFILE ":4:55: expert_parallel.redundant_experts: 2 experts + 6 "
+                                 "redundant need more than one replica");
+    s->placement = SPEC_PLACE_CONTIGUOUS;
+    CHECK_EQ(spec_check_experts(s, 12, &err), -1);
+    CHECK_STR_HAS(err.msg, "redundant_experts: 6 needs placement eplb");
+    spec_free(&s);
+    /* defaults */
+    s = parse_as(HEAD W0, TFILE);
+    CHECK(s && s->window_steps == 1000 && s->expert_groups == 1 && s->redundant_experts == 0 &&
+          s->rebalance_every_steps == 0 && s->metrics[0] == '\0');
+    spec_free(&s);
+    /* bad addresses, duplicates */
+    EXPECT_ERR(L_CLUSTER "coordinator: {listen: \"tcp://*:1\", admin: \"tcp://h:2\", metrics: "
+                         "\"tcp://h:3\"}\n" L_MODEL L_NODES W0,
+               "2:65", "coordinator.metrics: bad metrics address \"tcp://h:3\": no scheme");
+    EXPECT_ERR(HEAD "      - {name: w0, device: cpu, data: \"tcp://h:1\", metrics: \"h:99999\"}\n",
+               "7:61",
+               "nodes[0].workers[0].metrics: bad metrics address \"h:99999\": the port is "
+               "out of range");
+    EXPECT_ERR(HEAD "      - {name: w0, device: cpu, data: \"tcp://h:1\", metrics: \"h:9\"}\n"
+                    "      - {name: w1, device: cpu, data: \"tcp://h:2\", metrics: \"h:9\"}\n",
+               "8:61", "nodes[0].workers[1].metrics: duplicate metrics address \"h:9\"");
 }
 
 /* data_plane sits on line 4 ("expert_parallel: {data_plane: nccl}": the value at column 31),
@@ -648,6 +705,11 @@ TEST(nccl_data_plane_needs_gpu_workers_and_fp8)
                                                                 "    workers:\n" W("w1", "cuda:0",
                                                                                    "tcp://g:7500")),
                  "");
+    /* the NCCL step driver routes by one owner per expert: no eplb, no replicas */
+    EXPECT_ERR(L_CLUSTER L_COORD L_MODEL
+               "expert_parallel: {placement: eplb, data_plane: nccl}\n" L_NODES W("w0", "cuda:0",
+                                                                                  "tcp://h:7500"),
+               "4:30", "routes by one owner per expert in every layer");
     /* zmq takes any device mix */
     CHECK_STR_EQ(parse_error(L_CLUSTER L_COORD L_MODEL
                              "expert_parallel: {data_plane: zmq}\n" L_NODES W0 W("w1", "cuda:0",
@@ -899,6 +961,7 @@ int main(void)
     RUN(bad_names_are_rejected);
     RUN(bad_choices_list_the_allowed_values);
     RUN(failover_rules_parse_and_the_limit_must_hold_the_placement);
+    RUN(eplb_and_metrics_settings);
     RUN(empty_sequences_are_rejected);
     RUN(anchors_aliases_and_tags_are_rejected);
     RUN(deep_nesting_is_rejected_while_loading);

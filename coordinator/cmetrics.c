@@ -1,0 +1,401 @@
+/*
+ * cmetrics.c — the coordinator's metrics (see cmetrics.h). Series are created on first use and
+ * cached by index, so a step's updates are array lookups, not label formatting.
+ */
+#include "coordinator/cmetrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/metrics.h"
+
+static const char *const cmx_states[] = {"forming", "loading", "ready", "stopping", "blocked"};
+#define CMX_N_STATES 5
+static const char *const cmx_wstates[] = {"absent",      "welcomed", "loading",
+                                          "load-failed", "ready",    "dead"};
+#define CMX_N_WSTATES 6
+
+struct cmx {
+    mx_registry *reg;
+    mx_http *http;
+    int L, E, P;
+    /* families */
+    mx_family *f_state, *f_epoch, *f_workers, *f_dead, *f_masked, *f_up, *f_load_bytes,
+        *f_load_total, *f_load_ratio, *f_wexperts, *f_changes;
+    mx_family *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes, *f_msgs, *f_tokens;
+    mx_family *f_expert_tokens, *f_layer_balance, *f_worker_load, *f_balance, *f_window;
+    mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved;
+    /* cached series */
+    mx_series *state[CMX_N_STATES], *epoch[3], *workers[CMX_N_WSTATES], *dead, *masked;
+    mx_series **up, **load_bytes, **load_total, **load_ratio, **wexperts; /* [P] */
+    mx_series *step_s, *bytes[2], *msgs, *tokens, *balance, *window;
+    mx_series **disp_s, **exp_s, **comb_s, **layer_balance; /* [L] */
+    mx_series **expert_tokens;                              /* [L * E] */
+    mx_series **worker_load;                                /* [L * P] */
+    double *balance_by_layer;                               /* [L] */
+};
+
+static void cmx_families(cmx *m)
+{
+    m->f_state = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_state",
+                             "1 for the state the cluster is in, 0 for the others", "state");
+    m->f_epoch =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_placement_epoch",
+                    "Placement epochs: current (served), latest (sent), staged (prepared)", "kind");
+    m->f_workers =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_workers", "Workers of the spec by state", "state");
+    m->f_dead = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_dead", "Workers declared dead", NULL);
+    m->f_masked = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_masked",
+                              "Registered workers that own no expert (drained or spare)", NULL);
+    m->f_up = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_up",
+                          "1 when the worker is ready in the latest epoch", "worker");
+    m->f_load_bytes = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_bytes",
+                                  "Checkpoint bytes the worker's load has read", "worker");
+    m->f_load_total = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_total_bytes",
+                                  "Checkpoint bytes the worker's load reads in all", "worker");
+    m->f_load_ratio = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_progress_ratio",
+                                  "Progress of the worker's load, 0..1", "worker");
+    m->f_wexperts = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_experts",
+                                "The most experts the worker holds in one layer", "worker");
+    m->f_changes = mx_family_s(m->reg, MX_COUNTER, "epmoe_placement_changes_total",
+                               "Placement epochs decided (epoch), staged, or abandoned", "kind");
+    m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_steps_total",
+                             "Forward steps closed, by result and error code", "result,code");
+    m->f_step_s =
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_step_duration_seconds",
+                    "Forward step latency at the coordinator (STEPs out to last answer)", NULL);
+    m->f_disp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_dispatch_seconds",
+                              "Dispatch time of a step (slowest worker), by MoE layer", "layer");
+    m->f_exp_s =
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_expert_seconds",
+                    "Routed-expert compute time of a step (slowest worker), by MoE layer", "layer");
+    m->f_comb_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_combine_seconds",
+                              "Combine time of a step (slowest worker), by MoE layer", "layer");
+    m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_bytes_total",
+                             "Data-plane payload bytes the workers sent", "kind");
+    m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_messages_total",
+                            "Data-plane messages the workers sent", NULL);
+    m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_step_tokens_total",
+                              "Tokens of the forward steps that succeeded", NULL);
+    m->f_expert_tokens = mx_family_s(
+        m->reg, MX_COUNTER, "epmoe_expert_tokens_total",
+        "(token, expert) pairs routed to each expert of each MoE layer", "layer,expert");
+    m->f_layer_balance =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_layer_balance_ratio",
+                    "Measured max/mean worker load of a MoE layer over the window", "layer");
+    m->f_worker_load =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_layer_worker_load_ratio",
+                    "A worker's load of a MoE layer over the window / the mean", "layer,worker");
+    m->f_balance =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_balance_ratio",
+                    "Measured max/mean worker load, averaged over the loaded layers", NULL);
+    m->f_window = mx_family_s(m->reg, MX_GAUGE, "epmoe_stats_window_steps",
+                              "Steps in the load-statistics window", NULL);
+    m->f_rebal = mx_family_s(m->reg, MX_COUNTER, "epmoe_rebalances_total", "Rebalances, by result",
+                             "result");
+    m->f_rebal_s =
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_rebalance_duration_seconds",
+                    "From a rebalance decision to its epoch served by every member", NULL);
+    m->f_rebal_plan_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_rebalance_plan_seconds",
+                                    "Time EPLB took to plan a rebalance", NULL);
+    m->f_moved = mx_family_s(m->reg, MX_COUNTER, "epmoe_rebalance_moved_experts_total",
+                             "(layer, expert, worker) replicas rebalances gave a worker", NULL);
+}
+
+static void cmx_cache(cmx *m)
+{
+    for (int i = 0; i < CMX_N_STATES; i++)
+        m->state[i] = mx_series1(m->f_state, cmx_states[i]);
+    const char *kinds[3] = {"current", "latest", "staged"};
+    for (int i = 0; i < 3; i++)
+        m->epoch[i] = mx_series1(m->f_epoch, kinds[i]);
+    for (int i = 0; i < CMX_N_WSTATES; i++)
+        m->workers[i] = mx_series1(m->f_workers, cmx_wstates[i]);
+    m->dead = mx_series0(m->f_dead);
+    m->masked = mx_series0(m->f_masked);
+    m->step_s = mx_series0(m->f_step_s);
+    m->bytes[0] = mx_series1(m->f_bytes, "dispatch");
+    m->bytes[1] = mx_series1(m->f_bytes, "combine");
+    m->msgs = mx_series0(m->f_msgs);
+    m->tokens = mx_series0(m->f_tokens);
+    m->balance = mx_series0(m->f_balance);
+    m->window = mx_series0(m->f_window);
+    mx_series2(m->f_steps, "ok", "ERR_NONE"); /* present from the start, at 0 */
+}
+
+static void cmx_free_arrays(cmx *m)
+{
+    free(m->up);
+    free(m->load_bytes);
+    free(m->load_total);
+    free(m->load_ratio);
+    free(m->wexperts);
+    free(m->disp_s);
+    free(m->exp_s);
+    free(m->comb_s);
+    free(m->layer_balance);
+    free(m->expert_tokens);
+    free(m->worker_load);
+    free(m->balance_by_layer);
+}
+
+cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
+{
+    cmx *m = calloc(1, sizeof *m);
+    if (m == NULL || (m->reg = mx_create(err)) == NULL)
+        goto fail;
+    m->L = mc_num_layers(cfg);
+    m->E = cfg->n_routed_experts;
+    m->P = spec->n_workers;
+    /* per-worker caches for any spec a reload may bring (EP_MAX_WORKERS) */
+    size_t L = (size_t)m->L, E = (size_t)m->E, P = EP_MAX_WORKERS;
+    m->up = calloc(P, sizeof *m->up);
+    m->load_bytes = calloc(P, sizeof *m->load_bytes);
+    m->load_total = calloc(P, sizeof *m->load_total);
+    m->load_ratio = calloc(P, sizeof *m->load_ratio);
+    m->wexperts = calloc(P, sizeof *m->wexperts);
+    m->disp_s = calloc(L, sizeof *m->disp_s);
+    m->exp_s = calloc(L, sizeof *m->exp_s);
+    m->comb_s = calloc(L, sizeof *m->comb_s);
+    m->layer_balance = calloc(L, sizeof *m->layer_balance);
+    m->expert_tokens = calloc(L * E, sizeof *m->expert_tokens);
+    m->worker_load = calloc(L * P, sizeof *m->worker_load);
+    m->balance_by_layer = calloc(L, sizeof *m->balance_by_layer);
+    if (!m->up || !m->load_bytes || !m->load_total || !m->load_ratio || !m->wexperts ||
+        !m->disp_s || !m->exp_s || !m->comb_s || !m->layer_balance || !m->expert_tokens ||
+        !m->worker_load || !m->balance_by_layer) {
+        ep_err_set(err, "metrics: out of memory");
+        goto fail;
+    }
+    cmx_families(m);
+    cmx_cache(m);
+    if (spec->metrics[0]) {
+        m->http = mx_http_start(m->reg, spec->metrics, err);
+        if (m->http == NULL) {
+            ep_err_prefix(err, "%s:%d:%d: coordinator.metrics", spec->file, spec->metrics_pos.line,
+                          spec->metrics_pos.col);
+            goto fail;
+        }
+        log_info("metrics: serving http://%s/metrics", spec->metrics);
+    }
+    return m;
+fail:
+    if (m != NULL && m->reg == NULL && err->msg[0] == '\0')
+        ep_err_set(err, "metrics: out of memory");
+    cmx_destroy(&m);
+    return NULL;
+}
+
+void cmx_destroy(cmx **self_p)
+{
+    cmx *m = self_p ? *self_p : NULL;
+    if (m == NULL)
+        return;
+    mx_http_stop(&m->http); /* no scrape may run once the registry goes */
+    mx_destroy(&m->reg);
+    cmx_free_arrays(m);
+    free(m);
+    *self_p = NULL;
+}
+
+int cmx_port(const cmx *m)
+{
+    return m ? mx_http_port(m->http) : 0;
+}
+
+void cmx_state(cmx *m, const char *state)
+{
+    for (int i = 0; m && i < CMX_N_STATES; i++)
+        mx_set(m->state[i], strcmp(state, cmx_states[i]) == 0);
+}
+
+void cmx_epochs(cmx *m, uint64_t current, uint64_t latest, uint64_t staged)
+{
+    if (m == NULL)
+        return;
+    mx_set(m->epoch[0], (double)current);
+    mx_set(m->epoch[1], (double)latest);
+    mx_set(m->epoch[2], (double)staged);
+}
+
+void cmx_change(cmx *m, const char *kind)
+{
+    if (m != NULL)
+        mx_add(mx_series1(m->f_changes, kind), 1);
+}
+
+void cmx_respec(cmx *m, int n_workers)
+{
+    if (m == NULL)
+        return;
+    m->P = n_workers;
+    mx_clear(m->f_up);
+    mx_clear(m->f_load_bytes);
+    mx_clear(m->f_load_total);
+    mx_clear(m->f_load_ratio);
+    mx_clear(m->f_wexperts);
+    mx_clear(m->f_worker_load);
+    size_t P = EP_MAX_WORKERS;
+    memset(m->up, 0, P * sizeof *m->up);
+    memset(m->load_bytes, 0, P * sizeof *m->load_bytes);
+    memset(m->load_total, 0, P * sizeof *m->load_total);
+    memset(m->load_ratio, 0, P * sizeof *m->load_ratio);
+    memset(m->wexperts, 0, P * sizeof *m->wexperts);
+    memset(m->worker_load, 0, (size_t)m->L * P * sizeof *m->worker_load);
+    memset(m->balance_by_layer, 0, (size_t)m->L * sizeof *m->balance_by_layer);
+}
+
+static mx_series *cmx_worker_series(mx_family *f, mx_series **cache, int r, const char *name)
+{
+    if (cache[r] == NULL)
+        cache[r] = mx_series1(f, name);
+    return cache[r];
+}
+
+void cmx_workers(cmx *m, const spec_cluster *spec, reg_registry *reg, const plan_table *latest)
+{
+    if (m == NULL || spec->n_workers != m->P)
+        return;
+    int by_state[CMX_N_WSTATES] = {0}, masked = 0;
+    for (int r = 0; r < m->P; r++) {
+        const reg_worker *w = reg_worker_at(reg, r);
+        const char *name = spec->workers[r].name;
+        if ((unsigned)w->state < CMX_N_WSTATES)
+            by_state[w->state]++;
+        bool member = plan_is_member(latest, r);
+        masked += reg_registered(w) && !member;
+        mx_set(cmx_worker_series(m->f_up, m->up, r, name),
+               w->state == REG_READY && w->acked == latest->epoch);
+        mx_set(cmx_worker_series(m->f_load_bytes, m->load_bytes, r, name), (double)w->bytes_done);
+        mx_set(cmx_worker_series(m->f_load_total, m->load_total, r, name), (double)w->bytes_total);
+        double ratio = w->bytes_total          ? (double)w->bytes_done / (double)w->bytes_total
+                       : w->state == REG_READY ? 1.0
+                                               : 0.0;
+        mx_set(cmx_worker_series(m->f_load_ratio, m->load_ratio, r, name), ratio > 1 ? 1 : ratio);
+        mx_set(cmx_worker_series(m->f_wexperts, m->wexperts, r, name),
+               member ? plan_rank_max(latest, r) : 0);
+    }
+    for (int i = 0; i < CMX_N_WSTATES; i++)
+        mx_set(m->workers[i], by_state[i]);
+    mx_set(m->dead, by_state[REG_DEAD]);
+    mx_set(m->masked, masked);
+}
+
+static const char *cmx_code_name(int code)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
+    return v ? v->name : "ERR_UNKNOWN";
+}
+
+static mx_series *cmx_layer_series(mx_family *f, mx_series **cache, int l)
+{
+    if (cache[l] == NULL) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", l);
+        cache[l] = mx_series1(f, v);
+    }
+    return cache[l];
+}
+
+void cmx_step(cmx *m, const mc_config *cfg, const spec_cluster *spec, const seq_record *r)
+{
+    if (m == NULL)
+        return;
+    (void)cfg;
+    (void)spec;
+    mx_add(mx_series2(m->f_steps, r->ok ? "ok" : "failed", cmx_code_name(r->ok ? 0 : r->code)), 1);
+    if (!r->ok || r->layer < 0 || r->layer >= m->L)
+        return;
+    mx_observe(m->step_s, r->seconds);
+    mx_observe(cmx_layer_series(m->f_disp_s, m->disp_s, r->layer), r->dispatch_s);
+    mx_observe(cmx_layer_series(m->f_exp_s, m->exp_s, r->layer), r->expert_s);
+    mx_observe(cmx_layer_series(m->f_comb_s, m->comb_s, r->layer), r->combine_s);
+    mx_add(m->bytes[0], (double)r->dispatch_bytes);
+    mx_add(m->bytes[1], (double)r->combine_bytes);
+    mx_add(m->msgs, (double)r->messages);
+    mx_add(m->tokens, r->n_tokens);
+    for (int e = 0; r->expert_tokens && e < r->n_experts && e < m->E; e++) {
+        if (r->expert_tokens[e] == 0)
+            continue;
+        mx_series **c = &m->expert_tokens[(size_t)r->layer * m->E + e];
+        if (*c == NULL) {
+            char lv[16], ev[16];
+            snprintf(lv, sizeof lv, "%d", r->layer);
+            snprintf(ev, sizeof ev, "%d", e);
+            *c = mx_series2(m->f_expert_tokens, lv, ev);
+        }
+        mx_add(*c, r->expert_tokens[e]);
+    }
+}
+
+void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const stats_window *st,
+                 const plan_table *current, int layer)
+{
+    if (m == NULL || layer < 0 || layer >= m->L || spec->n_workers != m->P)
+        return;
+    (void)cfg;
+    uint8_t *holds = calloc((size_t)m->P, 1);
+    if (holds == NULL)
+        return;
+    for (int e = 0; e < current->n_experts; e++) {
+        int n;
+        const uint16_t *reps = plan_replicas(current, layer, e, &n);
+        for (int i = 0; i < n; i++)
+            holds[reps[i]] = 1;
+    }
+    double b = stats_measured_balance(st, layer, holds);
+    if (b > 0) {
+        mx_set(cmx_layer_series(m->f_layer_balance, m->layer_balance, layer), b);
+        m->balance_by_layer[layer] = b;
+        const uint64_t *rc = stats_rank_counts(st, layer);
+        double total = 0;
+        int n = 0;
+        for (int r = 0; r < m->P; r++)
+            if (holds[r]) {
+                total += (double)rc[r];
+                n++;
+            }
+        for (int r = 0; r < m->P && total > 0; r++) {
+            mx_series **c = &m->worker_load[(size_t)layer * EP_MAX_WORKERS + r];
+            if (!holds[r] && *c == NULL)
+                continue;
+            if (*c == NULL) {
+                char lv[16];
+                snprintf(lv, sizeof lv, "%d", layer);
+                *c = mx_series2(m->f_worker_load, lv, spec->workers[r].name);
+            }
+            mx_set(*c, holds[r] ? (double)rc[r] / (total / n) : 0);
+        }
+    }
+    double sum = 0;
+    int loaded = 0;
+    for (int l = 0; l < m->L; l++)
+        if (m->balance_by_layer[l] > 0) {
+            sum += m->balance_by_layer[l];
+            loaded++;
+        }
+    if (loaded)
+        mx_set(m->balance, sum / loaded);
+    mx_set(m->window, stats_steps(st));
+    free(holds);
+}
+
+void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved)
+{
+    if (m == NULL)
+        return;
+    mx_add(mx_series1(m->f_rebal, result), 1);
+    if (plan_seconds >= 0)
+        mx_observe(mx_series0(m->f_rebal_plan_s), plan_seconds);
+    if (moved > 0)
+        mx_add(mx_series0(m->f_moved), (double)moved);
+}
+
+void cmx_rebalance_done(cmx *m, double seconds)
+{
+    if (m != NULL)
+        mx_observe(mx_series0(m->f_rebal_s), seconds);
+}

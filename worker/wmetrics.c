@@ -1,0 +1,202 @@
+/*
+ * wmetrics.c — a worker's metrics (see wmetrics.h). Per-layer series are cached by index (up to
+ * the model's layers: MC_MAX_LAYERS + MC_MAX_MTP), per-(layer, expert) series in a table grown
+ * on first use.
+ */
+#include "worker/wmetrics.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#define WMX_LAYERS (MC_MAX_LAYERS + MC_MAX_MTP)
+
+static const char *const wmx_states[] = {"registering", "welcomed",    "loading",
+                                         "ready",       "load-failed", "backoff"};
+#define WMX_N_STATES 6
+
+struct wmx {
+    mx_registry *reg;
+    mx_http *http;
+    char addr[64];
+    mx_family *f_state, *f_epoch, *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes,
+        *f_msgs, *f_tokens, *f_weight, *f_read, *f_progress, *f_loads;
+    mx_series *state[WMX_N_STATES], *epoch, *ok, *failed, *bytes[2], *msgs[2], *weight, *read,
+        *progress;
+    mx_series *step_s[WMX_LAYERS], *disp_s[WMX_LAYERS], *exp_s[WMX_LAYERS], *comb_s[WMX_LAYERS];
+    mx_series **tokens[WMX_LAYERS]; /* [MC_MAX_EXPERTS] per layer, allocated on first use */
+};
+
+wmx *wmx_create(ep_err *err)
+{
+    wmx *m = calloc(1, sizeof *m);
+    if (m == NULL || (m->reg = mx_create(err)) == NULL)
+        goto fail;
+    m->f_state =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_state", "1 for the worker's state", "state");
+    m->f_epoch =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_epoch", "The placement epoch served", NULL);
+    m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_steps_total",
+                             "Steps answered, by result", "result");
+    m->f_step_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_step_duration_seconds",
+                              "The worker's own part of a step, to its STEP_DONE", "layer");
+    m->f_disp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_dispatch_seconds",
+                              "From the end of routing to the last DISPATCH sent", "layer");
+    m->f_exp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_expert_seconds",
+                             "Routed-expert kernels of a step (own and served pairs)", "layer");
+    m->f_comb_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_combine_seconds",
+                              "Waiting for the step's COMBINEs", "layer");
+    m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_bytes_total",
+                             "Data-plane payload bytes sent", "kind");
+    m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_messages_total",
+                            "Data-plane messages sent", "kind");
+    m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_tokens_total",
+                              "(token, expert) pairs this worker computed", "layer,expert");
+    m->f_weight = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_weight_bytes",
+                              "Backend memory the loaded layers hold", NULL);
+    m->f_read = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_load_read_bytes_total",
+                            "Checkpoint bytes the loads read", NULL);
+    m->f_progress = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_progress_ratio",
+                                "Progress of the load in progress, 0..1 (1 when none)", NULL);
+    m->f_loads = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_loads_total",
+                             "Loads: load, epoch, staged, commit", "kind");
+    for (int i = 0; i < WMX_N_STATES; i++)
+        m->state[i] = mx_series1(m->f_state, wmx_states[i]);
+    m->epoch = mx_series0(m->f_epoch);
+    m->ok = mx_series1(m->f_steps, "ok");
+    m->failed = mx_series1(m->f_steps, "failed");
+    m->bytes[0] = mx_series1(m->f_bytes, "dispatch");
+    m->bytes[1] = mx_series1(m->f_bytes, "combine");
+    m->msgs[0] = mx_series1(m->f_msgs, "dispatch");
+    m->msgs[1] = mx_series1(m->f_msgs, "combine");
+    m->weight = mx_series0(m->f_weight);
+    m->read = mx_series0(m->f_read);
+    m->progress = mx_series0(m->f_progress);
+    return m;
+fail:
+    if (m != NULL && m->reg == NULL)
+        ep_err_set(err, "metrics: out of memory");
+    wmx_destroy(&m);
+    return NULL;
+}
+
+void wmx_destroy(wmx **self_p)
+{
+    wmx *m = self_p ? *self_p : NULL;
+    if (m == NULL)
+        return;
+    mx_http_stop(&m->http);
+    mx_destroy(&m->reg);
+    for (int l = 0; l < WMX_LAYERS; l++)
+        free(m->tokens[l]);
+    free(m);
+    *self_p = NULL;
+}
+
+int wmx_serve(wmx *m, const char *addr, ep_err *err)
+{
+    if (m == NULL || strcmp(addr, m->addr) == 0)
+        return 0;
+    mx_http_stop(&m->http);
+    m->addr[0] = '\0';
+    if (addr[0] == '\0')
+        return 0;
+    m->http = mx_http_start(m->reg, addr, err);
+    if (m->http == NULL)
+        return -1;
+    snprintf(m->addr, sizeof m->addr, "%s", addr);
+    log_info("metrics: serving http://%s/metrics", addr);
+    return 0;
+}
+
+int wmx_port(const wmx *m)
+{
+    return m ? mx_http_port(m->http) : 0;
+}
+
+void wmx_state(wmx *m, const char *state)
+{
+    for (int i = 0; m && i < WMX_N_STATES; i++)
+        mx_set(m->state[i], strcmp(state, wmx_states[i]) == 0);
+}
+
+void wmx_epoch(wmx *m, uint64_t epoch)
+{
+    if (m)
+        mx_set(m->epoch, (double)epoch);
+}
+
+void wmx_step_result(wmx *m, bool ok)
+{
+    if (m)
+        mx_add(ok ? m->ok : m->failed, 1);
+}
+
+static mx_series *wmx_layer(mx_family *f, mx_series **cache, int l)
+{
+    if (l < 0 || l >= WMX_LAYERS)
+        return NULL;
+    if (cache[l] == NULL) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", l);
+        cache[l] = mx_series1(f, v);
+    }
+    return cache[l];
+}
+
+void wmx_step(wmx *m, int layer, double total_s, double dispatch_s, double expert_s,
+              double combine_s)
+{
+    if (m == NULL)
+        return;
+    mx_observe(wmx_layer(m->f_step_s, m->step_s, layer), total_s);
+    mx_observe(wmx_layer(m->f_disp_s, m->disp_s, layer), dispatch_s);
+    mx_observe(wmx_layer(m->f_exp_s, m->exp_s, layer), expert_s);
+    mx_observe(wmx_layer(m->f_comb_s, m->comb_s, layer), combine_s);
+}
+
+void wmx_sent(wmx *m, bool combine, uint64_t bytes)
+{
+    if (m == NULL)
+        return;
+    mx_add(m->bytes[combine], (double)bytes);
+    mx_add(m->msgs[combine], 1);
+}
+
+void wmx_expert_pairs(wmx *m, int layer, int expert, uint32_t pairs)
+{
+    if (m == NULL || layer < 0 || layer >= WMX_LAYERS || expert < 0 || expert >= MC_MAX_EXPERTS)
+        return;
+    if (m->tokens[layer] == NULL &&
+        (m->tokens[layer] = calloc(MC_MAX_EXPERTS, sizeof *m->tokens[layer])) == NULL)
+        return;
+    mx_series **c = &m->tokens[layer][expert];
+    if (*c == NULL) {
+        char lv[16], ev[16];
+        snprintf(lv, sizeof lv, "%d", layer);
+        snprintf(ev, sizeof ev, "%d", expert);
+        *c = mx_series2(m->f_tokens, lv, ev);
+    }
+    mx_add(*c, pairs);
+}
+
+void wmx_load_progress(wmx *m, uint64_t done, uint64_t total)
+{
+    if (m)
+        mx_set(m->progress, total ? (double)(done < total ? done : total) / (double)total : 1.0);
+}
+
+void wmx_loaded(wmx *m, const char *kind, uint64_t bytes_read, uint64_t weight_bytes)
+{
+    if (m == NULL)
+        return;
+    mx_add(mx_series1(m->f_loads, kind), 1);
+    mx_add(m->read, (double)bytes_read);
+    mx_set(m->weight, (double)weight_bytes);
+    mx_set(m->progress, 1.0);
+}

@@ -1,0 +1,49 @@
+/*
+ * wmetrics.h — a worker's Prometheus metrics (prefix wmx_). The main thread reports its
+ * lifecycle, the executor its steps and loads; the registry is thread-safe (common/metrics.h),
+ * so both update it directly. Served on the spec's per-worker `metrics` address, which WELCOME
+ * carries (docs/operations.md "Metrics").
+ *
+ *   epmoe_worker_state{state}                 1 for the worker's state
+ *   epmoe_worker_epoch                        the placement epoch it serves
+ *   epmoe_worker_steps_total{result}          steps answered: ok, failed
+ *   epmoe_worker_step_duration_seconds{layer} its own part of a step (to STEP_DONE)
+ *   epmoe_worker_dispatch_seconds{layer}      routing end to its last DISPATCH sent
+ *   epmoe_worker_expert_seconds{layer}        routed-expert kernels (own and served pairs)
+ *   epmoe_worker_combine_seconds{layer}       waiting for its COMBINEs
+ *   epmoe_worker_dataplane_bytes_total{kind}     payload bytes sent: dispatch, combine
+ *   epmoe_worker_dataplane_messages_total{kind}  data-plane messages sent: dispatch, combine
+ *   epmoe_worker_expert_tokens_total{layer,expert} (token, expert) pairs this worker computed
+ *   epmoe_worker_weight_bytes                 backend memory its layers hold
+ *   epmoe_worker_load_read_bytes_total        checkpoint bytes its loads read
+ *   epmoe_worker_load_progress_ratio          the load in progress, 0..1
+ *   epmoe_worker_loads_total{kind}            loads: load, epoch, staged, commit
+ */
+#ifndef EPMOE_WMETRICS_H
+#define EPMOE_WMETRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef struct wmx wmx;
+
+wmx *wmx_create(ep_err *err);
+void wmx_destroy(wmx **self_p);
+/* Serve /metrics on addr (once; a different address later restarts the server). "" stops it. */
+int wmx_serve(wmx *m, const char *addr, ep_err *err);
+int wmx_port(const wmx *m);
+
+void wmx_state(wmx *m, const char *state);
+void wmx_epoch(wmx *m, uint64_t epoch);
+void wmx_step_result(wmx *m, bool ok);
+void wmx_step(wmx *m, int layer, double total_s, double dispatch_s, double expert_s,
+              double combine_s);
+void wmx_sent(wmx *m, bool combine, uint64_t bytes);
+/* pairs this worker computed for expert e of layer (served or local) */
+void wmx_expert_pairs(wmx *m, int layer, int expert, uint32_t pairs);
+void wmx_load_progress(wmx *m, uint64_t done, uint64_t total);
+void wmx_loaded(wmx *m, const char *kind, uint64_t bytes_read, uint64_t weight_bytes);
+
+#endif
