@@ -73,6 +73,9 @@ static const void *stage(shard_view *v, const mc_config *c, const st_tensor *t, 
     if (st_tensor_read(t, 0, buf, (size_t)t->nbytes, err) != 0 ||
         ck_check_value_bytes(c, t, buf, err) != 0)
         return NULL;
+    v->done += t->nbytes;
+    if (v->progress)
+        v->progress(v->progress_ctx, v->done);
     return buf;
 }
 
@@ -118,7 +121,8 @@ static int view_router(const st_model *m, const mc_config *c, const char *pfx, s
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err)
 {
-    memset(v, 0, sizeof *v);
+    *v = (shard_view){
+        .progress = v->progress, .progress_ctx = v->progress_ctx, .skip_shared = v->skip_shared};
     char pfx[EP_MAX_NAME], mid[64];
     if (ck_layer_prefix(c, layer, pfx, sizeof pfx) < 0)
         return ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
@@ -132,7 +136,7 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
     v->src.experts = v->experts;
     if (check_layer(m, c, layer, want, err) < 0 || view_router(m, c, pfx, v, err) < 0)
         goto fail;
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 3 && !v->skip_shared; j++) {
         int N = j == MB_W2 ? H : I, K = j == MB_W2 ? I : H;
         snprintf(mid, sizeof mid, "ffn.shared_experts.%s", WNAME[j]);
         if (view_linear(v, m, c, pfx, mid, MB_W_FP8, N, K, &v->src.shared[j], err) < 0)
@@ -221,13 +225,16 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
     for (int e = 0; e < E; e++)
         read[e] = (!want || want[e]) && !(reuse && mb_layer_owns(reuse, e));
     mb_layer *l = NULL;
+    v.progress = progress;
+    v.progress_ctx = progress_ctx;
+    v.skip_shared = reuse != NULL; /* the backends take it from reuse */
     if (shard_view_layer(m, c, layer, read, &v, err) == 0) {
         /* want as given (NULL: all), so reused experts are asked for too */
         uint8_t *all = NULL;
         if (!want && (all = malloc((size_t)E)) != NULL)
             memset(all, 1, (size_t)E);
         if (want || all)
-            l = mb_layer_load(be, c, &v.src, want ? want : all, reuse, progress, progress_ctx, err);
+            l = mb_layer_load(be, c, &v.src, want ? want : all, reuse, NULL, NULL, err);
         else
             ep_err_set(err, "out of memory");
         free(all);
@@ -240,7 +247,7 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
 moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
                                 const uint8_t *want, gemm_impl impl, ep_err *err)
 {
-    shard_view v;
+    shard_view v = {0};
     if (shard_view_layer(m, c, layer, want, &v, err) < 0)
         return NULL;
     moe_layer *l = moe_layer_build(c, &v.src, want, NULL, impl, NULL, NULL, NULL, err);

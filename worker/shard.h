@@ -35,11 +35,17 @@ typedef struct shard_view {
     char name[32];
     void **copies; /* the tensors' bytes, read from the files */
     int n_copies, cap_copies;
+    /* told the bytes read so far after each tensor (shard_load_layer sets them) */
+    mb_progress_fn progress;
+    void *progress_ctx;
+    uint64_t done;
+    bool skip_shared; /* leave the shared expert unread (a reused layer provides it) */
 } shard_view;
 
 /* Check, read and describe layer `layer` for the experts in want ([E]; NULL: all). Errors name
  * the tensor and what was expected (missing tensor, dtype, shape, a value the policy refuses,
- * a file that no longer holds the bytes). */
+ * a file that no longer holds the bytes). v's progress fields and skip_shared are kept (zero
+ * them, or set them). */
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err);
 void shard_view_free(shard_view *v);
@@ -50,7 +56,9 @@ uint64_t shard_layer_bytes(const st_model *m, const mc_config *c, int layer, con
                            const uint8_t *have, bool skip_shared);
 
 /* Load one layer onto a backend (reuse: an older layer of the same index whose experts are
- * kept; may be NULL). progress gets bytes read within this layer. */
+ * kept; may be NULL). progress gets bytes read within this layer, after each tensor read (the
+ * reading is where a load's time goes; the backend's conversion of the bytes in memory then
+ * reports nothing). */
 mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
                            const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
                            void *progress_ctx, ep_err *err);
