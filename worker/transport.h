@@ -299,10 +299,14 @@ typedef enum tp_comm_fault {
 
 typedef struct tp_comm tp_comm;
 
-/* NCCL's operations, or NULL in a build without NCCL. Their ctx is a pointer to the worker's
- * CUDA ordinal (int), made the thread's current device before a communicator is created, or
- * NULL to use the current device. */
+/* NCCL's operations, or NULL in a build without NCCL or where libnccl cannot be loaded (it is
+ * opened at the first call). Their ctx is a pointer to the worker's CUDA ordinal (int), made
+ * the thread's current device before a communicator is created, or NULL to use the current
+ * device. */
 const tp_comm_ops *tp_nccl_ops(void);
+/* Why tp_nccl_ops() is NULL (the library and dlerror, or "this build has no NCCL"); NULL when
+ * it is not. */
+const char *tp_nccl_why(void);
 
 tp_comm *tp_comm_create(const tp_comm_ops *ops, void *ctx, ep_err *err);
 /* Aborts a live communicator. */

@@ -66,7 +66,9 @@ const char *tp_comm_state_name(tp_comm_state s)
 tp_comm *tp_comm_create(const tp_comm_ops *ops, void *ctx, ep_err *err)
 {
     if (ops == NULL) {
-        ep_err_set(err, "this build has no NCCL: data_plane nccl is not available");
+        const char *why = tp_nccl_why();
+        ep_err_set(err, "%s",
+                   why ? why : "no collective library: data_plane nccl is not available");
         return NULL;
     }
     tp_comm *c = calloc(1, sizeof *c);

@@ -6,16 +6,94 @@
  * done or broken, so transport_comm.c can hold every wait to a deadline. Transfers run on the
  * executor's CUDA stream; completion is that stream draining (cudaStreamQuery).
  *
- * Built only with NCCL (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and a worker asked
- * for data_plane nccl says this build has no NCCL.
+ * libnccl is opened at run time (dlopen, as vLLM's pynccl does), not linked: one worker binary
+ * serves CPU and ZeroMQ-plane GPU workers on hosts without NCCL, and a host asked for
+ * data_plane nccl without it gets an error naming the library instead of a binary that does not
+ * start. EPMOE_NCCL_LIBRARY names another file. Built only with NCCL's header
+ * (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and tp_nccl_why() says so.
  */
 #include "worker/transport.h"
 
 #ifdef EPMOE_HAVE_NCCL
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* The NCCL entry points this file calls, resolved from the library (types from nccl.h). */
+static struct {
+    __typeof__(&ncclGetErrorString) get_error_string;
+    __typeof__(&ncclGetLastError) get_last_error;
+    __typeof__(&ncclGetUniqueId) get_unique_id;
+    __typeof__(&ncclCommInitRankConfig) init_rank_config;
+    __typeof__(&ncclCommGetAsyncError) get_async_error;
+    __typeof__(&ncclCommAbort) abort;
+    __typeof__(&ncclGroupStart) group_start;
+    __typeof__(&ncclGroupEnd) group_end;
+    __typeof__(&ncclSend) send;
+    __typeof__(&ncclRecv) recv;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    __typeof__(&ncclCommShrink) shrink; /* NULL in an NCCL older than 2.27 */
+#endif
+} nl;
+static pthread_once_t tpn_once = PTHREAD_ONCE_INIT;
+static char tpn_why[512]; /* empty once loaded */
+
+static void *tpn_sym(void *lib, const char *name)
+{
+    void *f = dlsym(lib, name);
+    if (f == NULL && tpn_why[0] == '\0')
+        snprintf(tpn_why, sizeof tpn_why, "%s has no %s (NCCL older than this build's %d.%d)",
+                 getenv("EPMOE_NCCL_LIBRARY") ? getenv("EPMOE_NCCL_LIBRARY") : "libnccl.so.2", name,
+                 NCCL_MAJOR, NCCL_MINOR);
+    return f;
+}
+
+static void tpn_load(void)
+{
+    const char *file = getenv("EPMOE_NCCL_LIBRARY");
+    if (file == NULL || file[0] == '\0')
+        file = "libnccl.so.2";
+    void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *e = dlerror();
+        snprintf(tpn_why, sizeof tpn_why,
+                 "data_plane nccl needs NCCL, and %s cannot be loaded (%s); install NCCL or set "
+                 "EPMOE_NCCL_LIBRARY",
+                 file, e ? e : "not found");
+        return;
+    }
+    /* object pointer -> function pointer through memcpy: dlsym's documented use, ISO-clean */
+#define TPN_SYM(field, name)                                                                       \
+    do {                                                                                           \
+        void *f_ = tpn_sym(lib, name);                                                             \
+        memcpy(&nl.field, &f_, sizeof nl.field);                                                   \
+    } while (0)
+    TPN_SYM(get_error_string, "ncclGetErrorString");
+    TPN_SYM(get_last_error, "ncclGetLastError");
+    TPN_SYM(get_unique_id, "ncclGetUniqueId");
+    TPN_SYM(init_rank_config, "ncclCommInitRankConfig");
+    TPN_SYM(get_async_error, "ncclCommGetAsyncError");
+    TPN_SYM(abort, "ncclCommAbort");
+    TPN_SYM(group_start, "ncclGroupStart");
+    TPN_SYM(group_end, "ncclGroupEnd");
+    TPN_SYM(send, "ncclSend");
+    TPN_SYM(recv, "ncclRecv");
+    bool required_ok = tpn_why[0] == '\0';
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    void *f = dlsym(lib, "ncclCommShrink"); /* optional: without it a shrink is a rebuild */
+    memcpy(&nl.shrink, &f, sizeof nl.shrink);
+#endif
+#undef TPN_SYM
+    if (!required_ok) {
+        dlclose(lib);
+        memset(&nl, 0, sizeof nl);
+    }
+}
 
 _Static_assert(sizeof(ncclUniqueId) == TP_COMM_ID_BYTES,
                "TP_COMM_ID_BYTES is NCCL_UNIQUE_ID_BYTES");
@@ -30,8 +108,8 @@ static int tpn_check(ncclResult_t r, ncclComm_t comm, const char *what, ep_err *
 {
     if (r == ncclSuccess || r == ncclInProgress)
         return 0;
-    const char *last = comm ? ncclGetLastError(comm) : NULL;
-    return ep_err_set(err, "%s: %s%s%s", what, ncclGetErrorString(r), last && last[0] ? ": " : "",
+    const char *last = comm ? nl.get_last_error(comm) : NULL;
+    return ep_err_set(err, "%s: %s%s%s", what, nl.get_error_string(r), last && last[0] ? ": " : "",
                       last ? last : "");
 }
 
@@ -59,7 +137,7 @@ static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
 {
     ncclUniqueId u;
     if (tpn_device(ctx, err) != 0 ||
-        tpn_check(ncclGetUniqueId(&u), NULL, "ncclGetUniqueId", err) != 0)
+        tpn_check(nl.get_unique_id(&u), NULL, "ncclGetUniqueId", err) != 0)
         return -1;
     memcpy(id->bytes, u.internal, sizeof id->bytes);
     return 0;
@@ -74,10 +152,10 @@ static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_co
     memcpy(u.internal, id->bytes, sizeof u.internal);
     ncclConfig_t cfg = tpn_config();
     ncclComm_t comm = NULL;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, u, rank, &cfg);
+    ncclResult_t r = nl.init_rank_config(&comm, nranks, u, rank, &cfg);
     if (tpn_check(r, comm, "ncclCommInitRankConfig", err) != 0) {
         if (comm)
-            ncclCommAbort(comm);
+            nl.abort(comm);
         return -1;
     }
     *out = (tp_comm_handle *)(void *)comm;
@@ -90,16 +168,18 @@ static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_ex
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     if (tpn_device(ctx, err) != 0)
         return -1;
+    if (nl.shrink == NULL)
+        return ep_err_set(err, "the NCCL loaded at run time has no ncclCommShrink (2.27 or later)");
     ncclComm_t parent = tpn_comm(h), comm = NULL;
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(parent, &async);
+    nl.get_async_error(parent, &async);
     /* a parent that saw a peer fail has operations to terminate before it can shrink */
     int flags = async == ncclSuccess ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
     ncclConfig_t cfg = tpn_config();
-    ncclResult_t r = ncclCommShrink(parent, (int *)exclude, n_exclude, &comm, &cfg, flags);
+    ncclResult_t r = nl.shrink(parent, (int *)exclude, n_exclude, &comm, &cfg, flags);
     if (tpn_check(r, parent, "ncclCommShrink", err) != 0) {
         if (comm)
-            ncclCommAbort(comm);
+            nl.abort(comm);
         return -1;
     }
     *out = (tp_comm_handle *)(void *)comm;
@@ -119,7 +199,7 @@ static int tpn_status(tp_comm_handle *h, ep_err *err)
 {
     ncclComm_t comm = tpn_comm(h);
     ncclResult_t async = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    ncclResult_t r = nl.get_async_error(comm, &async);
     if (r != ncclSuccess)
         return tpn_check(r, comm, "ncclCommGetAsyncError", err) == 0 ? 1 : -1;
     if (async == ncclInProgress)
@@ -132,15 +212,15 @@ static int tpn_exchange(tp_comm_handle *h, const tp_xfer *sends, int n_sends, co
 {
     ncclComm_t comm = tpn_comm(h);
     cudaStream_t s = (cudaStream_t)stream;
-    if (tpn_check(ncclGroupStart(), comm, "ncclGroupStart", err) != 0)
+    if (tpn_check(nl.group_start(), comm, "ncclGroupStart", err) != 0)
         return -1;
     ncclResult_t r = ncclSuccess;
     for (int i = 0; i < n_sends && r == ncclSuccess; i++)
-        r = ncclSend(sends[i].ptr, sends[i].bytes, ncclUint8, sends[i].peer, comm, s);
+        r = nl.send(sends[i].ptr, sends[i].bytes, ncclUint8, sends[i].peer, comm, s);
     for (int i = 0; i < n_recvs && r == ncclSuccess; i++)
-        r = ncclRecv(recvs[i].ptr, recvs[i].bytes, ncclUint8, recvs[i].peer, comm, s);
+        r = nl.recv(recvs[i].ptr, recvs[i].bytes, ncclUint8, recvs[i].peer, comm, s);
     /* the group must be closed even when a call in it failed */
-    ncclResult_t end = ncclGroupEnd();
+    ncclResult_t end = nl.group_end();
     if (tpn_check(r, comm, "ncclSend/ncclRecv", err) != 0)
         return -1;
     return tpn_check(end, comm, "ncclGroupEnd", err);
@@ -161,7 +241,7 @@ static int tpn_stream_query(void *ctx, void *stream, ep_err *err)
 static void tpn_abort(tp_comm_handle *h)
 {
     if (h)
-        ncclCommAbort(tpn_comm(h));
+        nl.abort(tpn_comm(h));
 }
 
 static const tp_comm_ops tpn_ops = {.name = "nccl",
@@ -175,7 +255,14 @@ static const tp_comm_ops tpn_ops = {.name = "nccl",
 
 const tp_comm_ops *tp_nccl_ops(void)
 {
-    return &tpn_ops;
+    pthread_once(&tpn_once, tpn_load);
+    return tpn_why[0] == '\0' ? &tpn_ops : NULL;
+}
+
+const char *tp_nccl_why(void)
+{
+    pthread_once(&tpn_once, tpn_load);
+    return tpn_why[0] != '\0' ? tpn_why : NULL;
 }
 
 #else
@@ -183,6 +270,11 @@ const tp_comm_ops *tp_nccl_ops(void)
 const tp_comm_ops *tp_nccl_ops(void)
 {
     return NULL;
+}
+
+const char *tp_nccl_why(void)
+{
+    return "this build has no NCCL: data_plane nccl is not available";
 }
 
 #endif

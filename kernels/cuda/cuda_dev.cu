@@ -644,13 +644,20 @@ static const char *lt_unfit(const cudev *d, const cudev_gemm *g)
  * its own kernel; -1 on an error. */
 static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
 {
-    /* opt-in (EPMOE_CUDA_CUBLASLT=1) until a device run has checked it against the CPU
-     * backend: its speed was measured (docs/performance.md), its scale layouts not yet.
-     * EPMOE_CUDA_CUBLASLT=require (tests) makes a shape cuBLASLt cannot take an error instead
+    /* Default: cuBLASLt where the groups average EPMOE_CUDA_CUBLASLT_ROWS (96) rows or more.
+     * Measured on an H200 at V4-Flash shapes (docs/performance.md): 5.6x our tensor-core
+     * kernel at 512 rows per expert, 0.83x at 64 (a near-constant ~17 us per call); it was
+     * checked against the CPU backend there (test_cuda_kernels, "require"). "0": never;
+     * "1": wherever it fits; "require" (tests): a shape it cannot take is an error instead
      * of a quiet fallback, so a test knows which path it checked. */
     const char *want = getenv("EPMOE_CUDA_CUBLASLT");
     bool require = want && strcmp(want, "require") == 0;
-    if (g->format != MB_W_FP8 || !(require || env_int("EPMOE_CUDA_CUBLASLT", 0)))
+    if (g->format != MB_W_FP8)
+        return 1;
+    bool set = want && *want;
+    if (!require && set && !env_int("EPMOE_CUDA_CUBLASLT", 0))
+        return 1;
+    if (!set && (int64_t)g->M < (int64_t)env_int("EPMOE_CUDA_CUBLASLT_ROWS", 96) * g->n_groups)
         return 1;
     const char *why = lt_unfit(d, g);
     if (why != NULL) {
@@ -676,10 +683,15 @@ static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &Nn, sizeof Nn);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb);
-    /* every shape must have an algorithm before anything is launched */
+    /* every shape must have an algorithm before anything is launched; the heuristic looks at
+     * the scale pointers too (none set: no algorithm for any shape, seen on an H200 with
+     * cuBLAS 13), so each query sees its group's */
     int rc = 0;
     for (int i = 0; i < g->n_groups && rc == 0; i++) {
         const cudev_group *G = &g->h_groups[i];
+        const void *asc = G->scale[0], *bsc = d->sc_t + (size_t)KB * G->row0;
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bsc, sizeof bsc);
         int m = lt_fused(g, G, ld) ? 2 * N : N;
         if (!lt_find(d, op, m, (int)G->rows, K, dt, bf ? N : ld))
             rc = require ? ep_err_set(err,

@@ -51,13 +51,21 @@ skip() {
 for b in "$CTL" "$COORD" "$WORKER"; do
     [ -x "$b" ] || skip "$b is missing (the daemons need libzmq, protobuf-c, libyaml and jansson)"
 done
-# libnccl: the toolkit's, or the one PyTorch's wheels bring (nvidia-nccl-cu13) on GPU images
-if ldd "$WORKER" | grep -q "libnccl.so.2 => not found"; then
-    dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-    [ -n "$dir" ] && [ -d "$dir" ] && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    ldd "$WORKER" | grep -q "not found" && skip "the worker cannot load: $(ldd "$WORKER" | grep 'not found' | tr -s ' \t' ' ')"
+# The worker opens libnccl.so.2 at run time (dlopen): find one on the loader's path, in the
+# toolkit, or in the wheel PyTorch brings (nvidia-nccl-cu13) on GPU images.
+grep -q "libnccl.so.2" "$WORKER" || skip "epmoe-worker was built without NCCL (EPMOE_HAVE_NCCL off)"
+if [ -z "${EPMOE_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2 "; then
+    wheel=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    IFS=: read -r -a dirs <<<"${LD_LIBRARY_PATH:-}"
+    for d in "${dirs[@]}" /usr/local/cuda/lib64 /usr/local/cuda/lib ${wheel:+"$wheel"}; do
+        if [ -n "$d" ] && [ -f "$d/libnccl.so.2" ]; then
+            export EPMOE_NCCL_LIBRARY=$d/libnccl.so.2
+            break
+        fi
+    done
+    [ -n "${EPMOE_NCCL_LIBRARY:-}" ] || skip "libnccl.so.2 is not on this machine (loader path, /usr/local/cuda, nvidia-nccl wheel)"
 fi
-ldd "$WORKER" | grep -q libnccl || skip "epmoe-worker was built without NCCL (EPMOE_HAVE_NCCL off)"
+echo "NCCL: ${EPMOE_NCCL_LIBRARY:-libnccl.so.2 (loader path)}"
 P=${NCCL_RANKS:-1}
 case $P in 1 | 2 | 3 | 4 | 6) ;; *) echo "NCCL_RANKS must be 1, 2, 3, 4 or 6"; exit 1 ;; esac
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c GPU)

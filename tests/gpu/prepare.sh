@@ -20,8 +20,9 @@ for t in "${targets[@]}"; do
     f=$(find "$B" -type f -name "$t" -perm -u+x | head -1)
     [ -n "$f" ] && cp "$f" gpu-carry/bin/ && strip --strip-debug gpu-carry/bin/"$t"
 done
-# the libraries the binaries need, less the C runtime and the driver
-skip='^(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|libcuda|libcublas|libnccl|libcudart|ld-linux)'
+# the libraries the binaries need, less the C runtime and the driver (whole names: a prefix
+# like libm also matched libmicrohttpd, which a GPU machine then lacked)
+skip='^(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|libcudart|ld-linux(-x86-64)?)\.so'
 for f in gpu-carry/bin/*; do
     ldd "$f" | awk '$3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do

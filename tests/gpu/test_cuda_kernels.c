@@ -496,6 +496,11 @@ TEST(exact_gemms_match_the_reference_and_fast_ones_are_within_tolerance)
     unsetenv("EPMOE_CUDA_CUBLASLT");
     gemm_case(&cases[0], 1e-3, 1, 0);
     gemm_case(&cases[2], 1e-3, 1, 1);
+    /* the default: cuBLASLt where the groups average 96 rows or more (this one), our kernels
+     * below */
+    static const gcase dflt = {false, true, 512, 1024, 2, {128, 96}};
+    for (int fused = 0; fused < 2; fused++)
+        gemm_case(&dflt, 1e-3, 0, fused);
 }
 
 /* The bf16 output path of the GEMM: rounded rows written through out_row. */

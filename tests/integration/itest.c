@@ -328,7 +328,7 @@ void it_worker_reconnect(itest *t, it_worker *w)
     zmq_connect(w->sock, t->listen);
     w->welcomed = w->loaded = false;
     w->held_step = 0;
-    w->auto_join = false;
+    w->auto_join = w->joining = false;
     w->ready_due_ms = 0;
 }
 
@@ -521,6 +521,20 @@ static void it_send_ready(it_worker *w)
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_READY, &rd.base);
 }
 
+/* CONFIG_ACK {hash of the last WELCOME's config, its epoch}, as epmoe-worker answers every
+ * WELCOME (hash 0 when the config cannot be read: the coordinator refuses it); READY carries
+ * the same hash. */
+static void it_ack_welcome(it_worker *w)
+{
+    mc_config cfg;
+    Epmoe__ConfigAck a = EPMOE__CONFIG_ACK__INIT;
+    a.has_config_hash = a.has_epoch = 1;
+    a.config_hash = mmsg_to_config(w->welcome->config, &cfg, NULL) == 0 ? mc_hash(&cfg) : 0;
+    a.epoch = w->welcome->epoch;
+    it_worker_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &a.base);
+    w->config_hash = a.config_hash;
+}
+
 /* Returns true when it kept m. */
 static bool it_worker_handle(it_worker *w, wire_msg *m)
 {
@@ -536,19 +550,14 @@ static bool it_worker_handle(it_worker *w, wire_msg *m)
             wire_free_unpacked(&w->welcome->base);
         w->welcome = wl;
         w->welcomed = true;
+        w->n_welcomes++;
         w->rank = (int)wl->rank;
         w->world_size = (int)wl->world_size;
         w->epoch = wl->epoch;
         w->config_hash = wl->config_hash;
         it_placement(w, wl->members, wl->n_members, wl->expert_owner, wl->n_expert_owner);
-        if (w->auto_join) {
-            mc_config cfg;
-            Epmoe__ConfigAck a = EPMOE__CONFIG_ACK__INIT;
-            a.has_config_hash = a.has_epoch = 1;
-            a.config_hash = mmsg_to_config(wl->config, &cfg, NULL) == 0 ? mc_hash(&cfg) : 0;
-            a.epoch = wl->epoch;
-            it_worker_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &a.base);
-        }
+        if (w->auto_join || w->joining)
+            it_ack_welcome(w);
         break;
     }
     case EPMOE__MSG_TYPE__MSG_EPOCH:
@@ -705,7 +714,7 @@ static bool it_cond_load(void *a)
     return w->loaded || w->n_errors > 0;
 }
 
-int it_worker_register(itest *t, it_worker *w)
+int it_worker_hello(itest *t, it_worker *w)
 {
     Epmoe__Register r = EPMOE__REGISTER__INIT;
     r.name = w->name;
@@ -717,18 +726,20 @@ int it_worker_register(itest *t, it_worker *w)
     w->welcomed = w->loaded = false;
     w->n_errors = 0;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
-    if (!it_pump_until(t, it_cond_welcome, w, 5000) || !w->welcomed)
+    return it_pump_until(t, it_cond_welcome, w, 5000) && w->welcomed ? 0 : -1;
+}
+
+int it_worker_join(itest *t, it_worker *w)
+{
+    if (!w->welcomed)
         return -1;
-    mc_config cfg;
-    if (mmsg_to_config(w->welcome->config, &cfg, NULL) != 0)
-        return -1;
-    Epmoe__ConfigAck a = EPMOE__CONFIG_ACK__INIT;
-    a.has_config_hash = 1;
-    a.config_hash = mc_hash(&cfg);
-    a.has_epoch = 1;
-    a.epoch = w->epoch;
-    it_worker_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &a.base);
-    if (!it_pump_until(t, it_cond_load, w, 5000) || !w->loaded)
+    /* the WELCOME that came while it was not joining yet, then any that follows (a newer epoch
+     * was sent before the coordinator read this CONFIG_ACK) from the handler */
+    it_ack_welcome(w);
+    w->joining = true;
+    bool loaded = it_pump_until(t, it_cond_load, w, 5000) && w->loaded;
+    w->joining = false;
+    if (!loaded)
         return -1;
     Epmoe__Loading l = EPMOE__LOADING__INIT;
     l.has_bytes_done = 1;
@@ -736,11 +747,18 @@ int it_worker_register(itest *t, it_worker *w)
     l.has_bytes_total = 1;
     l.bytes_total = 100;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_LOADING, &l.base);
-    w->config_hash = a.config_hash;
+    /* the READY for the epoch it was told last: an EPOCH that came with the LOAD is answered by
+     * this one, not again by it_pump */
+    w->ready_due_ms = 0;
     it_send_ready(w);
     w->next_hb_ms = 0;
     w->auto_join = true;
     return 0;
+}
+
+int it_worker_register(itest *t, it_worker *w)
+{
+    return it_worker_hello(t, w) == 0 ? it_worker_join(t, w) : -1;
 }
 
 int it_register_all(itest *t)

@@ -90,6 +90,8 @@ typedef struct it_worker {
     int64_t slow_due_ms;
     bool auto_join; /* after it_worker_register: a later WELCOME is answered by
                      * itself (CONFIG_ACK, then READY on LOAD) */
+    bool joining;   /* inside it_worker_join: every WELCOME is answered with CONFIG_ACK */
+    int n_welcomes; /* WELCOME messages received */
 } it_worker;
 
 typedef struct it_client {
@@ -152,8 +154,15 @@ it_worker *it_worker_new(itest *t, const char *name);
 /* Close, wait 200 ms, and connect again with a new routing id (a restarted worker). */
 void it_worker_reconnect(itest *t, it_worker *w);
 int it_worker_send(it_worker *w, uint16_t type, const ProtobufCMessage *body);
-/* REGISTER .. READY; 0 when the worker reached READY. */
+/* REGISTER .. READY; 0 when the worker reached READY. The same as it_worker_hello, then
+ * it_worker_join. */
 int it_worker_register(itest *t, it_worker *w);
+/* REGISTER, and wait for the WELCOME (not answered yet); 0 when welcomed. */
+int it_worker_hello(itest *t, it_worker *w);
+/* After it_worker_hello: CONFIG_ACK, LOAD, LOADING, READY; 0 when the worker reached READY.
+ * Like epmoe-worker it answers every WELCOME with CONFIG_ACK: a newer epoch sent between the
+ * WELCOME and the CONFIG_ACK brings a fresh WELCOME instead of LOAD (docs/protocol.md). */
+int it_worker_join(itest *t, it_worker *w);
 /* Connect and register every spec worker; 0 when all are ready. */
 int it_register_all(itest *t);
 

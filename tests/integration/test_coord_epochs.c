@@ -12,6 +12,8 @@
  *    "blocked", STATUS.problem and ERR_NOT_READY say why, and the worker's return unblocks it;
  *  - rejoin: stay keeps the placement (the returned worker is a spare) and the next loss gives
  *    the spare the lost experts;
+ *  - a worker welcomed just before a new epoch is sent (it is a member, but its CONFIG_ACK names
+ *    the older epoch) is welcomed again into the new one, loads it, and the epoch completes;
  *  - drain under load: the step in flight finishes (no failed step), the next steps run without
  *    the drained worker, stopping it fails nothing, an impossible drain is refused, undrain and
  *    the worker's return give it experts again;
@@ -255,6 +257,56 @@ TEST(rejoin_stay_keeps_a_spare_that_takes_the_next_loss)
     FINISH(t);
 }
 
+/* Pump until worker w was told epoch (EPOCH or WELCOME), or ms pass; 0 when it was. */
+static int wait_told(itest *t, const it_worker *w, uint64_t epoch, int ms)
+{
+    int64_t end = it_now_ms() + ms;
+    while (w->epoch != epoch && it_now_ms() < end)
+        it_pump(t, 10);
+    return w->epoch == epoch ? 0 : -1;
+}
+
+TEST(worker_welcomed_before_an_epoch_is_welcomed_again_into_it)
+{
+    itest *t = start_ready(NULL, 0);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    it_client *c = it_client_new(t);
+    it_worker *a1 = t->w[1], *b1 = t->w[3];
+    /* lose a1, then b1: epoch 3 has a0 and b0 alone */
+    a1->behaviour = IT_MUTE;
+    CHECK_EQ(it_wait_epoch(t, 2, "ready", 5000), 0);
+    b1->behaviour = IT_MUTE;
+    CHECK_EQ(it_wait_epoch(t, 3, "ready", 5000), 0);
+    a1->behaviour = b1->behaviour = IT_OK;
+    it_worker_reconnect(t, a1);
+    it_worker_reconnect(t, b1);
+    /* b1 is welcomed into epoch 3 and does not answer yet; then a1's return (rejoin restore)
+     * decides epoch 4, which makes b1 (registered, so eligible) a member. EPOCH goes to the
+     * workers with a session, not to b1: it still waits for its CONFIG_ACK. */
+    int welcomes = b1->n_welcomes;
+    CHECK_EQ(it_worker_hello(t, b1), 0);
+    CHECK_EQ(b1->epoch, 3);
+    CHECK_EQ(it_worker_register(t, a1), 0);
+    CHECK_EQ(wait_told(t, t->w[0], 4, 5000), 0);
+    CHECK(t->w[0]->members & 0x8u);
+    CHECK_EQ(b1->epoch, 3);
+    /* b1's CONFIG_ACK for epoch 3 comes after epoch 4 was sent: a fresh WELCOME into epoch 4,
+     * whose CONFIG_ACK is answered with LOAD */
+    CHECK_EQ(it_worker_join(t, b1), 0);
+    CHECK_EQ(b1->n_welcomes - welcomes, 2);
+    CHECK(b1->welcome && b1->welcome->epoch == 4);
+    CHECK_EQ(b1->owned, 2);
+    /* epoch 4 completes with its four members: the spec's placement */
+    CHECK_EQ(it_wait_epoch(t, 4, "ready", 5000), 0);
+    const int e4[IT_E] = {0, 0, 1, 1, 2, 2, 3, 3};
+    check_owners(t, c, e4);
+    forward_ok(t, c, 12, 18);
+    CHECK_EQ(b1->n_errors, 0);
+    FINISH(t);
+}
+
 TEST(drain_under_load_fails_no_step)
 {
     itest *t = start_ready(NULL, 0);
@@ -471,6 +523,7 @@ int main(int argc, char **argv)
     RUN(queued_request_that_waits_too_long_is_answered_timeout);
     RUN(max_experts_per_worker_blocks_and_the_return_unblocks);
     RUN(rejoin_stay_keeps_a_spare_that_takes_the_next_loss);
+    RUN(worker_welcomed_before_an_epoch_is_welcomed_again_into_it);
     RUN(drain_under_load_fails_no_step);
     RUN(broken_reload_keeps_the_old_spec_serving);
     RUN(reload_new_timeouts_welcomes_everyone_into_a_new_epoch);

@@ -15,6 +15,9 @@
  * watchdog turns that into a failure instead of a stuck test.
  */
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -518,11 +521,45 @@ TEST(a_slow_peer_inside_the_deadline_is_waited_for)
     fc_world_free(&sh.w);
 }
 
-TEST(a_build_without_the_library_says_so)
+/* tp_nccl_ops() opens libnccl once per process, so each case runs in a child: 0 when the
+ * library given in EPMOE_NCCL_LIBRARY loaded (want_ok) or was refused with its name in the
+ * error (!want_ok). */
+static int nccl_load_child(const char *file, bool want_ok)
 {
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("EPMOE_NCCL_LIBRARY", file, 1);
+        const tp_comm_ops *ops = tp_nccl_ops();
+        ep_err e;
+        tp_comm *c = tp_comm_create(ops, NULL, &e);
+        int ok = want_ok ? ops != NULL && c != NULL && tp_nccl_why() == NULL
+                         : ops == NULL && c == NULL && strstr(e.msg, file) != NULL &&
+                               strstr(e.msg, "cannot be loaded") != NULL;
+        if (!ok)
+            fprintf(stderr, "  %s: ops %p, why: %s, create: %s\n", file, (const void *)ops,
+                    tp_nccl_why() ? tp_nccl_why() : "-", c ? "ok" : e.msg);
+        tp_comm_destroy(&c);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(nccl_is_opened_at_run_time_and_a_missing_library_is_named)
+{
+#ifdef EPMOE_HAVE_NCCL
+    CHECK_EQ(nccl_load_child("/nonexistent/libnccl.so.2", false), 0);
+#ifdef EPMOE_TEST_NCCL_LIBRARY
+    /* the library this build found: every entry point resolves (no GPU needed) */
+    CHECK_EQ(nccl_load_child(EPMOE_TEST_NCCL_LIBRARY, true), 0);
+#endif
+#else
     ep_err e;
-    CHECK(tp_comm_create(NULL, NULL, &e) == NULL);
+    CHECK(tp_nccl_ops() == NULL);
+    CHECK(tp_comm_create(tp_nccl_ops(), NULL, &e) == NULL);
     CHECK_STR_HAS(e.msg, "this build has no NCCL");
+#endif
 }
 
 int main(void)
@@ -536,6 +573,6 @@ int main(void)
     RUN(an_aborted_communicator_is_rebuilt_and_works);
     RUN(shrink_keeps_the_survivors_order_and_refuses_what_does_not_follow);
     RUN(a_slow_peer_inside_the_deadline_is_waited_for);
-    RUN(a_build_without_the_library_says_so);
+    RUN(nccl_is_opened_at_run_time_and_a_missing_library_is_named);
     return test_report();
 }
