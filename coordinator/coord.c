@@ -827,12 +827,14 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
     return 0;
 }
 
-/* Bind a ROUTER. ROUTER_HANDOVER lets a worker process that reconnects (one routing id per
- * process, NAME/random) take its own old connection over; two processes never share a routing
- * id, so one can never take the other's (the registry refuses the second with ERR_DUPLICATE).
- * MAXMSGSIZE is the largest frame this model can carry (a [EP_MAX_TOKENS, H] bf16 payload), so
- * a peer cannot make the daemon buffer more per frame; with security the socket is a CURVE
- * server whose ZAP domain names its allow-list. */
+/* Bind a ROUTER. No ROUTER_HANDOVER: with it, a peer that connects under a routing id already
+ * in use makes libzmq 4.3 abort (stream_engine_base.cpp, !_io_error) — one stranger connecting
+ * twice under one id stopped the cluster. Without it a second connection under a used id is
+ * never routed to (libzmq ignores it), and workers need no handover: each connection has a
+ * routing id of its own (NAME/random/N), and the registry knows a reconnect of the same process
+ * by the NAME/random part (registry.h). MAXMSGSIZE is the largest frame this model can carry (a
+ * [EP_MAX_TOKENS, H] bf16 payload), so a peer cannot make the daemon buffer more per frame; with
+ * security the socket is a CURVE server whose ZAP domain names its allow-list. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       const char *domain, ep_err *err)
 {
@@ -842,7 +844,6 @@ static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const 
     if (wire_socket_defaults(sock, mmsg_max_frame(&c->cfg), err) != 0 ||
         (c->spec->secure && auth_server(sock, &c->keys.coordinator, domain, err) != 0) ||
         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
-        zmq_setsockopt(sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0) {
         if (err->msg[0] == '\0')

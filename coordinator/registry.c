@@ -461,11 +461,32 @@ static int reg_name_ok(const char *name)
     return n > 0 && n <= SPEC_NAME_MAX;
 }
 
-/* Whether w's registration has an open connection that is not m's. */
+/* The length of the part of routing id a that names its process, up to its last '/', when a
+ * has epmoe-worker's form NAME/random/N (two '/' at least); 0 for any other routing id. */
+static size_t reg_process_len(const uint8_t *a, size_t n)
+{
+    size_t slash = n;
+    while (slash > 0 && a[slash - 1] != '/')
+        slash--;
+    if (slash < 2 || memchr(a, '/', slash - 1) == NULL)
+        return 0;
+    return slash - 1;
+}
+
+/* Whether two routing ids are connections of one process: the same NAME/random part, or (any
+ * other form: one process per routing id) the same routing id. */
+static bool reg_same_process(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
+{
+    size_t ap = reg_process_len(a, an), bp = reg_process_len(b, bn);
+    if (ap == 0 || bp == 0)
+        return an == bn && memcmp(a, b, an) == 0;
+    return ap == bp && memcmp(a, b, ap) == 0;
+}
+
+/* Whether w's registration has an open connection of another process than m's. */
 static bool reg_held_elsewhere(const reg_env *env, const reg_worker *w, const wire_msg *m)
 {
-    bool same_ident = w->ident_len == m->ident_len && memcmp(w->ident, m->ident, m->ident_len) == 0;
-    if (!reg_registered(w) || same_ident)
+    if (!reg_registered(w) || reg_same_process(w->ident, w->ident_len, m->ident, m->ident_len))
         return false;
     if (env->connected != NULL)
         return env->connected(env->connected_ctx, w->ident, w->ident_len);

@@ -30,11 +30,13 @@
  * permanent refusal, the worker exits 78); the name is not registered from another connection
  * that is still open (ERR_DUPLICATE: a second process under a live worker's name; the
  * coordinator asks coord.c whether the old routing id is still connected, so a restarted
- * process, whose old connection closed with it, is accepted at once). Workers use a routing id
- * of their own per process (NAME/random): a reconnect of the same process takes its own
- * connection over (ROUTER_HANDOVER), another process never can. A REGISTER for a registered name
- * from a closed connection or the same one (a restart) starts the worker again at welcomed and
- * reports it lost (OB_EV_LOST).
+ * process, whose old connection closed with it, is accepted at once). epmoe-worker gives each
+ * of its connections a routing id of its own, NAME/random/N, whose NAME/random part names the
+ * process: a REGISTER from another connection of the same process (a reconnect after a silence,
+ * while the old connection may still be open here) is never a duplicate; any other routing id
+ * names a process of its own. A REGISTER for a registered name from a closed connection or from
+ * the same process (a restart) starts the worker again at welcomed and reports it lost
+ * (OB_EV_LOST).
  *
  * Workers are found by the routing id they registered from; any message from a registered
  * worker counts as a sign of life. Messages from a routing id that has not registered get

@@ -52,7 +52,10 @@ typedef struct wctl {
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
-    char ident[EP_MAX_NAME + 16]; /* the DEALER's routing id: NAME/random, one per process */
+    /* the DEALER's routing id is ident/N for its N-th connection: ident (NAME/random) names
+     * this process, N that connection (coordinator/registry.h, "Who is who") */
+    char ident[80];
+    unsigned n_connections;
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -356,9 +359,11 @@ static int wctl_connect(wctl *w, ep_err *err)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
+    char id[sizeof w->ident + 16];
+    int id_len = snprintf(id, sizeof id, "%s/%u", w->ident, ++w->n_connections);
     if (wire_socket_defaults(d, w->max_msg, err) != 0 ||
         (w->opt->key && auth_client(d, w->opt->key, w->opt->coordinator_key, err) != 0) ||
-        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->ident, strlen(w->ident)) != 0 ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, id, (size_t)id_len) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {
@@ -934,13 +939,16 @@ int wctl_run(const wctl_options *opt)
     }
     mb_device(be, &w.dev);
     snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
-    /* One routing id per process: a reconnect of this process (after the coordinator was silent)
-     * takes its connection over, while a second process under the same name (an operator's
-     * mistake) gets its own and is refused with ERR_DUPLICATE (while the first is connected)
-     * instead of hijacking ours. */
+    /* A routing id of its own per connection, NAME/random/N: the random part names this
+     * process, so the coordinator takes a reconnect of this process (after it was silent) for
+     * the same worker even while the old connection is still open there, and refuses a second
+     * process under the same name (an operator's mistake) with ERR_DUPLICATE. Two connections
+     * never share a routing id: the coordinator's ROUTER has no ROUTER_HANDOVER (libzmq 4.3
+     * can abort in a handover). The name part is cut to fit ZeroMQ's 255 bytes; the name
+     * that counts is REGISTER's. */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(w.ident, sizeof w.ident, "%s/%08x", opt->name,
+    snprintf(w.ident, sizeof w.ident, "%.63s/%08x", opt->name,
              (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
     if (opt->key && (w.zap = auth_zap_start(w.zctx, &err)) == NULL) {

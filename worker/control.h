@@ -2,11 +2,12 @@
  * control.h — the worker's main thread: the coordinator link and the worker lifecycle
  * (prefix wctl_).
  *
- * The main thread owns the DEALER to the coordinator (routing id NAME/random, chosen once per
- * process and set before connect: a reconnect of this process takes its connection over, a
- * second process under the same name is refused with ERR_DUPLICATE while the first is
- * connected), the executor's pipe (worker/exec.h) and a signalfd, all in one zmq_poll loop
- * whose timeout never exceeds one second. Lifecycle (docs/protocol.md, docs/operations.md):
+ * The main thread owns the DEALER to the coordinator (routing id NAME/random/N: random chosen
+ * once per process, N counting its connections; the coordinator takes a reconnect of this
+ * process for the same worker, and refuses a second process under the same name with
+ * ERR_DUPLICATE while the first is connected), the executor's pipe (worker/exec.h) and a signalfd,
+ * all in one zmq_poll loop whose timeout never exceeds one second. Lifecycle (docs/protocol.md,
+ * docs/operations.md):
  *
  *   registering --WELCOME--> welcomed --LOAD--> loading --READY--> ready
  *                                                      \--Error--> load-failed (LOAD retries)

@@ -633,6 +633,37 @@ static void it_client_handle(it_client *c, wire_msg *m)
     c->have_reply = true;
 }
 
+void *it_raw_dealer(itest *t, const char *ep, const char *id)
+{
+    void *s = it_socket(t, ZMQ_DEALER);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_connect(s, ep);
+    return s;
+}
+
+int it_raw_recv(itest *t, void *sock, int ms, int *code, char *msg, size_t cap)
+{
+    int64_t end = it_now_ms() + ms;
+    while (it_now_ms() < end) {
+        it_pump(t, 5);
+        wire_msg m;
+        if (wire_recv(sock, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, NULL) !=
+            WIRE_OK)
+            continue;
+        int type = m.type;
+        if (type == EPMOE__MSG_TYPE__MSG_ERROR) {
+            Epmoe__Error *e = (Epmoe__Error *)wire_unpack(&epmoe__error__descriptor, &m, NULL);
+            *code = e && e->has_code ? (int)e->code : -1;
+            snprintf(msg, cap, "%s", e && e->message ? e->message : "");
+            if (e)
+                wire_free_unpacked(&e->base);
+        }
+        wire_msg_close(&m);
+        return type;
+    }
+    return -1;
+}
+
 void it_pump(itest *t, int ms)
 {
     int64_t end = it_now_ms() + ms;

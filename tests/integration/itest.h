@@ -176,6 +176,13 @@ Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const 
 
 /* Pump every fake worker for ms. */
 void it_pump(itest *t, int ms);
+
+/* A DEALER of the test's own (no fake worker behind it) to endpoint ep, with routing id id. */
+void *it_raw_dealer(itest *t, const char *ep, const char *id);
+/* Pump until a message arrives on sock (an it_raw_dealer) or ms pass. Returns its type, with an
+ * Error's code in *code (-1 when it has none) and its text in msg (cap bytes); -1 when nothing
+ * came. */
+int it_raw_recv(itest *t, void *sock, int ms, int *code, char *msg, size_t cap);
 /* Pump until STATUS says state (polling), or ms pass; 0 when reached. */
 int it_wait_state(itest *t, const char *state, int ms);
 

@@ -8,9 +8,11 @@
  * hash gets ERR_CONFIG_HASH naming both hashes and no LOAD; STATUS, WORKERS, SHARDS and CONFIG
  * answer what the test computes from its own spec and config.json; a silent worker is declared
  * dead, its experts move to the others in epoch 2 and come back in epoch 3 when it registers
- * again; a worker whose shard fails is replaced the same way; a restarted worker (same
- * routing id) is welcomed again; SHUTDOWN and SIGTERM stop the daemon with exit 0 after sending
- * SHUTDOWN to the workers; spec and config errors exit 78 with file:line:column messages.
+ * again; a worker whose shard fails is replaced the same way; a restarted worker (a new
+ * connection) is welcomed again, and so is a new connection of the same process (routing id
+ * NAME/random/N) while its old one is open, but not one of another process; SHUTDOWN and SIGTERM
+ * stop the daemon with exit 0 after sending SHUTDOWN to the workers; spec and config errors exit 78
+ * with file:line:column messages.
  *
  * Usage: test_coord_lifecycle PATH/epmoe-coordinator
  */
@@ -361,6 +363,60 @@ TEST(restart_reregisters_and_duplicate_is_refused)
     FINISH(t);
 }
 
+/* A DEALER to the worker socket with routing id ident, and REGISTER name on it. */
+static void *register_as(itest *t, const char *ident, const char *name)
+{
+    void *s = it_raw_dealer(t, t->listen, ident);
+    Epmoe__Register r = EPMOE__REGISTER__INIT;
+    r.name = (char *)name;
+    wire_send(s, NULL, 0, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base, NULL, 0, false, NULL);
+    return s;
+}
+
+/* The answer to a REGISTER on s: WELCOME (returns 0), an Error (returns its code), or -1 when
+ * neither came within 3 s. */
+static int register_answer(itest *t, void *s)
+{
+    int64_t end = it_now_ms() + 3000;
+    int code = -1, type = 0;
+    char msg[512];
+    while (type >= 0 && it_now_ms() < end) {
+        type = it_raw_recv(t, s, (int)(end - it_now_ms()), &code, msg, sizeof msg);
+        if (type == EPMOE__MSG_TYPE__MSG_WELCOME)
+            return 0;
+        if (type == EPMOE__MSG_TYPE__MSG_ERROR)
+            return code;
+    }
+    return -1;
+}
+
+/* epmoe-worker's routing ids are NAME/random/N: a new connection of the same process (a
+ * reconnect after a silence, its old connection still open at the coordinator) takes its
+ * worker over; another process (another random part) is a duplicate while the first is
+ * connected. The coordinator has no ROUTER_HANDOVER, so a reconnect is never a routing id
+ * taken over: without the process rule the reconnect would be refused as a duplicate. */
+TEST(a_reconnect_of_the_same_process_is_no_duplicate)
+{
+    itest *t = start();
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    void *first = register_as(t, "a0/0badcafe/1", "a0");
+    CHECK_EQ(register_answer(t, first), 0);
+    void *again = register_as(t, "a0/0badcafe/2", "a0");
+    CHECK_EQ(register_answer(t, again), 0);
+    void *other = register_as(t, "a0/12345678/1", "a0");
+    CHECK_EQ(register_answer(t, other), EPMOE__ERROR_CODE__ERR_DUPLICATE);
+    /* a routing id of another form is a process of its own */
+    void *plain = register_as(t, "a0/0badcafe", "a0");
+    CHECK_EQ(register_answer(t, plain), EPMOE__ERROR_CODE__ERR_DUPLICATE);
+    zmq_close(first);
+    zmq_close(again);
+    zmq_close(other);
+    zmq_close(plain);
+    FINISH(t);
+}
+
 TEST(load_failure_is_visible)
 {
     itest *t = start();
@@ -570,6 +626,7 @@ int main(int argc, char **argv)
     RUN(admin_verbs_answer_from_spec_and_config);
     RUN(silent_worker_dies_and_comes_back);
     RUN(restart_reregisters_and_duplicate_is_refused);
+    RUN(a_reconnect_of_the_same_process_is_no_duplicate);
     RUN(load_failure_is_visible);
     RUN(admin_shutdown_stops_workers_and_exits_0);
     RUN(sigterm_answers_queued_work_and_exits_0);
