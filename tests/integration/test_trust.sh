@@ -226,11 +226,10 @@ else
 fi
 
 # ---- security: ----------------------------------------------------------------------------------
-K=$TMP/keys
-mkdir -p "$K/workers" "$K/operators"
-for k in coordinator op1 stranger w0 w1; do "$CTL" keygen --out "$K" --name $k >/dev/null; done
-cp "$K/w0.pub" "$K/w1.pub" "$K/workers/"
-cp "$K/op1.pub" "$K/operators/"
+# w0 and w1 in workers/, op1 in operators/, stranger in no list; EPMOE_KEY is op1's from here on
+KEYS=$TMP/keys
+cluster_keys op1 stranger w0 w1
+K=$KEYS
 SEC="security: {coordinator_key: $K/coordinator.key, worker_keys: $K/workers, operator_keys: $K/operators}"
 write_spec "$TMP/sec.yaml" "$M" 2 "tcp://*:$(free_ports 1)" cpu "$SEC"
 ADMIN_BIND=$ADMIN
@@ -272,7 +271,6 @@ rc=$?
 "$WORKER" --coordinator "$LISTEN" --name w1 --threads 1 --key "$K/w1.key" "${ckey[@]}" >"$TMP/sec.w1.log" 2>&1 &
 w1=$!
 PIDS+=($w1)
-export EPMOE_SERVER_KEY=$K/coordinator.pub
 EPMOE_KEY=$K/op1.key ready || fail "secure: not ready: $(cat "$TMP/st")"
 EPMOE_KEY=$K/op1.key forward_ok "secure" "$M" && ok "secure cluster: a forward bit-identical to --local"
 EPMOE_KEY=$K/stranger.key timeout 60 "$CTL" --coordinator "$ADMIN" --timeout 5000 shutdown >"$TMP/op.log" 2>&1

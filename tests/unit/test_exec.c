@@ -394,12 +394,7 @@ int main(void)
     RUN(load_refuses_files_that_differ_from_the_fingerprint);
     RUN(loaded_experts_are_kept_only_while_the_files_are_the_same);
     RUN(a_checkpoint_truncated_while_loading_fails_with_a_message);
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", model_dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", model_dir);
-    unlink(p);
-    rmdir(model_dir);
+    gen_model_remove(model_dir);
     zmq_ctx_term(the_ctx);
     return test_report();
 }

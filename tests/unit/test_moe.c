@@ -341,16 +341,6 @@ typedef struct fixture {
     int64_t *tok; /* [NT] */
 } fixture;
 
-static void fixture_rm(const char *dir)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
 /* fp4: H 256, I 256, E 12, k 6; fp8: H 256, I 384, E 16, k 4, F32 activation scales. */
 static int fixture_init(fixture *f, mc_expert_dtype dt)
 {
@@ -391,7 +381,7 @@ static void fixture_free(fixture *f)
     st_model_close(&f->m);
     gen_model_free(&f->g);
     if (f->dir[0])
-        fixture_rm(f->dir);
+        gen_model_remove(f->dir);
     free(f->x);
     free(f->tok);
 }
@@ -953,7 +943,7 @@ TEST(load_errors_name_the_tensor)
         moe_layer_free(&l);
     }
     st_model_close(&m);
-    fixture_rm(dir);
+    gen_model_remove(dir);
 }
 
 int main(void)
