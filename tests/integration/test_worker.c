@@ -306,16 +306,6 @@ static uint16_t bf16_of(float f)
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); /* RNE; inputs are finite */
 }
 
-static void rm_model(const char *dir)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
 /* H 256, I 256, E 8, top-4, layers: 0 hash, 1 score, 2 MTP (score). fp8: F32 activation scales,
  * so the fp8 dispatch carries f32 scales there and e8m0 scales with fp4. */
 static int fixture_init(fixture *f, mc_expert_dtype dt, int experts_made, bool reference)
@@ -364,7 +354,7 @@ static void fixture_free(fixture *f)
     st_model_close(&f->m);
     gen_model_free(&f->g);
     if (f->dir[0])
-        rm_model(f->dir);
+        gen_model_remove(f->dir);
     free(f->x);
     free(f->ids);
 }
@@ -1393,7 +1383,9 @@ TEST(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone)
     if (!fx4_ok)
         SKIP("no fixture");
     cluster cl;
-    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 2000};
+    /* a long step timeout: the stall this proves gone lasted all of it, and a loaded machine
+     * stays far below it */
+    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 20000};
     if (!cluster_up(&cl, 2, &fx4, &o))
         return;
     check_step(&cl, &fx4, 1, 64, "before the kill");
@@ -1422,7 +1414,7 @@ TEST(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone)
     /* the first step after its return completes at once and exactly */
     double t0 = now_s();
     check_step(&cl, &fx4, 1, 64, "first step after the restart");
-    CHECK(now_s() - t0 < 1.5); /* well under step_timeout_ms (2 s) */
+    CHECK(now_s() - t0 < 10.0); /* well under step_timeout_ms (20 s) */
     check_step(&cl, &fx4, 0, 300, "second step after the restart");
     cluster_shutdown(&cl);
     kill_children();
