@@ -296,6 +296,86 @@ static void bench_decode(double copy_bps)
     wset_free(&sh);
 }
 
+/* Where decode's time goes (bench_cuda decode-parts): each launch of one token's MLPs alone,
+ * over the same cycled experts, for the exact kernels, the reference exact kernels
+ * (EPMOE_CUDA_EXACT=ref) and the fast path: us per call and the GEMMs' weight bytes/s. */
+static void bench_decode_parts(double copy_bps)
+{
+    wset r, sh;
+    wset_make(&r, true, E);
+    wset_make(&sh, false, 1);
+    act x;
+    act_make(&x, 8);
+    const int iters = 100;
+    cudev_group *h = (cudev_group *)malloc(sizeof(cudev_group) * 14 * iters);
+    cudev_group *dt = (cudev_group *)dalloc(sizeof(cudev_group) * 14 * iters);
+    for (int it = 0; it < iters; it++) {
+        cudev_group *t = h + (size_t)it * 14;
+        for (int j = 0; j < TOPK; j++)
+            group_of(&r, (it * 37 + j * 41) % E, (uint32_t)j, 1, &t[j], &t[7 + j]);
+        group_of(&sh, 0, 0, 1, &t[6], &t[13]);
+    }
+    CK(cudaMemcpy(dt, h, sizeof(cudev_group) * 14 * iters, cudaMemcpyHostToDevice));
+    const char *names[6] = {"routed w1+w3 (6 x MXFP4)", "routed swiglu+quant",
+                            "routed w2 (6 x MXFP4)",    "shared w1+w3 (FP8)",
+                            "shared swiglu+quant",      "shared w2 (FP8)"};
+    size_t bytes[6] = {TOPK * 2 * (r.wb13 + r.sb13), 0, TOPK * (r.wb2 + r.sb2),
+                       2 * (sh.wb13 + sh.sb13),      0, sh.wb2 + sh.sb2};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 1)
+            setenv("EPMOE_CUDA_EXACT", "ref", 1);
+        for (int part = 0; part < 6; part++) {
+            bool shared = part >= 3;
+            int ng = shared ? 1 : TOPK, kind = part % 3;
+            mb_wformat f = shared ? MB_W_FP8 : MB_W_MXFP4;
+            mb_gemm_mode gm = mode == 2 ? MB_GEMM_FAST : MB_GEMM_EXACT;
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                CK(cudaEventRecord(e0, st));
+                for (int it = 0; it < iters; it++) {
+                    cudev_group *t = h + (size_t)it * 14 + (shared ? 6 : 0);
+                    cudev_group *d = dt + (size_t)it * 14 + (shared ? 6 : 0);
+                    ep_err err;
+                    cudev_gemm g = {f, gm,  I,    H,      ng,     2,     ng,   d,   t,
+                                    1, x.a, x.as, x.acc1, x.acc3, 2 * I, NULL, NULL};
+                    cudev_gemm g2 = {f, gm,   H,     I,    ng,   1, ng,    d + 7, t + 7,
+                                     1, x.hq, x.hqs, NULL, NULL, 0, x.out, NULL};
+                    int rc = kind == 0 ? D->gemm(dev, &g, &err)
+                             : kind == 2
+                                 ? D->gemm(dev, &g2, &err)
+                                 : D->swiglu(dev, ng, I, x.acc1, x.acc3, 2 * I, shared ? NULL : x.w,
+                                             10.0f, true, x.tab, 0.0f, x.hq, x.hqs, &err);
+                    if (rc) {
+                        fprintf(stderr, "bench: %s\n", err.msg);
+                        exit(1);
+                    }
+                }
+                CK(cudaEventRecord(e1, st));
+                double s = ms_of(e0, e1) * 1e-3 / iters;
+                best = s < best ? s : best;
+            }
+            const char *mn = mode == 0 ? "exact" : mode == 1 ? "exact-ref" : "fast";
+            if (bytes[part])
+                printf("decode part %-9s %-26s %8.1f us  %6.0f GB/s  %.3f of copy\n", mn,
+                       names[part], best * 1e6, bytes[part] / best / 1e9,
+                       bytes[part] / best / copy_bps);
+            else
+                printf("decode part %-9s %-26s %8.1f us\n", mn, names[part], best * 1e6);
+        }
+        if (mode == 1)
+            unsetenv("EPMOE_CUDA_EXACT");
+    }
+    x.g13 = (cudev_group *)dalloc(16); /* act_free frees g13 */
+    act_free(&x);
+    CK(cudaFree(dt));
+    free(h);
+    wset_free(&r);
+    wset_free(&sh);
+}
+
 /* ---- 3. grouped GEMM vs cuBLASLt ---- */
 
 static cublasLtHandle_t lt;
@@ -645,6 +725,8 @@ int main(int argc, char **argv)
     ROW("| device-to-device copy (read + write) | - | - | %.0f GB/s | 1 |\n", copy_bps / 1e9);
     if (!strcmp(only, "all") || !strcmp(only, "decode"))
         bench_decode(copy_bps);
+    if (!strcmp(only, "decode-parts"))
+        bench_decode_parts(copy_bps);
     if (!strcmp(only, "all") || !strcmp(only, "layer"))
         bench_layer();
     if (!strcmp(only, "all") || !strcmp(only, "gemm"))

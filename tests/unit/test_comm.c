@@ -521,6 +521,7 @@ TEST(a_slow_peer_inside_the_deadline_is_waited_for)
     fc_world_free(&sh.w);
 }
 
+#ifdef EPMOE_HAVE_NCCL
 /* tp_nccl_ops() opens libnccl once per process, so each case runs in a child: 0 when the
  * library given in EPMOE_NCCL_LIBRARY loaded (want_ok) or was refused with its name in the
  * error (!want_ok). */
@@ -545,6 +546,7 @@ static int nccl_load_child(const char *file, bool want_ok)
     waitpid(pid, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+#endif
 
 TEST(nccl_is_opened_at_run_time_and_a_missing_library_is_named)
 {
