@@ -103,11 +103,17 @@ static void garbage_round(itest *t, void *sock, uint16_t good_type, uint16_t oth
     free(junk);
 }
 
-TEST(garbage_on_both_sockets_is_answered_and_survived)
+/* The coordinator with the default itest spec (its fake workers not registered yet). */
+static itest *start(void)
 {
     it_opts o;
     it_default_opts(&o);
-    itest *t = it_start(coord_bin, &o);
+    return it_start(coord_bin, &o);
+}
+
+TEST(garbage_on_both_sockets_is_answered_and_survived)
+{
+    itest *t = start();
     CHECK(t != NULL);
     if (t == NULL)
         return;
@@ -162,9 +168,7 @@ static size_t register_body(uint8_t *buf, const char *name, size_t n)
 
 TEST(names_with_nul_bytes_or_of_100kb_are_refused_for_what_they_are)
 {
-    it_opts o;
-    it_default_opts(&o);
-    itest *t = it_start(coord_bin, &o);
+    itest *t = start();
     CHECK(t != NULL);
     if (t == NULL)
         return;
@@ -209,9 +213,7 @@ TEST(names_with_nul_bytes_or_of_100kb_are_refused_for_what_they_are)
  * stop it. The names are then free for real workers, and the daemon serves on. */
 TEST(connections_sharing_a_routing_id_never_stop_the_coordinator)
 {
-    it_opts o;
-    it_default_opts(&o);
-    itest *t = it_start(coord_bin, &o);
+    itest *t = start();
     CHECK(t != NULL);
     if (t == NULL)
         return;
