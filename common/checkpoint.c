@@ -9,6 +9,7 @@
 #include "common/checkpoint.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Table layout: ffn_norm, gate.weight, gate.bias|tid2eid, the shared expert's 3 weight+scale
@@ -313,8 +314,132 @@ static const char *mismatch_hint(ck_lookup_fn lookup, const void *ctx, const mc_
     return "";
 }
 
-int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
-                        int e_begin, int e_end, ep_err *err)
+/* ---- values (docs/numerics.md, "NaN and Inf") --------------------------------------------- */
+
+/* Bytes read per chunk when checking a tensor's values. */
+#define CK_CHUNK (1u << 20)
+
+/* "element 17" or "element [3, 17]". */
+static const char *where_text(const st_tensor *t, uint64_t i, char *buf, size_t cap)
+{
+    if (t->ndim == 2 && t->shape[1] > 0)
+        snprintf(buf, cap, "element [%llu, %llu]", (unsigned long long)(i / (uint64_t)t->shape[1]),
+                 (unsigned long long)(i % (uint64_t)t->shape[1]));
+    else
+        snprintf(buf, cap, "element %llu", (unsigned long long)i);
+    return buf;
+}
+
+/* Why element i (bytes at p) is refused, or NULL when it is allowed. */
+static const char *bad_value(const mc_config *c, st_dtype dt, const uint8_t *p, char *buf,
+                             size_t cap)
+{
+    uint32_t u32;
+    int64_t i64;
+    switch (dt) {
+    case ST_BF16:
+        u32 = (uint32_t)(p[0] | p[1] << 8);
+        if ((u32 & 0x7F80u) == 0x7F80u)
+            return (u32 & 0x7Fu) ? "NaN" : "Inf";
+        return NULL;
+    case ST_F32:
+        memcpy(&u32, p, 4);
+        if ((u32 & 0x7F800000u) == 0x7F800000u)
+            return (u32 & 0x7FFFFFu) ? "NaN" : "Inf";
+        return NULL;
+    case ST_F8_E8M0:
+        return p[0] == 0xFF ? "scale code 255 (NaN)" : NULL;
+    case ST_F8_E4M3:
+        return (p[0] & 0x7F) == 0x7F ? "e4m3 code 0x7f/0xff (NaN)" : NULL;
+    case ST_I64:
+        memcpy(&i64, p, 8);
+        if (i64 >= 0 && i64 < c->n_routed_experts)
+            return NULL;
+        snprintf(buf, cap, "expert id %lld outside [0, %d)", (long long)i64, c->n_routed_experts);
+        return buf;
+    default:
+        return NULL; /* I8 (packed e2m1): every code is a finite number */
+    }
+}
+
+/* Check n bytes of t's values that start at element first. */
+static int check_chunk(const mc_config *c, const st_tensor *t, const uint8_t *p, size_t n,
+                       uint64_t first, ep_err *err)
+{
+    size_t es = st_dtype_size(t->dtype);
+    if (es == 0 || t->dtype == ST_I8) /* packed e2m1: every code is a finite number */
+        return 0;
+    for (size_t b = 0; b + es <= n; b += es) {
+        char why[96], where[64];
+        const char *bad = bad_value(c, t->dtype, p + b, why, sizeof why);
+        if (bad != NULL)
+            return ep_err_set(err,
+                              "tensor \"%s\": %s is %s; epmoe refuses NaN, Inf and out-of-range "
+                              "values in weights (docs/numerics.md)",
+                              t->name, where_text(t, first + b / es, where, sizeof where), bad);
+    }
+    return 0;
+}
+
+int ck_check_value_bytes(const mc_config *c, const st_tensor *t, const void *bytes, ep_err *err)
+{
+    return check_chunk(c, t, bytes, (size_t)t->nbytes, 0, err);
+}
+
+int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err)
+{
+    size_t es = st_dtype_size(t->dtype);
+    if (es == 0 || t->nbytes == 0 || t->dtype == ST_I8)
+        return 0;
+    size_t chunk = CK_CHUNK - CK_CHUNK % es;
+    uint8_t *buf = malloc(chunk);
+    if (buf == NULL)
+        return ep_err_set(err, "tensor \"%s\": out of memory checking its values", t->name);
+    int rc = 0;
+    for (uint64_t off = 0; off < t->nbytes && rc == 0; off += chunk) {
+        size_t n = t->nbytes - off < chunk ? (size_t)(t->nbytes - off) : chunk;
+        rc = st_tensor_read(t, off, buf, n, err);
+        if (rc == 0)
+            rc = check_chunk(c, t, buf, n, off / es, err);
+    }
+    free(buf);
+    return rc;
+}
+
+int ck_check_input(const void *x, int T, int H, int token_base, ep_err *err)
+{
+    /* bytes, not uint16_t loads: a received frame promises no alignment */
+    const uint8_t *p = x;
+    size_t n = (size_t)T * (size_t)H;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        if ((v & 0x7F80u) == 0x7F80u)
+            return ep_err_set(err,
+                              "token %zu, channel %zu: the hidden state is %s (bf16 bits 0x%04x); "
+                              "inputs must be finite (docs/numerics.md)",
+                              (size_t)token_base + i / (size_t)H, i % (size_t)H,
+                              (v & 0x7Fu) ? "NaN" : "Inf", v);
+    }
+    return 0;
+}
+
+/* The values of every tensor of the table (after its dtypes and shapes passed). */
+static int check_table_values(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                              int e_begin, int e_end, ep_err *err)
+{
+    const int n = CK_FIXED + CK_PER_EXPERT * (e_end - e_begin);
+    ck_tensor_spec s;
+    for (int k = 0; k < n; k++) {
+        spec_at(c, layer, e_begin, k, &s);
+        if (ck_check_values(c, lookup(ctx, s.name), err) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Dtypes and shapes of the table (values: also every value). */
+static int check_layer(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                       int e_begin, int e_end, bool values, ep_err *err)
 {
     if (layer < 0 || layer >= mc_num_layers(c))
         return ep_err_set(err, "layer %d out of range: the model has %d MoE layers", layer,
@@ -333,7 +458,15 @@ int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c
             ep_err_set(err, "%s%s", msg, h);
         }
     }
-    return r == CHECK_OK ? 0 : -1;
+    if (r != CHECK_OK)
+        return -1;
+    return values ? check_table_values(lookup, ctx, c, layer, e_begin, e_end, err) : 0;
+}
+
+int ck_check_layer_with(ck_lookup_fn lookup, const void *ctx, const mc_config *c, int layer,
+                        int e_begin, int e_end, ep_err *err)
+{
+    return check_layer(lookup, ctx, c, layer, e_begin, e_end, true, err);
 }
 
 static const st_tensor *model_lookup(const void *ctx, const char *name)
@@ -345,6 +478,12 @@ int ck_check_layer(const st_model *m, const mc_config *c, int layer, int e_begin
                    ep_err *err)
 {
     return ck_check_layer_with(model_lookup, m, c, layer, e_begin, e_end, err);
+}
+
+int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
+                          ep_err *err)
+{
+    return check_layer(model_lookup, m, c, layer, e_begin, e_end, false, err);
 }
 
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err)

@@ -65,11 +65,31 @@ int ck_layer_tensor_count(const mc_config *c, int layer, int e_begin, int e_end)
 /* Check that the checkpoint holds every tensor of ck_layer_tensors with the expected dtype and
  * shape. The first mismatch fails with a message naming the tensor, the expected and the found
  * dtype/shape, and the expert dtype in force — and, when the found tensors are those of the
- * other expert dtype, says so (e.g. FP8 experts under a config that omits expert_dtype). */
+ * other expert dtype, says so (e.g. FP8 experts under a config that omits expert_dtype). Then
+ * every tensor's values (ck_check_values). inspect and the worker's loader both run this check,
+ * so a checkpoint inspect passes is one every worker loads. */
 int ck_check_layer(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
                    ep_err *err);
+/* The same without the values: for a loader that checks the values in the bytes it has read
+ * (ck_check_value_bytes), so they are read once. */
+int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int e_begin, int e_end,
+                          ep_err *err);
 /* Every layer, every expert. */
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
+
+/* The value policy (docs/numerics.md, "NaN and Inf"), one for inspect, the loader, forward
+ * --local and the cluster. Weights: no NaN or Inf in BF16 or F32 tensors (ffn_norm, gate weight
+ * and bias, F32 block scales), no E8M0 scale code 255 (NaN), no E4M3 NaN code (0x7f, 0xff) in
+ * FP8 weights, every tid2eid entry in [0, E). The bytes are read with st_tensor_read (a file
+ * truncated since it was opened fails with a message). The message names the tensor and the
+ * element. */
+int ck_check_values(const mc_config *c, const st_tensor *t, ep_err *err);
+/* The same over t's bytes already in memory (t->nbytes of them). */
+int ck_check_value_bytes(const mc_config *c, const st_tensor *t, const void *bytes, ep_err *err);
+/* Inputs: hidden states x bf16 [T, H] (any alignment) must be finite. The message names the token
+ * (counted from token_base, so a chunk reports its tokens' indices in the whole request) and the
+ * channel. */
+int ck_check_input(const void *x, int T, int H, int token_base, ep_err *err);
 
 /* The tensor named name, or NULL when absent; ctx is the lookup's own state (an st_model for
  * ck_check_layer, an in-memory table in tests). */

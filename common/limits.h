@@ -70,6 +70,10 @@
 /* Forward requests waiting behind the running step; more get ERR_BUSY instead of piling up
  * memory in the coordinator. */
 #define EP_MAX_QUEUED_STEPS 64
+/* Bytes those waiting requests may hold in all (their frames): 64 requests of EP_MAX_TOKENS
+ * tokens would be 32 GiB at H = 4096. One request of the largest size (512 MiB at H = 4096)
+ * always fits. */
+#define EP_MAX_QUEUED_BYTES (1ull << 30)
 
 /* Tokens in one forward request: bounds every [T, H] buffer a request can make us allocate. */
 #define EP_MAX_TOKENS 65536

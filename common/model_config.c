@@ -12,6 +12,7 @@
  * "not set": quantization_config, quantization_config.scale_fmt, n_group, topk_group.
  */
 #include "common/model_config.h"
+#include "common/rfile.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -425,9 +426,9 @@ int mc_parse(const char *text, size_t len, const char *srcname, mc_config *out, 
 
 int mc_load(const char *path, mc_config *out, ep_err *err)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = rf_open(path, NULL, err);
     if (f == NULL)
-        return ep_err_errno(err, "%s", path);
+        return -1;
     /* Read at most one byte past the limit: enough to know the file is too large. */
     size_t cap = 16384, len = 0;
     char *buf = malloc(cap);

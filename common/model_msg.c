@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "common/limits.h"
+
 void mmsg_from_config(const mc_config *c, Epmoe__ModelConfig *out)
 {
     epmoe__model_config__init(out);
@@ -145,4 +147,14 @@ pl_table *mmsg_placement_in(int n_layers, int n_experts, int n_ranks, const uint
     return pl_decode(n_layers, n_experts, n_ranks, m->layer_table.data, m->layer_table.len,
                      m->replica_count.data, m->replica_count.len, m->replica_rank.data,
                      m->replica_rank.len, err);
+}
+
+int64_t mmsg_max_frame(const mc_config *c)
+{
+    int64_t T = EP_MAX_TOKENS, max = EP_MAX_CTRL_MSG;
+    int64_t sizes[3] = {T * c->hidden_size * 2, T * 8, T * c->num_experts_per_tok * 4};
+    for (int i = 0; i < 3; i++)
+        if (sizes[i] > max)
+            max = sizes[i];
+    return max;
 }

@@ -25,6 +25,11 @@ void mmsg_from_config(const mc_config *c, Epmoe__ModelConfig *out);
  * Errors name the missing or invalid field. */
 int mmsg_to_config(const Epmoe__ModelConfig *m, mc_config *out, ep_err *err);
 
+/* The largest frame a control message of this model may carry, for ZMQ_MAXMSGSIZE of the
+ * sockets that carry STEP, STEP_DONE and FORWARD: hidden bf16 [EP_MAX_TOKENS, H], ids int64,
+ * topk ids and weights [EP_MAX_TOKENS, k], or a body of EP_MAX_CTRL_MSG. */
+int64_t mmsg_max_frame(const mc_config *c);
+
 /* ---- placements (WELCOME, EPOCH): the flat expert_owner form or a Placement ---- */
 
 /* How a table travels: owner[E] when it is flat (*flat true), else the Placement m whose bytes

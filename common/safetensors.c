@@ -23,6 +23,7 @@
  * is fsync'ed and renamed over PATH.
  */
 #include "common/safetensors.h"
+#include "common/rfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -118,11 +120,11 @@ typedef struct st_table {
     size_t mask;
 } st_table;
 
-static uint64_t st_fnv1a(const char *s)
+static uint64_t st_fnv1a(const uint8_t *p, size_t n)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        h ^= *p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
         h *= 0x100000001b3ull;
     }
     return h;
@@ -147,7 +149,7 @@ static void st_table_free(st_table *t)
 /* Insert x; returns NULL when inserted, or the tensor already holding that name. */
 static const st_tensor *st_table_put(st_table *t, const st_tensor *x)
 {
-    size_t i = (size_t)st_fnv1a(x->name) & t->mask;
+    size_t i = (size_t)st_fnv1a((const uint8_t *)x->name, strlen(x->name)) & t->mask;
     for (; t->slots[i] != NULL; i = (i + 1) & t->mask) {
         if (strcmp(t->slots[i]->name, x->name) == 0)
             return t->slots[i];
@@ -160,7 +162,7 @@ static const st_tensor *st_table_get(const st_table *t, const char *name)
 {
     if (t->slots == NULL || name == NULL)
         return NULL;
-    size_t i = (size_t)st_fnv1a(name) & t->mask;
+    size_t i = (size_t)st_fnv1a((const uint8_t *)name, strlen(name)) & t->mask;
     for (; t->slots[i] != NULL; i = (i + 1) & t->mask) {
         if (strcmp(t->slots[i]->name, name) == 0)
             return t->slots[i];
@@ -175,6 +177,10 @@ struct st_file {
     char *path; /* as given (st_open) or the name passed to st_parse */
     void *map;  /* the mapping when st_open made it, else NULL */
     size_t map_len;
+    int fd;               /* st_open: kept for st_tensor_read; -1 for st_parse */
+    const uint8_t *image; /* byte 0 of the file image (the mapping, or st_parse's buffer) */
+    int64_t mtime_ns;     /* st_open: the file's modification time at open */
+    uint64_t header_hash; /* FNV-1a 64 of bytes [0, 8 + N) */
     int count;
     st_tensor *tensors; /* sorted by data offset */
     char *names;        /* arena holding every tensor name */
@@ -433,14 +439,16 @@ static int st_load_entries(st_file *f, json_t *root, const uint8_t *data, uint64
     return 0;
 }
 
-static int st_parse_image(st_file *f, const uint8_t *image, size_t len, ep_err *err)
+/* The header length N from the first 8 bytes of a file of len bytes, checked. */
+static int st_header_len(const st_file *f, const uint8_t b[8], size_t len, uint64_t *out,
+                         ep_err *err)
 {
     if (len < 8)
         return ep_err_set(err, "%s: file is %zu bytes, shorter than the 8-byte header length",
                           f->path, len);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
-        n = (n << 8) | image[i];
+        n = (n << 8) | b[i];
     if (n > ST_MAX_HEADER_BYTES)
         return ep_err_set(err, "%s: header length %llu exceeds the limit of %u bytes", f->path,
                           (unsigned long long)n, ST_MAX_HEADER_BYTES);
@@ -449,8 +457,16 @@ static int st_parse_image(st_file *f, const uint8_t *image, size_t len, ep_err *
                           "%s: header length %llu extends past the end of the file "
                           "(8 + %llu > %zu bytes)",
                           f->path, (unsigned long long)n, (unsigned long long)n, len);
+    *out = n;
+    return 0;
+}
+
+/* Parse the JSON header (n bytes at json) of a file whose data region is data[0, data_len). */
+static int st_parse_json(st_file *f, const char *json, uint64_t n, const uint8_t *data,
+                         uint64_t data_len, ep_err *err)
+{
     json_error_t jerr;
-    json_t *root = json_loadb((const char *)image + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(json, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
         return ep_err_set(err, "%s: header JSON line %d column %d: %s", f->path, jerr.line,
                           jerr.column, jerr.text);
@@ -458,34 +474,98 @@ static int st_parse_image(st_file *f, const uint8_t *image, size_t len, ep_err *
     if (!json_is_object(root))
         rc = ep_err_set(err, "%s: header JSON is not an object", f->path);
     else
-        rc = st_load_entries(f, root, image + 8 + n, (uint64_t)(len - 8 - n), err);
+        rc = st_load_entries(f, root, data, data_len, err);
     json_decref(root);
     return rc;
 }
 
-st_file *st_parse(const void *image, size_t len, const char *name, ep_err *err)
+static st_file *st_file_new(const char *name, ep_err *err)
 {
     st_file *f = calloc(1, sizeof *f);
-    if (f == NULL || (f->path = strdup(name ? name : "(memory)")) == NULL) {
+    if (f == NULL || (f->path = strdup(name)) == NULL) {
         free(f);
-        ep_err_set(err, "%s: out of memory", name ? name : "(memory)");
+        ep_err_set(err, "%s: out of memory", name);
         return NULL;
     }
-    if (st_parse_image(f, image, len, err) != 0) {
+    f->fd = -1;
+    return f;
+}
+
+st_file *st_parse(const void *image, size_t len, const char *name, ep_err *err)
+{
+    st_file *f = st_file_new(name ? name : "(memory)", err);
+    if (f == NULL)
+        return NULL;
+    const uint8_t *b = image;
+    uint64_t n = 0;
+    if (st_header_len(f, b, len, &n, err) != 0 ||
+        st_parse_json(f, (const char *)b + 8, n, b + 8 + n, (uint64_t)(len - 8 - n), err) != 0) {
         st_close(&f);
         return NULL;
     }
+    f->image = b;
+    f->header_hash = st_fnv1a(b, (size_t)(8 + n));
     return f;
+}
+
+/* pread exactly n bytes at off; a short read is the file having shrunk. */
+static int st_pread(int fd, void *dst, size_t n, uint64_t off, const char *path, ep_err *err)
+{
+    uint8_t *p = dst;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return ep_err_errno(err, "%s: read at byte %llu", path, (unsigned long long)off);
+        if (r == 0) {
+            struct stat sb;
+            long long now = fstat(fd, &sb) == 0 ? (long long)sb.st_size : -1;
+            return ep_err_set(err,
+                              "%s: the file ends at byte %lld, byte %llu was expected: it was "
+                              "truncated or replaced while being read",
+                              path, now, (unsigned long long)off);
+        }
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* The header of the file open at fd (len bytes), read rather than faulted in: a file truncated
+ * after the fstat fails here with a message instead of killing the process with SIGBUS. */
+static int st_open_header(st_file *f, int fd, size_t len, const uint8_t *map, ep_err *err)
+{
+    uint8_t head[8];
+    uint64_t n = 0;
+    if (st_pread(fd, head, len < 8 ? len : 8, 0, f->path, err) != 0 ||
+        st_header_len(f, head, len, &n, err) != 0)
+        return -1;
+    uint8_t *buf = malloc((size_t)n + 8);
+    if (buf == NULL)
+        return ep_err_set(err, "%s: out of memory for a %llu-byte header", f->path,
+                          (unsigned long long)n);
+    memcpy(buf, head, 8);
+    int rc = st_pread(fd, buf + 8, (size_t)n, 8, f->path, err);
+    if (rc == 0)
+        rc = st_parse_json(f, (const char *)buf + 8, n, map + 8 + n, (uint64_t)(len - 8 - n), err);
+    if (rc == 0)
+        f->header_hash = st_fnv1a(buf, (size_t)n + 8);
+    free(buf);
+    return rc;
 }
 
 st_file *st_open(const char *path, ep_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or device must not block the open before the regular-file check */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         ep_err_errno(err, "%s", path);
         return NULL;
     }
     struct stat sb;
+    st_file *f = NULL;
     if (fstat(fd, &sb) != 0) {
         ep_err_errno(err, "%s: stat", path);
         goto fail_fd;
@@ -496,7 +576,7 @@ st_file *st_open(const char *path, ep_err *err)
     }
     size_t len = (size_t)sb.st_size;
     if (len < 8) {
-        /* mmap cannot map an empty file; st_parse would refuse it anyway. */
+        /* mmap cannot map an empty file; the parse would refuse it anyway. */
         ep_err_set(err, "%s: file is %zu bytes, shorter than the 8-byte header length", path, len);
         goto fail_fd;
     }
@@ -505,19 +585,38 @@ st_file *st_open(const char *path, ep_err *err)
         ep_err_errno(err, "%s: mmap of %zu bytes", path, len);
         goto fail_fd;
     }
-    close(fd);
-    st_file *f = st_parse(map, len, path, err);
-    if (f == NULL) {
+    if ((f = st_file_new(path, err)) == NULL || st_open_header(f, fd, len, map, err) != 0) {
+        st_close(&f);
         munmap(map, len);
-        return NULL;
+        goto fail_fd;
     }
     f->map = map;
     f->map_len = len;
+    f->image = map;
+    f->fd = fd;
+    f->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
     return f;
 
 fail_fd:
     close(fd);
     return NULL;
+}
+
+int st_tensor_read(const st_tensor *t, uint64_t off, void *dst, size_t n, ep_err *err)
+{
+    if (off > t->nbytes || n > t->nbytes - off)
+        return ep_err_set(err, "tensor %s: bytes [%llu, %llu) outside its %llu bytes", t->name,
+                          (unsigned long long)off, (unsigned long long)(off + n),
+                          (unsigned long long)t->nbytes);
+    const st_file *f = t->file;
+    if (f == NULL || f->fd < 0) {
+        memcpy(dst, (const uint8_t *)t->data + off, n);
+        return 0;
+    }
+    uint64_t at = (uint64_t)((const uint8_t *)t->data - f->image) + off;
+    if (st_pread(f->fd, dst, n, at, f->path, err) != 0)
+        return ep_err_prefix(err, "tensor %s", t->name);
+    return 0;
 }
 
 void st_close(st_file **self_p)
@@ -527,6 +626,8 @@ void st_close(st_file **self_p)
     st_file *f = *self_p;
     if (f->map != NULL)
         munmap(f->map, f->map_len);
+    if (f->fd >= 0)
+        close(f->fd);
     st_table_free(&f->table);
     free(f->tensors);
     free(f->names);
@@ -596,13 +697,13 @@ static int st_model_add_file(st_model *m, st_file *f)
 /* Read a whole small file (the index), bounded by max bytes. Caller frees *out. */
 static int st_read_small(const char *path, size_t max, char **out, size_t *len, ep_err *err)
 {
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = rf_open(path, NULL, err);
     if (fp == NULL)
-        return ep_err_errno(err, "%s", path);
+        return -1;
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(fp), &sb) != 0) {
         fclose(fp);
-        return ep_err_set(err, "%s: not a regular file", path);
+        return ep_err_errno(err, "%s", path);
     }
     if ((uint64_t)sb.st_size > max) {
         fclose(fp);
@@ -864,6 +965,89 @@ void st_model_close(st_model **self_p)
     free(m->dir);
     free(m);
     *self_p = NULL;
+}
+
+bool st_model_has_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        found = strcmp(e->d_name, ST_INDEX_NAME) == 0 ||
+                (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0);
+    }
+    closedir(d);
+    return found;
+}
+
+int st_model_nfiles(const st_model *m)
+{
+    return m->nfiles;
+}
+
+void st_model_print(const st_model *m, int i, st_file_print *out)
+{
+    const st_file *f = m->files[i];
+    size_t dl = strlen(m->dir);
+    const char *rel =
+        strncmp(f->path, m->dir, dl) == 0 && f->path[dl] == '/' ? f->path + dl + 1 : f->path;
+    snprintf(out->name, sizeof out->name, "%s", rel);
+    out->size = f->map_len;
+    out->mtime_ns = f->mtime_ns;
+    out->header_hash = f->header_hash;
+}
+
+static const char *st_time_text(int64_t ns, char *buf, size_t cap)
+{
+    time_t sec = (time_t)(ns / 1000000000);
+    struct tm tm;
+    if (gmtime_r(&sec, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+        snprintf(buf, cap, "%lld", (long long)sec);
+    size_t n = strlen(buf);
+    snprintf(buf + n, cap - n, ".%09lldZ", (long long)(ns % 1000000000));
+    return buf;
+}
+
+int st_model_check_prints(const st_model *m, const st_file_print *want, int n, ep_err *err)
+{
+    const char *hint = "the checkpoint changed since the coordinator started (regenerated, "
+                       "truncated, or copied without keeping modification times): restore it, or "
+                       "restart the coordinator to serve the new one";
+    if (n != m->nfiles)
+        return ep_err_set(err,
+                          "%s: %d safetensors files here, the coordinator's checkpoint has %d; %s",
+                          m->dir, m->nfiles, n, hint);
+    for (int i = 0; i < n; i++) {
+        st_file_print got;
+        int j = 0;
+        while (j < m->nfiles) {
+            st_model_print(m, j, &got);
+            if (strcmp(got.name, want[i].name) == 0)
+                break;
+            j++;
+        }
+        char a[48], b[48];
+        if (j == m->nfiles)
+            return ep_err_set(err, "%s: file %s of the coordinator's checkpoint is not here; %s",
+                              m->dir, want[i].name, hint);
+        if (got.size != want[i].size)
+            return ep_err_set(err, "%s/%s: %llu bytes here, %llu at the coordinator; %s", m->dir,
+                              got.name, (unsigned long long)got.size,
+                              (unsigned long long)want[i].size, hint);
+        if (got.mtime_ns != want[i].mtime_ns)
+            return ep_err_set(err, "%s/%s: modified %s here, %s at the coordinator; %s", m->dir,
+                              got.name, st_time_text(got.mtime_ns, a, sizeof a),
+                              st_time_text(want[i].mtime_ns, b, sizeof b), hint);
+        if (got.header_hash != want[i].header_hash)
+            return ep_err_set(err,
+                              "%s/%s: header hash %016llx here, %016llx at the coordinator; %s",
+                              m->dir, got.name, (unsigned long long)got.header_hash,
+                              (unsigned long long)want[i].header_hash, hint);
+    }
+    return 0;
 }
 
 int st_model_count(const st_model *m)

@@ -7,6 +7,10 @@
  *
  * Reading maps the file read-only (mmap): tensors are views into the mapping, so opening a
  * 160 GB checkpoint costs only its headers, and a worker touches just the pages of its experts.
+ * A mapped file that shrinks later (truncated under a running cluster) would make any read of
+ * its lost pages fault (SIGBUS): headers are therefore read with pread, and a loader reads
+ * tensor bytes with st_tensor_read, which fails with a message instead. Files are opened with
+ * O_NONBLOCK, so a FIFO where a shard should be is refused instead of blocking the open.
  * Validation is strict and every error names the file and, where there is one, the tensor:
  *   header length > ST_MAX_HEADER_BYTES or past the end of the file; JSON not well formed (with
  *   line:column) or not an object; an entry that is not {"dtype","shape","data_offsets"}; an
@@ -22,6 +26,7 @@
 #ifndef EPMOE_SAFETENSORS_H
 #define EPMOE_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,6 +86,11 @@ int st_count(const st_file *f);
 const st_tensor *st_at(const st_file *f, int i);              /* in order of data offset */
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL when absent */
 
+/* Read n bytes of t's data, from byte off of the tensor, into dst: pread from the file (for an
+ * st_parse image a copy), never a fault of the mapping. A file that no longer holds those bytes
+ * fails naming the file, the tensor and where the file now ends. */
+int st_tensor_read(const st_tensor *t, uint64_t off, void *dst, size_t n, ep_err *err);
+
 /* ---- a checkpoint directory (sharded or not) ---- */
 typedef struct st_model st_model;
 st_model *st_model_open(const char *dir, ep_err *err);
@@ -89,6 +99,24 @@ int st_model_count(const st_model *m);
 const st_tensor *st_model_at(const st_model *m, int i); /* sorted by name */
 const st_tensor *st_model_find(const st_model *m, const char *name);
 const char *st_model_dir(const st_model *m);
+
+/* A checkpoint's fingerprint: per safetensors file, what it was when opened. The coordinator
+ * broadcasts its own (WELCOME.checkpoint); a worker whose files differ refuses to load, so a
+ * checkpoint regenerated or truncated under a running cluster is never mixed with the old. */
+typedef struct st_file_print {
+    char name[EP_MAX_NAME]; /* relative to the model directory */
+    uint64_t size;          /* bytes */
+    int64_t mtime_ns;       /* modification time, ns since the epoch */
+    uint64_t header_hash;   /* FNV-1a 64 of the length prefix and the JSON header */
+} st_file_print;
+int st_model_nfiles(const st_model *m);
+/* Whether dir holds a checkpoint at all (an index or a *.safetensors file), as opposed to, say,
+ * a directory with a config.json only. */
+bool st_model_has_files(const char *dir);
+void st_model_print(const st_model *m, int i, st_file_print *out);
+/* The opened files against want[0..n): the same set of names, each with equal size, mtime and
+ * header hash. The first difference fails, naming the file and both values. */
+int st_model_check_prints(const st_model *m, const st_file_print *want, int n, ep_err *err);
 
 /* ---- writing ---- */
 typedef struct st_writer st_writer;

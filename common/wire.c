@@ -37,6 +37,28 @@ int wire_socket_defaults(void *sock, int64_t max_msg, ep_err *err)
     return 0;
 }
 
+int wire_check_endpoint(const char *ep, ep_err *err)
+{
+    const char *forms = "expected tcp://HOST:PORT (PORT 1..65535) or ipc://PATH";
+    if (strncmp(ep, "ipc://", 6) == 0) {
+        if (ep[6] == '\0')
+            return ep_err_set(err, "\"%.200s\": ipc:// without a path; %s", ep, forms);
+        return 0;
+    }
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return ep_err_set(err, "\"%.200s\" is not a ZeroMQ endpoint; %s", ep, forms);
+    const char *colon = strrchr(ep + 6, ':');
+    if (colon == NULL || colon == ep + 6)
+        return ep_err_set(err, "\"%.200s\": no HOST:PORT; %s", ep, forms);
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || errno != 0 || port < 1 || port > 65535)
+        return ep_err_set(err, "\"%.200s\": port \"%.16s\" is not in 1..65535; %s", ep, colon + 1,
+                          forms);
+    return 0;
+}
+
 void wire_msg_close(wire_msg *m)
 {
     for (int i = 0; i < m->n_frames; i++)
@@ -117,29 +139,43 @@ static wire_rc wire_recv_ident(void *sock, wire_msg *m, int flags, ep_err *err)
     return WIRE_OK;
 }
 
-/* Version tag and type frames. */
-static wire_rc wire_recv_head(void *sock, wire_msg *m, int flags, ep_err *err)
+/* Check the frames already in m (version, type, body, payloads) and point body and payload[]
+ * into them. The same rules for a socket's message and for frames held in memory. */
+static int wire_frames_check(wire_msg *m, size_t max_body, size_t max_payload, ep_err *err)
 {
-    if (wire_recv_frame(sock, m, flags) != 0) {
-        int e = zmq_errno();
-        if (m->ident_len == 0 && (e == EAGAIN || e == EINTR))
-            return WIRE_AGAIN;
-        return wire_fail(sock, m, err, "zmq_msg_recv: %s", zmq_strerror(e));
-    }
+    if (m->n_frames < 1)
+        return ep_err_set(err, "empty message");
     zmq_msg_t *v = &m->frames[0];
     if (zmq_msg_size(v) != strlen(WIRE_VERSION) ||
         memcmp(zmq_msg_data(v), WIRE_VERSION, strlen(WIRE_VERSION)) != 0)
-        return wire_fail(sock, m, err,
-                         "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
-                         WIRE_VERSION, zmq_msg_size(v));
-    if (!wire_has_more(sock) || wire_recv_frame(sock, m, 0) != 0)
-        return wire_fail(sock, m, err, "message ends after the version frame (type frame missing)");
+        return ep_err_set(err, "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
+                          WIRE_VERSION, zmq_msg_size(v));
+    if (m->n_frames < 2)
+        return ep_err_set(err, "message ends after the version frame (type frame missing)");
     zmq_msg_t *t = &m->frames[1];
     if (zmq_msg_size(t) != 2)
-        return wire_fail(sock, m, err, "type frame has %zu bytes, expected 2", zmq_msg_size(t));
+        return ep_err_set(err, "type frame has %zu bytes, expected 2", zmq_msg_size(t));
     const uint8_t *tb = zmq_msg_data(t);
     m->type = (uint16_t)(tb[0] | (tb[1] << 8));
-    return WIRE_OK;
+    if (m->n_frames < 3)
+        return ep_err_set(err, "%s: body frame missing", wire_type_name(m->type));
+    m->body = zmq_msg_data(&m->frames[2]);
+    m->body_len = zmq_msg_size(&m->frames[2]);
+    if (m->body_len > max_body)
+        return ep_err_set(err, "%s: body of %zu bytes exceeds the limit of %zu",
+                          wire_type_name(m->type), m->body_len, max_body);
+    size_t total = 0;
+    for (int i = 3; i < m->n_frames; i++) {
+        zmq_msg_t *p = &m->frames[i];
+        m->payload[m->n_payloads] = zmq_msg_data(p);
+        m->payload_len[m->n_payloads] = zmq_msg_size(p);
+        m->n_payloads++;
+        total += zmq_msg_size(p);
+        if (total > max_payload)
+            return ep_err_set(err, "%s: payloads exceed the limit of %zu bytes",
+                              wire_type_name(m->type), max_payload);
+    }
+    return 0;
 }
 
 wire_rc wire_recv(void *sock, bool router, size_t max_body, size_t max_payload, int flags,
@@ -153,33 +189,74 @@ wire_rc wire_recv(void *sock, bool router, size_t max_body, size_t max_payload, 
             return rc;
         flags = 0; /* the rest of a multipart message is already here */
     }
-    wire_rc rc = wire_recv_head(sock, m, flags, err);
-    if (rc != WIRE_OK)
-        return rc;
-    if (!wire_has_more(sock) || wire_recv_frame(sock, m, 0) != 0)
-        return wire_fail(sock, m, err, "%s: body frame missing", wire_type_name(m->type));
-    m->body = zmq_msg_data(&m->frames[2]);
-    m->body_len = zmq_msg_size(&m->frames[2]);
-    if (m->body_len > max_body)
-        return wire_fail(sock, m, err, "%s: body of %zu bytes exceeds the limit of %zu",
-                         wire_type_name(m->type), m->body_len, max_body);
-    size_t total = 0;
+    if (wire_recv_frame(sock, m, flags) != 0) {
+        int e = zmq_errno();
+        if (m->ident_len == 0 && (e == EAGAIN || e == EINTR))
+            return WIRE_AGAIN;
+        return wire_fail(sock, m, err, "zmq_msg_recv: %s", zmq_strerror(e));
+    }
+    /* ZeroMQ delivers all parts or none, so reading them before checking costs no waiting;
+     * only the count is bounded here (the rest is drained). */
     while (wire_has_more(sock)) {
-        if (m->n_payloads == WIRE_MAX_PAYLOADS)
-            return wire_fail(sock, m, err, "%s: more than %d payload frames",
-                             wire_type_name(m->type), WIRE_MAX_PAYLOADS);
+        if (m->n_frames == 3 + WIRE_MAX_PAYLOADS)
+            return wire_fail(sock, m, err, "more than %d payload frames", WIRE_MAX_PAYLOADS);
         if (wire_recv_frame(sock, m, 0) != 0)
             return wire_fail(sock, m, err, "zmq_msg_recv: %s", zmq_strerror(zmq_errno()));
-        zmq_msg_t *p = &m->frames[m->n_frames - 1];
-        m->payload[m->n_payloads] = zmq_msg_data(p);
-        m->payload_len[m->n_payloads] = zmq_msg_size(p);
-        total += zmq_msg_size(p);
-        m->n_payloads++;
-        if (total > max_payload)
-            return wire_fail(sock, m, err, "%s: payloads exceed the limit of %zu bytes",
-                             wire_type_name(m->type), max_payload);
+    }
+    if (wire_frames_check(m, max_body, max_payload, err) != 0) {
+        wire_msg_close(m);
+        return WIRE_ERR;
     }
     return WIRE_OK;
+}
+
+int wire_msg_from_frames(wire_msg *m, const uint8_t *const *frames, const size_t *lens, int n,
+                         size_t max_body, size_t max_payload, ep_err *err)
+{
+    memset(m, 0, offsetof(wire_msg, frames));
+    m->n_frames = 0;
+    if (n > 3 + WIRE_MAX_PAYLOADS)
+        return ep_err_set(err, "more than %d payload frames", WIRE_MAX_PAYLOADS);
+    for (int i = 0; i < n; i++) {
+        if (zmq_msg_init_size(&m->frames[i], lens[i]) != 0) {
+            wire_msg_close(m);
+            return ep_err_set(err, "out of memory for a frame of %zu bytes", lens[i]);
+        }
+        m->n_frames++;
+        if (lens[i])
+            memcpy(zmq_msg_data(&m->frames[i]), frames[i], lens[i]);
+    }
+    if (wire_frames_check(m, max_body, max_payload, err) != 0) {
+        wire_msg_close(m);
+        return -1;
+    }
+    return 0;
+}
+
+void wire_msg_move(wire_msg *dst, wire_msg *src)
+{
+    memcpy(dst, src, offsetof(wire_msg, frames));
+    dst->n_frames = 0;
+    for (int i = 0; i < src->n_frames; i++) {
+        zmq_msg_init(&dst->frames[i]);
+        zmq_msg_move(&dst->frames[i], &src->frames[i]);
+        dst->n_frames++;
+    }
+    /* the views must point into dst's frames: a small frame's bytes live inside its zmq_msg_t */
+    if (dst->n_frames >= 3) {
+        dst->body = zmq_msg_data(&dst->frames[2]);
+        for (int i = 0; i < dst->n_payloads; i++)
+            dst->payload[i] = zmq_msg_data(&dst->frames[3 + i]);
+    }
+    wire_msg_close(src);
+}
+
+const char *wire_user_id(const wire_msg *m)
+{
+    if (m->n_frames < 1)
+        return NULL;
+    /* zmq_msg_gets takes a non-const message but only reads its metadata */
+    return zmq_msg_gets((zmq_msg_t *)&m->frames[0], "User-Id");
 }
 
 static int wire_send_frame(void *sock, const void *data, size_t len, bool more, bool dontwait)
@@ -279,6 +356,62 @@ static void wire_plain_free(void *data, void *ptr)
     free(ptr);
 }
 
+/* Read a varint at *i of p[0..n); -1 when it runs past the end or beyond 10 bytes. */
+static int wire_varint(const uint8_t *p, size_t n, size_t *i, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70 && *i < n; shift += 7) {
+        uint8_t b = p[(*i)++];
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Walk an encoded message that protobuf-c accepted and refuse strings with a NUL byte: they
+ * would reach us cut at the NUL ("a0\0x" taken as "a0"), so a name could pass for another. */
+static int wire_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                              int depth, ep_err *err)
+{
+    size_t i = 0;
+    uint64_t key, len;
+    while (i < n) {
+        if (wire_varint(p, n, &i, &key) != 0)
+            return 0; /* protobuf-c has judged the framing; nothing more to find here */
+        switch (key & 7) {
+        case 0:
+            if (wire_varint(p, n, &i, &len) != 0)
+                return 0;
+            break;
+        case 1:
+            i += 8;
+            break;
+        case 5:
+            i += 4;
+            break;
+        case 2: {
+            if (wire_varint(p, n, &i, &len) != 0 || len > n - i)
+                return 0;
+            const ProtobufCFieldDescriptor *f =
+                protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, len) != NULL)
+                return ep_err_set(err, "%s.%s: string contains a NUL byte", d->short_name, f->name);
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
+                wire_check_strings(f->descriptor, p + i, len, depth + 1, err) != 0)
+                return -1;
+            i += len;
+            break;
+        }
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
 ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
                               ep_err *err)
 {
@@ -288,9 +421,14 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire
     ProtobufCAllocator a = {
         .alloc = wire_budget_alloc, .free = wire_plain_free, .allocator_data = &b};
     ProtobufCMessage *msg = protobuf_c_message_unpack(desc, &a, m->body_len, m->body);
-    if (msg == NULL)
+    if (msg == NULL) {
         ep_err_set(err, "%s: body of %zu bytes is not a valid %s message", wire_type_name(m->type),
                    m->body_len, desc->short_name);
+    } else if (wire_check_strings(desc, m->body, m->body_len, 0, err) != 0) {
+        ep_err_prefix(err, "%s", wire_type_name(m->type));
+        wire_free_unpacked(msg);
+        msg = NULL;
+    }
     return msg;
 }
 

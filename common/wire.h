@@ -69,6 +69,20 @@ wire_rc wire_recv(void *sock, bool router, size_t max_body, size_t max_payload, 
                   wire_msg *m, ep_err *err);
 void wire_msg_close(wire_msg *m);
 
+/* Build m from frames held in memory (copied), with wire_recv's checks: what fuzz targets and
+ * tests feed the parsers that sit behind a socket. 0, or -1 with err (m is then closed). */
+int wire_msg_from_frames(wire_msg *m, const uint8_t *const *frames, const size_t *lens, int n,
+                         size_t max_body, size_t max_payload, ep_err *err);
+
+/* Move src's frames into dst (zmq_msg_move; src is left closed). A wire_msg must never be
+ * copied by value: a frame of up to 33 bytes keeps its bytes inside its zmq_msg_t, so the
+ * copy's body and payload pointers would point into the original. */
+void wire_msg_move(wire_msg *dst, wire_msg *src);
+
+/* The ZAP user id the sender authenticated as (common/auth.h: its key's name), or NULL when
+ * the socket has no authentication. */
+const char *wire_user_id(const wire_msg *m);
+
 /* Send one message. ident/ident_len: routing id for ROUTER sockets (NULL/0 otherwise). body may
  * be NULL (empty frame). Sends with ZMQ_DONTWAIT when dontwait, so a ROUTER with
  * ROUTER_MANDATORY reports an unreachable or congested peer instead of blocking. Payloads whose
@@ -82,7 +96,8 @@ int wire_send_packed(void *sock, const uint8_t *ident, size_t ident_len, uint16_
                      const uint8_t *body, size_t body_len, const wire_payload *payloads,
                      int n_payloads, bool dontwait, ep_err *err);
 
-/* Decode m's body as desc with a bounded allocator. Free with wire_free_unpacked. */
+/* Decode m's body as desc with a bounded allocator. A string field with a NUL byte is refused
+ * (it would arrive cut at the NUL). Free with wire_free_unpacked. */
 ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire_msg *m,
                               ep_err *err);
 void wire_free_unpacked(ProtobufCMessage *msg);
@@ -100,6 +115,10 @@ const char *wire_type_name(uint16_t type);
 /* Options every epmoe socket gets before bind/connect: linger 0 (a stopping daemon never hangs
  * in zmq_ctx_term) and ZMQ_MAXMSGSIZE (a peer sending more is disconnected by libzmq). */
 int wire_socket_defaults(void *sock, int64_t max_msg, ep_err *err);
+
+/* An endpoint a client may connect to: tcp://HOST:PORT with PORT 1..65535, or ipc://PATH.
+ * (libzmq takes "tcp://h:99999" and retries it for ever; a typo must be an error instead.) */
+int wire_check_endpoint(const char *ep, ep_err *err);
 
 /* Payload free function for buffers from malloc. */
 void wire_free_malloc(void *data, void *hint);

@@ -11,18 +11,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/model_msg.h"
+#include "common/safetensors.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
 #include "coordinator/admin.h"
 #include "coordinator/cmetrics.h"
+#include "coordinator/keys.h"
 #include "coordinator/ncclboot.h"
 #include "coordinator/outbox.h"
 #include "coordinator/registry.h"
@@ -40,7 +45,15 @@ struct coord {
     spec_cluster *spec; /* the running spec (a reload swaps it) */
     mc_config cfg;
     uint64_t config_hash; /* mc_hash(&cfg) */
-    plan_epochs *pe;      /* placement and its epochs */
+    uint64_t session;     /* random per start: WELCOME, STEP and the data plane carry it */
+    keys_cluster keys;    /* security: (spec->secure) */
+    keys_cluster rl_keys; /* the keys of a reload waiting to be swapped in */
+    auth_zap *zap;        /* security: admits workers and operators by key */
+    /* the checkpoint's fingerprint as found at start (WELCOME.checkpoint) */
+    Epmoe__CheckpointFile *ckpt;
+    Epmoe__CheckpointFile **ckpt_ps;
+    size_t n_ckpt;
+    plan_epochs *pe; /* placement and its epochs */
     void *zctx;
     void *wsock; /* ROUTER coordinator.listen (workers) */
     void *asock; /* ROUTER coordinator.admin (operators) */
@@ -179,11 +192,34 @@ static void coord_update_state(coord *c)
 
 /* ---- the facts each passive module gets ---- */
 
+/* Whether the ROUTER still has a connection for ident: with ROUTER_MANDATORY a send to a routing
+ * id whose connection closed fails with EHOSTUNREACH, so a HEARTBEAT (harmless to a live worker)
+ * is the question. */
+static bool coord_connected(void *ctx, const uint8_t *ident, size_t len)
+{
+    coord *c = ctx;
+    Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
+    hb.has_epoch = 1;
+    hb.epoch = plan_latest(c->pe)->epoch;
+    ep_err err;
+    if (wire_send(c->wsock, ident, len, EPMOE__MSG_TYPE__MSG_HEARTBEAT, &hb.base, NULL, 0, true,
+                  &err) == 0)
+        return true;
+    return zmq_errno() != EHOSTUNREACH; /* EAGAIN: connected, its queue is full */
+}
+
 static reg_env coord_reg_env(const coord *c)
 {
     return (reg_env){.spec = c->spec,
                      .cfg = &c->cfg,
                      .config_hash = c->config_hash,
+                     .session = c->session,
+                     .worker_key =
+                         c->spec->secure ? (const uint8_t(*)[AUTH_KEY_BYTES])c->keys.worker : NULL,
+                     .checkpoint = c->ckpt_ps,
+                     .n_checkpoint = c->n_ckpt,
+                     .connected = coord_connected,
+                     .connected_ctx = (void *)c,
                      .plan = plan_latest(c->pe),
                      .now_ms = c->now_ms};
 }
@@ -203,6 +239,7 @@ static seq_env coord_seq_env(coord *c)
     bool changing = plan_phase_of(c->pe) != PLAN_FORMING && c->state == COORD_LOADING;
     return (seq_env){.spec = c->spec,
                      .cfg = &c->cfg,
+                     .session = c->session,
                      .plan = plan_current(c->pe),
                      .now_ms = c->now_ms,
                      .state = coord_state_name(c->state),
@@ -718,6 +755,29 @@ static int coord_swap_world(coord *c, ep_err *err)
     return 0;
 }
 
+/* The reload's keys take over (security: the workers a reload adds are admitted, the
+ * operators' directory is read again). Nothing to do without security. */
+static void coord_swap_keys(coord *c)
+{
+    if (!c->spec->secure)
+        return;
+    ep_err err;
+    auth_list *w = keys_worker_list(c->spec, &c->rl_keys, &err);
+    auth_list *o = w ? keys_operator_list(&c->rl_keys, &err) : NULL;
+    if (w == NULL || o == NULL || auth_zap_allow(c->zap, AUTH_DOMAIN_WORKERS, w, &err) != 0 ||
+        auth_zap_allow(c->zap, AUTH_DOMAIN_OPERATORS, o, &err) != 0) {
+        if (o == NULL)
+            auth_list_free(&w);
+        log_error("reload: the new keys cannot be installed (%s); the old allow-lists stay",
+                  err.msg);
+        keys_free(&c->rl_keys);
+        return;
+    }
+    keys_free(&c->keys);
+    c->keys = c->rl_keys;
+    memset(&c->rl_keys, 0, sizeof c->rl_keys);
+}
+
 /* Swap the validated reload in (no step is in flight). */
 static void coord_swap_reload(coord *c)
 {
@@ -738,12 +798,15 @@ static void coord_swap_reload(coord *c)
         coord_restat(c, c->spec->n_workers, old_window);
         coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false, "cluster spec reloaded");
     }
-    if (rc != 0)
+    if (rc != 0) {
         log_error("reload of %s failed while swapping; the old spec keeps serving: %s",
                   rl->spec->file, err.msg);
-    else
+        keys_free(&c->rl_keys);
+    } else {
+        coord_swap_keys(c);
         log_info("cluster %s: reloaded cluster spec %s (%s)", c->spec->name, c->spec->file,
                  rl->summary);
+    }
     rl_free(rl);
 }
 
@@ -753,8 +816,10 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
     if (c->reload.spec != NULL)
         return ep_err_set(err, "a reload is already waiting for the step in flight");
     rl_plan rl;
-    if (rl_build(c->spec->file, c->spec, &c->cfg, plan_last_epoch(c->pe), &rl, err) != 0) {
+    if (rl_build(c->spec->file, c->spec, &c->cfg, plan_last_epoch(c->pe), &rl, err) != 0 ||
+        (rl.spec->secure && keys_load(rl.spec, &c->rl_keys, err) != 0)) {
         log_error("reload of %s failed; the old spec keeps serving: %s", c->spec->file, err->msg);
+        rl_free(&rl);
         return -1;
     }
     snprintf(summary, cap, "%s", rl.summary);
@@ -762,15 +827,23 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
     return 0;
 }
 
+/* Bind a ROUTER. No ROUTER_HANDOVER: with it, a peer that connects under a routing id already
+ * in use makes libzmq 4.3 abort (stream_engine_base.cpp, !_io_error) — one stranger connecting
+ * twice under one id stopped the cluster. Without it a second connection under a used id is
+ * never routed to (libzmq ignores it), and workers need no handover: each connection has a
+ * routing id of its own (NAME/random/N), and the registry knows a reconnect of the same process
+ * by the NAME/random part (registry.h). MAXMSGSIZE is the largest frame this model can carry (a
+ * [EP_MAX_TOKENS, H] bf16 payload), so a peer cannot make the daemon buffer more per frame; with
+ * security the socket is a CURVE server whose ZAP domain names its allow-list. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
-                      ep_err *err)
+                      const char *domain, ep_err *err)
 {
     int one = 1;
     int ivl = c->spec->heartbeat_ms;
     int timeout = c->spec->heartbeat_ms * c->spec->liveness;
-    if (wire_socket_defaults(sock, (int64_t)EP_MAX_DATA_MSG, err) != 0 ||
+    if (wire_socket_defaults(sock, mmsg_max_frame(&c->cfg), err) != 0 ||
+        (c->spec->secure && auth_server(sock, &c->keys.coordinator, domain, err) != 0) ||
         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
-        zmq_setsockopt(sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0) {
         if (err->msg[0] == '\0')
@@ -789,7 +862,7 @@ static int coord_signals(coord *c, ep_err *err)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP); /* reload is not implemented: logged and ignored, never fatal */
+    sigaddset(&set, SIGHUP); /* reload the cluster spec */
     /* Blocked before the ZeroMQ context exists, so its I/O threads inherit the mask and the
      * signals only ever arrive through the signalfd. */
     if (sigprocmask(SIG_BLOCK, &set, NULL) != 0)
@@ -798,6 +871,85 @@ static int coord_signals(coord *c, ep_err *err)
     if (c->sigfd < 0)
         return ep_err_errno(err, "signalfd");
     return 0;
+}
+
+/* A session id no earlier run of any coordinator is likely to have had: data-plane messages
+ * of a previous run can never pass for this one's. */
+static int coord_random_session(uint64_t *out, ep_err *err)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        return ep_err_errno(err, "getrandom (the session id)");
+    *out = v;
+    return 0;
+}
+
+/* The wall clock in units of 1/per s: where this run's epochs (per = 1000) and step ids
+ * (per = 1000000) start, so that they keep increasing across restarts of the coordinator
+ * (a run would need more than one epoch a millisecond, or one step a microsecond, on average
+ * to reach the next run's start). */
+static uint64_t coord_first_id(uint64_t per)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (uint64_t)t.tv_sec * per + (uint64_t)t.tv_nsec / (1000000000u / per);
+}
+
+/* security: the keys, and the ZAP handler with both allow-lists, before any socket binds. */
+static int coord_security(coord *c, ep_err *err)
+{
+    if (!c->spec->secure)
+        return 0;
+    if (keys_load(c->spec, &c->keys, err) != 0 || (c->zap = auth_zap_start(c->zctx, err)) == NULL)
+        return -1;
+    auth_list *w = keys_worker_list(c->spec, &c->keys, err);
+    if (w == NULL || auth_zap_allow(c->zap, AUTH_DOMAIN_WORKERS, w, err) != 0)
+        return -1;
+    auth_list *o = keys_operator_list(&c->keys, err);
+    if (o == NULL || auth_zap_allow(c->zap, AUTH_DOMAIN_OPERATORS, o, err) != 0)
+        return -1;
+    log_info("security: CURVE on both sockets; %d worker keys, %d operator keys", c->keys.n_workers,
+             auth_list_count(c->keys.operators));
+    return 0;
+}
+
+/* The checkpoint's fingerprint, broadcast in WELCOME: a worker whose files differ refuses to
+ * load. A model directory with no safetensors at all (a config-only directory) has none. */
+static int coord_fingerprint(coord *c, ep_err *err)
+{
+    st_model *m = st_model_open(c->spec->model_path, err);
+    if (m == NULL) {
+        if (st_model_has_files(c->spec->model_path))
+            return ep_err_prefix(err, "%s:%d:%d: model.path: the checkpoint cannot be read",
+                                 c->spec->file, c->spec->model_pos.line, c->spec->model_pos.col);
+        log_warn("model %s holds no safetensors files: the workers' checkpoint is not checked "
+                 "against a fingerprint",
+                 c->spec->model_path);
+        ep_err_clear(err);
+        return 0;
+    }
+    int n = st_model_nfiles(m);
+    c->ckpt = calloc((size_t)n, sizeof *c->ckpt);
+    c->ckpt_ps = calloc((size_t)n, sizeof *c->ckpt_ps);
+    st_file_print *p = calloc((size_t)n, sizeof *p);
+    int rc = c->ckpt && c->ckpt_ps && p ? 0 : ep_err_set(err, "out of memory");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        st_model_print(m, i, &p[i]);
+        Epmoe__CheckpointFile *f = &c->ckpt[i];
+        epmoe__checkpoint_file__init(f);
+        f->name = strdup(p[i].name);
+        f->has_size = f->has_mtime_ns = f->has_header_hash = 1;
+        f->size = p[i].size;
+        f->mtime_ns = p[i].mtime_ns;
+        f->header_hash = p[i].header_hash;
+        c->ckpt_ps[i] = f;
+        c->n_ckpt = (size_t)i + 1;
+        if (f->name == NULL)
+            rc = ep_err_set(err, "out of memory");
+    }
+    free(p);
+    st_model_close(&m);
+    return rc;
 }
 
 coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
@@ -816,9 +968,9 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     c->config_hash = mc_hash(cfg);
     c->sigfd = -1;
     c->state = COORD_FORMING;
-    if (coord_signals(c, err) != 0)
+    if (coord_signals(c, err) != 0 || coord_random_session(&c->session, err) != 0)
         goto fail;
-    plan_table *base = plan_for_spec(spec, cfg, 1, err);
+    plan_table *base = plan_for_spec(spec, cfg, coord_first_id(1000), err);
     if (base == NULL)
         goto fail;
     c->pe = plan_epochs_create(base, spec->rejoin, spec->max_experts_per_worker, false, err);
@@ -828,7 +980,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     c->reg = reg_create(spec, err);
     if (c->reg == NULL)
         goto fail;
-    c->seq = seq_create(spec->n_workers, err);
+    c->seq = seq_create(spec->n_workers, coord_first_id(1000000), EP_MAX_QUEUED_BYTES, err);
     if (c->seq == NULL)
         goto fail;
     c->stats = stats_create(mc_num_layers(cfg), cfg->n_routed_experts, spec->n_workers,
@@ -852,8 +1004,12 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
         ep_err_set(err, "zmq_socket: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if (coord_bind(c, c->wsock, spec->listen, spec->listen_pos, "coordinator.listen", err) != 0 ||
-        coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin", err) != 0)
+    if (coord_security(c, err) != 0 || coord_fingerprint(c, err) != 0)
+        goto fail;
+    if (coord_bind(c, c->wsock, spec->listen, spec->listen_pos, "coordinator.listen",
+                   AUTH_DOMAIN_WORKERS, err) != 0 ||
+        coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin",
+                   AUTH_DOMAIN_OPERATORS, err) != 0)
         goto fail;
     c->now_ms = coord_clock_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
@@ -878,8 +1034,15 @@ void coord_destroy(coord **self_p)
         zmq_close(c->wsock);
     if (c->asock)
         zmq_close(c->asock);
+    auth_zap_stop(&c->zap); /* its REP socket goes before the context */
     if (c->zctx)
         zmq_ctx_term(c->zctx);
+    keys_free(&c->keys);
+    keys_free(&c->rl_keys);
+    for (size_t i = 0; i < c->n_ckpt; i++)
+        free(c->ckpt[i].name);
+    free(c->ckpt);
+    free(c->ckpt_ps);
     reg_destroy(&c->reg);
     nb_destroy(&c->nb);
     plan_epochs_destroy(&c->pe);

@@ -16,9 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/auth.h"
 #include "common/log.h"
 #include "common/model_config.h"
+#include "common/safetensors.h"
 #include "coordinator/coord.h"
+#include "coordinator/keys.h"
 #include "coordinator/planner.h"
 #include "coordinator/spec.h"
 
@@ -87,6 +90,83 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
     free(e);
 }
 
+/* A device this build's workers cannot serve (cuda:N without CUDA): an error for --check, a
+ * warning at start (the workers may come from another build than the coordinator). */
+static int check_devices(const spec_cluster *s, bool check, ep_err *err)
+{
+    if (EPMOE_BUILD_HAS_CUDA)
+        return 0;
+    for (int r = 0; r < s->n_workers; r++) {
+        const spec_worker *w = &s->workers[r];
+        if (w->cuda_index < 0)
+            continue;
+        if (check)
+            return ep_err_set(err,
+                              "%s:%d:%d: worker %s: device \"%s\": this build of epmoe has no CUDA "
+                              "backend (it was built without nvcc), so its workers cannot serve it",
+                              s->file, w->device_pos.line, w->device_pos.col, w->name, w->device);
+        log_warn("%s:%d:%d: worker %s: device \"%s\": this coordinator was built without CUDA; "
+                 "the worker needs a CUDA build",
+                 s->file, w->device_pos.line, w->device_pos.col, w->name, w->device);
+    }
+    return 0;
+}
+
+/* Every key security: names can be read (and the secret one is not readable by others). */
+static int check_keys(const spec_cluster *s, ep_err *err)
+{
+    if (!s->secure)
+        return 0;
+    keys_cluster k;
+    if (keys_load(s, &k, err) != 0)
+        return -1;
+    keys_free(&k);
+    return 0;
+}
+
+/* The checkpoint the fingerprint is taken of can be read (a config-only directory has none). */
+static int check_checkpoint(const spec_cluster *s, int *n_files, ep_err *err)
+{
+    *n_files = 0;
+    if (!st_model_has_files(s->model_path))
+        return 0;
+    st_model *m = st_model_open(s->model_path, err);
+    if (m == NULL)
+        return ep_err_prefix(err, "%s:%d:%d: model.path: the checkpoint cannot be read", s->file,
+                             s->model_pos.line, s->model_pos.col);
+    *n_files = st_model_nfiles(m);
+    st_model_close(&m);
+    return 0;
+}
+
+static void print_trust(const spec_cluster *s, int n_files)
+{
+    if (n_files > 0)
+        printf("checkpoint: %d safetensors files; their fingerprint goes to every worker\n",
+               n_files);
+    else
+        printf("checkpoint: no safetensors files in %s; workers' files are not checked\n",
+               s->model_path);
+    if (!s->secure) {
+        printf("security: none: every socket is unauthenticated (the admin endpoint %s is local "
+               "to this host)\n",
+               s->admin);
+        return;
+    }
+    keys_cluster k;
+    ep_err err;
+    char z85[AUTH_Z85_LEN + 1] = "";
+    int n_ops = 0;
+    if (keys_load(s, &k, &err) == 0) {
+        auth_z85(k.coordinator.pub, z85);
+        n_ops = auth_list_count(k.operators);
+        keys_free(&k);
+    }
+    printf("security: CURVE on every socket; coordinator key %s, %d worker keys (%s), %d operator "
+           "keys (%s)\n",
+           z85, s->n_workers, s->worker_keys, n_ops, s->operator_keys);
+}
+
 int main(int argc, char **argv)
 {
     const char *cluster = NULL;
@@ -118,6 +198,7 @@ int main(int argc, char **argv)
     plan_table *plan = NULL;
     coord *c = NULL;
     char path[EP_MAX_PATH + 16];
+    int n_files = 0;
     spec = spec_load(cluster, &err);
     if (spec == NULL)
         goto fail;
@@ -125,10 +206,12 @@ int main(int argc, char **argv)
     if (mc_load(path, &cfg, &err) != 0 || spec_check_experts(spec, cfg.n_routed_experts, &err) != 0)
         goto fail;
     plan = plan_for_spec(spec, &cfg, 1, &err);
-    if (plan == NULL)
+    if (plan == NULL || check_devices(spec, check, &err) != 0 || check_keys(spec, &err) != 0 ||
+        check_checkpoint(spec, &n_files, &err) != 0)
         goto fail;
     if (check) {
         print_summary(spec, &cfg, plan);
+        print_trust(spec, n_files);
         rc = 0;
         goto done;
     }

@@ -263,6 +263,15 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.has_gpu_gemm = 1;
     m.gpu_gemm = env->spec->gpu_gemm == SPEC_GPU_GEMM_FAST ? EPMOE__GPU_GEMM__GPU_GEMM_FAST
                                                            : EPMOE__GPU_GEMM__GPU_GEMM_EXACT;
+    m.has_session = 1;
+    m.session = env->session;
+    m.n_checkpoint = env->n_checkpoint;
+    m.checkpoint = env->checkpoint;
+    for (int i = 0; i < r->n; i++) { /* each peer's key, so the data plane can be CURVE */
+        r->peers[i].has_public_key = env->worker_key != NULL;
+        r->peers[i].public_key.len = env->worker_key ? AUTH_KEY_BYTES : 0;
+        r->peers[i].public_key.data = env->worker_key ? (uint8_t *)env->worker_key[i] : NULL;
+    }
     reg_send(out, w, EPMOE__MSG_TYPE__MSG_WELCOME, &m.base);
     reg_tables_free(&tb);
     w->state = REG_WELCOMED;
@@ -452,42 +461,94 @@ static int reg_name_ok(const char *name)
     return n > 0 && n <= SPEC_NAME_MAX;
 }
 
+/* The length of the part of routing id a that names its process, up to its last '/', when a
+ * has epmoe-worker's form NAME/random/N (two '/' at least); 0 for any other routing id. */
+static size_t reg_process_len(const uint8_t *a, size_t n)
+{
+    size_t slash = n;
+    while (slash > 0 && a[slash - 1] != '/')
+        slash--;
+    if (slash < 2 || memchr(a, '/', slash - 1) == NULL)
+        return 0;
+    return slash - 1;
+}
+
+/* Whether two routing ids are connections of one process: the same NAME/random part, or (any
+ * other form: one process per routing id) the same routing id. */
+static bool reg_same_process(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
+{
+    size_t ap = reg_process_len(a, an), bp = reg_process_len(b, bn);
+    if (ap == 0 || bp == 0)
+        return an == bn && memcmp(a, b, an) == 0;
+    return ap == bp && memcmp(a, b, ap) == 0;
+}
+
+/* Whether w's registration has an open connection of another process than m's. */
+static bool reg_held_elsewhere(const reg_env *env, const reg_worker *w, const wire_msg *m)
+{
+    if (!reg_registered(w) || reg_same_process(w->ident, w->ident_len, m->ident, m->ident_len))
+        return false;
+    if (env->connected != NULL)
+        return env->connected(env->connected_ctx, w->ident, w->ident_len);
+    int64_t expiry = (int64_t)env->spec->heartbeat_ms * env->spec->liveness;
+    return env->now_ms - w->last_seen_ms < expiry;
+}
+
+/* The name REGISTER claims, checked for form; NULL after answering why not. */
+static const char *reg_register_name(const wire_msg *m, const Epmoe__Register *rq, ob_box *out)
+{
+    if (rq->name == NULL || rq->name[0] == '\0') {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "REGISTER without a worker name (1..%d characters)", SPEC_NAME_MAX);
+        return NULL;
+    }
+    if (!reg_name_ok(rq->name)) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "REGISTER with a worker name of %zu bytes (\"%.32s...\"); names have at most %d",
+                  strlen(rq->name), rq->name, SPEC_NAME_MAX);
+        return NULL;
+    }
+    return rq->name;
+}
+
 /* The spec worker a REGISTER claims, or NULL after answering why not. */
 static const spec_worker *reg_check_register(reg_registry *r, const reg_env *env, const wire_msg *m,
                                              const Epmoe__Register *rq, ob_box *out)
 {
     const spec_cluster *spec = env->spec;
-    if (rq->name == NULL || !reg_name_ok(rq->name)) {
-        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
-                  "REGISTER without a worker name (1..%d characters)", SPEC_NAME_MAX);
+    const char *name = reg_register_name(m, rq, out);
+    if (name == NULL)
         return NULL;
-    }
-    const spec_worker *sw = spec_find_worker(spec, rq->name);
+    const spec_worker *sw = spec_find_worker(spec, name);
     if (sw == NULL) {
         char names[600];
         reg_names_text(spec, names, sizeof names);
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER,
-                  "worker \"%s\" is not in cluster spec %s (workers: %s)", rq->name, spec->file,
-                  names);
+                  "worker \"%s\" is not in cluster spec %s (workers: %s)", name, spec->file, names);
+        return NULL;
+    }
+    const char *uid = wire_user_id(m);
+    if (env->worker_key != NULL && (uid == NULL || strcmp(uid, sw->name) != 0)) {
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_REFUSED,
+                  "this connection's key is worker %s's, and a key registers its own worker "
+                  "only: it may not register as %s",
+                  uid ? uid : "(none)", sw->name);
         return NULL;
     }
     if (rq->device != NULL && rq->device[0] != '\0' && strcmp(rq->device, sw->device) != 0) {
-        reg_error(m, out, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        reg_error(m, out, EPMOE__ERROR_CODE__ERR_REFUSED,
                   "worker %s registered with device \"%.32s\" but cluster spec %s:%d:%d assigns "
-                  "\"%s\"",
+                  "\"%s\"; start it with --device %s (or change the spec)",
                   sw->name, rq->device, spec->file, sw->device_pos.line, sw->device_pos.col,
-                  sw->device);
+                  sw->device, sw->device);
         return NULL;
     }
     reg_worker *w = &r->w[sw->rank];
-    bool same_ident = w->ident_len == m->ident_len && memcmp(w->ident, m->ident, m->ident_len) == 0;
-    int64_t expiry = (int64_t)spec->heartbeat_ms * spec->liveness;
-    if (reg_registered(w) && !same_ident && env->now_ms - w->last_seen_ms < expiry) {
+    if (reg_held_elsewhere(env, w, m)) {
         reg_error(m, out, EPMOE__ERROR_CODE__ERR_DUPLICATE,
-                  "worker %s is already registered from another connection (last seen %" PRId64
-                  " ms ago); another process under this name can register once that one has "
-                  "been silent for %" PRId64 " ms (or its connection is gone)",
-                  sw->name, env->now_ms - w->last_seen_ms, expiry);
+                  "worker %s is registered from another connection that is still open (pid %u "
+                  "on %s): two processes run under one name; stop one of them",
+                  sw->name, (unsigned)w->pid, w->hostname[0] ? w->hostname : "?");
         return NULL;
     }
     return sw;

@@ -24,10 +24,19 @@
  * A worker whose connection is gone (a send fails with EHOSTUNREACH) is declared dead at once:
  * ZeroMQ has already dropped its routing id, so nothing will reach it until it registers again.
  *
- * A REGISTER for a worker that is already registered (a restart: with ROUTER_HANDOVER the new
- * connection takes the routing id over) starts it again at welcomed and reports it lost
- * (OB_EV_LOST). A REGISTER under a name whose current registration is alive but comes from
- * another routing id is refused with ERR_DUPLICATE.
+ * REGISTER is checked in this order: a name (1..SPEC_NAME_MAX bytes; a longer one is named by
+ * its length); a name of the spec (ERR_UNKNOWN_WORKER); with security, the connection's key
+ * (its ZAP user id) is that name's key (ERR_REFUSED); the device is the spec's (ERR_REFUSED: a
+ * permanent refusal, the worker exits 78); the name is not registered from another connection
+ * that is still open (ERR_DUPLICATE: a second process under a live worker's name; the
+ * coordinator asks coord.c whether the old routing id is still connected, so a restarted
+ * process, whose old connection closed with it, is accepted at once). epmoe-worker gives each
+ * of its connections a routing id of its own, NAME/random/N, whose NAME/random part names the
+ * process: a REGISTER from another connection of the same process (a reconnect after a silence,
+ * while the old connection may still be open here) is never a duplicate; any other routing id
+ * names a process of its own. A REGISTER for a registered name from a closed connection or from
+ * the same process (a restart) starts the worker again at welcomed and reports it lost
+ * (OB_EV_LOST).
  *
  * Workers are found by the routing id they registered from; any message from a registered
  * worker counts as a sign of life. Messages from a routing id that has not registered get
@@ -42,6 +51,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/model_config.h"
 #include "common/wire.h"
 #include "coordinator/outbox.h"
@@ -88,11 +98,22 @@ typedef struct reg_worker {
     char dev_backend[64];
 } reg_worker;
 
+/* Whether a routing id still has an open connection (coord.c probes the ROUTER). */
+typedef bool (*reg_connected_fn)(void *ctx, const uint8_t *ident, size_t len);
+
 /* What the registry needs to know from the rest of the daemon, per call. */
 typedef struct reg_env {
     const spec_cluster *spec;
     const mc_config *cfg;
     uint64_t config_hash;
+    uint64_t session; /* WELCOME.session */
+    /* security: (NULL: none): each worker's public key by rank, for WELCOME.peers and for the
+     * rule that a key registers its own worker only */
+    const uint8_t (*worker_key)[AUTH_KEY_BYTES];
+    Epmoe__CheckpointFile **checkpoint; /* WELCOME.checkpoint: the fingerprint */
+    size_t n_checkpoint;
+    reg_connected_fn connected; /* NULL: a registration counts as open while heard from */
+    void *connected_ctx;
     const plan_table *plan; /* the latest placement: WELCOME, LOAD, READY and EPOCH refer to it */
     int64_t now_ms;
 } reg_env;

@@ -48,6 +48,16 @@ static int rl_check_fixed(const spec_cluster *n, const spec_cluster *o, ep_err *
                           "needs a new coordinator",
                           n->file, n->model_pos.line, n->model_pos.col, o->model_path,
                           n->model_path);
+    if (n->secure != o->secure || strcmp(n->coordinator_key, o->coordinator_key) != 0 ||
+        strcmp(n->worker_keys, o->worker_keys) != 0 ||
+        strcmp(n->operator_keys, o->operator_keys) != 0) {
+        spec_pos at = n->secure ? n->security_pos : n->pos;
+        return ep_err_set(err,
+                          "%s:%d:%d: security: changed; the coordinator's keys and key "
+                          "directories change only with a restart (a reload re-reads the keys in "
+                          "them)",
+                          n->file, at.line, at.col);
+    }
     for (int i = 0; i < n->n_workers; i++) {
         const spec_worker *w = &n->workers[i];
         const spec_worker *ow = spec_find_worker(o, w->name);

@@ -29,6 +29,7 @@ typedef struct seq_request {
     int n_tokens;
     bool has_ids;
     int64_t queued_ms; /* when it was queued: it waits for a ready cluster step_timeout_ms */
+    uint64_t bytes;    /* its frames, counted in queued_bytes while it waits */
     struct seq_request *next;
 } seq_request;
 
@@ -58,6 +59,8 @@ struct seq_sequencer {
     int P;
     seq_request *head, *tail;
     int n_queued;
+    uint64_t queued_bytes;     /* frames of the queued requests */
+    uint64_t max_queued_bytes; /* seq_create's bound on them */
     seq_step step;
     uint64_t last_step_id;
     uint64_t steps_done, steps_failed;
@@ -65,12 +68,14 @@ struct seq_sequencer {
     int rec_E, rec_P;
 };
 
-seq_sequencer *seq_create(int n_ranks, ep_err *err)
+seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err)
 {
     seq_sequencer *s = calloc(1, sizeof *s);
     if (s == NULL)
         goto fail;
     s->P = n_ranks;
+    s->last_step_id = first_step - 1;
+    s->max_queued_bytes = max_queued_bytes;
     s->step.answer = calloc((size_t)n_ranks, 1);
     s->step.begin = calloc((size_t)n_ranks, sizeof(int));
     s->step.count = calloc((size_t)n_ranks, sizeof(int));
@@ -215,6 +220,15 @@ static const char *seq_layer_name(const mc_config *cfg, int layer, char *buf, si
 
 /* ---- admission ---- */
 
+/* What a request's frames hold. */
+static uint64_t seq_msg_bytes(const wire_msg *m)
+{
+    uint64_t n = m->body_len;
+    for (int i = 0; i < m->n_payloads; i++)
+        n += m->payload_len[i];
+    return n;
+}
+
 static int seq_check_ids(const mc_config *cfg, const uint8_t *p, int T, ep_err *err)
 {
     for (int t = 0; t < T; t++) {
@@ -255,6 +269,8 @@ static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__Ad
                           "hidden payload has %zu bytes, expected %zu (bf16 [n_tokens %d, "
                           "hidden_size %zu] x 2 bytes)",
                           m->payload_len[0], want, *T, H);
+    if (ck_check_input(m->payload[0], *T, (int)H, 0, err) != 0)
+        return -1;
     if (hash) {
         if (!(rq->has_has_ids && rq->has_ids) || m->n_payloads < 2)
             return ep_err_set(err,
@@ -317,6 +333,15 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
                   s->n_queued);
         goto reject;
     }
+    uint64_t bytes = seq_msg_bytes(m);
+    if (s->queued_bytes + bytes > s->max_queued_bytes) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the %d queued forward requests hold %llu bytes; this one's %llu would pass "
+                  "the bound of %llu (EP_MAX_QUEUED_BYTES); retry later",
+                  s->n_queued, (unsigned long long)s->queued_bytes, (unsigned long long)bytes,
+                  (unsigned long long)s->max_queued_bytes);
+        goto reject;
+    }
     r = calloc(1, sizeof *r);
     if (r == NULL) {
         adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
@@ -330,6 +355,8 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
     r->n_tokens = T;
     r->has_ids = mc_layer_is_hash(env->cfg, layer);
     r->queued_ms = env->now_ms;
+    r->bytes = bytes;
+    s->queued_bytes += bytes;
     if (s->tail)
         s->tail->next = r;
     else
@@ -486,6 +513,8 @@ static void seq_send_step(seq_sequencer *s, const seq_env *env, int r, ob_box *o
     m.n_tokens = (uint32_t)n;
     m.has_has_ids = 1;
     m.has_ids = rq->has_ids;
+    m.has_session = 1;
+    m.session = env->session;
     wire_payload p[2] = {
         {.data = rq->msg->payload[0] + b * H * 2, .len = n * H * 2},
         {.data = rq->has_ids ? rq->msg->payload[1] + b * 8 : NULL, .len = n * 8},
@@ -564,6 +593,7 @@ static void seq_expire(seq_sequencer *s, const seq_env *env, ob_box *out)
         }
         *pp = r->next;
         s->n_queued--;
+        s->queued_bytes -= r->bytes;
         adm_error(out, r->msg->ident, r->msg->ident_len, r->id, EPMOE__ERROR_CODE__ERR_TIMEOUT,
                   "the request waited step_timeout_ms %d for cluster %s to be ready and never "
                   "ran (%s; workers not ready: %s)",
@@ -593,6 +623,7 @@ void seq_pump(seq_sequencer *s, const seq_env *env, ob_box *out)
         if (s->head == NULL)
             s->tail = NULL;
         s->n_queued--;
+        s->queued_bytes -= r->bytes;
         r->next = NULL;
         if (!env->ready) {
             seq_refuse_not_ready(env, r->msg->ident, r->msg->ident_len, r->id, out);
@@ -832,4 +863,5 @@ void seq_stop(seq_sequencer *s, ob_box *out)
     }
     s->tail = NULL;
     s->n_queued = 0;
+    s->queued_bytes = 0;
 }

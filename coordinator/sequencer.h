@@ -43,6 +43,7 @@
 typedef struct seq_env {
     const spec_cluster *spec; /* worker names (index == rank), step_timeout_ms */
     const mc_config *cfg;
+    uint64_t session;       /* STEP.session */
     const plan_table *plan; /* the epoch steps run in */
     int64_t now_ms;
     const char *state;     /* the cluster state's name, for messages */
@@ -73,7 +74,10 @@ typedef struct seq_record {
     uint64_t messages;
 } seq_record;
 
-seq_sequencer *seq_create(int n_ranks, ep_err *err);
+/* first_step: the id of the first step (coord.c: the start time in microseconds, so ids keep
+ * increasing across restarts). max_queued_bytes: what the requests waiting may hold in all
+ * (coord.c: EP_MAX_QUEUED_BYTES); one more is refused with ERR_BUSY. */
+seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err);
 /* Free queued requests and the step record (no replies are sent: see seq_stop). */
 void seq_destroy(seq_sequencer **self_p);
 

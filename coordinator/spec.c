@@ -17,6 +17,7 @@
  */
 #include "coordinator/spec.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -27,6 +28,8 @@
 #include <string.h>
 #include <sys/un.h>
 #include <yaml.h>
+
+#include "common/rfile.h"
 
 /* ---- the document tree -------------------------------------------------------------------- */
 
@@ -863,6 +866,34 @@ static const spec_field spec_ep_fields[] = {
 };
 SPEC_SECTION(spec_ep_section, spec_ep_fields);
 
+static int spec_h_security(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
+                           const char *path, void *obj)
+{
+    spec_cluster *s = obj;
+    s->secure = true;
+    s->security_pos = val->pos;
+    return spec_walk(c, val, f->sub, path, obj);
+}
+
+static const spec_field spec_security_fields[] = {
+    {.key = "coordinator_key",
+     .handle = spec_h_path,
+     .required = true,
+     SPEC_STR(spec_cluster, coordinator_key),
+     SPEC_POS(spec_cluster, coordinator_key_pos)},
+    {.key = "worker_keys",
+     .handle = spec_h_path,
+     .required = true,
+     SPEC_STR(spec_cluster, worker_keys),
+     SPEC_POS(spec_cluster, worker_keys_pos)},
+    {.key = "operator_keys",
+     .handle = spec_h_path,
+     .required = true,
+     SPEC_STR(spec_cluster, operator_keys),
+     SPEC_POS(spec_cluster, operator_keys_pos)},
+};
+SPEC_SECTION(spec_security_section, spec_security_fields);
+
 static const spec_field spec_top_fields[] = {
     {.key = "cluster", .handle = spec_h_section, .required = true, .sub = &spec_cluster_section},
     {.key = "coordinator",
@@ -872,6 +903,7 @@ static const spec_field spec_top_fields[] = {
     {.key = "model", .handle = spec_h_section, .required = true, .sub = &spec_model_section},
     {.key = "expert_parallel", .handle = spec_h_section, .sub = &spec_ep_section},
     {.key = "nodes", .handle = spec_h_nodes, .required = true},
+    {.key = "security", .handle = spec_h_security, .sub = &spec_security_section},
 };
 SPEC_SECTION(spec_top_section, spec_top_fields);
 
@@ -1017,6 +1049,27 @@ static int spec_check_nccl(const spec_ctx *c)
     return 0;
 }
 
+/* Whether the admin endpoint can only be reached from this host: ipc://, or tcp on a loopback
+ * address (127.0.0.0/8, [::1], localhost). */
+static bool spec_admin_local(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0)
+        return true;
+    const char *hp = ep + 6, *colon = strrchr(hp, ':');
+    if (strncmp(ep, "tcp://", 6) != 0 || colon == NULL)
+        return false;
+    size_t hn = (size_t)(colon - hp);
+    if ((hn == 9 && strncmp(hp, "localhost", 9) == 0) || (hn == 5 && strncmp(hp, "[::1]", 5) == 0))
+        return true;
+    char host[64];
+    if (hn >= sizeof host || hn < 4 || strncmp(hp, "127.", 4) != 0)
+        return false;
+    memcpy(host, hp, hn);
+    host[hn] = '\0';
+    struct in_addr a;
+    return inet_pton(AF_INET, host, &a) == 1;
+}
+
 static int spec_cross_check(const spec_ctx *c)
 {
     const spec_cluster *s = c->s;
@@ -1059,22 +1112,45 @@ static int spec_cross_check(const spec_ctx *c)
             if (spec_check_pair(c, i, j) != 0)
                 return -1;
     }
+    /* Without authentication one SHUTDOWN from anyone who can connect stops the cluster. */
+    if (!s->secure && !spec_admin_local(s->admin))
+        return spec_fail(c, s->admin_pos,
+                         "coordinator.admin: \"%s\" can be reached from other hosts, and without a "
+                         "security: section anyone who connects may stop the cluster; bind it to "
+                         "127.0.0.1, [::1], localhost or ipc://PATH, or add security: "
+                         "(docs/operations.md, \"Security\")",
+                         s->admin);
+    return 0;
+}
+
+/* A path of the spec (cap EP_MAX_PATH) made relative to the spec file's directory. */
+static int spec_resolve_path(const spec_ctx *c, char *p, spec_pos pos, const char *key)
+{
+    if (p[0] == '/' || p[0] == '\0' || c->basedir[0] == '\0')
+        return 0;
+    char joined[EP_MAX_PATH];
+    size_t dl = strlen(c->basedir);
+    const char *sep = c->basedir[dl - 1] == '/' ? "" : "/";
+    int n = snprintf(joined, sizeof joined, "%s%s%s", c->basedir, sep, p);
+    if (n < 0 || (size_t)n >= sizeof joined)
+        return spec_fail(c, pos, "%s: relative to %s it is longer than %d bytes", key, c->basedir,
+                         EP_MAX_PATH - 1);
+    memcpy(p, joined, (size_t)n + 1);
     return 0;
 }
 
 static int spec_resolve_model(const spec_ctx *c)
 {
     spec_cluster *s = c->s;
-    if (s->model_path[0] == '/' || c->basedir[0] == '\0')
+    if (spec_resolve_path(c, s->model_path, s->model_pos, "model.path") != 0)
+        return -1;
+    if (!s->secure)
         return 0;
-    char joined[EP_MAX_PATH];
-    size_t dl = strlen(c->basedir);
-    const char *sep = c->basedir[dl - 1] == '/' ? "" : "/";
-    int n = snprintf(joined, sizeof joined, "%s%s%s", c->basedir, sep, s->model_path);
-    if (n < 0 || (size_t)n >= sizeof joined)
-        return spec_fail(c, s->model_pos, "model.path: relative to %s it is longer than %d bytes",
-                         c->basedir, EP_MAX_PATH - 1);
-    memcpy(s->model_path, joined, (size_t)n + 1);
+    if (spec_resolve_path(c, s->coordinator_key, s->coordinator_key_pos,
+                          "security.coordinator_key") != 0 ||
+        spec_resolve_path(c, s->worker_keys, s->worker_keys_pos, "security.worker_keys") != 0 ||
+        spec_resolve_path(c, s->operator_keys, s->operator_keys_pos, "security.operator_keys") != 0)
+        return -1;
     return 0;
 }
 
@@ -1170,11 +1246,9 @@ spec_cluster *spec_parse(const char *text, size_t len, const char *file, ep_err 
  * all. */
 static char *spec_read(const char *path, size_t *len, ep_err *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        ep_err_errno(err, "%s: cannot open cluster spec", path);
+    FILE *f = rf_open(path, "cluster spec", err);
+    if (f == NULL)
         return NULL;
-    }
     char *buf = malloc((size_t)SPEC_MAX_BYTES + 1);
     size_t n = buf ? fread(buf, 1, (size_t)SPEC_MAX_BYTES + 1, f) : 0;
     int failed = buf == NULL || ferror(f);

@@ -18,6 +18,7 @@
 #ifndef EPMOE_SPEC_H
 #define EPMOE_SPEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -103,6 +104,13 @@ typedef struct spec_cluster {
     spec_rejoin rejoin;
     int max_experts_per_worker; /* 0: no limit; else the most experts a failover may give one */
     spec_gpu_gemm gpu_gemm;     /* default exact */
+    /* security: (docs/operations.md "Security"): CURVE on every socket. Paths resolved like
+     * model.path (relative to the spec's directory). */
+    bool secure;
+    char coordinator_key[EP_MAX_PATH]; /* the coordinator's secret key (NAME.key, mode 0600) */
+    char worker_keys[EP_MAX_PATH];     /* a directory with NAME.pub for every worker */
+    char operator_keys[EP_MAX_PATH];   /* a directory of *.pub: who may use epmoectl */
+    spec_pos security_pos, coordinator_key_pos, worker_keys_pos, operator_keys_pos;
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;

@@ -186,24 +186,6 @@ static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb ver
     return call_rq(ctx, cmd, &rq, false, out);
 }
 
-/* "-o json" after the verb, as the offline commands accept it: 1 consumed (argv[*i] moved on),
- * 0 not an output option, or CMD_USAGE. */
-static int output_opt(const char *cmd, int argc, char **argv, int *i, cmd_ctx *ctx)
-{
-    if (strcmp(argv[*i], "-o") != 0 && strcmp(argv[*i], "--output") != 0)
-        return 0;
-    const char *v = *i + 1 < argc ? argv[++*i] : "";
-    if (strcmp(v, "json") == 0)
-        ctx->output = CMD_OUT_JSON;
-    else if (strcmp(v, "table") == 0)
-        ctx->output = CMD_OUT_TABLE;
-    else {
-        fprintf(stderr, "epmoectl %s: -o %s: expected table or json\n", cmd, v);
-        return CMD_USAGE;
-    }
-    return 1;
-}
-
 /* "--wait-timeout S" at argv[*i]: 1 consumed (S in *wait_s), 0 not this option, or CMD_USAGE. */
 static int wait_timeout_opt(const char *cmd, int argc, char **argv, int *i, long *wait_s)
 {
@@ -219,15 +201,10 @@ static int wait_timeout_opt(const char *cmd, int argc, char **argv, int *i, long
     return 1;
 }
 
-/* Only -o FORMAT and -h/--help, or nothing. */
+/* Only -h/--help, or nothing (-o was taken by epmoectl.c). */
 static int no_args(const char *cmd, int argc, char **argv, const char *usage, cmd_ctx *ctx)
 {
     for (int i = 1; i < argc; i++) {
-        int o = output_opt(cmd, argc, argv, &i, ctx);
-        if (o == 1)
-            continue;
-        if (o != 0)
-            return o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", usage);
             return CMD_OK;
@@ -421,11 +398,7 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
     bool wait = false;
     long wait_s = 60;
     for (int i = 1; i < argc; i++) {
-        int o = output_opt("status", argc, argv, &i, ctx);
-        if (o == 1)
-            continue;
-        if (o != 0)
-            return o;
+        int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", status_usage);
             return CMD_OK;
@@ -517,11 +490,6 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
     cmd_ctx lctx = *gctx, *ctx = &lctx;
     const char *layer = NULL;
     for (int i = 1; i < argc; i++) {
-        int o = output_opt("shards", argc, argv, &i, ctx);
-        if (o == 1)
-            continue;
-        if (o != 0)
-            return o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", shards_usage);
             return CMD_OK;
@@ -752,11 +720,7 @@ static int drain_cmd(const cmd_ctx *gctx, int argc, char **argv, bool drain)
     bool wait = drain;
     long wait_s = 60;
     for (int i = 1; i < argc; i++) {
-        int o = output_opt(cmd, argc, argv, &i, ctx);
-        if (o == 1)
-            continue;
-        if (o != 0)
-            return o;
+        int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", drain_usage);
             return CMD_OK;
@@ -896,11 +860,7 @@ int cmd_rebalance(const cmd_ctx *gctx, int argc, char **argv)
     bool dry = false, wait = true;
     long wait_s = 120;
     for (int i = 1; i < argc; i++) {
-        int o = output_opt("rebalance", argc, argv, &i, ctx);
-        if (o == 1)
-            continue;
-        if (o != 0)
-            return o;
+        int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", rebalance_usage);
             return CMD_OK;

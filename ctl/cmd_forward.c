@@ -31,11 +31,12 @@
 #include "common/checkpoint.h"
 #include "common/limits.h"
 #include "common/model_config.h"
+#include "common/model_msg.h"
 #include "common/safetensors.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
 #include "ctl/rpc.h"
-#include "common/model_msg.h"
+#include "ctl/show.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_backend.h"
 #include "worker/shard.h"
@@ -203,11 +204,7 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
                               "output", a->output, "tokens", T, "topk", k, "load_seconds", load_s,
                               "load_bytes", (json_int_t)load_bytes, "load_gbps", gbps,
                               "forward_seconds", run_s);
-        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
+        show_json_line(j);
         return;
     }
     printf("%s: %d tokens through %s (top-%d) in %.3f s (load %.3f s, %.2f GB at %.2f GB/s)\n",
@@ -353,11 +350,7 @@ static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char
             a->output, "tokens", T, "topk", k, "forward_seconds", f->seconds, "coordinator",
             ctx->coordinator, "step_id", (json_int_t)f->step_id, "dispatch_bytes",
             (json_int_t)f->dispatch_bytes, "combine_bytes", (json_int_t)f->combine_bytes);
-        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        if (s)
-            printf("%s\n", s);
-        free(s);
-        json_decref(j);
+        show_json_line(j);
         return;
     }
     printf("%s: %d tokens through %s (top-%d) on the cluster in %.3f s (step %llu, dispatch %llu "
@@ -366,12 +359,18 @@ static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char
            (unsigned long long)f->dispatch_bytes, (unsigned long long)f->combine_bytes);
 }
 
-static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
+static int fwd_cluster(const cmd_ctx *gctx, const fwd_args *a)
 {
+    /* the config request and the forward share one deadline: --timeout is the command's */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    cmd_ctx lctx = *gctx, *ctx = &lctx;
+    lctx.deadline_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + gctx->timeout_ms;
     mc_config c;
     int rc = fwd_cluster_config(ctx, &c);
     if (rc != CMD_OK)
         return rc;
+    lctx.max_msg = mmsg_max_frame(&c); /* the reply carries [T, H] for this model */
     ep_err err = {{0}};
     int layer;
     char name[EP_MAX_NAME];

@@ -81,32 +81,18 @@ static int parse_args(const cmd_ctx *ctx, int argc, char **argv, in_args *a, int
             a->map = true;
             continue;
         }
-        const char *v = NULL;
-        bool model = strncmp(s, "--model", 7) == 0;
+        /* -o FORMAT was taken out by epmoectl.c, before or after the command */
         if (strncmp(s, "--model=", 8) == 0) {
-            v = s + 8;
-        } else if (strncmp(s, "--output=", 9) == 0) {
-            v = s + 9;
-        } else if (strcmp(s, "--model") == 0 || strcmp(s, "-o") == 0 ||
-                   strcmp(s, "--output") == 0) {
+            a->model = s + 8;
+        } else if (strcmp(s, "--model") == 0) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "epmoectl inspect: option %s needs a value\n", s);
                 return -1;
             }
-            v = argv[++i];
+            a->model = argv[++i];
         } else {
             fprintf(stderr,
                     "epmoectl inspect: unknown argument \"%s\" (see epmoectl inspect --help)\n", s);
-            return -1;
-        }
-        if (model) {
-            a->model = v;
-        } else if (strcmp(v, "json") == 0) {
-            a->output = CMD_OUT_JSON;
-        } else if (strcmp(v, "table") == 0) {
-            a->output = CMD_OUT_TABLE;
-        } else {
-            fprintf(stderr, "epmoectl inspect: -o %s: expected table or json\n", v);
             return -1;
         }
     }

@@ -219,6 +219,25 @@ static int diff_tensor(const st_tensor *a, const st_tensor *b, diff_stat *d, ep_
     return 0;
 }
 
+/* A number for JSON, which has none for NaN or Inf: those become the strings "nan", "inf" and
+ * "-inf", so no tensor is left out of the report. */
+static json_t *diff_num(double v)
+{
+    if (isnan(v))
+        return json_string("nan");
+    if (isinf(v))
+        return json_string(v > 0 ? "inf" : "-inf");
+    return json_real(v);
+}
+
+/* One tensor's entry. */
+static json_t *diff_json(const diff_stat *d)
+{
+    return json_pack("{s:s, s:b, s:I, s:I, s:o, s:o}", "name", d->name, "identical", d->identical,
+                     "elements", (json_int_t)d->numel, "differ", (json_int_t)d->differ, "max_abs",
+                     diff_num(d->max_abs), "calc_diff", diff_num(d->calc_diff));
+}
+
 static const char diff_usage[] =
     "usage: epmoectl diff A.safetensors B.safetensors [--max-calc-diff X]\n"
     "  exit 0: every tensor bit-identical (or, with --max-calc-diff, every float tensor within\n"
@@ -269,11 +288,7 @@ int cmd_diff(const cmd_ctx *ctx, int argc, char **argv)
         bool is_float = ta->dtype == ST_BF16 || ta->dtype == ST_F32;
         if (!ds[i].identical && !(tol >= 0 && is_float && ds[i].calc_diff <= tol))
             rc = CMD_FAILED;
-        json_array_append_new(arr,
-                              json_pack("{s:s, s:b, s:I, s:I, s:f, s:f}", "name", ds[i].name,
-                                        "identical", ds[i].identical, "elements",
-                                        (json_int_t)ds[i].numel, "differ", (json_int_t)ds[i].differ,
-                                        "max_abs", ds[i].max_abs, "calc_diff", ds[i].calc_diff));
+        json_array_append_new(arr, diff_json(&ds[i]));
     }
     if (rc == CMD_OK && st_count(b) != n) {
         rc = CMD_DATAERR;

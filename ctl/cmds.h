@@ -12,6 +12,7 @@
 #define EPMOE_CTL_CMDS_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 enum {
     CMD_OK = 0,           /* success */
@@ -23,21 +24,31 @@ enum {
     CMD_SOFTWARE = 70,    /* EX_SOFTWARE: internal error */
     CMD_CANTCREAT = 73,   /* EX_CANTCREAT: an output file cannot be written */
     CMD_PROTOCOL = 76,    /* EX_PROTOCOL: the coordinator answered something unexpected */
+    CMD_NOPERM = 77,      /* EX_NOPERM: the coordinator refused this client's key */
     CMD_CONFIG = 78,      /* EX_CONFIG: bad config.json or cluster spec */
 };
 
 typedef enum cmd_output { CMD_OUT_TABLE, CMD_OUT_JSON } cmd_output;
 
 typedef struct cmd_ctx {
-    cmd_output output;       /* -o table|json */
+    cmd_output output;       /* -o table|json (before or after the command) */
     const char *coordinator; /* --coordinator ENDPOINT (admin socket), or $EPMOE_COORDINATOR */
-    int timeout_ms;          /* --timeout MS for RPCs */
+    int timeout_ms;          /* --timeout MS: what one request may take, retries included */
+    int64_t deadline_ms;     /* CLOCK_MONOTONIC ms by which a command of several requests must be
+                                done (0: each request gets timeout_ms from its start) */
     const char *argv0;       /* path of the epmoectl binary (finds sibling tools) */
+    int64_t max_msg;         /* ZMQ_MAXMSGSIZE of a reply frame (0: EP_MAX_CTRL_MSG); forward sets
+                                the model's (mmsg_max_frame) once it knows the config */
+    /* Security (NULL: none): --key / $EPMOE_KEY and --server-key / $EPMOE_SERVER_KEY, read
+     * by ctl/rpc.c when a command talks to the coordinator. */
+    const char *key_path;
+    const char *server_key_path;
 } cmd_ctx;
 
 typedef int (*cmd_fn)(const cmd_ctx *ctx, int argc, char **argv);
 
 /* offline tools */
+int cmd_keygen(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_mkmodel(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_inspect(const cmd_ctx *ctx, int argc, char **argv);
 int cmd_mkinput(const cmd_ctx *ctx, int argc, char **argv);

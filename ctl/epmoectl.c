@@ -2,8 +2,10 @@
  * epmoectl — the operator's tool: admin RPC to a running coordinator, and offline tools that
  * work on checkpoints and tensors directly (mkmodel, inspect, forward --local).
  *
- * Usage: epmoectl [-o table|json] [--coordinator ENDPOINT] [--timeout MS] COMMAND [ARGS]
- * Explicit beats implicit: a flag overrides $EPMOE_COORDINATOR, which overrides the default.
+ * Usage: epmoectl [-o table|json] [--coordinator ENDPOINT] [--timeout MS]
+ *                 [--key FILE --server-key FILE.pub] COMMAND [ARGS]
+ * Explicit beats implicit: a flag overrides $EPMOE_COORDINATOR (and $EPMOE_KEY,
+ * $EPMOE_SERVER_KEY), which overrides the default. -o FORMAT may also follow the command.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@ static const struct {
     const char *summary;
 } ctl_cmds[] = {
     {"mkmodel", cmd_mkmodel, "write a synthetic DeepSeek V4 checkpoint"},
+    {"keygen", cmd_keygen, "write a CURVE key pair (NAME.key, NAME.pub) for security:"},
     {"inspect", cmd_inspect, "show a checkpoint's resolved config and check its tensors"},
     {"mkinput", cmd_mkinput, "write a random forward input (hidden_states, input_ids) for a model"},
     {"diff", cmd_diff, "compare two forward outputs tensor by tensor (bit-identical?)"},
@@ -38,8 +41,9 @@ static const struct {
 
 static void ctl_usage(FILE *out)
 {
-    fprintf(out, "usage: epmoectl [-o table|json] [--coordinator ENDPOINT] [--timeout MS] "
-                 "COMMAND [ARGS]\n\ncommands:\n");
+    fprintf(out, "usage: epmoectl [-o table|json] [--coordinator ENDPOINT] [--timeout MS]\n"
+                 "                [--key FILE --server-key FILE.pub] COMMAND [ARGS]\n\n"
+                 "commands:\n");
     for (size_t i = 0; i < sizeof ctl_cmds / sizeof ctl_cmds[0]; i++)
         fprintf(out, "  %-10s %s\n", ctl_cmds[i].name, ctl_cmds[i].summary);
     fprintf(out,
@@ -47,11 +51,55 @@ static void ctl_usage(FILE *out)
             "options:\n"
             "  -o, --output FORMAT     table (default) or json (stable, schema 1)\n"
             "  --coordinator ENDPOINT  admin endpoint (default $EPMOE_COORDINATOR or %s)\n"
-            "  --timeout MS            RPC timeout (default %d)\n\n"
+            "  --timeout MS            what a command may wait for the coordinator, retries\n"
+            "                          included (default %d)\n"
+            "  --key FILE              this operator's secret key, for a coordinator with\n"
+            "                          security: (default $EPMOE_KEY)\n"
+            "  --server-key FILE.pub   the coordinator's public key (default $EPMOE_SERVER_KEY)\n"
+            "\n"
             "exit codes: 0 ok, 1 request failed, 64 usage, 65 bad data or checkpoint, 66 no "
             "input,\n  69 coordinator unavailable, 70 internal error, 73 cannot create output, "
-            "76 protocol\n  error, 78 bad config or cluster spec\n",
+            "76 protocol\n  error, 77 the coordinator refused this key, 78 bad config or cluster "
+            "spec\n",
             CTL_DEFAULT_COORDINATOR, CTL_DEFAULT_TIMEOUT_MS);
+}
+
+/* "-o json" / "--output=table": the output format, 0; -1 and a message when v is neither. */
+static int ctl_output(const char *v, cmd_ctx *ctx)
+{
+    if (strcmp(v, "json") == 0)
+        ctx->output = CMD_OUT_JSON;
+    else if (strcmp(v, "table") == 0)
+        ctx->output = CMD_OUT_TABLE;
+    else {
+        fprintf(stderr, "epmoectl: -o %s: expected table or json\n", v);
+        return -1;
+    }
+    return 0;
+}
+
+/* Take "-o FORMAT" (and "--output FORMAT", "--output=FORMAT", except for forward, whose
+ * --output is its output file) out of the command's arguments: -o may come before or after
+ * the command. Returns the new argc, or -1. */
+static int ctl_take_output(int argc, char **argv, cmd_ctx *ctx)
+{
+    bool output_is_file = strcmp(argv[0], "forward") == 0;
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool is_o = strcmp(a, "-o") == 0 || (!output_is_file && strcmp(a, "--output") == 0);
+        if (is_o && i + 1 < argc) {
+            if (ctl_output(argv[++i], ctx) != 0)
+                return -1;
+        } else if (!output_is_file && strncmp(a, "--output=", 9) == 0) {
+            if (ctl_output(a + 9, ctx) != 0)
+                return -1;
+        } else {
+            argv[n++] = argv[i];
+        }
+    }
+    argv[n] = NULL;
+    return n;
 }
 
 /* Parse global options; returns the index of the command, or -1 with the exit code set. */
@@ -72,15 +120,14 @@ static int ctl_parse_global(int argc, char **argv, cmd_ctx *ctx, int *rc)
         }
         const char *v = argv[++i];
         if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) {
-            if (strcmp(v, "json") == 0)
-                ctx->output = CMD_OUT_JSON;
-            else if (strcmp(v, "table") == 0)
-                ctx->output = CMD_OUT_TABLE;
-            else {
-                fprintf(stderr, "epmoectl: -o %s: expected table or json\n", v);
+            if (ctl_output(v, ctx) != 0) {
                 *rc = CMD_USAGE;
                 return -1;
             }
+        } else if (strcmp(a, "--key") == 0) {
+            ctx->key_path = v;
+        } else if (strcmp(a, "--server-key") == 0) {
+            ctx->server_key_path = v;
         } else if (strcmp(a, "--coordinator") == 0) {
             ctx->coordinator = v;
         } else if (strcmp(a, "--timeout") == 0) {
@@ -115,13 +162,22 @@ int main(int argc, char **argv)
                    .argv0 = argv[0]};
     if (ctx.coordinator == NULL || ctx.coordinator[0] == '\0')
         ctx.coordinator = CTL_DEFAULT_COORDINATOR;
+    ctx.key_path = getenv("EPMOE_KEY");
+    ctx.server_key_path = getenv("EPMOE_SERVER_KEY");
+    if (ctx.key_path && ctx.key_path[0] == '\0')
+        ctx.key_path = NULL;
+    if (ctx.server_key_path && ctx.server_key_path[0] == '\0')
+        ctx.server_key_path = NULL;
     int rc = CMD_OK;
     int ci = ctl_parse_global(argc, argv, &ctx, &rc);
     if (ci < 0)
         return rc;
+    int cargc = ctl_take_output(argc - ci, argv + ci, &ctx);
+    if (cargc < 0)
+        return CMD_USAGE;
     for (size_t i = 0; i < sizeof ctl_cmds / sizeof ctl_cmds[0]; i++)
         if (strcmp(argv[ci], ctl_cmds[i].name) == 0)
-            return ctl_cmds[i].fn(&ctx, argc - ci, argv + ci);
+            return ctl_cmds[i].fn(&ctx, cargc, argv + ci);
     fprintf(stderr, "epmoectl: unknown command \"%s\" (see epmoectl --help)\n", argv[ci]);
     return CMD_USAGE;
 }

@@ -67,6 +67,9 @@ static int read_hidden(const char *path, const st_file *f, int H, fwdio_input *i
             in->x[i] = fmt_f32_to_bf16(v);
         }
     }
+    /* the same policy the cluster applies (ERR_BAD_REQUEST there): docs/numerics.md */
+    if (ck_check_input(in->x, in->T, H, 0, err) != 0)
+        return ep_err_prefix(err, "%s: tensor \"hidden_states\"", path);
     return 0;
 }
 

@@ -5,7 +5,9 @@
  * Input (safetensors):
  *   hidden_states  BF16 or F32 [T, H]  the MoE block input before ffn_norm; F32 is rounded to
  *                                      BF16 (round to nearest even) on reading, as the layer's
- *                                      input is BF16 by definition (docs/numerics.md §1)
+ *                                      input is BF16 by definition (docs/numerics.md §1);
+ *                                      every value must be finite (no NaN or Inf, after the
+ *                                      rounding): the error names the token and channel
  *   input_ids      I32 or I64 [T]      token ids; required on hash-routed layers, optional
  *                                      elsewhere; when present every id must lie in
  *                                      [0, vocab_size)

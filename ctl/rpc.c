@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 
 static int64_t rpc_now_ms(void)
@@ -112,69 +113,147 @@ static int rpc_take(const cmd_ctx *ctx, void *sock, uint64_t id, rpc_reply *out,
     return result;
 }
 
-/* One try: send, wait up to timeout_ms. 1 = reply in out, 0 = timed out, else a CMD_ code. */
-static int rpc_try(const cmd_ctx *ctx, void *zctx, Epmoe__AdminRequest *req,
-                   const wire_payload *payloads, int n_payloads, rpc_reply *out, ep_err *err)
+/* The operator's keys, when the command line or the environment names them. */
+typedef struct rpc_keys {
+    bool secure;
+    auth_keypair kp;
+    uint8_t server[AUTH_KEY_BYTES];
+} rpc_keys;
+
+static int rpc_load_keys(const cmd_ctx *ctx, rpc_keys *k, ep_err *err)
 {
-    void *sock = zmq_socket(zctx, ZMQ_DEALER);
-    if (sock == NULL)
+    k->secure = false;
+    if (ctx->key_path == NULL && ctx->server_key_path == NULL)
+        return 0;
+    if (ctx->key_path == NULL || ctx->server_key_path == NULL)
+        return ep_err_set(err, "--key and --server-key ($EPMOE_KEY, $EPMOE_SERVER_KEY) go "
+                               "together");
+    if (auth_load_secret(ctx->key_path, &k->kp, err) != 0 ||
+        auth_load_public(ctx->server_key_path, k->server, err) != 0)
+        return -1;
+    k->secure = true;
+    return 0;
+}
+
+/* A DEALER to the coordinator (CURVE with a key) and, with security, its handshake monitor. */
+static int rpc_socket(const cmd_ctx *ctx, const rpc_keys *k, void *zctx, void **sock, void **mon,
+                      ep_err *err)
+{
+    if (wire_check_endpoint(ctx->coordinator, err) != 0)
+        return ep_err_prefix(err, "--coordinator"), CMD_USAGE;
+    *sock = zmq_socket(zctx, ZMQ_DEALER);
+    *mon = NULL;
+    if (*sock == NULL)
         return ep_err_set(err, "zmq_socket: %s", zmq_strerror(zmq_errno())), CMD_SOFTWARE;
-    int rc = 0;
-    if (wire_socket_defaults(sock, (int64_t)EP_MAX_DATA_MSG, err) != 0) {
-        rc = CMD_SOFTWARE;
-        goto done;
+    if (wire_socket_defaults(*sock, ctx->max_msg ? ctx->max_msg : (int64_t)EP_MAX_CTRL_MSG, err) !=
+            0 ||
+        (k->secure && auth_client(*sock, &k->kp, k->server, err) != 0) ||
+        (*mon = auth_monitor(zctx, *sock, err)) == NULL)
+        return CMD_SOFTWARE;
+    if (zmq_connect(*sock, ctx->coordinator) != 0)
+        return ep_err_set(err,
+                          "--coordinator %s: not a ZeroMQ endpoint (%s); expected tcp://HOST:PORT "
+                          "or ipc://PATH",
+                          ctx->coordinator, zmq_strerror(zmq_errno())),
+               CMD_USAGE;
+    return 0;
+}
+
+typedef struct rpc_try {
+    void *sock, *mon;
+} rpc_try;
+
+static void rpc_try_close(rpc_try *t)
+{
+    if (t->mon) {
+        zmq_socket_monitor(t->sock, NULL, 0);
+        zmq_close(t->mon);
     }
-    if (zmq_connect(sock, ctx->coordinator) != 0) {
-        ep_err_set(err,
-                   "--coordinator %s: not a ZeroMQ endpoint (%s); expected tcp://HOST:PORT or "
-                   "ipc://PATH",
-                   ctx->coordinator, zmq_strerror(zmq_errno()));
-        rc = CMD_USAGE;
-        goto done;
-    }
-    if (wire_send(sock, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &req->base, payloads,
-                  n_payloads, false, err) != 0) {
+    if (t->sock)
+        zmq_close(t->sock);
+    *t = (rpc_try){0};
+}
+
+/* Start try n: a fresh connection and the request on it. 0, or a CMD_ code. */
+static int rpc_try_start(const cmd_ctx *ctx, const rpc_keys *k, void *zctx,
+                         Epmoe__AdminRequest *req, const wire_payload *payloads, int n_payloads,
+                         rpc_try *t, ep_err *err)
+{
+    int rc = rpc_socket(ctx, k, zctx, &t->sock, &t->mon, err);
+    if (rc == 0 && wire_send(t->sock, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &req->base,
+                             payloads, n_payloads, false, err) != 0)
         rc = CMD_UNAVAILABLE;
-        goto done;
-    }
-    int64_t end = rpc_now_ms() + ctx->timeout_ms;
-    for (int64_t left = ctx->timeout_ms; left > 0; left = end - rpc_now_ms()) {
-        zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, (long)left) > 0 && (rc = rpc_take(ctx, sock, req->id, out, err)) != 0)
-            break;
-    }
-done:
-    zmq_close(sock);
     return rc;
+}
+
+/* Wait on every try started until one answers or end passes. 1 = reply in out, 0 = time is up,
+ * else a CMD_ code (the coordinator refused our key: CMD_NOPERM). *failed counts handshakes
+ * that broke off without a reason, in a row. */
+static int rpc_wait(const cmd_ctx *ctx, rpc_try *t, int n, uint64_t id, int64_t end, int *failed,
+                    rpc_reply *out, ep_err *err)
+{
+    for (int64_t left = end - rpc_now_ms(); left > 0; left = end - rpc_now_ms()) {
+        /* the sockets, then the monitors there are (a NULL socket would poll fd 0) */
+        zmq_pollitem_t it[2 * (1 + RPC_RETRIES)];
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            it[m++] = (zmq_pollitem_t){.socket = t[i].sock, .events = ZMQ_POLLIN};
+        for (int i = 0; i < n; i++)
+            if (t[i].mon)
+                it[m++] = (zmq_pollitem_t){.socket = t[i].mon, .events = ZMQ_POLLIN};
+        if (zmq_poll(it, m, (long)left) <= 0)
+            continue;
+        for (int i = 0, k = n; i < n; i++) {
+            char why[512];
+            auth_event ev = t[i].mon && (it[k++].revents & ZMQ_POLLIN)
+                                ? auth_monitor_read(t[i].mon, why, sizeof why)
+                                : AUTH_EV_NOTHING;
+            *failed = ev == AUTH_EV_OK ? 0 : *failed + (ev == AUTH_EV_FAILED);
+            if (ev == AUTH_EV_REFUSED || *failed >= AUTH_FAILED_LIMIT)
+                return ep_err_set(err, "%s: check --key and --server-key", why), CMD_NOPERM;
+            int rc = (it[i].revents & ZMQ_POLLIN) ? rpc_take(ctx, t[i].sock, id, out, err) : 0;
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
 }
 
 int rpc_call(const cmd_ctx *ctx, Epmoe__AdminRequest *req, const wire_payload *payloads,
              int n_payloads, bool idempotent, rpc_reply *out, ep_err *err)
 {
     *out = (rpc_reply){0};
+    rpc_keys keys;
+    if (rpc_load_keys(ctx, &keys, err) != 0)
+        return CMD_USAGE;
     void *zctx = zmq_ctx_new();
     if (zctx == NULL)
         return ep_err_set(err, "zmq_ctx_new: %s", zmq_strerror(zmq_errno())), CMD_SOFTWARE;
     req->has_id = 1;
     req->id = rpc_random_id();
-    int tries = idempotent ? 1 + RPC_RETRIES : 1;
-    for (int i = 0; i < tries; i++) {
-        int rc = rpc_try(ctx, zctx, req, payloads, n_payloads, out, err);
-        if (rc == 1) {
-            out->zctx = zctx;
-            return CMD_OK;
-        }
-        if (rc != 0) {
-            zmq_ctx_term(zctx);
-            return rc;
-        }
+    /* One deadline for the whole call (and the command's, when it set one): a retry is a fresh
+     * connection that joins the earlier ones, which keep listening, never more time. */
+    int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : rpc_now_ms() + ctx->timeout_ms;
+    int tries = idempotent ? 1 + RPC_RETRIES : 1, n = 0, rc = 0, failed = 0;
+    rpc_try t[1 + RPC_RETRIES] = {{0}};
+    while (rc == 0 && n < tries && rpc_now_ms() < deadline) {
+        if ((rc = rpc_try_start(ctx, &keys, zctx, req, payloads, n_payloads, &t[n++], err)) != 0)
+            break;
+        int64_t slice = (deadline - rpc_now_ms()) / (tries - n + 1);
+        rc = rpc_wait(ctx, t, n, req->id, n < tries ? rpc_now_ms() + slice : deadline, &failed, out,
+                      err);
+    }
+    for (int i = 0; i < n; i++)
+        rpc_try_close(&t[i]);
+    explicit_bzero(&keys, sizeof keys);
+    if (rc == 1) {
+        out->zctx = zctx;
+        return CMD_OK;
     }
     zmq_ctx_term(zctx);
-    if (tries > 1)
-        ep_err_set(err, "coordinator at %s did not answer within %d ms (%d tries)",
-                   ctx->coordinator, ctx->timeout_ms, tries);
-    else
-        ep_err_set(err, "coordinator at %s did not answer within %d ms", ctx->coordinator,
-                   ctx->timeout_ms);
+    if (rc != 0)
+        return rc;
+    ep_err_set(err, "coordinator at %s did not answer within %d ms (%d %s)", ctx->coordinator,
+               ctx->timeout_ms, n, n == 1 ? "try" : "tries");
     return CMD_UNAVAILABLE;
 }

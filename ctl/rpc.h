@@ -2,12 +2,17 @@
  * rpc.h — epmoectl's admin RPC client (prefix rpc_): one AdminRequest to the coordinator's
  * admin socket, one AdminReply back.
  *
- * Lazy Pirate (zguide lpclient.c): a DEALER connects to ctx->coordinator, sends the request with
- * a random id and polls ctx->timeout_ms for the reply with that id; replies with another id (a
- * late answer to an earlier try) are discarded. On a timeout an idempotent request (status,
- * workers, shards, config) is sent again on a fresh socket, RPC_RETRIES more times; then the
- * call gives up with CMD_UNAVAILABLE and "coordinator at ENDPOINT did not answer within N ms".
- * A non-idempotent request (forward, shutdown) is sent once.
+ * Lazy Pirate (zguide lpclient.c) under one deadline: a DEALER connects to ctx->coordinator and
+ * sends the request with a random id; replies with another id (an answer to an earlier run) are
+ * discarded. An idempotent request (status, workers, shards, config) that has no answer after a
+ * third of the time is sent again on a fresh connection, RPC_RETRIES times, while the earlier
+ * connections keep listening; the call never takes longer than ctx->timeout_ms (or, when set,
+ * until ctx->deadline_ms: a command of several requests keeps one deadline). Then it gives up
+ * with CMD_UNAVAILABLE and "coordinator at ENDPOINT did not answer within N ms (3 tries)". A
+ * non-idempotent request (forward, shutdown) is sent once.
+ *
+ * With ctx->key the connection is a CURVE client of ctx->server_key; a handshake the
+ * coordinator refuses ends the call at once with CMD_NOPERM naming the endpoint.
  *
  * Results: CMD_OK with the reply (which may say ok: false: see rpc_report_error);
  * CMD_UNAVAILABLE (no answer); CMD_PROTOCOL (the coordinator sent something that is not an

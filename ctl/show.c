@@ -46,3 +46,12 @@ void show_config_text(const mc_config *c)
     printf("layers        %d main (%d hash-routed), %d MTP; vocab %d\n", c->num_hidden_layers,
            c->num_hash_layers, c->num_nextn_predict_layers, c->vocab_size);
 }
+
+void show_json_line(json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}

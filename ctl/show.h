@@ -21,4 +21,8 @@ json_t *show_config_json(const mc_config *c);
 /* The expert_dtype, scales, sizes and layers lines of the text output (aligned at column 14). */
 void show_config_text(const mc_config *c);
 
+/* A command's one-line JSON report (-o json of forward, keygen): j compact on one line of
+ * stdout, then released. NULL (json_pack failed) prints nothing. */
+void show_json_line(json_t *j);
+
 #endif

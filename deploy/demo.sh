@@ -11,7 +11,9 @@
 # a report, and shuts the cluster down. Exit 0 when every layer matched bit for bit.
 #
 # Environment: EPMOE_DEMO_TOKENS (64), EPMOE_DEMO_HIDDEN (1024), EPMOE_DEMO_INTER (512),
-# EPMOE_DEMO_EXPERTS (16), EPMOE_DEMO_LAYERS (4). Ports 7400, 7401, 7500-7503 must be free.
+# EPMOE_DEMO_EXPERTS (16), EPMOE_DEMO_LAYERS (4), EPMOE_DEMO_SECURE=1 (keys from epmoectl
+# keygen in out/demo-keys and a security: section: CURVE on every socket). Ports 7400, 7401,
+# 7500-7503 must be free.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -30,6 +32,24 @@ for b in "$CTL" "$COORD" "$WORKER"; do
     [ -x "$b" ] || { echo "demo: $b not found: build first (./dev build)"; exit 1; }
 done
 mkdir -p out "$LOGS"
+
+# With EPMOE_DEMO_SECURE=1: fresh keys for the coordinator, the 4 workers and one operator,
+# the example spec plus a security: section, and the operator's key for every epmoectl call.
+WKEYS=()
+if [ "${EPMOE_DEMO_SECURE:-0}" = 1 ]; then
+    K=$PWD/out/demo-keys
+    rm -rf "$K" && mkdir -p "$K/workers" "$K/operators"
+    for k in coordinator operator cpu0 cpu1 cpu2 cpu3; do
+        "$CTL" keygen --out "$K" --name $k >/dev/null || exit 1
+    done
+    cp "$K"/cpu?.pub "$K/workers/" && cp "$K/operator.pub" "$K/operators/"
+    SPEC=out/demo-secure.yaml
+    { sed "s|path: ../../out/demo-model|path: $PWD/$MODEL|" deploy/examples/local.yaml
+      echo "security: {coordinator_key: $K/coordinator.key, worker_keys: $K/workers,"
+      echo "           operator_keys: $K/operators}"; } >"$SPEC"
+    export EPMOE_KEY=$K/operator.key EPMOE_SERVER_KEY=$K/coordinator.pub
+    echo "demo: security on (keys in $K)"
+fi
 
 stop_all() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
@@ -51,7 +71,9 @@ run_dtype() {
     "$COORD" --cluster "$SPEC" >"$LOGS/coordinator-$dt.log" 2>&1 &
     PIDS+=($!)
     for i in 0 1 2 3; do
-        "$WORKER" --coordinator "$LISTEN" --name "cpu$i" --threads 1 >"$LOGS/cpu$i-$dt.log" 2>&1 &
+        [ -n "${K:-}" ] && WKEYS=(--key "$K/cpu$i.key" --coordinator-key "$K/coordinator.pub")
+        "$WORKER" --coordinator "$LISTEN" --name "cpu$i" --threads 1 "${WKEYS[@]}" \
+            >"$LOGS/cpu$i-$dt.log" 2>&1 &
         PIDS+=($!)
     done
     if ! "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 120; then

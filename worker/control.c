@@ -43,12 +43,19 @@ static const char *const wctl_state_names[] = {"registering", "welcomed",    "lo
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
-    void *dealer;  /* NULL while backing off */
-    void *retired; /* the DEALER given up at the last backoff, closed at the reconnect */
+    void *dealer;          /* NULL while backing off */
+    void *retired;         /* the DEALER given up at the last backoff, closed at the reconnect */
+    void *mon;             /* the DEALER's handshake monitor */
+    auth_zap *zap;         /* security: admits the peers WELCOME names to the data endpoint */
+    int64_t max_msg;       /* ZMQ_MAXMSGSIZE for the next DEALER */
+    int failed_handshakes; /* in a row, without a reason (auth_monitor_read) */
     exec_actor *exec;
     mb_device_info dev; /* what REGISTER reports */
     char backend[32];
-    char ident[EP_MAX_NAME + 16]; /* the DEALER's routing id: NAME/random, one per process */
+    /* the DEALER's routing id is ident/N for its N-th connection: ident (NAME/random) names
+     * this process, N that connection (coordinator/registry.h, "Who is who") */
+    char ident[80];
+    unsigned n_connections;
     int sigfd;
     wctl_state state;
     int resets_pending; /* executor answers are stale until this many RESET_DONE came back */
@@ -90,8 +97,21 @@ static void wctl_set_state(wctl *w, wctl_state s, const char *detail)
 /* ---- WELCOME validation -----------------------------------------------------------------------
  */
 
-static int wctl_check_peers(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+static int wctl_check_peer_key(const Epmoe__Peer *p, exec_session *s, ep_err *err)
 {
+    if (!p->has_public_key || p->public_key.len != AUTH_KEY_BYTES)
+        return ep_err_set(err,
+                          "WELCOME: peer rank %u has no 32-byte public_key, but this worker uses "
+                          "security (--key): is the cluster spec's security: section missing?",
+                          p->rank);
+    memcpy(s->peer_key[p->rank], p->public_key.data, AUTH_KEY_BYTES);
+    return 0;
+}
+
+static int wctl_check_peers(const Epmoe__Welcome *w, bool secure, exec_session *s, ep_err *err)
+{
+    if (secure && (s->peer_key = calloc(w->n_peers ? w->n_peers : 1, sizeof *s->peer_key)) == NULL)
+        return ep_err_set(err, "out of memory");
     if (w->n_peers != w->world_size)
         return ep_err_set(err, "WELCOME: %zu peers, expected one per rank (world_size %u)",
                           w->n_peers, w->world_size);
@@ -114,6 +134,8 @@ static int wctl_check_peers(const Epmoe__Welcome *w, exec_session *s, ep_err *er
         s->peer_name[p->rank] = strdup(name);
         if (!s->peer_endpoint[p->rank] || !s->peer_name[p->rank])
             return ep_err_set(err, "out of memory");
+        if (secure && wctl_check_peer_key(p, s, err) != 0)
+            return -1;
     }
     return 0; /* n_peers == world_size and no rank twice: every rank is covered */
 }
@@ -132,12 +154,41 @@ static int wctl_check_strings(const Epmoe__Welcome *w, exec_session *s, ep_err *
     return 0;
 }
 
+/* The coordinator's checkpoint fingerprint. */
+static int wctl_check_checkpoint(const Epmoe__Welcome *w, exec_session *s, ep_err *err)
+{
+    if (w->n_checkpoint > ST_MAX_SHARDS)
+        return ep_err_set(err, "WELCOME: %zu checkpoint files, at most %d", w->n_checkpoint,
+                          ST_MAX_SHARDS);
+    if (w->n_checkpoint == 0)
+        return 0;
+    s->checkpoint = calloc(w->n_checkpoint, sizeof *s->checkpoint);
+    if (s->checkpoint == NULL)
+        return ep_err_set(err, "out of memory");
+    for (size_t i = 0; i < w->n_checkpoint; i++) {
+        const Epmoe__CheckpointFile *f = w->checkpoint[i];
+        if (f->name == NULL || f->name[0] == '\0' || strlen(f->name) >= EP_MAX_NAME ||
+            !f->has_size || !f->has_mtime_ns || !f->has_header_hash)
+            return ep_err_set(err,
+                              "WELCOME: checkpoint[%zu] needs a name (< %d bytes), size, "
+                              "mtime_ns and header_hash",
+                              i, EP_MAX_NAME);
+        st_file_print *p = &s->checkpoint[i];
+        snprintf(p->name, sizeof p->name, "%s", f->name);
+        p->size = f->size;
+        p->mtime_ns = f->mtime_ns;
+        p->header_hash = f->header_hash;
+    }
+    s->n_checkpoint = (int)w->n_checkpoint;
+    return 0;
+}
+
 static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
 {
     if (!w->has_rank || !w->has_world_size || !w->has_epoch || !w->has_config_hash ||
-        w->config == NULL || !w->has_heartbeat_ms || !w->has_liveness)
+        w->config == NULL || !w->has_heartbeat_ms || !w->has_liveness || !w->has_session)
         return ep_err_set(err, "WELCOME: rank, world_size, epoch, config, config_hash, "
-                               "heartbeat_ms and liveness are required");
+                               "heartbeat_ms, liveness and session are required");
     if (w->world_size < 1 || w->world_size > EP_MAX_WORKERS)
         return ep_err_set(err, "WELCOME: world_size %u, expected 1..%d", w->world_size,
                           EP_MAX_WORKERS);
@@ -167,7 +218,7 @@ static int wctl_check_scalars(const Epmoe__Welcome *w, ep_err *err)
     return 0;
 }
 
-exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
+exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *err)
 {
     mc_config c;
     if (wctl_check_scalars(w, err) != 0)
@@ -189,7 +240,8 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
         exec_session_free(&s);
         return NULL;
     }
-    if (wctl_check_peers(w, s, err) != 0 || wctl_check_strings(w, s, err) != 0) {
+    if (wctl_check_peers(w, secure, s, err) != 0 || wctl_check_strings(w, s, err) != 0 ||
+        wctl_check_checkpoint(w, s, err) != 0) {
         pl_free(&t);
         exec_session_free(&s);
         return NULL;
@@ -197,6 +249,7 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, ep_err *err)
     s->config_hash = mc_hash(&c);
     s->rank = (int)w->rank;
     s->epoch = w->epoch;
+    s->session = w->session;
     exec_adopt_placement(s, &t, w->members, w->n_members);
     s->dispatch = w->has_dispatch ? (tp_format)w->dispatch : TP_FMT_FP8;
     s->gpu_gemm = w->has_gpu_gemm && w->gpu_gemm == EPMOE__GPU_GEMM__GPU_GEMM_FAST ? MB_GEMM_FAST
@@ -275,6 +328,23 @@ static void wctl_send_register(wctl *w)
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
+/* Stop watching d's handshakes. */
+static void wctl_stop_monitor(wctl *w, void *d)
+{
+    if (w->mon) {
+        zmq_socket_monitor(d, NULL, 0);
+        zmq_close(w->mon);
+        w->mon = NULL;
+    }
+}
+
+/* Close d and its monitor (the monitor first: it watches d). */
+static void wctl_close_dealer_with(wctl *w, void *d)
+{
+    wctl_stop_monitor(w, d);
+    zmq_close(d);
+}
+
 static int wctl_connect(wctl *w, ep_err *err)
 {
     /* The DEALER of the last backoff is closed only now, a backoff later: a worker that was
@@ -289,8 +359,11 @@ static int wctl_connect(wctl *w, ep_err *err)
         return ep_err_set(err, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     int ivl = w->heartbeat_ms, timeout = w->heartbeat_ms * w->liveness;
     int ttl = timeout < 100 ? 100 : timeout; /* below 100 ms TTL has no effect (zmq docs) */
-    if (wire_socket_defaults(d, EP_MAX_DATA_MSG, err) != 0 ||
-        zmq_setsockopt(d, ZMQ_ROUTING_ID, w->ident, strlen(w->ident)) != 0 ||
+    char id[sizeof w->ident + 16];
+    int id_len = snprintf(id, sizeof id, "%s/%u", w->ident, ++w->n_connections);
+    if (wire_socket_defaults(d, w->max_msg, err) != 0 ||
+        (w->opt->key && auth_client(d, w->opt->key, w->opt->coordinator_key, err) != 0) ||
+        zmq_setsockopt(d, ZMQ_ROUTING_ID, id, (size_t)id_len) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0 ||
         zmq_setsockopt(d, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl) != 0) {
@@ -299,10 +372,16 @@ static int wctl_connect(wctl *w, ep_err *err)
         zmq_close(d);
         return -1;
     }
+    /* also without a key: a coordinator that uses CURVE refuses the handshake, and that must
+     * end in a message and exit 78, not in endless silent retries */
+    if ((w->mon = auth_monitor(w->zctx, d, err)) == NULL) {
+        zmq_close(d);
+        return -1;
+    }
     if (zmq_connect(d, w->opt->coordinator) != 0) {
         ep_err_set(err, "cannot connect to the coordinator at %s: %s", w->opt->coordinator,
                    zmq_strerror(zmq_errno()));
-        zmq_close(d);
+        wctl_close_dealer_with(w, d);
         return -1;
     }
     w->dealer = d;
@@ -329,9 +408,10 @@ static void wctl_backoff(wctl *w, const char *why)
     log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms", why,
              w->backoff_ms);
     wctl_exec_reset(w);
-    /* Not closed now: see wctl_connect. */
+    /* Not closed now: see wctl_connect. Its monitor goes now (it watches this connection). */
     if (w->retired)
         zmq_close(w->retired);
+    wctl_stop_monitor(w, w->dealer);
     w->retired = w->dealer;
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
@@ -354,18 +434,18 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
     int code = e->has_code ? (int)e->code : 0;
     const char *text = e->message ? e->message : "";
     if (code == EPMOE__ERROR_CODE__ERR_UNKNOWN_WORKER ||
-        code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH) {
-        log_error("the coordinator refuses worker %s: %s: %s — fix the cluster spec or the "
-                  "binary, then restart",
+        code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH || code == EPMOE__ERROR_CODE__ERR_REFUSED ||
+        code == EPMOE__ERROR_CODE__ERR_DUPLICATE) {
+        log_error("the coordinator refuses worker %s: %s: %s — fix the cluster spec, the "
+                  "command line or the binary (or stop the other process), then restart",
                   w->opt->name, wctl_code_name(code), text);
         sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
         w->exit_code = WCTL_EXIT_CONFIG;
         w->done = true;
-    } else if (code == EPMOE__ERROR_CODE__ERR_DUPLICATE ||
-               code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
+    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
                code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
         /* the coordinator does not (or no longer) count us as registered: start over, after
-         * the backoff (an ERR_DUPLICATE clears only once the old registration expires) */
+         * the backoff */
         char why[EP_ERR_MSG_MAX];
         snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
         wctl_backoff(w, why);
@@ -376,11 +456,27 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
     wire_free_unpacked(&e->base);
 }
 
+/* Admit exactly the session's peers to the data endpoint, each key as its worker's name. */
+static int wctl_admit_peers(wctl *w, const exec_session *s, ep_err *err)
+{
+    auth_list *l = auth_list_new();
+    if (l == NULL)
+        return ep_err_set(err, "out of memory");
+    for (int r = 0; r < s->world_size; r++)
+        if (r != s->rank && auth_list_add(l, s->peer_key[r], s->peer_name[r], err) != 0) {
+            auth_list_free(&l);
+            return ep_err_prefix(err, "WELCOME: peers");
+        }
+    return auth_zap_allow(w->zap, AUTH_DOMAIN_DATA, l, err);
+}
+
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
 {
     ep_err err = {{0}};
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
-    exec_session *s = wm ? wctl_welcome_parse(wm, &err) : NULL;
+    exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
+    if (s != NULL && w->zap != NULL && wctl_admit_peers(w, s, &err) != 0)
+        exec_session_free(&s);
     if (s == NULL) {
         log_error("invalid WELCOME: %s", err.msg);
         if (w->dealer)
@@ -401,6 +497,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     w->staged = 0;
     w->heartbeat_ms = (int)wm->heartbeat_ms;
     w->liveness = (int)wm->liveness;
+    w->max_msg = mmsg_max_frame(&s->config); /* for the next connection */
     if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
         log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
@@ -616,6 +713,29 @@ static void wctl_read_dealer(wctl *w)
     }
 }
 
+/* A handshake the coordinator refused: our key is not in its allow-list, it is not the server
+ * we hold a key for, or one side uses security and the other not. Retrying cannot help. */
+static void wctl_read_monitor(wctl *w)
+{
+    char why[512];
+    auth_event ev;
+    while (w->mon && (ev = auth_monitor_read(w->mon, why, sizeof why)) != AUTH_EV_NOTHING) {
+        if (ev == AUTH_EV_OK)
+            w->failed_handshakes = 0;
+        if (ev == AUTH_EV_FAILED)
+            w->failed_handshakes++;
+        if (ev != AUTH_EV_REFUSED && w->failed_handshakes < AUTH_FAILED_LIMIT)
+            continue;
+        log_error("worker %s: %s; check --key and --coordinator-key against the cluster spec's "
+                  "security: section, then restart",
+                  w->opt->name, why);
+        sdn_notifyf("STATUS=refused by the coordinator: %s", why);
+        w->exit_code = WCTL_EXIT_CONFIG;
+        w->done = true;
+        return;
+    }
+}
+
 /* ---- executor messages ------------------------------------------------------------------------
  */
 
@@ -764,10 +884,11 @@ static long wctl_poll_timeout(const wctl *w)
 static void wctl_loop(wctl *w)
 {
     while (!w->done) {
-        zmq_pollitem_t it[3] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
+        zmq_pollitem_t it[4] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
                                 {.socket = exec_pipe(w->exec), .events = ZMQ_POLLIN},
-                                {.socket = w->dealer, .events = ZMQ_POLLIN}};
-        int n = zmq_poll(it, w->dealer ? 3 : 2, wctl_poll_timeout(w));
+                                {.socket = w->dealer, .events = ZMQ_POLLIN},
+                                {.socket = w->mon, .events = ZMQ_POLLIN}};
+        int n = zmq_poll(it, w->dealer ? (w->mon ? 4 : 3) : 2, wctl_poll_timeout(w));
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             w->exit_code = WCTL_EXIT_SOFTWARE;
@@ -779,6 +900,8 @@ static void wctl_loop(wctl *w)
             wctl_read_exec(w);
         if (n > 0 && w->dealer && it[2].revents)
             wctl_read_dealer(w);
+        if (n > 0 && w->dealer && w->mon && it[3].revents)
+            wctl_read_monitor(w);
         if (!w->done)
             wctl_timers(w);
     }
@@ -788,6 +911,7 @@ int wctl_run(const wctl_options *opt)
 {
     wctl w = {.opt = opt,
               .sigfd = -1,
+              .max_msg = EP_MAX_DATA_MSG,
               .heartbeat_ms = WCTL_DEFAULT_HEARTBEAT_MS,
               .liveness = WCTL_DEFAULT_LIVENESS,
               .backoff_ms = WCTL_BACKOFF_INIT_MS,
@@ -815,14 +939,23 @@ int wctl_run(const wctl_options *opt)
     }
     mb_device(be, &w.dev);
     snprintf(w.backend, sizeof w.backend, "%s", mb_name(be));
-    /* One routing id per process: a reconnect of this process (after the coordinator was silent)
-     * takes its connection over, while a second process under the same name (an operator's
-     * mistake) gets its own and is refused with ERR_DUPLICATE instead of hijacking ours. */
+    /* A routing id of its own per connection, NAME/random/N: the random part names this
+     * process, so the coordinator takes a reconnect of this process (after it was silent) for
+     * the same worker even while the old connection is still open there, and refuses a second
+     * process under the same name (an operator's mistake) with ERR_DUPLICATE. Two connections
+     * never share a routing id: the coordinator's ROUTER has no ROUTER_HANDOVER (libzmq 4.3
+     * can abort in a handover). The name part is cut to fit ZeroMQ's 255 bytes; the name
+     * that counts is REGISTER's. */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(w.ident, sizeof w.ident, "%s/%08x", opt->name,
+    snprintf(w.ident, sizeof w.ident, "%.63s/%08x", opt->name,
              (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
-    w.exec = exec_start(w.zctx, &be, &err);
+    /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
+    if (opt->key && (w.zap = auth_zap_start(w.zctx, &err)) == NULL) {
+        mb_destroy(&be);
+        goto fail_exec;
+    }
+    w.exec = exec_start(w.zctx, &be, opt->key, &err);
     if (w.exec == NULL)
         goto fail_exec;
     /* metrics are best effort: a worker serves without them */
@@ -841,9 +974,10 @@ int wctl_run(const wctl_options *opt)
     exec_stop(&w.exec);
     wmx_destroy(&w.mx); /* after the executor: it updates them */
     if (w.dealer)
-        zmq_close(w.dealer);
+        wctl_close_dealer_with(&w, w.dealer);
     if (w.retired)
         zmq_close(w.retired);
+    auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);
     return w.exit_code;
@@ -852,6 +986,7 @@ fail_connect:
     exec_stop(&w.exec);
     wmx_destroy(&w.mx);
 fail_exec:
+    auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
 fail_ctx:
     close(w.sigfd);

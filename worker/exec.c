@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/model_msg.h"
 #include "common/safetensors.h"
@@ -48,12 +49,15 @@
 
 struct exec_actor {
     void *zctx;
-    void *pipe; /* the caller's end */
+    void *pipe;        /* the caller's end */
+    void *thread_pipe; /* the thread's end, handed over at pthread_create */
     char endpoint[64];
     pthread_t thread;
     bool started;
     mb_backend *be;    /* handed to the thread */
     atomic_int cancel; /* RESET and TERM commands sent and not yet handled */
+    bool secure;
+    auth_keypair key; /* with security */
 };
 
 /* What a load keeps and reads: (layer, expert) slots the rank holds, the most in one layer, and
@@ -71,6 +75,7 @@ typedef struct exec_state {
     int n_layers;
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
+    uint64_t shard_files;          /* exec_files_hash of the files they were read from */
     tp_transport *tp;              /* data_plane zmq */
     /* what tp was built for: a later session or epoch with the same world reuses it */
     int tp_rank, tp_world, tp_hidden, tp_experts;
@@ -90,6 +95,7 @@ typedef struct exec_state {
     mb_layer **staged_layers; /* [n_layers] */
     exec_slots staged_cost;   /* what preparing it read: its commit reports it */
     uint64_t staged_bytes;
+    uint64_t staged_files; /* exec_files_hash of the files it was read from */
     double staged_load_s;
     /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
     struct exec_step_s *open;
@@ -136,6 +142,8 @@ void exec_session_free(exec_session **self_p)
     free(s->peer_endpoint);
     free(s->peer_name);
     free(s->expert_owner);
+    free(s->peer_key);
+    free(s->checkpoint);
     free(s->member);
     pl_free(&s->place);
     free(s);
@@ -160,6 +168,21 @@ static exec_session *exec_session_dup(const exec_session *s)
     memcpy(owner, s->expert_owner, (size_t)s->config.n_routed_experts * sizeof *owner);
     memcpy(member, s->member, (size_t)s->world_size);
     bool ok = s->place == NULL || c->place != NULL;
+    /* the keys and the fingerprint are the copy's own (each session frees its arrays) */
+    c->peer_key = NULL;
+    c->checkpoint = NULL;
+    if (ok && s->peer_key) {
+        size_t n = (size_t)s->world_size * sizeof *s->peer_key;
+        ok = (c->peer_key = malloc(n)) != NULL;
+        if (ok)
+            memcpy(c->peer_key, s->peer_key, n);
+    }
+    if (ok && s->n_checkpoint > 0) {
+        size_t n = (size_t)s->n_checkpoint * sizeof *s->checkpoint;
+        ok = (c->checkpoint = malloc(n)) != NULL;
+        if (ok)
+            memcpy(c->checkpoint, s->checkpoint, n);
+    }
     for (int r = 0; r < s->world_size && ok; r++) {
         pe[r] = s->peer_endpoint[r] ? strdup(s->peer_endpoint[r]) : NULL;
         pn[r] = s->peer_name[r] ? strdup(s->peer_name[r]) : NULL;
@@ -419,17 +442,17 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
 
 static int exec_nccl_open(exec_state *st, ep_err *err);
 
-/* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes) and
- * its epoch is newer: then only the placement changes (tp_set_placement). A plane is never
- * reused for an epoch that is not newer (a restarted coordinator starts again at 1), so no
- * message of another coordinator's epoch can be taken for one of this. */
+/* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes), in
+ * the same coordinator session, and its epoch is newer: then only the placement changes
+ * (tp_set_placement). A plane is never reused for another session (a restarted coordinator), so
+ * its messages carry the session it was built for. */
 static bool exec_plane_fits(const exec_state *st)
 {
     const exec_session *s = st->session;
     if (st->tp == NULL || st->tp_peers == NULL || s->rank != st->tp_rank ||
         s->world_size != st->tp_world || s->config.hidden_size != st->tp_hidden ||
         s->config.n_routed_experts != st->tp_experts || s->epoch <= tp_epoch(st->tp) ||
-        strcmp(s->data_endpoint, st->tp_bind) != 0)
+        s->session != tp_session(st->tp) || strcmp(s->data_endpoint, st->tp_bind) != 0)
         return false;
     for (int r = 0; r < s->world_size; r++)
         if (r != s->rank && strcmp(s->peer_endpoint[r], st->tp_peers[r]) != 0)
@@ -486,17 +509,49 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     exec_close_plane(st);
     tp_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
+                     .session = s->session,
                      .epoch = s->epoch,
                      .hidden = s->config.hidden_size,
                      .n_experts = s->config.n_routed_experts,
+                     .topk = s->config.num_experts_per_tok,
                      .expert_owner = s->expert_owner,
                      .owned = owned,
                      .bind_endpoint = s->data_endpoint};
+    if (st->actor->secure && s->peer_key == NULL) {
+        free(owned);
+        return ep_err_set(err, "this worker has a key (--key) but WELCOME gave no peer keys");
+    }
+    if (st->actor->secure) {
+        cfg.key = &st->actor->key;
+        cfg.peer_key = (const uint8_t(*)[AUTH_KEY_BYTES])s->peer_key;
+        cfg.peer_name = (const char *const *)s->peer_name;
+    }
     st->tp = tp_create(st->actor->zctx, &cfg, err);
     free(owned);
     if (st->tp == NULL || exec_plane_key(st, err) != 0)
         return -1;
     return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
+}
+
+/* The identity of the checkpoint files m opened (names, sizes, modification times, header
+ * hashes): loaded experts are kept for a new session only when the files are still these, so a
+ * checkpoint regenerated under the same path and config is never mixed with the old one. */
+static uint64_t exec_files_hash(const st_model *m)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
+    for (int i = 0; i < st_model_nfiles(m); i++) {
+        st_file_print f;
+        st_model_print(m, i, &f);
+        uint64_t v[3] = {f.size, (uint64_t)f.mtime_ns, f.header_hash};
+        const unsigned char *b[2] = {(const unsigned char *)f.name, (const unsigned char *)v};
+        size_t n[2] = {strlen(f.name) + 1, sizeof v};
+        for (int k = 0; k < 2; k++)
+            for (size_t j = 0; j < n[k]; j++) {
+                h ^= b[k][j];
+                h *= 0x100000001b3ull;
+            }
+    }
+    return h;
 }
 
 static exec_slots exec_count_slots(const exec_session *s, mb_layer *const *old, int n_old)
@@ -520,7 +575,8 @@ static exec_slots exec_count_slots(const exec_session *s, mb_layer *const *old, 
 /* Load every layer of session s into out[L] (the experts the rank holds in each layer), reusing
  * what old[n_old] holds (old stays usable); 1 when cancelled or abandoned, -1 on error. */
 static int exec_load_into(exec_state *st, const exec_session *s, mb_layer **old, int n_old,
-                          mb_layer **out, exec_progress *p, ep_err *err)
+                          mb_layer **out, exec_progress *p, exec_slots *cost, uint64_t *files,
+                          ep_err *err)
 {
     const mc_config *c = &s->config;
     int E = c->n_routed_experts, L = mc_num_layers(c);
@@ -536,6 +592,17 @@ static int exec_load_into(exec_state *st, const exec_session *s, mb_layer **old,
             want[(size_t)l * E + e] = pl_holds(s->place, l, e, s->rank);
     if ((m = st_model_open(s->model_path, err)) == NULL)
         goto done;
+    /* the files opened are the files loaded: compare those with the coordinator's */
+    if (s->n_checkpoint > 0 && st_model_check_prints(m, s->checkpoint, s->n_checkpoint, err) != 0)
+        goto done;
+    *files = exec_files_hash(m);
+    if (n_old > 0 && *files != st->shard_files) {
+        log_info("the checkpoint's files changed since the loaded experts were read: reading "
+                 "every expert again");
+        old = NULL;
+        n_old = 0;
+        *cost = exec_count_slots(s, NULL, 0);
+    }
     p->start = exec_now();
     rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
@@ -613,9 +680,10 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     int L = mc_num_layers(&s->config);
     exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
     mb_layer **layers = calloc((size_t)L, sizeof *layers);
+    uint64_t files = 0;
     int rc = layers ? exec_open_data_plane(st, &err) : ep_err_set(&err, "out of memory");
     if (rc == 0)
-        rc = exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &err);
+        rc = exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err);
     double load_s = p.start > 0 ? exec_now() - p.start : 0;
     /* the old layers gave their kept experts to the new ones (or the load failed half-way and
      * they may have): either way only the new layers are to be trusted */
@@ -635,6 +703,7 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     st->n_layers = L;
     st->shard_hash = s->config_hash;
     snprintf(st->shard_model, sizeof st->shard_model, "%s", s->model_path);
+    st->shard_files = files;
     st->ready = true;
     log_info(
         "epoch %llu: %d layers, %d (layer, expert) slots, at most %d experts a layer (%d "
@@ -661,7 +730,8 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     exec_progress p = {.st = st, .s = s, .serve = true, .served_at = -1};
     ep_err err = {{0}};
     double t0 = exec_now();
-    int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &err)
+    uint64_t files = 0;
+    int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err)
                     : ep_err_set(&err, "out of memory");
     /* steps served between layers count in: the rate is a lower bound */
     double load_s = p.start > 0 ? exec_now() - p.start : 0;
@@ -680,6 +750,7 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     *s_p = NULL;
     st->staged_layers = layers;
     st->staged_cost = c;
+    st->staged_files = files;
     st->staged_bytes = p.total;
     st->staged_load_s = load_s;
     log_info("staged epoch %llu prepared in %.2f s: %d slots (%d kept, %d read: %llu bytes), "
@@ -766,6 +837,7 @@ static void exec_commit(exec_state *st, const wire_msg *m)
     st->n_layers = mc_num_layers(&st->staged->config);
     st->layers = st->staged_layers;
     st->staged_layers = NULL;
+    st->shard_files = st->staged_files;
     exec_session_free(&st->session);
     st->session = st->staged;
     st->staged = NULL;
@@ -883,39 +955,55 @@ static int exec_step_alloc(exec_step_s *s, int E)
 }
 
 /* Validate STEP against the session and copy its payloads (aligned). */
+int exec_step_check(const exec_session *ses, int n_layers, bool have_last, uint64_t last_step,
+                    const Epmoe__Step *req, const wire_msg *m, ep_err *err)
+{
+    unsigned long long id = req->has_step_id ? (unsigned long long)req->step_id : 0;
+    if (!req->has_step_id)
+        return ep_err_set(err, "STEP without step_id");
+    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens || !req->has_session)
+        return ep_err_set(err, "STEP %llu: session, epoch, layer or n_tokens missing", id);
+    if (req->session != ses->session)
+        return ep_err_set(err, "STEP %llu: session %016llx, this worker was welcomed into %016llx",
+                          id, (unsigned long long)req->session, (unsigned long long)ses->session);
+    if (req->epoch != ses->epoch)
+        return ep_err_set(err, "STEP %llu: epoch %llu, this worker is at epoch %llu", id,
+                          (unsigned long long)req->epoch, (unsigned long long)ses->epoch);
+    if (have_last && req->step_id <= last_step)
+        return ep_err_set(err, "STEP %llu: step ids must increase (last was %llu)", id,
+                          (unsigned long long)last_step);
+    if (req->layer >= (uint32_t)n_layers)
+        return ep_err_set(err, "STEP %llu: layer %u outside [0, %d)", id, req->layer, n_layers);
+    if (req->n_tokens > EP_MAX_TOKENS)
+        return ep_err_set(err, "STEP %llu: %u tokens, at most %d", id, req->n_tokens,
+                          EP_MAX_TOKENS);
+    bool has_ids = req->has_has_ids && req->has_ids;
+    size_t T = req->n_tokens, H = (size_t)ses->config.hidden_size;
+    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
+        (has_ids && m->payload_len[1] != T * 8))
+        return ep_err_set(err,
+                          "STEP %llu: payloads of %d frames (%zu, %zu bytes), expected hidden "
+                          "bf16 [%zu, %zu]%s",
+                          id, m->n_payloads, m->n_payloads > 0 ? m->payload_len[0] : 0,
+                          m->n_payloads > 1 ? m->payload_len[1] : 0, T, H,
+                          has_ids ? " and ids int64" : "");
+    if (mc_layer_is_hash(&ses->config, (int)req->layer) && !has_ids)
+        return ep_err_set(err, "STEP %llu: layer %u is hash-routed: token ids are required", id,
+                          req->layer);
+    if (ck_check_input(m->payload[0], (int)T, (int)H, 0, err) != 0)
+        return ep_err_prefix(err, "STEP %llu (tokens counted in this worker's chunk)", id);
+    return 0;
+}
+
+/* Validate STEP against the session (exec_step_check) and copy its payloads (aligned). */
 static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_msg *m)
 {
     exec_state *st = s->st;
-    const Epmoe__ErrorCode BAD = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
-    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens)
-        return exec_fail(s, BAD, "STEP %llu: epoch, layer or n_tokens missing",
-                         (unsigned long long)s->step_id);
-    if (req->epoch != st->session->epoch)
-        return exec_fail(s, BAD, "STEP %llu: epoch %llu, this worker is at epoch %llu",
-                         (unsigned long long)s->step_id, (unsigned long long)req->epoch,
-                         (unsigned long long)st->session->epoch);
-    if (st->have_last && s->step_id <= st->last_step)
-        return exec_fail(s, BAD, "STEP %llu: step ids must increase (last was %llu)",
-                         (unsigned long long)s->step_id, (unsigned long long)st->last_step);
-    if (req->layer >= (uint32_t)st->n_layers)
-        return exec_fail(s, BAD, "STEP %llu: layer %u outside [0, %d)",
-                         (unsigned long long)s->step_id, req->layer, st->n_layers);
-    if (req->n_tokens > EP_MAX_TOKENS)
-        return exec_fail(s, BAD, "STEP %llu: %u tokens, at most %d", (unsigned long long)s->step_id,
-                         req->n_tokens, EP_MAX_TOKENS);
+    if (exec_step_check(st->session, st->n_layers, st->have_last, st->last_step, req, m, &s->err) !=
+        0)
+        return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "%s", s->err.msg);
     bool has_ids = req->has_has_ids && req->has_ids;
     size_t T = req->n_tokens, H = (size_t)st->session->config.hidden_size;
-    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
-        (has_ids && m->payload_len[1] != T * 8))
-        return exec_fail(s, BAD,
-                         "STEP %llu: payloads of %d frames (%zu, %zu bytes), expected hidden "
-                         "bf16 [%zu, %zu]%s",
-                         (unsigned long long)s->step_id, m->n_payloads, m->payload_len[0],
-                         m->n_payloads > 1 ? m->payload_len[1] : 0, T, H,
-                         has_ids ? " and ids int64" : "");
-    if (mc_layer_is_hash(&st->session->config, (int)req->layer) && !has_ids)
-        return exec_fail(s, BAD, "STEP %llu: layer %u is hash-routed: token ids are required",
-                         (unsigned long long)s->step_id, req->layer);
     s->layer = st->layers[req->layer];
     s->T = (int)T;
     if (exec_step_alloc(s, st->session->config.n_routed_experts) != 0)
@@ -1070,6 +1158,7 @@ static int exec_send_dispatches(exec_step_s *s)
         }
         size_t bytes = tp_msg_bytes(&d, s->H);
         s->dispatch_bytes += bytes;
+        tp_grant(s->st->tp, s->step_id, r, d.n_pairs); /* before its answer can arrive */
         if (tp_send(s->st->tp, r, &d, &s->err) != 0)
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to %s: %s",
                              ses->peer_name[r], s->err.msg);
@@ -1275,7 +1364,7 @@ static void exec_stash(exec_state *st, wire_msg *m)
         wire_msg_close(m);
         return;
     }
-    st->stash[st->n_stash++] = *m;
+    wire_msg_move(&st->stash[st->n_stash++], m);
 }
 
 /* One pipe message during a step. Returns -1 when the step must end. */
@@ -1779,6 +1868,10 @@ static void exec_step(exec_state *st, wire_msg *m)
     s->layer_index = mb_layer_index(s->layer);
     log_debug(LOG_SUB_STEP, "step %llu: layer %d, %d tokens", (unsigned long long)s->step_id,
               s->layer_index, s->T);
+    /* the coordinator settled every earlier step before it started this one: what the data
+     * plane still holds for them is stale (a restarted worker's peers' queued DISPATCHes) */
+    if (st->tp && s->step_id > 0)
+        tp_finish(st->tp, s->step_id - 1);
     bool nccl = st->session->nccl; /* a collective: no open step to serve afterwards */
     rc = nccl ? exec_nccl_step(s) : exec_step_run(s);
     st->have_last = true;
@@ -1905,8 +1998,11 @@ static void exec_loop(exec_state *st)
 {
     while (!st->stop) {
         if (st->n_stash > 0) {
-            wire_msg m = st->stash[0];
-            memmove(&st->stash[0], &st->stash[1], (size_t)(--st->n_stash) * sizeof m);
+            wire_msg m;
+            wire_msg_move(&m, &st->stash[0]);
+            for (int i = 1; i < st->n_stash; i++)
+                wire_msg_move(&st->stash[i - 1], &st->stash[i]);
+            st->n_stash--;
             exec_handle(st, &m);
             wire_msg_close(&m);
             continue;
@@ -1938,14 +2034,8 @@ static void exec_loop(exec_state *st)
 static void *exec_main(void *arg)
 {
     exec_actor *a = arg;
-    exec_state st = {.actor = a, .be = a->be};
-    st.pipe = zmq_socket(a->zctx, ZMQ_PAIR);
-    int linger = 0;
-    zmq_setsockopt(st.pipe, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_connect(st.pipe, a->endpoint) == 0) {
-        exec_send(&st, EXEC_EVT_RESET_DONE, NULL, NULL, 0); /* "started" */
-        exec_loop(&st);
-    }
+    exec_state st = {.actor = a, .be = a->be, .pipe = a->thread_pipe};
+    exec_loop(&st);
     exec_drop_session(&st);
     exec_close_plane(&st);
     exec_free_shard(&st);
@@ -1955,7 +2045,25 @@ static void *exec_main(void *arg)
     return NULL;
 }
 
-exec_actor *exec_start(void *zctx, mb_backend **be_p, ep_err *err)
+/* Both ends of the pipe, made here so that a failure is an error of exec_start rather than a
+ * thread that never reports back (the thread gets its end with the thread's creation, which
+ * orders every access). */
+static int exec_pipe_pair(exec_actor *a, ep_err *err)
+{
+    int linger = 0;
+    a->pipe = zmq_socket(a->zctx, ZMQ_PAIR);
+    if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_bind(a->pipe, a->endpoint) != 0)
+        return ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
+    a->thread_pipe = zmq_socket(a->zctx, ZMQ_PAIR);
+    if (a->thread_pipe == NULL ||
+        zmq_setsockopt(a->thread_pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(a->thread_pipe, a->endpoint) != 0)
+        return ep_err_set(err, "executor pipe (the thread's end): %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+exec_actor *exec_start(void *zctx, mb_backend **be_p, const auth_keypair *key, ep_err *err)
 {
     exec_actor *a = calloc(1, sizeof *a);
     if (a == NULL) {
@@ -1966,26 +2074,21 @@ exec_actor *exec_start(void *zctx, mb_backend **be_p, ep_err *err)
     a->zctx = zctx;
     a->be = *be_p;
     *be_p = NULL;
-    snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%p", (void *)a);
-    a->pipe = zmq_socket(zctx, ZMQ_PAIR);
-    int linger = 0;
-    if (a->pipe == NULL || zmq_setsockopt(a->pipe, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(a->pipe, a->endpoint) != 0) {
-        ep_err_set(err, "executor pipe: %s", zmq_strerror(zmq_errno()));
-        goto fail;
+    if (key) {
+        a->secure = true;
+        a->key = *key;
     }
+    /* a number, not the address: a new actor may get a stopped one's address while libzmq still
+     * holds that one's inproc name */
+    static atomic_uint seq;
+    snprintf(a->endpoint, sizeof a->endpoint, "inproc://epmoe-exec-%u", atomic_fetch_add(&seq, 1));
+    if (exec_pipe_pair(a, err) != 0)
+        goto fail;
     if (pthread_create(&a->thread, NULL, exec_main, a) != 0) {
         ep_err_set(err, "executor: cannot start its thread");
         goto fail;
     }
     a->started = true;
-    /* wait for the thread's "started" signal, like zactor_new */
-    wire_msg m;
-    if (wire_recv(a->pipe, false, 64, 0, 0, &m, err) != WIRE_OK) {
-        exec_stop(&a);
-        return NULL;
-    }
-    wire_msg_close(&m);
     return a;
 fail:
     exec_stop(&a);
@@ -2042,7 +2145,10 @@ void exec_stop(exec_actor **self_p)
     }
     if (a->pipe)
         zmq_close(a->pipe);
+    if (!a->started && a->thread_pipe)
+        zmq_close(a->thread_pipe); /* a started thread closes its own end */
     mb_destroy(&a->be);
+    explicit_bzero(&a->key, sizeof a->key);
     free(a);
     *self_p = NULL;
 }

@@ -16,7 +16,8 @@
  *                     loaded layers stay (a coordinator restart does not make a worker read its
  *                     shard again).
  *   EXEC_CMD_TERM     leave the thread (exec_stop sends it).
- *   LOAD              bind the data plane, connect to the peers, load every MoE layer (main
+ *   LOAD              bind the data plane, connect to the peers, open the checkpoint and check
+ *                     its files against the session's fingerprint, load every MoE layer (main
  *                     and MTP) with the experts this rank owns; LOADING progress (at most ~10
  *                     per second) then READY, or Error{ERR_LOAD_FAILED} naming the cause (the
  *                     executor stays up, not ready). Layers already loaded for the same model
@@ -30,10 +31,12 @@
  *   EPOCH_COMMIT      serve the staged epoch from now on: its layers replace the old ones (lost
  *                     experts dropped), the data plane takes its epoch in place; READY{epoch}.
  *   STEP              route, dispatch, experts, combine (docs/protocol.md "Forward steps");
- *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}.
- *                     STEP_DONE goes out once this worker's own tokens are combined; the step
- *                     stays open to serve its peers' DISPATCHes until the next STEP, STEP_ABORT
- *                     or placement message closes it (docs/protocol.md "Sparse all-to-all").
+ *                     STEP_DONE or STEP_FAILED{code, message naming peer, tensor or index}. A
+ *                     STEP must carry the session; its hidden states must be finite (a NaN or
+ *                     Inf is ERR_BAD_REQUEST naming the token and channel). STEP_DONE goes out
+ *                     once this worker's own tokens are combined; the step stays open to serve
+ *                     its peers' DISPATCHes until the next STEP, STEP_ABORT or placement message
+ *                     closes it (docs/protocol.md "Sparse all-to-all").
  *   STEP_ABORT        abandon that step if running (STEP_FAILED) or close it if open.
  *
  * While a step waits for its peers the executor also watches the pipe, so STEP_ABORT, RESET and
@@ -47,9 +50,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/model_config.h"
+#include "common/safetensors.h"
+#include "common/wire.h"
 #include "common/placement.h"
 #include "epmoe.pb-c.h"
 #include "kernels/moe_backend.h"
@@ -86,7 +92,19 @@ typedef struct exec_session {
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
     bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
+    uint64_t session;                    /* WELCOME.session: STEP and the data plane carry it */
+    uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security, else NULL */
+    st_file_print *checkpoint;           /* the coordinator's fingerprint (n_checkpoint files) */
+    int n_checkpoint;
 } exec_session;
+
+/* Check a STEP against a session before anything is allocated (what a STEP_FAILED
+ * {ERR_BAD_REQUEST} says): step_id, session, epoch and layer present; the session's id and
+ * epoch; a step id above last_step (when have_last); layer < n_layers; n_tokens <=
+ * EP_MAX_TOKENS; the payloads' count and sizes (hidden bf16 [T, H], ids int64 [T] when has_ids);
+ * ids on a hash layer; finite hidden states. Pure: the executor and fuzz_step call it. */
+int exec_step_check(const exec_session *s, int n_layers, bool have_last, uint64_t last_step,
+                    const Epmoe__Step *req, const wire_msg *m, ep_err *err);
 
 /* An empty session with its tables allocated (E experts, P ranks); NULL when out of memory. */
 exec_session *exec_session_new(int n_experts, int world_size);
@@ -112,8 +130,10 @@ void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *
 typedef struct exec_actor exec_actor;
 
 /* Start the executor thread in zctx with the worker's backend (*be_p is taken and NULLed, also
- * on failure); returns once the thread runs and its pipe is connected. */
-exec_actor *exec_start(void *zctx, mb_backend **be_p, ep_err *err);
+ * on failure) and, with security, the worker's key pair (copied; NULL: none). Returns once the
+ * thread runs and its pipe is connected, or with an error when the pipe cannot be set up (it
+ * never waits for ever). */
+exec_actor *exec_start(void *zctx, mb_backend **be_p, const auth_keypair *key, ep_err *err);
 /* Send TERM and join the thread (a load in progress stops at the next layer). */
 void exec_stop(exec_actor **self_p);
 /* The caller's end of the pipe (poll it for ZMQ_POLLIN; only the creating thread uses it). */

@@ -3,15 +3,19 @@
  * shard, and runs MoE steps with its peers (docs/operations.md "epmoe-worker").
  *
  * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu|cuda:N]
- * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage, 70 cannot start, 78 refused by
- * the coordinator (unknown worker name or config hash mismatch: fix the spec or the binary).
+ *                     [--key FILE --coordinator-key FILE.pub]
+ * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage (including an endpoint that is
+ * not one, a key file that cannot be used), 70 cannot start, 78 refused by the coordinator or
+ * a device this host or build cannot serve.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
 
@@ -21,6 +25,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device DEV]\n"
+            "                    [--key FILE --coordinator-key FILE.pub]\n"
             "\n"
             "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
             "                          e.g. tcp://10.0.0.1:7400\n"
@@ -28,11 +33,15 @@ static void usage(FILE *out)
             "  --name NAME             this worker's name in the cluster spec\n"
             "  --threads N             expert GEMM threads (default: one per online CPU)\n"
             "  --device DEV            the device to run on: cpu (default) or cuda:N\n"
+            "  --key FILE              this worker's secret key (epmoectl keygen; mode 0600):\n"
+            "                          CURVE on every socket, for a spec with security:\n"
+            "  --coordinator-key FILE  the coordinator's public key (its .pub file)\n"
             "\n"
             "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
-            "  (unknown worker name or config hash mismatch) or a device this host or build\n"
-            "  cannot serve (no such GPU, a build without CUDA)\n"
+            "  (unknown worker name, config hash mismatch, device or key not the spec's, another\n"
+            "  live process with this name) or a device this host or build cannot serve (no such\n"
+            "  GPU, a build without CUDA)\n"
             "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs),\n"
             "  EPMOE_ISA=ref|avx2|avx512 (cap the CPU kernels' instruction set; default: the\n"
             "  best this CPU has)\n");
@@ -48,50 +57,69 @@ static int parse_threads(const char *v, int *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+typedef struct worker_args {
+    wctl_options opt;
+    const char *key_path, *coordinator_key_path;
+} worker_args;
+
+/* Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, worker_args *a)
 {
-    log_init("epmoe-worker");
-    wctl_options opt = {.coordinator = getenv("EPMOE_COORDINATOR_LISTEN"), .device = "cpu"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+        const char *o = argv[i];
+        if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
             usage(stdout);
             return 0;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "epmoe-worker: %s needs a value (see --help)\n", a);
+            fprintf(stderr, "epmoe-worker: %s needs a value (see --help)\n", o);
             return WORKER_EXIT_USAGE;
         }
         const char *v = argv[++i];
-        if (strcmp(a, "--coordinator") == 0) {
-            opt.coordinator = v;
-        } else if (strcmp(a, "--name") == 0) {
-            opt.name = v;
-        } else if (strcmp(a, "--device") == 0) {
-            opt.device = v;
-        } else if (strcmp(a, "--threads") == 0) {
-            if (parse_threads(v, &opt.threads) != 0) {
+        if (strcmp(o, "--coordinator") == 0) {
+            a->opt.coordinator = v;
+        } else if (strcmp(o, "--name") == 0) {
+            a->opt.name = v;
+        } else if (strcmp(o, "--device") == 0) {
+            a->opt.device = v;
+        } else if (strcmp(o, "--key") == 0) {
+            a->key_path = v;
+        } else if (strcmp(o, "--coordinator-key") == 0) {
+            a->coordinator_key_path = v;
+        } else if (strcmp(o, "--threads") == 0) {
+            if (parse_threads(v, &a->opt.threads) != 0) {
                 fprintf(stderr, "epmoe-worker: --threads %s: expected 1..4096\n", v);
                 return WORKER_EXIT_USAGE;
             }
         } else {
-            fprintf(stderr, "epmoe-worker: unknown option %s (see --help)\n", a);
+            fprintf(stderr, "epmoe-worker: unknown option %s (see --help)\n", o);
             return WORKER_EXIT_USAGE;
         }
     }
-    if (opt.coordinator == NULL || opt.coordinator[0] == '\0' || opt.name == NULL ||
-        opt.name[0] == '\0') {
+    return -1;
+}
+
+/* The options that need more than presence; an exit code or -1. */
+static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
+{
+    ep_err err = {{0}};
+    wctl_options *o = &a->opt;
+    if (o->coordinator == NULL || o->coordinator[0] == '\0' || o->name == NULL ||
+        o->name[0] == '\0') {
         fprintf(stderr, "epmoe-worker: --coordinator and --name are required (see --help)\n");
         return WORKER_EXIT_USAGE;
     }
-    if (strlen(opt.name) >= EP_MAX_NAME) {
+    if (wire_check_endpoint(o->coordinator, &err) != 0) {
+        fprintf(stderr, "epmoe-worker: --coordinator %s\n", err.msg);
+        return WORKER_EXIT_USAGE;
+    }
+    if (strlen(o->name) >= EP_MAX_NAME) {
         fprintf(stderr, "epmoe-worker: --name is longer than %d bytes\n", EP_MAX_NAME - 1);
         return WORKER_EXIT_USAGE;
     }
     mb_device_kind kind;
     int ordinal;
-    ep_err err;
-    if (mb_parse_device(opt.device, &kind, &ordinal, &err) < 0) {
+    if (mb_parse_device(o->device, &kind, &ordinal, &err) < 0) {
         fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
         return WORKER_EXIT_USAGE;
     }
@@ -102,5 +130,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "epmoe-worker: EPMOE_ISA=%s: expected ref, avx2 or avx512\n", isa);
         return WORKER_EXIT_USAGE;
     }
-    return wctl_run(&opt);
+    if ((a->key_path == NULL) != (a->coordinator_key_path == NULL)) {
+        fprintf(stderr, "epmoe-worker: --key and --coordinator-key go together\n");
+        return WORKER_EXIT_USAGE;
+    }
+    if (a->key_path == NULL)
+        return -1;
+    if (auth_load_secret(a->key_path, kp, &err) != 0 ||
+        auth_load_public(a->coordinator_key_path, server, &err) != 0) {
+        fprintf(stderr, "epmoe-worker: %s\n", err.msg);
+        return WORKER_EXIT_USAGE;
+    }
+    o->key = kp;
+    o->coordinator_key = server;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("epmoe-worker");
+    worker_args a = {.opt = {.coordinator = getenv("EPMOE_COORDINATOR_LISTEN"), .device = "cpu"}};
+    auth_keypair kp;
+    uint8_t server[AUTH_KEY_BYTES];
+    int rc = parse_args(argc, argv, &a);
+    if (rc < 0)
+        rc = check_args(&a, &kp, server);
+    if (rc < 0)
+        rc = wctl_run(&a.opt);
+    explicit_bzero(&kp, sizeof kp);
+    return rc;
 }

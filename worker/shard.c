@@ -27,7 +27,7 @@ static int check_layer(const st_model *m, const mc_config *c, int layer, const u
 {
     int E = c->n_routed_experts;
     if (!want)
-        return ck_check_layer(m, c, layer, 0, E, err);
+        return ck_check_layer_shapes(m, c, layer, 0, E, err);
     int first = -1, last = -1, contiguous = 1;
     for (int e = 0; e < E; e++)
         if (want[e]) {
@@ -38,29 +38,50 @@ static int check_layer(const st_model *m, const mc_config *c, int layer, const u
             last = e;
         }
     if (first < 0)
-        return ck_check_layer(m, c, layer, 0, 0, err);
+        return ck_check_layer_shapes(m, c, layer, 0, 0, err);
     if (contiguous)
-        return ck_check_layer(m, c, layer, first, last + 1, err);
-    if (ck_check_layer(m, c, layer, 0, 0, err) < 0)
+        return ck_check_layer_shapes(m, c, layer, first, last + 1, err);
+    if (ck_check_layer_shapes(m, c, layer, 0, 0, err) < 0)
         return -1;
     for (int e = first; e <= last; e++)
-        if (want[e] && ck_check_layer(m, c, layer, e, e + 1, err) < 0)
+        if (want[e] && ck_check_layer_shapes(m, c, layer, e, e + 1, err) < 0)
             return -1;
     return 0;
 }
 
-/* E8M0 code 255 is NaN (spec §3.3): never a valid weight scale. */
-static int check_e8m0(const st_tensor *t, ep_err *err)
+/* t's bytes in private memory, their values checked (docs/numerics.md); kept in v until
+ * shard_view_free. NULL with err when the file no longer holds them or a value is refused. */
+static const void *stage(shard_view *v, const mc_config *c, const st_tensor *t, ep_err *err)
 {
-    const uint8_t *p = t->data, *nan = memchr(p, 0xFF, (size_t)t->nbytes);
-    if (nan)
-        return ep_err_set(err, "tensor %s: scale code 255 (NaN) at element %td", t->name, nan - p);
-    return 0;
+    if (v->n_copies == v->cap_copies) {
+        int cap = v->cap_copies ? 2 * v->cap_copies : 64;
+        void **n = realloc(v->copies, (size_t)cap * sizeof *n);
+        if (n == NULL) {
+            ep_err_set(err, "out of memory");
+            return NULL;
+        }
+        v->copies = n;
+        v->cap_copies = cap;
+    }
+    void *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+    if (buf == NULL) {
+        ep_err_set(err, "tensor %s: out of memory for %llu bytes", t->name,
+                   (unsigned long long)t->nbytes);
+        return NULL;
+    }
+    v->copies[v->n_copies++] = buf;
+    if (st_tensor_read(t, 0, buf, (size_t)t->nbytes, err) != 0 ||
+        ck_check_value_bytes(c, t, buf, err) != 0)
+        return NULL;
+    v->done += t->nbytes;
+    if (v->progress)
+        v->progress(v->progress_ctx, v->done);
+    return buf;
 }
 
 /* Describe one linear (present and of the right dtype and shape: checked before). */
-static int view_linear(const st_model *m, const char *prefix, const char *mid, mb_wformat fmt,
-                       int N, int K, mb_linear *out, ep_err *err)
+static int view_linear(shard_view *v, const st_model *m, const mc_config *c, const char *prefix,
+                       const char *mid, mb_wformat fmt, int N, int K, mb_linear *out, ep_err *err)
 {
     const st_tensor *w = find(m, prefix, mid, ".weight");
     const st_tensor *s = find(m, prefix, mid, ".scale");
@@ -69,11 +90,11 @@ static int view_linear(const st_model *m, const char *prefix, const char *mid, m
     out->format = fmt;
     out->N = N;
     out->K = K;
-    out->w = w->data;
-    out->scale = s->data;
+    out->w = stage(v, c, w, err);
+    out->scale = out->w ? stage(v, c, s, err) : NULL;
     out->scale_e8m0 = s->dtype == ST_F8_E8M0;
     out->name = w->name;
-    return out->scale_e8m0 ? check_e8m0(s, err) : 0;
+    return out->scale ? 0 : -1;
 }
 
 static int view_router(const st_model *m, const mc_config *c, const char *pfx, shard_view *v,
@@ -86,19 +107,22 @@ static int view_router(const st_model *m, const mc_config *c, const char *pfx, s
                                  : find(m, pfx, "ffn.gate", ".bias");
     if (!norm || !gate || !extra)
         return ep_err_set(err, "%s: ffn_norm, gate weight or gate bias/tid2eid missing", v->name);
-    v->src.norm = norm->data;
-    v->src.gate = gate->data;
+    const void *x = NULL;
+    if ((v->src.norm = stage(v, c, norm, err)) == NULL ||
+        (v->src.gate = stage(v, c, gate, err)) == NULL || (x = stage(v, c, extra, err)) == NULL)
+        return -1;
     if (mc_layer_is_hash(c, v->src.layer))
-        v->src.tid2eid = extra->data;
+        v->src.tid2eid = x;
     else
-        v->src.bias = extra->data;
+        v->src.bias = x;
     return 0;
 }
 
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err)
 {
-    memset(v, 0, sizeof *v);
+    *v = (shard_view){
+        .progress = v->progress, .progress_ctx = v->progress_ctx, .skip_shared = v->skip_shared};
     char pfx[EP_MAX_NAME], mid[64];
     if (ck_layer_prefix(c, layer, pfx, sizeof pfx) < 0)
         return ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
@@ -112,10 +136,10 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
     v->src.experts = v->experts;
     if (check_layer(m, c, layer, want, err) < 0 || view_router(m, c, pfx, v, err) < 0)
         goto fail;
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 3 && !v->skip_shared; j++) {
         int N = j == MB_W2 ? H : I, K = j == MB_W2 ? I : H;
         snprintf(mid, sizeof mid, "ffn.shared_experts.%s", WNAME[j]);
-        if (view_linear(m, pfx, mid, MB_W_FP8, N, K, &v->src.shared[j], err) < 0)
+        if (view_linear(v, m, c, pfx, mid, MB_W_FP8, N, K, &v->src.shared[j], err) < 0)
             goto fail;
     }
     mb_wformat fmt = c->expert_dtype == MC_FP4 ? MB_W_MXFP4 : MB_W_FP8;
@@ -125,7 +149,7 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
         for (int j = 0; j < 3; j++) {
             int N = j == MB_W2 ? H : I, K = j == MB_W2 ? I : H;
             snprintf(mid, sizeof mid, "ffn.experts.%d.%s", e, WNAME[j]);
-            if (view_linear(m, pfx, mid, fmt, N, K, &v->experts[(size_t)e * 3 + j], err) < 0)
+            if (view_linear(v, m, c, pfx, mid, fmt, N, K, &v->experts[(size_t)e * 3 + j], err) < 0)
                 goto fail;
         }
     }
@@ -138,6 +162,11 @@ fail:
 
 void shard_view_free(shard_view *v)
 {
+    for (int i = 0; i < v->n_copies; i++)
+        free(v->copies[i]);
+    free(v->copies);
+    v->copies = NULL;
+    v->n_copies = v->cap_copies = 0;
     free(v->experts);
     v->experts = NULL;
     v->src.experts = NULL;
@@ -196,13 +225,16 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
     for (int e = 0; e < E; e++)
         read[e] = (!want || want[e]) && !(reuse && mb_layer_owns(reuse, e));
     mb_layer *l = NULL;
+    v.progress = progress;
+    v.progress_ctx = progress_ctx;
+    v.skip_shared = reuse != NULL; /* the backends take it from reuse */
     if (shard_view_layer(m, c, layer, read, &v, err) == 0) {
         /* want as given (NULL: all), so reused experts are asked for too */
         uint8_t *all = NULL;
         if (!want && (all = malloc((size_t)E)) != NULL)
             memset(all, 1, (size_t)E);
         if (want || all)
-            l = mb_layer_load(be, c, &v.src, want ? want : all, reuse, progress, progress_ctx, err);
+            l = mb_layer_load(be, c, &v.src, want ? want : all, reuse, NULL, NULL, err);
         else
             ep_err_set(err, "out of memory");
         free(all);
@@ -215,7 +247,7 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
 moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
                                 const uint8_t *want, gemm_impl impl, ep_err *err)
 {
-    shard_view v;
+    shard_view v = {0};
     if (shard_view_layer(m, c, layer, want, &v, err) < 0)
         return NULL;
     moe_layer *l = moe_layer_build(c, &v.src, want, NULL, impl, NULL, NULL, NULL, err);

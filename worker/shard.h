@@ -4,10 +4,14 @@
  *
  * This is where checkpoint reading lives (the kernels never open a file): for one MoE layer and
  * the experts a worker wants, it checks the tensors against the expert-dtype contract
- * (ck_check_layer: names, dtypes, shapes) and the E8M0 scale codes (255 is NaN, never a valid
- * weight scale), then describes them to the backend as host pointers into the mapping
- * (mb_layer_src). For a whole shard it also sizes the backend memory first (mb_reserve: the
- * device-memory check of a GPU worker) and reports progress in checkpoint bytes read.
+ * (ck_check_layer_shapes: names, dtypes, shapes), reads their bytes into private memory with
+ * st_tensor_read and checks their values there (ck_check_value_bytes: the one value policy of
+ * docs/numerics.md), then describes those copies to the backend (mb_layer_src). Reading rather
+ * than pointing into the mapping means a checkpoint truncated while it is loaded fails the load
+ * with a message naming the file, never kills the worker with SIGBUS; the copies live until the
+ * backend has taken the layer (one layer's wanted bytes at a time). For a whole shard it also
+ * sizes the backend memory first (mb_reserve: the device-memory check of a GPU worker) and
+ * reports progress in checkpoint bytes read.
  *
  * Placement is given per layer (want[layer * E + e] != 0: layer `layer` holds expert e), so a
  * layer-by-layer placement needs nothing new here.
@@ -24,15 +28,24 @@
 #include "kernels/moe.h"
 #include "kernels/moe_backend.h"
 
-/* One layer's tensors as the backend takes them; views into m, valid while m is open. */
+/* One layer's tensors as the backend takes them: private copies, freed by shard_view_free. */
 typedef struct shard_view {
     mb_layer_src src;
     mb_linear *experts; /* [E * 3], .w NULL for experts not wanted */
     char name[32];
+    void **copies; /* the tensors' bytes, read from the files */
+    int n_copies, cap_copies;
+    /* told the bytes read so far after each tensor (shard_load_layer sets them) */
+    mb_progress_fn progress;
+    void *progress_ctx;
+    uint64_t done;
+    bool skip_shared; /* leave the shared expert unread (a reused layer provides it) */
 } shard_view;
 
-/* Check and describe layer `layer` for the experts in want ([E]; NULL: all). Errors name the
- * tensor and what was expected (missing tensor, dtype, shape, scale code 255). */
+/* Check, read and describe layer `layer` for the experts in want ([E]; NULL: all). Errors name
+ * the tensor and what was expected (missing tensor, dtype, shape, a value the policy refuses,
+ * a file that no longer holds the bytes). v's progress fields and skip_shared are kept (zero
+ * them, or set them). */
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err);
 void shard_view_free(shard_view *v);
@@ -43,7 +56,9 @@ uint64_t shard_layer_bytes(const st_model *m, const mc_config *c, int layer, con
                            const uint8_t *have, bool skip_shared);
 
 /* Load one layer onto a backend (reuse: an older layer of the same index whose experts are
- * kept; may be NULL). progress gets bytes read within this layer. */
+ * kept; may be NULL). progress gets bytes read within this layer, after each tensor read (the
+ * reading is where a load's time goes; the backend's conversion of the bytes in memory then
+ * reports nothing). */
 mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
                            const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
                            void *progress_ctx, ep_err *err);

@@ -13,22 +13,37 @@
  *
  * The owner thread (the executor) polls tp_socket() beside its other sockets and calls tp_pump
  * when it is readable. tp_pump validates each message completely before keeping it:
- *   epoch == ours; src_rank < world_size and != ours; step_id present; the payload count of the
- *   kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= EP_MAX_TOKENS * MC_MAX_TOPK before
- *   any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes when scales_e8m0
- *   else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine out n_pairs*H*2);
- *   pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner, or owned: held in
- *   some layer; the executor checks the step's layer).
- * A message that fails any check, or whose step is finished (tp_finish), is dropped: counted,
- * its reason logged (rate-limited) and kept in tp_last_drop; it never disturbs other messages.
- * Valid messages are kept until taken, also for steps the owner has not started yet (a fast
- * peer may be ahead), at most TP_MAX_PENDING of them.
+ *   session == ours and epoch == ours; with security, the ZAP user id of the sender (its key's
+ *   name) is the name of the rank it claims; src_rank < world_size and != ours; step_id present;
+ *   the payload count of the kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows x
+ *   MC_MAX_TOPK before any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes
+ *   when scales_e8m0 else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine
+ *   out n_pairs*H*2); pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner,
+ *   or owned: held in some layer; the executor checks the step's layer).
+ * A message that fails any check is dropped: counted, its reason logged (rate-limited) and kept
+ * in tp_last_drop; it never disturbs other messages.
+ *
+ * Buffer space a peer may hold (never more than it was granted):
+ *   - one DISPATCH per peer, of a step not yet finished: a peer is at most one step ahead (the
+ *     coordinator starts a step when every worker has answered the last), so a newer DISPATCH
+ *     from the same peer replaces an older one (stale messages a restarted worker receives from
+ *     its peers' queues give way to the current ones);
+ *   - a COMBINE only when granted: tp_grant(step, peer, n_pairs) before the DISPATCH it answers
+ *     goes out; a COMBINE that was not granted, or whose n_pairs differs, is dropped on arrival,
+ *     and one kept under an earlier grant and never taken gives way to the newer grant's.
+ * Messages of finished steps (tp_finish) are dropped, and so are DISPATCHes more than
+ * TP_STEP_WINDOW steps beyond the last finished one.
  *
  * Step ids must increase within one transport's life (one placement epoch of one coordinator
  * session): "finished" means step_id <= the highest id passed to tp_finish.
  *
- * What the transport does not know is checked by its owner: the layer matches the step's, a
- * COMBINE's n_pairs equals that of the DISPATCH it answers, one message per (step, kind, peer).
+ * Sockets: MAXMSGSIZE is the largest frame this model can legitimately produce
+ * (tp_max_frame), RCVHWM is TP_RCVHWM messages per peer connection, so what a connection can
+ * make libzmq buffer before tp_pump sees it is bounded; with security the PULL is a CURVE server
+ * (ZAP domain AUTH_DOMAIN_DATA) and each PUSH a CURVE client of its peer's key.
+ *
+ * What the transport does not know is checked by its owner: the layer matches the step's, one
+ * DISPATCH per (step, peer).
  *
  * Arrays in a received tp_msg are aligned for their type (misaligned frames are copied), so the
  * owner can hand them to kernels directly. Not thread-safe: one owner thread.
@@ -40,12 +55,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/error.h"
+#include "common/wire.h"
 #include "epmoe.pb-c.h"
 
-/* Messages kept for steps not yet taken, per peer of the world (at most two are legitimately
- * pending per peer and step: its DISPATCH and COMBINE; a peer can be one step ahead). */
-#define TP_PENDING_PER_PEER 8
+/* DISPATCH step ids accepted beyond the last finished step: the coordinator's ids may skip a
+ * step this worker never received, never thousands. */
+#define TP_STEP_WINDOW 1024
+/* Messages libzmq may queue per peer connection before tp_pump reads them: a peer has at most
+ * a DISPATCH and a COMBINE in flight to us. */
+#define TP_RCVHWM 4
 
 typedef struct tp_transport tp_transport;
 
@@ -56,13 +76,20 @@ typedef enum tp_kind { TP_DISPATCH = 0, TP_COMBINE = 1 } tp_kind;
 typedef struct tp_config {
     int rank;                     /* this worker, < world_size */
     int world_size;               /* 1..EP_MAX_WORKERS */
+    uint64_t session;             /* WELCOME.session every message must carry */
     uint64_t epoch;               /* placement epoch every message must carry */
     int hidden;                   /* H, a multiple of 128 */
     int n_experts;                /* E */
+    int topk;                     /* k: n_pairs <= n_rows x k */
     const uint32_t *expert_owner; /* [E]: rank owning expert e (copied); unused when owned */
     const uint8_t *owned;         /* [E] or NULL: 1 where this rank holds expert e in some layer
                                    * (per-layer placements and replicas; copied) */
     const char *bind_endpoint;    /* PULL; "tcp://127.0.0.1:*" binds an ephemeral port */
+    /* Security (key NULL: none): this worker's key pair, each rank's public key and the name
+     * its key speaks for (the ZAP user id its messages must carry). Copied. */
+    const auth_keypair *key;
+    const uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] */
+    const char *const *peer_name;              /* [world_size] */
 } tp_config;
 
 /* One data-plane message. For sending, the caller sets kind, step_id, layer, n_rows, n_pairs,
@@ -88,10 +115,20 @@ typedef struct tp_msg {
     struct tp_buf *buf;    /* private: the storage the arrays live in */
 } tp_msg;
 
-/* Create a transport in zctx and bind its PULL (options set before bind: linger 0,
- * MAXMSGSIZE EP_MAX_DATA_MSG). Errors name the endpoint. */
+/* The largest frame a DISPATCH or COMBINE of this model can carry (EP_MAX_TOKENS rows, capped
+ * at EP_MAX_DATA_MSG): the PULL's ZMQ_MAXMSGSIZE. */
+int64_t tp_max_frame(int hidden, int topk);
+
+/* Create a transport in zctx and bind its PULL (options set before bind: linger 0, MAXMSGSIZE
+ * tp_max_frame, RCVHWM TP_RCVHWM, CURVE with security). Errors name the endpoint. */
 tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err);
 void tp_destroy(tp_transport **self_p);
+
+/* A transport without sockets, and a message handed to it as if tp_pump had read it (wm from
+ * malloc, taken): the validation, slots and grants on their own, for tests and fuzz_dataplane.
+ * tp_send, tp_socket and tp_pump must not be used on it. */
+tp_transport *tp_create_unbound(const tp_config *cfg, ep_err *err);
+void tp_deliver(tp_transport *tp, wire_msg *wm);
 
 /* The endpoint actually bound (ephemeral port resolved), for the peers to connect to. */
 const char *tp_endpoint(const tp_transport *tp);
@@ -143,7 +180,12 @@ size_t tp_msg_bytes(const tp_msg *m, int hidden);
  * cleared. Tolerates a zeroed m. */
 void tp_msg_release(tp_msg *m);
 
-/* Send m to rank dst (!= own rank) without blocking; epoch and src_rank are filled in. The block
+/* Allow rank peer one COMBINE of n_pairs rows for step_id (call before the DISPATCH it answers
+ * goes out). A later grant to the same peer replaces this one. */
+void tp_grant(tp_transport *tp, uint64_t step_id, int peer, int n_pairs);
+
+/* Send m to rank dst (!= own rank) without blocking; session, epoch and src_rank are filled
+ * in. The block
  * goes to ZeroMQ, which frees it once sent, and m's arrays are cleared whether or not the send
  * succeeded. Fails (naming the peer) when dst's queue is full. */
 int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err);
@@ -156,11 +198,12 @@ void *tp_socket(tp_transport *tp);
 int tp_pump(tp_transport *tp);
 
 /* Move a kept message of step_id into *out (the caller releases it). Returns 1, or 0 when
- * none is kept. Messages come out in arrival order. */
+ * none is kept. */
 int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out);
 
-/* Step step_id is finished or abandoned: drop what is kept for it and every earlier step, and
- * drop later arrivals for them. */
+/* Step step_id is finished or abandoned: drop what is kept and granted for it and every earlier
+ * step, and drop later arrivals for them. Also called with step - 1 when a step starts: what
+ * is older than the step the coordinator runs now is stale. */
 void tp_finish(tp_transport *tp, uint64_t step_id);
 
 /* A new placement epoch on the same sockets (placement epochs, docs/protocol.md): messages must
@@ -173,6 +216,7 @@ int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_ow
  * placements and replicas (issue 9), and a committed staged epoch. */
 int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err);
 uint64_t tp_epoch(const tp_transport *tp);
+uint64_t tp_session(const tp_transport *tp);
 
 /* Counters and the reason of the last dropped message ("" if none). */
 uint64_t tp_dropped(const tp_transport *tp);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/wire.h"
@@ -36,16 +37,29 @@ struct tp_buf {
     uint8_t *data;   /* outgoing payloads, or incoming arrays copied for alignment */
 };
 
+/* What one peer holds in this worker: at most one DISPATCH, and a COMBINE only if granted. */
+typedef struct tp_peer {
+    tp_msg dispatch, combine;
+    bool has_dispatch, has_combine;
+    bool granted; /* a COMBINE of grant_pairs rows for grant_step may come */
+    uint64_t grant_step;
+    int grant_pairs;
+} tp_peer;
+
 struct tp_transport {
     void *zctx;
     void *pull;
     void **push; /* [world_size], NULL for own rank and before tp_connect */
-    int rank, world_size, hidden, n_experts;
-    uint64_t epoch;
+    int rank, world_size, hidden, n_experts, topk;
+    uint64_t session, epoch;
     uint8_t *owned; /* [E]: this rank holds expert e (in some layer) */
     char endpoint[EP_MAX_PATH];
-    tp_msg *pending; /* arrival order */
-    int n_pending, cap_pending;
+    bool secure;
+    auth_keypair key;
+    uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security */
+    char **peer_name;                    /* [world_size] with security: expected user ids */
+    tp_peer *peer;                       /* [world_size] */
+    int n_pending;
     bool have_finished;
     uint64_t finished_upto;
     uint64_t dropped;
@@ -163,13 +177,57 @@ static int tp_bind(void *sock, const char *endpoint)
     }
 }
 
-tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+int64_t tp_max_frame(int hidden, int topk)
+{
+    int64_t T = EP_MAX_TOKENS, H = hidden, k = topk;
+    int64_t max = T * H * 2; /* bf16 rows; fp8 codes and scales are smaller */
+    if (T * k * H * 2 > max)
+        max = T * k * H * 2; /* a COMBINE answering the largest DISPATCH */
+    if (T * k * 4 > max)
+        max = T * k * 4;
+    return max > (int64_t)EP_MAX_DATA_MSG ? (int64_t)EP_MAX_DATA_MSG : max;
+}
+
+/* Copy the security part of cfg. */
+static int tp_copy_security(tp_transport *tp, const tp_config *cfg)
+{
+    if (cfg->key == NULL)
+        return 0;
+    tp->secure = true;
+    tp->key = *cfg->key;
+    size_t P = (size_t)cfg->world_size;
+    tp->peer_key = calloc(P, sizeof *tp->peer_key);
+    tp->peer_name = calloc(P, sizeof *tp->peer_name);
+    if (tp->peer_key == NULL || tp->peer_name == NULL)
+        return -1;
+    memcpy(tp->peer_key, cfg->peer_key, P * sizeof *tp->peer_key);
+    for (size_t r = 0; r < P; r++)
+        if ((tp->peer_name[r] = strdup(cfg->peer_name[r])) == NULL)
+            return -1;
+    return 0;
+}
+
+static int tp_pull_options(tp_transport *tp, ep_err *err)
+{
+    int hwm = TP_RCVHWM;
+    if (wire_socket_defaults(tp->pull, tp_max_frame(tp->hidden, tp->topk), err) != 0)
+        return -1;
+    if (zmq_setsockopt(tp->pull, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
+        return ep_err_set(err, "data plane: RCVHWM: %s", zmq_strerror(zmq_errno()));
+    if (tp->secure && auth_server(tp->pull, &tp->key, AUTH_DOMAIN_DATA, err) != 0)
+        return ep_err_prefix(err, "data plane");
+    return 0;
+}
+
+/* The transport's state from cfg, without sockets. */
+static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
 {
     if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->hidden <= 0 || cfg->hidden % EP_FP8_BLOCK != 0 ||
-        cfg->n_experts < 1 || cfg->n_experts > MC_MAX_EXPERTS) {
-        ep_err_set(err, "transport: rank %d of %d, H %d, E %d out of range", cfg->rank,
-                   cfg->world_size, cfg->hidden, cfg->n_experts);
+        cfg->hidden > MC_MAX_HIDDEN || cfg->n_experts < 1 || cfg->n_experts > MC_MAX_EXPERTS ||
+        cfg->topk < 1 || cfg->topk > MC_MAX_TOPK) {
+        ep_err_set(err, "transport: rank %d of %d, H %d, E %d, k %d out of range", cfg->rank,
+                   cfg->world_size, cfg->hidden, cfg->n_experts, cfg->topk);
         return NULL;
     }
     tp_transport *tp = calloc(1, sizeof *tp);
@@ -180,22 +238,40 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
     tp->world_size = cfg->world_size;
     tp->hidden = cfg->hidden;
     tp->n_experts = cfg->n_experts;
+    tp->topk = cfg->topk;
+    tp->session = cfg->session;
     tp->epoch = cfg->epoch;
-    tp->cap_pending = TP_PENDING_PER_PEER * cfg->world_size;
     tp->push = calloc((size_t)cfg->world_size, sizeof *tp->push);
     tp->owned = calloc((size_t)cfg->n_experts, 1);
-    tp->pending = calloc((size_t)tp->cap_pending, sizeof *tp->pending);
-    if (tp->push == NULL || tp->owned == NULL || tp->pending == NULL)
+    tp->peer = calloc((size_t)cfg->world_size, sizeof *tp->peer);
+    if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp_copy_security(tp, cfg) != 0)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
         tp->owned[e] =
             cfg->owned ? cfg->owned[e] != 0 : cfg->expert_owner[e] == (uint32_t)cfg->rank;
+    return tp;
+fail_alloc:
+    ep_err_set(err, "transport: out of memory");
+    tp_destroy(&tp);
+    return NULL;
+}
+
+tp_transport *tp_create_unbound(const tp_config *cfg, ep_err *err)
+{
+    return tp_new(NULL, cfg, err);
+}
+
+tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+{
+    tp_transport *tp = tp_new(zctx, cfg, err);
+    if (tp == NULL)
+        return NULL;
     tp->pull = zmq_socket(zctx, ZMQ_PULL);
     if (tp->pull == NULL) {
         ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
         goto fail_socket;
     }
-    if (wire_socket_defaults(tp->pull, EP_MAX_DATA_MSG, err) != 0)
+    if (tp_pull_options(tp, err) != 0)
         goto fail_bind;
     if (tp_bind(tp->pull, cfg->bind_endpoint) != 0) {
         ep_err_set(err, "data plane: cannot bind %s: %s", cfg->bind_endpoint,
@@ -213,10 +289,6 @@ fail_bind:
 fail_socket:
     tp_destroy(&tp);
     return NULL;
-fail_alloc:
-    ep_err_set(err, "transport: out of memory");
-    tp_destroy(&tp);
-    return NULL;
 }
 
 int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
@@ -227,9 +299,11 @@ int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
         void *s = zmq_socket(tp->zctx, ZMQ_PUSH);
         if (s == NULL)
             return ep_err_set(err, "data plane: zmq_socket(PUSH): %s", zmq_strerror(zmq_errno()));
-        if (wire_socket_defaults(s, EP_MAX_DATA_MSG, err) != 0) {
+        /* a PUSH receives nothing: the smallest bound libzmq takes */
+        if (wire_socket_defaults(s, TP_MAX_BODY, err) != 0 ||
+            (tp->secure && auth_client(s, &tp->key, tp->peer_key[r], err) != 0)) {
             zmq_close(s);
-            return -1;
+            return ep_err_prefix(err, "data plane: to rank %d", r);
         }
         if (zmq_connect(s, endpoints[r]) != 0) {
             ep_err_set(err, "data plane: cannot connect to rank %d at %s: %s", r, endpoints[r],
@@ -247,8 +321,8 @@ void tp_destroy(tp_transport **self_p)
     tp_transport *tp = *self_p;
     if (tp == NULL)
         return;
-    for (int i = 0; i < tp->n_pending; i++)
-        tp_msg_release(&tp->pending[i]);
+    if (tp->peer)
+        tp_finish(tp, UINT64_MAX); /* releases everything kept */
     if (tp->push)
         for (int r = 0; r < tp->world_size; r++)
             if (tp->push[r])
@@ -258,9 +332,15 @@ void tp_destroy(tp_transport **self_p)
             zmq_unbind(tp->pull, tp->endpoint); /* starts releasing the port now */
         zmq_close(tp->pull);
     }
+    if (tp->peer_name)
+        for (int r = 0; r < tp->world_size; r++)
+            free(tp->peer_name[r]);
+    free(tp->peer_name);
+    free(tp->peer_key);
+    explicit_bzero(&tp->key, sizeof tp->key);
     free(tp->push);
     free(tp->owned);
-    free(tp->pending);
+    free(tp->peer);
     free(tp);
     *self_p = NULL;
 }
@@ -313,6 +393,8 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
         Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
         d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
         d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+        d.has_session = 1;
+        d.session = tp->session;
         d.step_id = m->step_id;
         d.epoch = tp->epoch;
         d.layer = m->layer;
@@ -326,6 +408,8 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
     } else {
         Epmoe__Combine c = EPMOE__COMBINE__INIT;
         c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.has_session = 1;
+        c.session = tp->session;
         c.step_id = m->step_id;
         c.epoch = tp->epoch;
         c.src_rank = (uint32_t)tp->rank;
@@ -387,6 +471,26 @@ static size_t tp_spare_size(const wire_msg *wm, int n)
     return total;
 }
 
+/* What only the ZeroMQ plane checks (its messages come over the network, the collective
+ * plane's from the communicator the coordinator built): the session, and with security that
+ * the sender's key speaks for the rank it claims. */
+static int tp_check_sender(const tp_transport *tp, bool has_session, uint64_t session, bool has_src,
+                           uint32_t src, const wire_msg *wm, ep_err *err)
+{
+    if (!has_session)
+        return ep_err_set(err, "session missing");
+    if (session != tp->session)
+        return ep_err_set(err, "session %016llx is not this cluster's (a stale or forged message)",
+                          (unsigned long long)session);
+    if (tp->secure && has_src && src < (uint32_t)tp->world_size) {
+        const char *uid = wire_user_id(wm);
+        if (uid == NULL || strcmp(uid, tp->peer_name[src]) != 0)
+            return ep_err_set(err, "claims rank %u (%s) but comes with the key of %s", src,
+                              tp->peer_name[src], uid ? uid : "nobody");
+    }
+    return 0;
+}
+
 static tp_check tp_checker(const tp_transport *tp)
 {
     return (tp_check){.rank = tp->rank,
@@ -426,7 +530,11 @@ static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep
     if (d == NULL)
         return -1;
     tp_check c = tp_checker(tp);
-    int rc = tp_check_dispatch(&c, d, m, err) == 0 ? tp_check_sizes(tp, wm, m, err) : -1;
+    int rc = tp_check_sender(tp, d->has_session, d->session, d->has_src_rank, d->src_rank, wm,
+                             err) == 0 &&
+                     tp_check_dispatch(&c, d, m, err) == 0
+                 ? tp_check_sizes(tp, wm, m, err)
+                 : -1;
     wire_free_unpacked(&d->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_DISPATCH");
 }
@@ -437,7 +545,11 @@ static int tp_parse_combine(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_
     if (b == NULL)
         return -1;
     tp_check c = tp_checker(tp);
-    int rc = tp_check_combine(&c, b, m, err) == 0 ? tp_check_sizes(tp, wm, m, err) : -1;
+    int rc = tp_check_sender(tp, b->has_session, b->session, b->has_src_rank, b->src_rank, wm,
+                             err) == 0 &&
+                     tp_check_combine(&c, b, m, err) == 0
+                 ? tp_check_sizes(tp, wm, m, err)
+                 : -1;
     wire_free_unpacked(&b->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_COMBINE");
 }
@@ -501,23 +613,83 @@ static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
     return 0;
 }
 
-static void tp_keep(tp_transport *tp, tp_msg *m)
+static void tp_reject(tp_transport *tp, tp_msg *m, const char *why)
 {
+    tp_drop(tp, "%s of step %llu from rank %d: %s", tp_kind_name(m->kind),
+            (unsigned long long)m->step_id, m->src_rank, why);
+    tp_msg_release(m);
+}
+
+/* Keep m in its peer's slot if the peer may hold it (transport.h), else drop it. Returns
+ * whether it was kept. */
+static bool tp_keep(tp_transport *tp, tp_msg *m)
+{
+    tp_peer *p = &tp->peer[m->src_rank];
+    char why[160];
     if (tp->have_finished && m->step_id <= tp->finished_upto) {
-        tp_drop(tp, "%s of finished step %llu from rank %d", tp_kind_name(m->kind),
-                (unsigned long long)m->step_id, m->src_rank);
-        tp_msg_release(m);
-        return;
+        tp_reject(tp, m, "that step is finished");
+        return false;
     }
-    if (tp->n_pending == tp->cap_pending) {
-        tp_drop(tp, "%s of step %llu from rank %d: %d messages already pending",
-                tp_kind_name(m->kind), (unsigned long long)m->step_id, m->src_rank, tp->n_pending);
-        tp_msg_release(m);
-        return;
+    if (m->kind == TP_COMBINE) {
+        if (!p->granted || p->grant_step != m->step_id || p->grant_pairs != m->n_pairs) {
+            if (p->granted && p->grant_step == m->step_id)
+                snprintf(why, sizeof why, "%d pairs, %d were dispatched", m->n_pairs,
+                         p->grant_pairs);
+            else
+                snprintf(why, sizeof why, "no DISPATCH of that step went to that rank");
+            tp_reject(tp, m, why);
+            return false;
+        }
+        p->granted = false; /* one COMBINE per grant */
+        if (p->has_combine) {
+            /* kept under an earlier grant and never taken: the owner has moved on */
+            tp_reject(tp, &p->combine, "replaced by the COMBINE of a newer grant");
+            tp->n_pending--;
+        }
+        p->combine = *m;
+        p->has_combine = true;
+    } else {
+        if (tp->have_finished && m->step_id - tp->finished_upto > TP_STEP_WINDOW) {
+            snprintf(why, sizeof why, "more than %d steps beyond the last finished one (%llu)",
+                     TP_STEP_WINDOW, (unsigned long long)tp->finished_upto);
+            tp_reject(tp, m, why);
+            return false;
+        }
+        if (p->has_dispatch && p->dispatch.step_id == m->step_id) {
+            tp_reject(tp, m, "a duplicate (one DISPATCH per step and peer)");
+            return false;
+        }
+        if (p->has_dispatch) {
+            /* the peer moved on: what it sent before belongs to a step that was settled */
+            tp_reject(tp, &p->dispatch, "replaced by a newer one from the same peer");
+            tp->n_pending--;
+        }
+        p->dispatch = *m;
+        p->has_dispatch = true;
     }
+    tp->n_pending++;
     log_debug(LOG_SUB_DATA, "%s step %llu from rank %d: %d rows, %d pairs", tp_kind_name(m->kind),
               (unsigned long long)m->step_id, m->src_rank, m->n_rows, m->n_pairs);
-    tp->pending[tp->n_pending++] = *m;
+    return true;
+}
+
+/* Validate wm (heap-allocated, taken) and keep or drop it: 1 kept, 0 dropped. */
+static int tp_accept_or_drop(tp_transport *tp, wire_msg *wm)
+{
+    ep_err err;
+    tp_msg m = {0};
+    if (tp_accept(tp, wm, &m, &err) != 0) {
+        wire_msg_close(wm);
+        free(wm);
+        tp_drop(tp, "%s", err.msg);
+        return 0;
+    }
+    return tp_keep(tp, &m) ? 1 : 0;
+}
+
+void tp_deliver(tp_transport *tp, wire_msg *wm)
+{
+    tp_accept_or_drop(tp, wm);
 }
 
 /* One message: 1 kept, 0 dropped, -1 nothing to read. */
@@ -535,16 +707,7 @@ static int tp_recv_one(tp_transport *tp)
         tp_drop(tp, "%s", err.msg);
         return 0;
     }
-    tp_msg m = {0};
-    if (tp_accept(tp, wm, &m, &err) != 0) {
-        wire_msg_close(wm);
-        free(wm);
-        tp_drop(tp, "%s", err.msg);
-        return 0;
-    }
-    int before = tp->n_pending;
-    tp_keep(tp, &m);
-    return tp->n_pending > before;
+    return tp_accept_or_drop(tp, wm);
 }
 
 int tp_pump(tp_transport *tp)
@@ -555,14 +718,29 @@ int tp_pump(tp_transport *tp)
     return kept;
 }
 
+void tp_grant(tp_transport *tp, uint64_t step_id, int peer, int n_pairs)
+{
+    if (peer < 0 || peer >= tp->world_size || peer == tp->rank)
+        return;
+    tp_peer *p = &tp->peer[peer];
+    p->granted = true;
+    p->grant_step = step_id;
+    p->grant_pairs = n_pairs;
+}
+
 int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out)
 {
-    for (int i = 0; i < tp->n_pending; i++) {
-        if (tp->pending[i].step_id != step_id)
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch && p->dispatch.step_id == step_id) {
+            *out = p->dispatch;
+            p->has_dispatch = false;
+        } else if (p->has_combine && p->combine.step_id == step_id) {
+            *out = p->combine;
+            p->has_combine = false;
+        } else {
             continue;
-        *out = tp->pending[i];
-        memmove(&tp->pending[i], &tp->pending[i + 1],
-                (size_t)(tp->n_pending - i - 1) * sizeof *tp->pending);
+        }
         tp->n_pending--;
         return 1;
     }
@@ -574,14 +752,21 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
     if (!tp->have_finished || step_id > tp->finished_upto)
         tp->finished_upto = step_id;
     tp->have_finished = true;
-    int j = 0;
-    for (int i = 0; i < tp->n_pending; i++) {
-        if (tp->pending[i].step_id <= tp->finished_upto)
-            tp_msg_release(&tp->pending[i]);
-        else
-            tp->pending[j++] = tp->pending[i];
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch && p->dispatch.step_id <= tp->finished_upto) {
+            tp_msg_release(&p->dispatch);
+            p->has_dispatch = false;
+            tp->n_pending--;
+        }
+        if (p->has_combine && p->combine.step_id <= tp->finished_upto) {
+            tp_msg_release(&p->combine);
+            p->has_combine = false;
+            tp->n_pending--;
+        }
+        if (p->granted && p->grant_step <= tp->finished_upto)
+            p->granted = false;
     }
-    tp->n_pending = j;
 }
 
 int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err)
@@ -592,8 +777,16 @@ int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owne
     tp->epoch = epoch;
     for (int e = 0; e < tp->n_experts; e++)
         tp->owned[e] = owned[e] != 0;
-    for (int i = 0; i < tp->n_pending; i++)
-        tp_msg_release(&tp->pending[i]);
+    /* nothing of the old epoch is kept or granted any more (the coordinator starts the new
+     * epoch's steps once every member has it, so nothing of the new one is in flight yet) */
+    for (int r = 0; r < tp->world_size; r++) {
+        tp_peer *p = &tp->peer[r];
+        if (p->has_dispatch)
+            tp_msg_release(&p->dispatch);
+        if (p->has_combine)
+            tp_msg_release(&p->combine);
+        *p = (tp_peer){0};
+    }
     tp->n_pending = 0;
     return 0;
 }
@@ -613,4 +806,9 @@ int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_ow
 uint64_t tp_epoch(const tp_transport *tp)
 {
     return tp->epoch;
+}
+
+uint64_t tp_session(const tp_transport *tp)
+{
+    return tp->session;
 }

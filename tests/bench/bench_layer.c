@@ -119,12 +119,7 @@ static void bench_teardown(bench *b)
     if (!b->g)
         return;
     gen_model_free(&b->g);
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", b->dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", b->dir);
-    unlink(p);
-    rmdir(b->dir);
+    gen_model_remove(b->dir);
 }
 
 typedef struct bufs {

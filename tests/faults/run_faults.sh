@@ -150,14 +150,16 @@ case_begin kill9_coordinator
 ready_epoch 1 30 >/dev/null
 fl_ctl shards | grep -qE "^0 +w0 +2 +0-1" || bad "the placement is not the spec's before the restart"
 L0=$(($(wc -l <"$TMP/coord.log") + 1))
+ep0=$(fl_state | cut -d' ' -f2)
 t0=$(fl_now)
 kill -9 "$FL_COORD_PID"
 wait "$FL_COORD_PID" 2>/dev/null # gone, and its sockets with it, as before a service restart
 fl_start_coord
 ttr=-
-if ready_epoch 1 60 >/dev/null; then
+# epochs keep increasing across the restart (the new coordinator starts at its start time)
+if ep1=$(ready_epoch $((ep0 + 1)) 60); then
     ttr=$(($(fl_now) - t0))
-    kept=$(tail -n +"$L0" "$TMP/coord.log" | grep -c "is ready in epoch 1 (.*, 2 experts, 2 kept")
+    kept=$(tail -n +"$L0" "$TMP/coord.log" | grep -c "is ready in epoch $ep1 (.*, 2 experts, 2 kept")
     [ "$kept" -eq "$FL_P" ] || bad "$kept of $FL_P workers kept their experts"
 else
     bad "the restarted coordinator did not become ready within 60 s"

@@ -40,16 +40,6 @@ static int model_dir(char *dir, size_t cap, mc_config *c, const gen_opts *go)
     return rc;
 }
 
-static void rm_dir(const char *dir)
-{
-    char p[256];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
 static void run_model(mc_config *c, const gen_opts *go, const int *Ts, int n_T, int max_layers)
 {
     char dir[64];
@@ -77,7 +67,7 @@ static void run_model(mc_config *c, const gen_opts *go, const int *Ts, int n_T, 
         mb_destroy(&be);
     }
     mb_destroy(&ref);
-    rm_dir(dir);
+    gen_model_remove(dir);
 }
 
 TEST(small_models_agree_with_the_cpu_backend)
@@ -126,7 +116,7 @@ TEST(a_v4_flash_shaped_layer_agrees_with_the_cpu_backend)
         mb_destroy(&be);
     }
     mb_destroy(&ref);
-    rm_dir(dir);
+    gen_model_remove(dir);
 }
 
 TEST(a_shard_that_does_not_fit_is_refused_with_both_sizes)

@@ -5,6 +5,9 @@
 # PIDS=() and fails=0 before sourcing; every daemon started here or by the caller is in PIDS,
 # and the EXIT trap set here stops them, touches $TMP/stop (background client loops watch it)
 # and removes $TMP (kept when KEEP is set). Ports are picked free (bound to port 0 and released).
+# With SECURE set (non-empty) start_cluster writes a security: section for the keys in $KEYS
+# (coordinator.key, workers/wR.pub, operators/; make them with cluster_keys) and starts each
+# worker with its key.
 
 cluster_cleanup() {
     touch "$TMP/stop" 2>/dev/null
@@ -34,6 +37,28 @@ for _ in range(int(sys.argv[1])):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
+}
+
+# cluster_keys NAME...: keys in $KEYS for the secure runs (epmoectl keygen): coordinator, the
+# names given (w0.. go into workers/, the first other one into operators/), and epmoectl's
+# EPMOE_KEY/EPMOE_SERVER_KEY set to that operator's
+cluster_keys() {
+    mkdir -p "$KEYS/workers" "$KEYS/operators"
+    local k op=
+    for k in coordinator "$@"; do
+        "$CTL" keygen --out "$KEYS" --name "$k" >/dev/null || { echo "FAIL: keygen $k"; exit 1; }
+        case $k in
+        coordinator) ;;
+        w[0-9]*) cp "$KEYS/$k.pub" "$KEYS/workers/" ;;
+        *) [ -z "$op" ] && op=$k && cp "$KEYS/$k.pub" "$KEYS/operators/" ;;
+        esac
+    done
+    export EPMOE_KEY=$KEYS/$op.key EPMOE_SERVER_KEY=$KEYS/coordinator.pub
+}
+
+# worker_keys NAME: the worker's key options when SECURE is set
+worker_keys() {
+    [ -n "${SECURE:-}" ] && echo "--key $KEYS/$1.key --coordinator-key $KEYS/coordinator.pub"
 }
 
 # start_cluster NAME MODEL P DISPATCH [EP_EXTRA [COORD_EXTRA [WORKER_METRICS]]]: writes
@@ -66,13 +91,19 @@ start_cluster() {
             fi
             echo "      - {name: w$r, device: cpu, data: \"${DATA[$r]}\"$m}"
         done
+        if [ -n "${SECURE:-}" ]; then
+            echo "security: {coordinator_key: $KEYS/coordinator.key, worker_keys: $KEYS/workers,"
+            echo "           operator_keys: $KEYS/operators}"
+        fi
     } >"$SPEC"
     CPIDS=()
     "$COORD" --cluster "$SPEC" >"$TMP/$name.coord.log" 2>&1 &
     CPIDS+=($!)
     PIDS+=($!)
     for ((r = 0; r < p; r++)); do
-        "$WORKER" --coordinator "$LISTEN" --name "w$r" --threads 1 >"$TMP/$name.w$r.log" 2>&1 &
+        # shellcheck disable=SC2046
+        "$WORKER" --coordinator "$LISTEN" --name "w$r" --threads 1 $(worker_keys "w$r") \
+            >"$TMP/$name.w$r.log" 2>&1 &
         CPIDS+=($!)
         PIDS+=($!)
     done

@@ -180,12 +180,19 @@ itest *it_start(const char *coord_bin, const it_opts *o)
     }
     /* up when the admin socket answers */
     it_client *c = it_client_new(t);
-    if (it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL) == NULL) {
+    Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
+    if (r == NULL) {
         fprintf(stderr, "itest: the coordinator did not answer STATUS\n");
         it_finish(&t, true);
         return NULL;
     }
+    t->epoch1 = r->epoch;
     return t;
+}
+
+uint64_t it_epoch(const itest *t, int n)
+{
+    return t->epoch1 + (uint64_t)(n - 1);
 }
 
 int it_wait_exit(itest *t, int ms)
@@ -307,10 +314,17 @@ it_worker *it_worker_new(itest *t, const char *name)
 
 void it_worker_reconnect(itest *t, it_worker *w)
 {
-    if (w->sock)
+    if (w->sock) {
         zmq_close(w->sock);
+        /* as a restarted process: its old connection is closed by the time it registers (the
+         * coordinator refuses a name whose other connection is still open) */
+        usleep(200000);
+    }
     w->sock = it_socket(t, ZMQ_DEALER);
-    zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, w->name, strlen(w->name));
+    /* a routing id of this connection's own, as epmoe-worker uses ("NAME#n") */
+    char ident[96];
+    snprintf(ident, sizeof ident, "%s#%d", w->name, ++w->n_connections);
+    zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, ident, strlen(ident));
     zmq_connect(w->sock, t->listen);
     w->welcomed = w->loaded = false;
     w->held_step = 0;
@@ -619,6 +633,37 @@ static void it_client_handle(it_client *c, wire_msg *m)
     c->have_reply = true;
 }
 
+void *it_raw_dealer(itest *t, const char *ep, const char *id)
+{
+    void *s = it_socket(t, ZMQ_DEALER);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_connect(s, ep);
+    return s;
+}
+
+int it_raw_recv(itest *t, void *sock, int ms, int *code, char *msg, size_t cap)
+{
+    int64_t end = it_now_ms() + ms;
+    while (it_now_ms() < end) {
+        it_pump(t, 5);
+        wire_msg m;
+        if (wire_recv(sock, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, NULL) !=
+            WIRE_OK)
+            continue;
+        int type = m.type;
+        if (type == EPMOE__MSG_TYPE__MSG_ERROR) {
+            Epmoe__Error *e = (Epmoe__Error *)wire_unpack(&epmoe__error__descriptor, &m, NULL);
+            *code = e && e->has_code ? (int)e->code : -1;
+            snprintf(msg, cap, "%s", e && e->message ? e->message : "");
+            if (e)
+                wire_free_unpacked(&e->base);
+        }
+        wire_msg_close(&m);
+        return type;
+    }
+    return -1;
+}
+
 void it_pump(itest *t, int ms)
 {
     int64_t end = it_now_ms() + ms;
@@ -878,9 +923,12 @@ int it_fwd_check(const itest *t, const it_client *c, const it_fwd *in)
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids)
 {
     for (int t = 0; t < T; t++) {
-        for (int h = 0; h < IT_H; h++)
-            hidden[(size_t)t * IT_H + h] =
+        for (int h = 0; h < IT_H; h++) {
+            uint16_t v =
                 (uint16_t)(((uint32_t)t * 7919u + (uint32_t)h * 31u + seed * 104729u) & 0x7FFF);
+            /* finite: an all-ones exponent (NaN, Inf) is refused as input (docs/numerics.md) */
+            hidden[(size_t)t * IT_H + h] = (v & 0x7F80u) == 0x7F80u ? (uint16_t)(v & ~0x0080u) : v;
+        }
         if (ids)
             ids[t] = (int64_t)(((uint32_t)t * 37u + seed) % IT_VOCAB);
     }

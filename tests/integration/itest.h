@@ -58,6 +58,7 @@ typedef enum it_behaviour {
 typedef struct it_worker {
     char name[64];
     void *sock;
+    int n_connections; /* its routing id is "name#n" for its n-th connection */
     it_behaviour behaviour;
     int64_t next_hb_ms;
     /* what it received */
@@ -127,6 +128,7 @@ typedef struct itest {
     it_client *cl[IT_MAX_CLIENTS];
     int n_cl;
     it_client *state_client; /* it_wait_state's */
+    uint64_t epoch1;         /* the coordinator's first epoch (its start time in ms) */
 } itest;
 
 void it_default_opts(it_opts *o);
@@ -149,7 +151,7 @@ int it_write_spec(itest *t);
 const char *it_worker_name(const itest *t, int rank);
 
 it_worker *it_worker_new(itest *t, const char *name);
-/* Close and reconnect with the same routing id (a restarted worker). */
+/* Close, wait 200 ms, and connect again with a new routing id (a restarted worker). */
 void it_worker_reconnect(itest *t, it_worker *w);
 int it_worker_send(it_worker *w, uint16_t type, const ProtobufCMessage *body);
 /* REGISTER .. READY; 0 when the worker reached READY. The same as it_worker_hello, then
@@ -174,10 +176,17 @@ Epmoe__AdminReply *it_call(itest *t, it_client *c, Epmoe__AdminVerb verb, const 
 
 /* Pump every fake worker for ms. */
 void it_pump(itest *t, int ms);
+
+/* A DEALER of the test's own (no fake worker behind it) to endpoint ep, with routing id id. */
+void *it_raw_dealer(itest *t, const char *ep, const char *id);
+/* Pump until a message arrives on sock (an it_raw_dealer) or ms pass. Returns its type, with an
+ * Error's code in *code (-1 when it has none) and its text in msg (cap bytes); -1 when nothing
+ * came. */
+int it_raw_recv(itest *t, void *sock, int ms, int *code, char *msg, size_t cap);
 /* Pump until STATUS says state (polling), or ms pass; 0 when reached. */
 int it_wait_state(itest *t, const char *state, int ms);
 
-/* FORWARD input for T tokens: hidden bf16 bits and (when layer is a hash layer) ids. */
+/* FORWARD input for T tokens: hidden bf16 bits (finite) and (when layer is a hash layer) ids. */
 void it_make_input(int T, uint32_t seed, uint16_t *hidden, int64_t *ids);
 /* A FORWARD's input: T tokens of hidden bf16 and (hash layers) ids, from it_make_input. */
 typedef struct it_fwd {
@@ -192,6 +201,9 @@ void it_fwd_free(it_fwd *in);
 void it_fwd_send(itest *t, it_client *c, const char *layer, const it_fwd *in);
 /* it_check_forward on c's reply; prints why and returns -1 when it is not right. */
 int it_fwd_check(const itest *t, const it_client *c, const it_fwd *in);
+/* The n-th placement epoch of this coordinator run (n = 1: the first). Epochs start at the
+ * coordinator's start time, not at 1, so that they keep increasing across restarts. */
+uint64_t it_epoch(const itest *t, int n);
 /* Pump until STATUS says state with current_epoch == epoch, or ms pass; 0 when reached. */
 int it_wait_epoch(itest *t, uint64_t epoch, const char *state, int ms);
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # test_cli_offline.sh — epmoectl's offline tools end to end: mkmodel writes checkpoints, inspect
 # reads them back (JSON, --map, table), and both report bad input with the documented exit codes
-# and messages that name the problem.
+# and messages that name the problem. One value policy: a NaN scale code or a NaN/Inf weight is
+# refused by inspect and by forward --local's loader with the same message, a NaN or Inf input
+# by forward naming the token and channel; a FIFO where a file should be is refused at once;
+# -o json after the command works for every offline command; diff -o json keeps tensors whose
+# difference is infinite; keygen writes a 0600 secret and a public key and never overwrites.
 #
 # usage: test_cli_offline.sh PATH/TO/epmoectl
 set -u
@@ -170,6 +174,137 @@ json "d == {'schema': 1, 'dir': '$T/fp4', 'expert_dtype': 'fp4', 'expert_dtype_i
 [ -e "$T/fp4/model.safetensors.index.json" ] && fail "--force --shards 1 left the old index"
 [ -e "$T/fp4/model-00001-of-00002.safetensors" ] && fail "--force --shards 1 left an old shard"
 run 0 "inspect after --force" "$CTL" inspect --model "$T/fp4"
+
+# ---- one value policy: inspect, the loader, forward --local ------------------------------------
+# patch DIR TENSOR ELEMENT HEXBYTES: overwrite element ELEMENT of TENSOR in DIR's checkpoint
+patch() {
+    python3 - "$@" <<'PY'
+import json, os, struct, sys
+d, name, elem, raw = sys.argv[1], sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.argv[4])
+idx = os.path.join(d, "model.safetensors.index.json")
+f = json.load(open(idx))["weight_map"][name] if os.path.exists(idx) else "model.safetensors"
+path = os.path.join(d, f)
+with open(path, "r+b") as fp:
+    n = struct.unpack("<Q", fp.read(8))[0]
+    begin = json.loads(fp.read(n))[name]["data_offsets"][0]
+    fp.seek(8 + n + begin + elem * len(raw))
+    fp.write(raw)
+PY
+}
+V=$T/values
+"$CTL" mkmodel --out "$V" --expert-dtype fp4 --seed 3 >/dev/null || fail "mkmodel values"
+"$CTL" mkinput --model "$V" --tokens 5 --out "$T/in5.st" >/dev/null || fail "mkinput values"
+run 0 "forward --local on an intact checkpoint" "$CTL" forward --local --model "$V" --layer 1 \
+    --input "$T/in5.st" --output "$T/o1.st"
+patch "$V" layers.1.ffn.experts.3.w2.scale 7 ff
+run 65 "inspect: an E8M0 scale code 255" "$CTL" inspect --model "$V"
+has "$T/err" '"layers.1.ffn.experts.3.w2.scale": element [1, 3] is scale code 255 (NaN)' \
+    "inspect names the NaN scale"
+run 65 "forward --local refuses the same scale" "$CTL" forward --local --model "$V" --layer 1 \
+    --input "$T/in5.st" --output "$T/o2.st"
+has "$T/err" '"layers.1.ffn.experts.3.w2.scale": element [1, 3] is scale code 255 (NaN)' \
+    "forward --local names the NaN scale"
+patch "$V" layers.1.ffn.experts.3.w2.scale 7 7f
+patch "$V" layers.2.ffn_norm.weight 9 c07f
+run 65 "inspect: a NaN norm weight" "$CTL" inspect --model "$V"
+has "$T/err" '"layers.2.ffn_norm.weight": element 9 is NaN' "inspect names the NaN weight"
+run 65 "forward --local refuses the NaN norm weight" "$CTL" forward --local --model "$V" \
+    --layer 2 --input "$T/in5.st" --output "$T/o2.st"
+has "$T/err" '"layers.2.ffn_norm.weight": element 9 is NaN' "forward names the NaN weight"
+patch "$V" layers.2.ffn_norm.weight 9 807f
+run 65 "inspect: an Inf norm weight" "$CTL" inspect --model "$V"
+has "$T/err" "element 9 is Inf" "inspect names the Inf weight"
+patch "$V" layers.2.ffn_norm.weight 9 803f
+run 0 "inspect after the repair" "$CTL" inspect --model "$V"
+# inputs: a NaN in token 3, channel 17 of hidden_states
+cp "$T/in5.st" "$T/nan5.st"
+python3 - "$T/nan5.st" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "r+b") as fp:
+    n = struct.unpack("<Q", fp.read(8))[0]
+    h = json.loads(fp.read(n))["hidden_states"]
+    H = h["shape"][1]
+    fp.seek(8 + n + h["data_offsets"][0] + 2 * (3 * H + 17))
+    fp.write(bytes.fromhex("c0ff"))
+PY
+run 65 "forward --local: a NaN input" "$CTL" forward --local --model "$V" --layer 1 \
+    --input "$T/nan5.st" --output "$T/o3.st"
+has "$T/err" 'token 3, channel 17: the hidden state is NaN' "forward names token and channel"
+
+# ---- FIFOs where files should be: refused, never waited on ------------------------------------
+F=$T/fifo
+mkdir "$F"
+cp "$V"/*.safetensors "$V/model.safetensors.index.json" "$F/"
+mkfifo "$F/config.json"
+run 78 "inspect: config.json is a FIFO" timeout 20 "$CTL" inspect --model "$F"
+has "$T/err" "not a regular file" "the FIFO config.json is named"
+rm "$F/config.json"
+cp "$V/config.json" "$F/"
+rm "$F/model-00002-of-00002.safetensors"
+mkfifo "$F/model-00002-of-00002.safetensors"
+run 65 "inspect: a shard is a FIFO" timeout 20 "$CTL" inspect --model "$F"
+has "$T/err" "model-00002-of-00002.safetensors: not a regular file" "the FIFO shard is named"
+
+# ---- -o json after the command ------------------------------------------------------------------
+run 0 "mkinput ... -o json" "$CTL" mkinput --model "$V" --tokens 2 --out "$T/in2.st" -o json
+json "d['schema'] == 1 and d['tokens'] == 2" "mkinput json after the verb"
+run 0 "forward --local ... -o json" "$CTL" forward --local --model "$V" --layer 1 \
+    --input "$T/in2.st" --output "$T/o4.st" -o json
+json "d['schema'] == 1 and d['tokens'] == 2" "forward json after the verb"
+run 0 "diff ... -o json" "$CTL" diff "$T/o4.st" "$T/o4.st" -o json
+json "d['identical'] is True and len(d['tensors']) == 3" "diff json after the verb"
+run 0 "mkmodel ... -o json" "$CTL" mkmodel --out "$T/m3" --expert-dtype fp8 --shards 1 -o json
+json "d['schema'] == 1 and d['shards'] == 1" "mkmodel json after the verb"
+run 64 "-o yaml after the verb" "$CTL" diff "$T/o4.st" "$T/o4.st" -o yaml
+has "$T/err" "-o yaml: expected table or json" "a bad -o names the value"
+
+# ---- diff -o json with an infinite difference -----------------------------------------------------
+cp "$T/o4.st" "$T/o5.st"
+python3 - "$T/o5.st" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "r+b") as fp:
+    n = struct.unpack("<Q", fp.read(8))[0]
+    fp.seek(8 + n + json.loads(fp.read(n))["out"]["data_offsets"][0] + 2)
+    fp.write(bytes.fromhex("c07f"))
+PY
+run 1 "diff -o json: one NaN element" "$CTL" -o json diff "$T/o4.st" "$T/o5.st"
+json "[t['name'] for t in d['tensors']] == ['out', 'topk_ids', 'topk_weights']" \
+    "diff json keeps the tensor whose difference is NaN"
+json "d['tensors'][0]['max_abs'] == 'inf' and d['tensors'][0]['differ'] == 1" \
+    "diff json says inf"
+
+# ---- keygen -----------------------------------------------------------------------------------------
+K=$T/keys
+mkdir "$K"
+run 0 "keygen" "$CTL" keygen --out "$K" --name a0
+[ "$(stat -c %a "$K/a0.key")" = 600 ] || fail "keygen: a0.key is not mode 0600"
+grep -q 'secret-key = "' "$K/a0.key" || fail "keygen: a0.key has no secret-key"
+grep -q 'public-key = "' "$K/a0.pub" || fail "keygen: a0.pub has no public-key"
+grep -q 'secret-key' "$K/a0.pub" && fail "keygen: a0.pub holds the secret"
+cp "$K/a0.pub" "$T/a0.pub.before"
+run 73 "keygen never overwrites" "$CTL" keygen --out "$K" --name a0
+cmp -s "$K/a0.pub" "$T/a0.pub.before" || fail "keygen changed an existing key"
+run 64 "keygen --name with a slash" "$CTL" keygen --out "$K" --name ../x
+run 0 "keygen -o json" "$CTL" keygen --out "$K" --name op1 -o json
+json "d['name'] == 'op1' and len(d['public_key']) == 40" "keygen json"
+
+# ---- the cluster path without a coordinator: one deadline for the whole command --------------------
+PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+t0=$(date +%s%N)
+run 69 "forward --timeout 2000, nobody listening" "$CTL" --coordinator "tcp://127.0.0.1:$PORT" \
+    --timeout 2000 forward --layer 1 --input "$T/in5.st" --output "$T/o6.st"
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$ms" -lt 4500 ] || fail "forward --timeout 2000 took $ms ms: the command must keep one deadline (it took 6 s with a deadline per request)"
+has "$T/err" "did not answer within 2000 ms" "the deadline is named"
+run 64 "status --coordinator with port 99999" "$CTL" --coordinator tcp://127.0.0.1:99999 status
+has "$T/err" 'port "99999" is not in 1..65535' "the bad port is named"
+run 64 "--key without --server-key" "$CTL" --coordinator "tcp://127.0.0.1:$PORT" \
+    --key "$K/a0.key" status
+has "$T/err" "--key and --server-key" "the missing half is named"
+chmod 644 "$K/a0.key"
+run 64 "a secret key others can read" env EPMOE_KEY="$K/a0.key" EPMOE_SERVER_KEY="$K/op1.pub" \
+    "$CTL" --coordinator "tcp://127.0.0.1:$PORT" status
+has "$T/err" "chmod 600" "the loose key file is refused"
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)"

@@ -11,18 +11,39 @@
 # dropped, and the cluster goes on serving bit-identical results; shutdown stops every daemon
 # with exit 0.
 #
-#   test_cluster.sh CTL_DIR COORDINATOR WORKER ZMQ_POKE
+# With "secure" (ctest test_cluster_secure) everything runs with a security: section: CURVE on
+# every socket, keys from epmoectl keygen, the operator's through $EPMOE_KEY; the intruder then
+# has a key of its own that no list admits, and the malformed messages come from a client with
+# an admitted key (a stranger's bytes never get past the handshake).
+#
+#   test_cluster.sh CTL_DIR COORDINATOR WORKER ZMQ_POKE [secure]
 set -u
 CTL=$1/epmoectl
 COORD=$2
 WORKER=$3
 POKE=$4
+SECURE=${5:-}
 TMP=$(mktemp -d /tmp/epmoe_cluster_XXXXXX)
 PIDS=()
 fails=0
 
 # shellcheck source=cluster_lib.sh
 . "$(dirname "$0")/cluster_lib.sh"
+
+# keys for the secure run: the coordinator, the workers (w0..w3), an operator, an intruder
+KEYS=$TMP/keys
+[ -n "$SECURE" ] && cluster_keys w0 w1 w2 w3 op1 intruder
+
+# poke_as KEY SERVER ENDPOINT MODE KIND: zmq_poke, with security as KEY towards SERVER's key
+poke_as() {
+    local z85=() k
+    if [ -n "$SECURE" ]; then
+        for k in "public-key $KEYS/$1.key" "secret-key $KEYS/$1.key" "public-key $KEYS/$2.pub"; do
+            z85+=("$(sed -n "s/.*${k%% *} = \"\(.*\)\"/\1/p" "${k#* }")")
+        done
+    fi
+    POKE_PUBLIC=${z85[0]:-} POKE_SECRET=${z85[1]:-} POKE_SERVER=${z85[2]:-} "$POKE" "${@:3}"
+}
 
 # check_forwards NAME MODEL: every layer kind and token count through the cluster
 check_forwards() {
@@ -96,11 +117,15 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
     done
     [ $cbad -eq 0 ] && ok "6 concurrent forwards from separate clients, each bit-identical"
 
-    # a worker whose name is not in the spec is refused and exits 78
-    "$WORKER" --coordinator "$LISTEN" --name intruder >"$TMP/intruder.log" 2>&1
+    # a worker whose name is not in the spec is refused and exits 78 (with security: its key is
+    # in no list, so the handshake is refused before it can even say its name)
+    # shellcheck disable=SC2046
+    "$WORKER" --coordinator "$LISTEN" --name intruder $(worker_keys intruder) >"$TMP/intruder.log" 2>&1
     rc=$?
-    if [ $rc -eq 78 ] && grep -q "not in cluster spec" "$TMP/intruder.log"; then
-        ok "worker \"intruder\" refused: exit 78, $(grep -o 'worker "intruder" is not in cluster spec[^(]*' "$TMP/intruder.log" | head -1)"
+    want="not in cluster spec"
+    [ -n "$SECURE" ] && want="refused this process's key"
+    if [ $rc -eq 78 ] && grep -q "$want" "$TMP/intruder.log"; then
+        ok "worker \"intruder\" refused: exit 78 ($want)"
     else
         fail "intruder worker: exit $rc; log: $(tail -3 "$TMP/intruder.log")"
     fi
@@ -108,8 +133,10 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
     # malformed messages: the coordinator answers each with an Error (type 1) on both sockets
     kinds="badversion notype badtype nobody garbage unknown junk toomany register_empty"
     for sock in "$LISTEN" "$ADMIN"; do
+        who=w0
+        [ "$sock" = "$ADMIN" ] && who=op1
         for k in $kinds; do
-            r=$("$POKE" "$sock" dealer "$k")
+            r=$(poke_as "$who" coordinator "$sock" dealer "$k")
             [[ "$r" == "reply: type 1"* ]] || fail "poke $sock $k: $r"
         done
     done
@@ -117,8 +144,9 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
     # the same through the shell's own TCP: bytes that are not even ZMTP
     exec 3<>"/dev/tcp/127.0.0.1/${ADMIN##*:}" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && exec 3>&-
     # and each worker's data endpoint drops them
-    for d in "${DATA[@]}"; do
-        for k in $kinds; do "$POKE" "$d" push "$k" >/dev/null; done
+    for ((r = 0; r < 4; r++)); do
+        # with security as rank r's peer (admitted, its bytes reach the transport)
+        for k in $kinds; do poke_as "w$(((r + 1) % 4))" "w$r" "${DATA[$r]}" push "$k" >/dev/null; done
     done
     sleep 0.5
     for ((r = 0; r < 4; r++)); do

@@ -125,13 +125,13 @@ TEST(lost_experts_go_to_the_survivors_with_the_fewest)
     it_client *c = it_client_new(t);
     /* a1 (rank 1) owns 2, 3: expert 2 goes to a0 (ties: lowest rank), then 3 to b0 (a0 has 3) */
     t->w[1]->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     const int e2[IT_E] = {0, 0, 0, 2, 2, 2, 3, 3};
     check_owners(t, c, e2);
     forward_ok(t, c, 30, 1);
     /* then b1: 6 -> b0? no: a0 and b0 hold 3 each: 6 -> a0 (lowest), 7 -> b0 */
     t->w[3]->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 3000), 0);
     const int e3[IT_E] = {0, 0, 0, 2, 2, 2, 0, 2};
     check_owners(t, c, e3);
     forward_ok(t, c, 7, 2);
@@ -157,7 +157,7 @@ TEST(queued_request_waits_for_the_epoch_and_runs_in_it)
     CHECK(it_wait(t, c, 5000) != NULL);
     CHECK_EQ(it_fwd_check(t, c, &in), 0);
     CHECK(it_now_ms() - t0 >= 300); /* it waited for the survivors' READY */
-    CHECK_EQ(t->w[0]->epoch, 2);
+    CHECK_EQ(t->w[0]->epoch, it_epoch(t, 2));
     CHECK_EQ(steps_failed(t, c), 0);
     it_fwd_free(&in);
     FINISH(t);
@@ -181,7 +181,7 @@ TEST(queued_request_that_waits_too_long_is_answered_timeout)
     if (r && r->error)
         CHECK_STR_HAS(r->error, "waited step_timeout_ms 400 for cluster itest to be ready");
     /* the epoch still completes and serves */
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 5000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 5000), 0);
     it_fwd_send(t, c, "layers.1", &in);
     CHECK(it_wait(t, c, 3000) != NULL);
     CHECK_EQ(it_fwd_check(t, c, &in), 0);
@@ -235,14 +235,14 @@ TEST(rejoin_stay_keeps_a_spare_that_takes_the_next_loss)
     it_client *c = it_client_new(t);
     it_worker *w = t->w[2];
     w->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     w->behaviour = IT_OK;
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
     CHECK_EQ(wait_worker(t, c, 2, "ready", 3000), 0);
     it_pump(t, 200); /* a restore would be decided now: stay decides nothing */
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->current_epoch == 2 && r->n_workers == 4);
+    CHECK(r && r->current_epoch == it_epoch(t, 2) && r->n_workers == 4);
     if (r && r->n_workers == 4) {
         CHECK_STR_EQ(r->workers[2]->state, "ready");
         CHECK_EQ(r->workers[2]->n_experts, 0);
@@ -250,7 +250,7 @@ TEST(rejoin_stay_keeps_a_spare_that_takes_the_next_loss)
     }
     /* b0 (rank 2, owning none) is the fewest: b1's 6 and 7 both go to it */
     t->w[3]->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 3000), 0);
     const int e3[IT_E] = {0, 0, 1, 1, 0, 1, 2, 2};
     check_owners(t, c, e3);
     forward_ok(t, c, 11, 3);
@@ -276,9 +276,9 @@ TEST(worker_welcomed_before_an_epoch_is_welcomed_again_into_it)
     it_worker *a1 = t->w[1], *b1 = t->w[3];
     /* lose a1, then b1: epoch 3 has a0 and b0 alone */
     a1->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 5000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 5000), 0);
     b1->behaviour = IT_MUTE;
-    CHECK_EQ(it_wait_epoch(t, 3, "ready", 5000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 5000), 0);
     a1->behaviour = b1->behaviour = IT_OK;
     it_worker_reconnect(t, a1);
     it_worker_reconnect(t, b1);
@@ -287,19 +287,19 @@ TEST(worker_welcomed_before_an_epoch_is_welcomed_again_into_it)
      * workers with a session, not to b1: it still waits for its CONFIG_ACK. */
     int welcomes = b1->n_welcomes;
     CHECK_EQ(it_worker_hello(t, b1), 0);
-    CHECK_EQ(b1->epoch, 3);
+    CHECK_EQ(b1->epoch, it_epoch(t, 3));
     CHECK_EQ(it_worker_register(t, a1), 0);
-    CHECK_EQ(wait_told(t, t->w[0], 4, 5000), 0);
+    CHECK_EQ(wait_told(t, t->w[0], it_epoch(t, 4), 5000), 0);
     CHECK(t->w[0]->members & 0x8u);
-    CHECK_EQ(b1->epoch, 3);
+    CHECK_EQ(b1->epoch, it_epoch(t, 3));
     /* b1's CONFIG_ACK for epoch 3 comes after epoch 4 was sent: a fresh WELCOME into epoch 4,
      * whose CONFIG_ACK is answered with LOAD */
     CHECK_EQ(it_worker_join(t, b1), 0);
     CHECK_EQ(b1->n_welcomes - welcomes, 2);
-    CHECK(b1->welcome && b1->welcome->epoch == 4);
+    CHECK(b1->welcome && b1->welcome->epoch == it_epoch(t, 4));
     CHECK_EQ(b1->owned, 2);
     /* epoch 4 completes with its four members: the spec's placement */
-    CHECK_EQ(it_wait_epoch(t, 4, "ready", 5000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 4), "ready", 5000), 0);
     const int e4[IT_E] = {0, 0, 1, 1, 2, 2, 3, 3};
     check_owners(t, c, e4);
     forward_ok(t, c, 12, 18);
@@ -322,13 +322,13 @@ TEST(drain_under_load_fails_no_step)
     it_pump(t, 100);
     CHECK(a1->slow_step != NULL); /* the step is in flight on a1 */
     Epmoe__AdminReply *r = verb_worker(t, op, EPMOE__ADMIN_VERB__ADMIN_DRAIN, "a1");
-    CHECK(r && r->ok && r->epoch == 2);
+    CHECK(r && r->ok && r->epoch == it_epoch(t, 2));
     if (r && r->message)
         CHECK_STR_HAS(r->message, "worker a1 is drained");
     /* the step in flight runs to its end in epoch 1, on all four */
     CHECK(it_wait(t, c, 5000) != NULL);
     CHECK_EQ(it_fwd_check(t, c, &in), 0);
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     CHECK_EQ(a1->members, 0xDu); /* a1 heard epoch 2 too, as a non-member */
     const int e2[IT_E] = {0, 0, 0, 2, 2, 2, 3, 3};
     check_owners(t, op, e2);
@@ -339,7 +339,7 @@ TEST(drain_under_load_fails_no_step)
     a1->behaviour = IT_MUTE;
     CHECK_EQ(wait_worker(t, op, 1, "dead", 3000), 0);
     r = it_call(t, op, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->current_epoch == 2 && r->state && strcmp(r->state, "ready") == 0);
+    CHECK(r && r->current_epoch == it_epoch(t, 2) && r->state && strcmp(r->state, "ready") == 0);
     if (r && r->n_workers == 4) {
         CHECK_STR_EQ(r->workers[1]->state, "dead");
         CHECK(r->workers[1]->drained);
@@ -352,7 +352,7 @@ TEST(drain_under_load_fails_no_step)
     a1->behaviour = IT_OK;
     it_worker_reconnect(t, a1);
     CHECK_EQ(it_worker_register(t, a1), 0);
-    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 3000), 0);
     const int e3[IT_E] = {0, 0, 1, 1, 2, 2, 3, 3};
     check_owners(t, op, e3);
     forward_ok(t, c, 9, 11);
@@ -435,7 +435,7 @@ TEST(broken_reload_keeps_the_old_spec_serving)
     if (r && r->error)
         CHECK_STR_HAS(r->error, "model.path: changed from");
     r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->current_epoch == 1 && strcmp(r->state, "ready") == 0);
+    CHECK(r && r->current_epoch == it_epoch(t, 1) && strcmp(r->state, "ready") == 0);
     CHECK_EQ(it_write_spec(t), 0);
     FINISH(t);
 }
@@ -450,14 +450,14 @@ TEST(reload_new_timeouts_welcomes_everyone_into_a_new_epoch)
     t->o.step_timeout_ms = 7000;
     CHECK_EQ(it_write_spec(t), 0);
     reload_says(t, c, "step_timeout_ms 5000 -> 7000");
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     for (int i = 0; i < 4; i++)
         CHECK(t->w[i]->welcome && t->w[i]->welcome->step_timeout_ms == 7000);
     forward_ok(t, c, 13, 14);
     /* the same spec again: nothing changes, no new epoch */
     reload_says(t, c, "nothing changed");
     it_pump(t, 200);
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 1000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 1000), 0);
     FINISH(t);
 }
 
@@ -474,7 +474,7 @@ TEST(reload_adds_and_removes_workers)
     reload_says(t, c, "workers added: a2; a3; b2; b3");
     Epmoe__AdminReply *r;
     /* the four old workers serve alone first (the new ones have not joined) */
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     CHECK_EQ(t->w[2]->rank, 4);
     forward_ok(t, c, 17, 15);
     const char *added[] = {"a2", "a3", "b2", "b3"};

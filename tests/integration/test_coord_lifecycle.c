@@ -8,9 +8,11 @@
  * hash gets ERR_CONFIG_HASH naming both hashes and no LOAD; STATUS, WORKERS, SHARDS and CONFIG
  * answer what the test computes from its own spec and config.json; a silent worker is declared
  * dead, its experts move to the others in epoch 2 and come back in epoch 3 when it registers
- * again; a worker whose shard fails is replaced the same way; a restarted worker (same
- * routing id) is welcomed again; SHUTDOWN and SIGTERM stop the daemon with exit 0 after sending
- * SHUTDOWN to the workers; spec and config errors exit 78 with file:line:column messages.
+ * again; a worker whose shard fails is replaced the same way; a restarted worker (a new
+ * connection) is welcomed again, and so is a new connection of the same process (routing id
+ * NAME/random/N) while its old one is open, but not one of another process; SHUTDOWN and SIGTERM
+ * stop the daemon with exit 0 after sending SHUTDOWN to the workers; spec and config errors exit 78
+ * with file:line:column messages.
  *
  * Usage: test_coord_lifecycle PATH/epmoe-coordinator
  */
@@ -67,7 +69,7 @@ TEST(all_workers_register_cluster_ready)
             continue;
         CHECK_EQ(w->rank, k);
         CHECK_EQ(w->world_size, 4);
-        CHECK_EQ(w->epoch, 1);
+        CHECK_EQ(w->epoch, it_epoch(t, 1));
         CHECK_EQ(w->welcome->n_expert_owner, IT_E);
         for (int e = 0; e < IT_E && w->welcome->n_expert_owner == IT_E; e++)
             CHECK_EQ(w->welcome->expert_owner[e], e / (IT_E / 4));
@@ -170,7 +172,7 @@ TEST(admin_verbs_answer_from_spec_and_config)
         CHECK_EQ(r->id, c->want_id);
         CHECK_STR_EQ(r->cluster, "itest");
         CHECK_STR_EQ(r->state, "ready");
-        CHECK_EQ(r->epoch, 1);
+        CHECK_EQ(r->epoch, it_epoch(t, 1));
         CHECK_EQ(r->config_hash, mc_hash(&t->cfg));
         CHECK(r->model_path && strstr(r->model_path, "/model") != NULL);
         CHECK_EQ(r->steps_done, 0);
@@ -269,7 +271,7 @@ TEST(silent_worker_dies_and_comes_back)
     w->behaviour = IT_MUTE;
     int64_t t0 = it_now_ms();
     /* the survivors take its experts over in epoch 2 */
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
     int64_t took = it_now_ms() - t0;
     CHECK(took >= 400); /* liveness 5 x 100 ms, give or take a tick */
     it_client *c = it_client_new(t);
@@ -312,7 +314,7 @@ TEST(silent_worker_dies_and_comes_back)
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
     /* rejoin: restore (the default) gives it its experts back in epoch 3 */
-    CHECK_EQ(it_wait_epoch(t, 3, "ready", 3000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 3000), 0);
     r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
     CHECK(r && r->n_workers == 4 && r->workers[2]->n_experts == IT_E / 4);
     FINISH(t);
@@ -325,35 +327,93 @@ TEST(restart_reregisters_and_duplicate_is_refused)
     if (t == NULL)
         return;
     CHECK_EQ(it_register_all(t), 0);
-    /* a restarted a1 (same routing id, new connection) starts over at welcomed */
+    /* a restarted a1 (its old connection closed, a new one) starts over at welcomed (the
+     * coordinator may have noticed the closed connection first and moved its experts: either
+     * way it is welcomed again) */
     it_worker *w = t->w[1];
     it_worker_reconnect(t, w);
     Epmoe__Register reg = EPMOE__REGISTER__INIT;
     reg.name = "a1";
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &reg.base);
-    CHECK_EQ(it_wait_state(t, "loading", 3000), 0);
+    for (int i = 0; i < 150 && !w->welcomed; i++)
+        it_pump(t, 20);
     CHECK(w->welcomed);
     CHECK_EQ(it_worker_register(t, w), 0);
     CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
-    /* a second live process claiming b0 from another routing id */
+    /* a second process claiming b0 while b0's connection is open: refused, for good */
     it_worker *dup = it_worker_new(t, "b0-impostor");
     Epmoe__Register r2 = EPMOE__REGISTER__INIT;
     r2.name = "b0";
     it_worker_send(dup, EPMOE__MSG_TYPE__MSG_REGISTER, &r2.base);
     it_pump(t, 200);
     CHECK_EQ(dup->last_error_code, EPMOE__ERROR_CODE__ERR_DUPLICATE);
-    CHECK_STR_HAS(dup->last_error, "already registered");
-    /* a device other than the spec's is refused, naming the spec line */
+    CHECK_STR_HAS(dup->last_error, "registered from another connection that is still open");
+    /* a device other than the spec's is refused for good (the worker exits 78), naming the
+     * spec line */
     it_worker *dev = it_worker_new(t, "x");
     Epmoe__Register r3 = EPMOE__REGISTER__INIT;
     r3.name = "b1";
     r3.device = "cuda:0";
     it_worker_send(dev, EPMOE__MSG_TYPE__MSG_REGISTER, &r3.base);
     it_pump(t, 200);
-    CHECK_EQ(dev->last_error_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_EQ(dev->last_error_code, EPMOE__ERROR_CODE__ERR_REFUSED);
     CHECK_STR_HAS(dev->last_error, "cluster.yaml:");
     CHECK_STR_HAS(dev->last_error, "assigns \"cpu\"");
     CHECK_EQ(it_wait_state(t, "ready", 1000), 0);
+    FINISH(t);
+}
+
+/* A DEALER to the worker socket with routing id ident, and REGISTER name on it. */
+static void *register_as(itest *t, const char *ident, const char *name)
+{
+    void *s = it_raw_dealer(t, t->listen, ident);
+    Epmoe__Register r = EPMOE__REGISTER__INIT;
+    r.name = (char *)name;
+    wire_send(s, NULL, 0, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base, NULL, 0, false, NULL);
+    return s;
+}
+
+/* The answer to a REGISTER on s: WELCOME (returns 0), an Error (returns its code), or -1 when
+ * neither came within 3 s. */
+static int register_answer(itest *t, void *s)
+{
+    int64_t end = it_now_ms() + 3000;
+    int code = -1, type = 0;
+    char msg[512];
+    while (type >= 0 && it_now_ms() < end) {
+        type = it_raw_recv(t, s, (int)(end - it_now_ms()), &code, msg, sizeof msg);
+        if (type == EPMOE__MSG_TYPE__MSG_WELCOME)
+            return 0;
+        if (type == EPMOE__MSG_TYPE__MSG_ERROR)
+            return code;
+    }
+    return -1;
+}
+
+/* epmoe-worker's routing ids are NAME/random/N: a new connection of the same process (a
+ * reconnect after a silence, its old connection still open at the coordinator) takes its
+ * worker over; another process (another random part) is a duplicate while the first is
+ * connected. The coordinator has no ROUTER_HANDOVER, so a reconnect is never a routing id
+ * taken over: without the process rule the reconnect would be refused as a duplicate. */
+TEST(a_reconnect_of_the_same_process_is_no_duplicate)
+{
+    itest *t = start();
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    void *first = register_as(t, "a0/0badcafe/1", "a0");
+    CHECK_EQ(register_answer(t, first), 0);
+    void *again = register_as(t, "a0/0badcafe/2", "a0");
+    CHECK_EQ(register_answer(t, again), 0);
+    void *other = register_as(t, "a0/12345678/1", "a0");
+    CHECK_EQ(register_answer(t, other), EPMOE__ERROR_CODE__ERR_DUPLICATE);
+    /* a routing id of another form is a process of its own */
+    void *plain = register_as(t, "a0/0badcafe", "a0");
+    CHECK_EQ(register_answer(t, plain), EPMOE__ERROR_CODE__ERR_DUPLICATE);
+    zmq_close(first);
+    zmq_close(again);
+    zmq_close(other);
+    zmq_close(plain);
     FINISH(t);
 }
 
@@ -370,7 +430,7 @@ TEST(load_failure_is_visible)
     e.message = "layers.0.ffn.experts.2.w1.weight: expected I8 [128, 64], found F8_E4M3";
     it_worker_send(t->w[1], EPMOE__MSG_TYPE__MSG_ERROR, &e.base);
     /* it can no longer serve its experts: the others take them over in epoch 2 */
-    CHECK_EQ(it_wait_epoch(t, 2, "ready", 2000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 2000), 0);
     it_client *c = it_client_new(t);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
     CHECK(r && r->n_workers == 4);
@@ -466,7 +526,7 @@ TEST(busy_ports_exit_69_and_sighup_reloads_an_unchanged_spec)
     it_pump(t, 100);
     it_client *c = it_client_new(t);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
-    CHECK(r && r->ok && r->epoch == 1);
+    CHECK(r && r->ok && r->epoch == it_epoch(t, 1));
     FINISH(t);
 }
 
@@ -566,6 +626,7 @@ int main(int argc, char **argv)
     RUN(admin_verbs_answer_from_spec_and_config);
     RUN(silent_worker_dies_and_comes_back);
     RUN(restart_reregisters_and_duplicate_is_refused);
+    RUN(a_reconnect_of_the_same_process_is_no_duplicate);
     RUN(load_failure_is_visible);
     RUN(admin_shutdown_stops_workers_and_exits_0);
     RUN(sigterm_answers_queued_work_and_exits_0);

@@ -82,7 +82,11 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1
     fi
     [ "$(get c2 epmoe_cluster_state state=ready)" = 1.0 ] || fail "epmoe_cluster_state{state=ready} is not 1"
     [ "$(get c2 epmoe_workers state=ready)" = 2.0 ] || fail "epmoe_workers{state=ready} is not 2"
-    [ "$(get c2 epmoe_placement_epoch kind=current)" = 1.0 ] || fail "epmoe_placement_epoch{current} is not 1"
+    # epochs start at the wall clock in ms (ids keep increasing across coordinator restarts)
+    "$CTL" --coordinator "$ADMIN" -o json status >"$TMP/status.json" || fail "status"
+    cur=$(json_get "$TMP/status.json" "d['current_epoch']")
+    gauge=$(json_get "$TMP/c2.json" "int(d.get('epmoe_placement_epoch', {}).get('kind=current', -1))")
+    [ "$gauge" = "$cur" ] || fail "epmoe_placement_epoch{current} is $gauge, status says $cur"
     for r in 0 1; do
         ws=$(("$(get "w${r}_2" epmoe_worker_steps_total result=ok | cut -d. -f1)" -
             "$(get "w${r}_1" epmoe_worker_steps_total result=ok | cut -d. -f1)"))

@@ -19,6 +19,13 @@
  *    step_timeout_ms fails naming the peer not heard from; the next step is bit-exact;
  *  - garbage sent to a worker's data endpoint is ignored and the next step is bit-exact;
  *  - SIGTERM -> exit 0; SHUTDOWN -> exit 0; a silent coordinator -> the worker registers again;
+ *  - --coordinator that is no endpoint (or port 99999) and a secret key others may read exit
+ *    64 naming the option; Error{ERR_REFUSED} and Error{ERR_DUPLICATE} exit 78; a worker whose
+ *    key the coordinator's ZAP handler refuses exits 78 saying so;
+ *  - a forged COMBINE for the next step (with or without the session id) never changes a
+ *    result; 64 stray DISPATCHes for future steps never block a later step; a worker killed and
+ *    restarted while its peer queued DISPATCHes of 20 aborted steps for it runs its first step
+ *    at once and exactly (each of these failed before the session, slots and grants);
  *  - with the real epmoe-coordinator (cluster spec, admin FORWARD): 2 and 3 workers, both
  *    dispatch formats, every layer kind, answers bit-identical to moe_forward; admin SHUTDOWN
  *    stops the coordinator and every worker with exit 0.
@@ -29,11 +36,13 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/model_msg.h"
 #include "common/safetensors.h"
@@ -70,13 +79,42 @@ static double now_s(void)
 static pid_t children[64];
 static int n_children;
 
+/* The binaries under test; the environment may name others (e.g. an older build, to see a
+ * new test fail on the code it was written against). */
+static const char *worker_bin(void)
+{
+    const char *b = getenv("EPMOE_TEST_WORKER_BIN");
+    return b && b[0] ? b : EPMOE_WORKER_BIN;
+}
+
 static pid_t spawn_worker(const char *endpoint, const char *name)
 {
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        execl(EPMOE_WORKER_BIN, EPMOE_WORKER_BIN, "--coordinator", endpoint, "--name", name,
-              "--threads", "1", (char *)NULL);
+        execl(worker_bin(), worker_bin(), "--coordinator", endpoint, "--name", name, "--threads",
+              "1", (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0 && n_children < 64)
+        children[n_children++] = pid;
+    return pid;
+}
+
+/* A worker with its own command line after the binary; stderr to log (NULL: inherited). */
+static pid_t spawn_worker_argv(const char *const *args, const char *log)
+{
+    const char *argv[16] = {worker_bin()};
+    int n = 1;
+    for (; args[n - 1] && n < 15; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (log && freopen(log, "w", stderr) == NULL)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
         _exit(127);
     }
     if (pid > 0 && n_children < 64)
@@ -175,11 +213,11 @@ static void fc_learn(fc *f, const char *who, const char *ident)
 
 static void fc_open(fc *f)
 {
+    memset(f, 0, sizeof *f);
     f->router = zmq_socket(zctx, ZMQ_ROUTER);
     int one = 1;
     wire_socket_defaults(f->router, EP_MAX_DATA_MSG, NULL);
     zmq_setsockopt(f->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(f->router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     CHECK(zmq_bind(f->router, "tcp://127.0.0.1:*") == 0);
     size_t sz = sizeof f->endpoint;
     zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, f->endpoint, &sz);
@@ -268,16 +306,6 @@ static uint16_t bf16_of(float f)
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); /* RNE; inputs are finite */
 }
 
-static void rm_model(const char *dir)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
 /* H 256, I 256, E 8, top-4, layers: 0 hash, 1 score, 2 MTP (score). fp8: F32 activation scales,
  * so the fp8 dispatch carries f32 scales there and e8m0 scales with fp4. */
 static int fixture_init(fixture *f, mc_expert_dtype dt, int experts_made, bool reference)
@@ -326,7 +354,7 @@ static void fixture_free(fixture *f)
     st_model_close(&f->m);
     gen_model_free(&f->g);
     if (f->dir[0])
-        rm_model(f->dir);
+        gen_model_remove(f->dir);
     free(f->x);
     free(f->ids);
 }
@@ -364,6 +392,7 @@ typedef struct cluster {
     uint32_t owner[64];
     uint64_t epoch;
     uint64_t step_id;
+    uint64_t session;
 } cluster;
 
 typedef struct welcome_opts {
@@ -380,6 +409,7 @@ static int cluster_register(cluster *cl, int P)
     memset(cl, 0, sizeof *cl);
     fc_open(&cl->f);
     cl->P = P;
+    cl->session = 0xC0FFEE0000000000ull ^ (uint64_t)getpid() << 8 ^ (uint64_t)P;
     for (int r = 0; r < P; r++) {
         snprintf(cl->name[r], sizeof cl->name[r], "w%d", r);
         snprintf(cl->data_ep[r], sizeof cl->data_ep[r], "tcp://127.0.0.1:%d", free_port());
@@ -473,6 +503,8 @@ static void send_welcome(cluster *cl, int r, const fixture *fx, const welcome_op
     w.step_timeout_ms = (uint32_t)(o->step_timeout_ms ? o->step_timeout_ms : 30000);
     w.data_endpoint = cl->data_ep[r];
     w.device = "cpu";
+    w.has_session = 1;
+    w.session = cl->session;
     fc_send(&cl->f, cl->name[r], EPMOE__MSG_TYPE__MSG_WELCOME, &w.base, NULL, 0);
 }
 
@@ -620,6 +652,8 @@ static void send_step(cluster *cl, int r, const fixture *fx, int layer, int T, b
     s.layer = (uint32_t)layer;
     s.n_tokens = (uint32_t)(t1 - t0);
     s.has_ids = with_ids;
+    s.has_session = 1;
+    s.session = cl->session;
     wire_payload pl[2] = {{.data = fx->x + (size_t)t0 * H, .len = (size_t)(t1 - t0) * H * 2},
                           {.data = fx->ids + t0, .len = (size_t)(t1 - t0) * 8}};
     fc_send(&cl->f, cl->name[r], EPMOE__MSG_TYPE__MSG_STEP, &s.base, pl, with_ids ? 2 : 1);
@@ -777,6 +811,17 @@ static void check_all_steps(cluster *cl, const fixture *fx, const char *label)
 
 static fixture fx4, fx8;
 static bool fx4_ok, fx8_ok;
+
+/* P workers registered, welcomed with o and loaded from fx; false (the test failed, the workers
+ * killed) when that did not work. */
+static bool cluster_up(cluster *cl, int P, const fixture *fx, const welcome_opts *o)
+{
+    if (cluster_register(cl, P) == 0 && cluster_welcome_load(cl, fx, o) == 0)
+        return true;
+    TEST_FAIL_AT("cluster of %d workers", P);
+    cluster_abandon(cl);
+    return false;
+}
 
 static void run_cluster(const fixture *fx, int P, bool round_robin)
 {
@@ -955,11 +1000,8 @@ TEST(step_abort_and_timeout_name_the_cause)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 1500};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx4, &o))
         return;
-    }
     /* w0 gets the step, w1 does not: w0 waits for w1's DISPATCH until aborted */
     cl.step_id++;
     send_step(&cl, 0, &fx4, 1, 64, false);
@@ -993,11 +1035,8 @@ TEST(garbage_on_the_data_plane_is_ignored)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8};
-    if (cluster_register(&cl, 2) != 0 || cluster_welcome_load(&cl, &fx8, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 2, &fx8, &o))
         return;
-    }
     check_step(&cl, &fx8, 1, 64, "before garbage");
     void *push = zmq_socket(zctx, ZMQ_PUSH);
     int linger = 0;
@@ -1041,11 +1080,8 @@ TEST(sigterm_exits_zero)
         SKIP("no fixture");
     cluster cl;
     welcome_opts o = {.dispatch = TP_FMT_FP8};
-    if (cluster_register(&cl, 1) != 0 || cluster_welcome_load(&cl, &fx4, &o) != 0) {
-        TEST_FAIL_AT("cluster");
-        cluster_abandon(&cl);
+    if (!cluster_up(&cl, 1, &fx4, &o))
         return;
-    }
     kill(cl.pid[0], SIGTERM);
     CHECK_EQ(wait_exit(cl.pid[0], WAIT_S), 0);
     /* also while still registering */
@@ -1093,6 +1129,293 @@ TEST(silent_coordinator_makes_the_worker_register_again)
     welcome_opts again = {.dispatch = TP_FMT_BF16};
     CHECK(cluster_welcome_load(&cl, &fx4, &again) == 0);
     check_step(&cl, &fx4, 1, 7, "after re-registering");
+    cluster_shutdown(&cl);
+    kill_children();
+}
+
+/* ---- the command line and refusals that restarting cannot fix ---------------------------------
+ */
+
+/* Whether the file at path contains needle. */
+static bool file_has(const char *path, const char *needle)
+{
+    char buf[8192];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+TEST(bad_endpoints_and_keys_are_usage_errors)
+{
+    char log[] = "/tmp/epmoe_test_worker_log_XXXXXX";
+    int fd = mkstemp(log);
+    close(fd);
+    const char *garbage[] = {"--coordinator", "garbage", "--name", "w0", NULL};
+    CHECK_EQ(wait_exit(spawn_worker_argv(garbage, log), WAIT_S), 64);
+    CHECK(file_has(log, "\"garbage\" is not a ZeroMQ endpoint"));
+    const char *port[] = {"--coordinator", "tcp://127.0.0.1:99999", "--name", "w0", NULL};
+    CHECK_EQ(wait_exit(spawn_worker_argv(port, log), WAIT_S), 64);
+    CHECK(file_has(log, "port \"99999\" is not in 1..65535"));
+    /* a secret key others may read */
+    char dir[] = "/tmp/epmoe_test_worker_keys_XXXXXX";
+    ep_err err = {{0}};
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(auth_keygen(dir, "w0", &err) == 0);
+    char key[128], pub[128];
+    snprintf(key, sizeof key, "%s/w0.key", dir);
+    snprintf(pub, sizeof pub, "%s/w0.pub", dir);
+    chmod(key, 0644);
+    const char *loose[] = {"--coordinator",
+                           "tcp://127.0.0.1:9",
+                           "--name",
+                           "w0",
+                           "--key",
+                           key,
+                           "--coordinator-key",
+                           pub,
+                           NULL};
+    CHECK_EQ(wait_exit(spawn_worker_argv(loose, log), WAIT_S), 64);
+    CHECK(file_has(log, "lets others read or change the secret key; chmod 600"));
+    unlink(key);
+    unlink(pub);
+    rmdir(dir);
+    unlink(log);
+}
+
+TEST(permanent_refusals_exit_78)
+{
+    static const Epmoe__ErrorCode codes[2] = {EPMOE__ERROR_CODE__ERR_REFUSED,
+                                              EPMOE__ERROR_CODE__ERR_DUPLICATE};
+    for (int i = 0; i < 2; i++) {
+        cluster cl;
+        if (cluster_register(&cl, 1) != 0) {
+            TEST_FAIL_AT("registration");
+            cluster_abandon(&cl);
+            return;
+        }
+        send_error(&cl, 0, codes[i], "the spec's device for w0 is cuda:0 / w0 is alive elsewhere");
+        CHECK_EQ(wait_exit(cl.pid[0], WAIT_S), 78);
+        fc_close(&cl.f);
+        kill_children();
+    }
+}
+
+TEST(a_worker_whose_key_is_refused_exits_78)
+{
+    /* the fake coordinator as a CURVE server whose ZAP handler admits nobody */
+    char dir[] = "/tmp/epmoe_test_worker_keys_XXXXXX";
+    ep_err err = {{0}};
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(auth_keygen(dir, "coordinator", &err) == 0 && auth_keygen(dir, "w0", &err) == 0);
+    char ckey[128], cpub[128], wkey[128], wpub[128], log[160];
+    snprintf(ckey, sizeof ckey, "%s/coordinator.key", dir);
+    snprintf(cpub, sizeof cpub, "%s/coordinator.pub", dir);
+    snprintf(wkey, sizeof wkey, "%s/w0.key", dir);
+    snprintf(wpub, sizeof wpub, "%s/w0.pub", dir);
+    snprintf(log, sizeof log, "%s/w0.log", dir);
+    void *ctx = zmq_ctx_new();
+    auth_zap *zap = auth_zap_start(ctx, &err);
+    auth_keypair kp;
+    CHECK(zap && auth_load_secret(ckey, &kp, &err) == 0);
+    CHECK(auth_zap_allow(zap, AUTH_DOMAIN_WORKERS, auth_list_new(), &err) == 0);
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(auth_server(router, &kp, AUTH_DOMAIN_WORKERS, &err) == 0);
+    CHECK(zmq_bind(router, "tcp://127.0.0.1:*") == 0);
+    char ep[64];
+    size_t sz = sizeof ep;
+    zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &sz);
+    const char *args[] = {"--coordinator",     ep,   "--name", "w0", "--key", wkey,
+                          "--coordinator-key", cpub, NULL};
+    CHECK_EQ(wait_exit(spawn_worker_argv(args, log), WAIT_S), 78);
+    CHECK(file_has(log, "refused this process's key"));
+    CHECK(auth_zap_refused(zap) >= 1);
+    zmq_close(router);
+    auth_zap_stop(&zap);
+    zmq_ctx_term(ctx);
+    unlink(ckey), unlink(cpub), unlink(wkey), unlink(wpub), unlink(log);
+    rmdir(dir);
+}
+
+/* ---- hostile and stale peers on the data plane ------------------------------------------------
+ */
+
+/* A PUSH of the test's own to rank r's data endpoint. */
+static void *data_push(cluster *cl, int r)
+{
+    void *push = zmq_socket(zctx, ZMQ_PUSH);
+    int linger = 0;
+    zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(zmq_connect(push, cl->data_ep[r]) == 0);
+    return push;
+}
+
+/* Pairs rank from sends rank to in a step of T tokens on layer (the reference's routing). */
+static int pairs_between(const cluster *cl, const fixture *fx, int layer, int T, int from, int to)
+{
+    outs want = outs_new(&fx->c, T);
+    ep_err err = {{0}};
+    int k = fx->c.num_experts_per_tok, n = 0;
+    CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
+                      &err) == 0);
+    int t0 = (int)((long)from * T / cl->P), t1 = (int)((long)(from + 1) * T / cl->P);
+    for (int i = t0 * k; i < t1 * k; i++)
+        n += want.ids[i] >= 0 && cl->owner[want.ids[i]] == (uint32_t)to;
+    outs_free(&want);
+    return n;
+}
+
+static void forge_combine(void *push, const cluster *cl, uint64_t session, uint64_t step, int src,
+                          int n_pairs, int H)
+{
+    Epmoe__Combine c = EPMOE__COMBINE__INIT;
+    c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = c.has_session = 1;
+    c.step_id = step;
+    c.epoch = cl->epoch;
+    c.session = session;
+    c.src_rank = (uint32_t)src;
+    c.n_pairs = (uint32_t)n_pairs;
+    uint16_t *out = malloc((size_t)n_pairs * H * 2 + 2);
+    for (size_t i = 0; i < (size_t)n_pairs * H; i++)
+        out[i] = 0x4000; /* 2.0: a wrong answer that is easy to see */
+    wire_payload p = {.data = out, .len = (size_t)n_pairs * H * 2};
+    CHECK(wire_send(push, NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, &p, 1, false, NULL) == 0);
+    free(out);
+}
+
+static void forge_empty_dispatch(void *push, const cluster *cl, uint64_t step, int src)
+{
+    Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
+    d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = d.has_session = 1;
+    d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+    d.step_id = step;
+    d.epoch = cl->epoch;
+    d.session = cl->session;
+    d.layer = 1;
+    d.src_rank = (uint32_t)src;
+    d.format = EPMOE__DISPATCH_FORMAT__DISPATCH_FP8;
+    d.scales_e8m0 = 1;
+    wire_payload p[5] = {{.len = 0}, {.len = 0}, {.len = 0}, {.len = 0}, {.len = 0}};
+    static const uint8_t none[1];
+    for (int i = 0; i < 5; i++)
+        p[i].data = none;
+    CHECK(wire_send(push, NULL, 0, EPMOE__MSG_TYPE__MSG_DISPATCH, &d.base, p, 5, false, NULL) == 0);
+}
+
+TEST(forged_combines_never_change_a_result)
+{
+    if (!fx4_ok)
+        SKIP("no fixture");
+    cluster cl;
+    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 5000};
+    if (!cluster_up(&cl, 2, &fx4, &o))
+        return;
+    check_step(&cl, &fx4, 1, 64, "before the forgery");
+    int T = 64, H = fx4.c.hidden_size;
+    int n = pairs_between(&cl, &fx4, 1, T, 0, 1); /* what w0 will wait for from w1 */
+    CHECK(n > 0);
+    void *push = data_push(&cl, 0);
+    /* "rank 1's" answer to the next step, planted before the step: once with this cluster's
+     * session (an insider), once with a guessed one */
+    forge_combine(push, &cl, cl.session, cl.step_id + 1, 1, n, H);
+    forge_combine(push, &cl, 0x1234, cl.step_id + 1, 1, n, H);
+    usleep(300000);
+    check_step(&cl, &fx4, 1, T, "after a forged COMBINE for the next step");
+    check_step(&cl, &fx4, 2, T, "after a forged COMBINE for the next step");
+    zmq_close(push);
+    cluster_shutdown(&cl);
+    kill_children();
+}
+
+TEST(stray_future_dispatches_do_not_block_later_steps)
+{
+    if (!fx8_ok)
+        SKIP("no fixture");
+    cluster cl;
+    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 3000};
+    if (!cluster_up(&cl, 2, &fx8, &o))
+        return;
+    check_step(&cl, &fx8, 1, 7, "before");
+    void *push = data_push(&cl, 1);
+    /* 32 tiny DISPATCHes "from rank 0" for steps that may come (near future) and for steps
+     * that never will (far future) */
+    for (int i = 0; i < 32; i++)
+        forge_empty_dispatch(push, &cl, cl.step_id + 2 + (uint64_t)i, 0);
+    for (int i = 0; i < 32; i++)
+        forge_empty_dispatch(push, &cl, cl.step_id + 1000000 + (uint64_t)i, 0);
+    usleep(300000);
+    double t0 = now_s();
+    for (int i = 0; i < 3; i++)
+        check_step(&cl, &fx8, i % 3, 64, "after 64 stray DISPATCHes");
+    CHECK(now_s() - t0 < 3.0 * WAIT_S); /* no step waited for a timeout */
+    zmq_close(push);
+    cluster_shutdown(&cl);
+    kill_children();
+}
+
+/* WELCOME (the cluster's current epoch) and LOAD for rank r alone, until READY. */
+static int rewelcome_one(cluster *cl, int r, const fixture *fx, const welcome_opts *o)
+{
+    send_welcome(cl, r, fx, o);
+    wire_msg m;
+    if (fc_expect(&cl->f, cl->name[r], EPMOE__MSG_TYPE__MSG_CONFIG_ACK, WAIT_S, &m) != 0)
+        return -1;
+    wire_msg_close(&m);
+    send_load(cl, r);
+    for (double end = now_s() + 3 * WAIT_S; now_s() < end;) {
+        char who[64];
+        if (fc_recv(&cl->f, end - now_s(), &m, who, sizeof who) != 0)
+            break;
+        bool ready = m.type == EPMOE__MSG_TYPE__MSG_READY && strcmp(who, cl->name[r]) == 0;
+        wire_msg_close(&m);
+        if (ready)
+            return 0;
+    }
+    return -1;
+}
+
+TEST(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone)
+{
+    if (!fx4_ok)
+        SKIP("no fixture");
+    cluster cl;
+    /* a long step timeout: the stall this proves gone lasted all of it, and a loaded machine
+     * stays far below it */
+    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 20000};
+    if (!cluster_up(&cl, 2, &fx4, &o))
+        return;
+    check_step(&cl, &fx4, 1, 64, "before the kill");
+    kill(cl.pid[1], SIGKILL);
+    CHECK_EQ(wait_exit(cl.pid[1], WAIT_S), 128 + SIGKILL);
+    /* steps that fail while w1 is away (the coordinator aborts them): w0 sends a DISPATCH for
+     * each into its queue to w1, more than a peer may legitimately have pending */
+    for (int i = 0; i < 20; i++) {
+        cl.step_id++;
+        send_step(&cl, 0, &fx4, i % 3, 64, true);
+        Epmoe__StepAbort ab = EPMOE__STEP_ABORT__INIT;
+        ab.has_step_id = 1;
+        ab.step_id = cl.step_id;
+        fc_send(&cl.f, "w0", EPMOE__MSG_TYPE__MSG_STEP_ABORT, &ab.base, NULL, 0);
+        char text[512];
+        int code;
+        CHECK(expect_step_failed(&cl, 0, text, sizeof text, &code) == 0);
+        CHECK_STR_HAS(text, "aborted");
+    }
+    /* w1 comes back under its name and is welcomed into the same session and epoch */
+    cl.pid[1] = spawn_worker(cl.f.endpoint, cl.name[1]);
+    wire_msg m;
+    CHECK(fc_expect(&cl.f, cl.name[1], EPMOE__MSG_TYPE__MSG_REGISTER, WAIT_S, &m) == 0);
+    wire_msg_close(&m);
+    CHECK(rewelcome_one(&cl, 1, &fx4, &o) == 0);
+    /* the first step after its return completes at once and exactly */
+    double t0 = now_s();
+    check_step(&cl, &fx4, 1, 64, "first step after the restart");
+    CHECK(now_s() - t0 < 10.0); /* well under step_timeout_ms (20 s) */
+    check_step(&cl, &fx4, 0, 300, "second step after the restart");
     cluster_shutdown(&cl);
     kill_children();
 }
@@ -1317,6 +1640,12 @@ int main(void)
     RUN(garbage_on_the_data_plane_is_ignored);
     RUN(sigterm_exits_zero);
     RUN(silent_coordinator_makes_the_worker_register_again);
+    RUN(bad_endpoints_and_keys_are_usage_errors);
+    RUN(permanent_refusals_exit_78);
+    RUN(a_worker_whose_key_is_refused_exits_78);
+    RUN(forged_combines_never_change_a_result);
+    RUN(stray_future_dispatches_do_not_block_later_steps);
+    RUN(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone);
     RUN(real_coordinator_cluster_is_bit_exact);
     kill_children();
     fixture_free(&fx4);

@@ -8,6 +8,7 @@
  * of random bytes), toomany (12 payload frames), register_empty (REGISTER without a name).
  * With dealer, waits up to 2 s for an answer and prints "reply: <type> <bytes>" (an Error
  * reply's text is printed too); prints "no reply" otherwise. Exit 0 when the message was sent.
+ * With $POKE_PUBLIC, $POKE_SECRET and $POKE_SERVER (Z85 keys) the socket is a CURVE client.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,19 @@ int main(int argc, char **argv)
     void *s = zmq_socket(ctx, dealer ? ZMQ_DEALER : ZMQ_PUSH);
     int linger = 2000;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    /* A PUSH whose handshake is refused never gets a pipe: without a send timeout the send would
+       block forever. */
+    int sndtimeo = 3000;
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
+    const char *pub = getenv("POKE_PUBLIC"), *sec = getenv("POKE_SECRET");
+    const char *srv = getenv("POKE_SERVER");
+    if (pub && sec && srv && pub[0] &&
+        (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, srv, 41) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 41) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 41) != 0)) {
+        fprintf(stderr, "CURVE keys: %s\n", zmq_strerror(zmq_errno()));
+        return 1;
+    }
     if (zmq_connect(s, argv[1]) != 0) {
         fprintf(stderr, "connect %s: %s\n", argv[1], zmq_strerror(zmq_errno()));
         return 1;

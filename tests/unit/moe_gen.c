@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/checkpoint.h"
+#include "common/limits.h"
 #include "common/safetensors.h"
 #include "kernels/formats.h"
 
@@ -303,4 +305,14 @@ int gen_model_write(const gen_model *g, const char *dir, ep_err *err)
 out:
     st_writer_destroy(&w);
     return rc;
+}
+
+void gen_model_remove(const char *dir)
+{
+    char p[EP_MAX_PATH + 32];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
 }

@@ -57,6 +57,8 @@ void gen_model_free(gen_model **self_p);
 /* Write dir/config.json (the fields mc_parse reads, giving back c) and dir/model.safetensors. */
 int gen_model_write(const gen_model *g, const char *dir, ep_err *err);
 int gen_config_write(const mc_config *c, const char *path, ep_err *err);
+/* Remove what gen_model_write wrote in dir (config.json, model.safetensors), then dir. */
+void gen_model_remove(const char *dir);
 
 /* The config the tests start from: validated fields for expert dtype dt. */
 mc_config gen_config(mc_expert_dtype dt, int H, int I, int E, int k, int vocab);

@@ -481,16 +481,6 @@ static int fixture_make(fixture *f, mc_expert_dtype dt, int H, int I, int E, int
     return rc;
 }
 
-static void fixture_rm(fixture *f)
-{
-    char p[128];
-    snprintf(p, sizeof p, "%s/config.json", f->dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", f->dir);
-    unlink(p);
-    rmdir(f->dir);
-}
-
 static mb_backend *fake_backend(mb_gemm_mode mode)
 {
     ep_err err = {{0}};
@@ -529,7 +519,7 @@ TEST(backend_over_a_fake_device_gives_the_cpu_bits)
         }
         mb_destroy(&be);
         mb_destroy(&ref);
-        fixture_rm(&f);
+        gen_model_remove(f.dir);
     }
 }
 
@@ -551,7 +541,7 @@ TEST(requests_larger_than_the_step_buffers_run_in_chunks)
     }
     mb_destroy(&be);
     mb_destroy(&ref);
-    fixture_rm(&f);
+    gen_model_remove(f.dir);
 }
 
 /* One device allocation holds a reserved shard's weights; layers are carved from it, and a
@@ -604,7 +594,7 @@ TEST(a_reserved_shard_is_one_device_arena)
     }
     st_model_close(&m);
     mb_destroy(&be);
-    fixture_rm(&f);
+    gen_model_remove(f.dir);
 }
 
 TEST(device_memory_check_names_both_sizes)
@@ -634,7 +624,7 @@ TEST(device_memory_check_names_both_sizes)
     }
     st_model_close(&m);
     mb_destroy(&be);
-    fixture_rm(&f);
+    gen_model_remove(f.dir);
 }
 
 /* A failing copy or kernel launch, a device error and a stream that never drains each make
@@ -695,7 +685,7 @@ TEST(device_failures_are_explicit_errors)
     st_model_close(&m);
     mb_destroy(&be);
     unsetenv("EPMOE_CUDA_WAIT_S");
-    fixture_rm(&f);
+    gen_model_remove(f.dir);
 }
 
 /* The device-resident step API (what the NCCL plane uses) gives the CPU backend's bits. */
@@ -768,7 +758,7 @@ TEST(device_resident_steps_give_the_cpu_bits)
     st_model_close(&m);
     mb_destroy(&be);
     mb_destroy(&ref);
-    fixture_rm(&f);
+    gen_model_remove(f.dir);
 }
 
 TEST(without_a_device_the_errors_say_why)

@@ -6,7 +6,7 @@
  * built from the line macros below, so the counting is done once:
  *
  *   line 1  cluster: {name: c1}
- *   line 2  coordinator: {listen: "tcp://c:7400", admin: "tcp://c:7401"}
+ *   line 2  coordinator: {listen: "tcp://c:7400", admin: "ipc://c:7401"}
  *   line 3  model: {path: /m}
  *   line 4  nodes:
  *   line 5    - name: n0
@@ -27,7 +27,7 @@
 #define TFILE "/etc/epmoe/t.yaml"
 
 #define L_CLUSTER          "cluster: {name: c1}\n"
-#define L_COORD            "coordinator: {listen: \"tcp://c:7400\", admin: \"tcp://c:7401\"}\n"
+#define L_COORD            "coordinator: {listen: \"tcp://c:7400\", admin: \"ipc://c:7401\"}\n"
 #define L_MODEL            "model: {path: /m}\n"
 #define L_NODES            "nodes:\n  - name: n0\n    workers:\n"
 #define HEAD               L_CLUSTER L_COORD L_MODEL L_NODES /* lines 1-6; workers start on line 7 */
@@ -204,13 +204,13 @@ TEST(integer_bounds_are_inclusive)
 {
     spec_cluster *s =
         parse_as(L_CLUSTER
-                 "coordinator: {listen: \"tcp://*:1\", admin: \"tcp://*:65535\", "
+                 "coordinator: {listen: \"tcp://*:1\", admin: \"tcp://127.0.0.1:65535\", "
                  "heartbeat_ms: 60000, liveness: 1, step_timeout_ms: 3600000}\n" L_MODEL L_NODES W0,
                  TFILE);
     CHECK(s != NULL);
     if (s != NULL) {
         CHECK_STR_EQ(s->listen, "tcp://*:1"); /* the coordinator may bind all interfaces */
-        CHECK_STR_EQ(s->admin, "tcp://*:65535");
+        CHECK_STR_EQ(s->admin, "tcp://127.0.0.1:65535");
         CHECK_EQ(s->heartbeat_ms, 60000);
         CHECK_EQ(s->liveness, 1);
         CHECK_EQ(s->step_timeout_ms, 3600000);
@@ -330,7 +330,7 @@ TEST(unknown_keys_are_named_with_the_allowed_set)
                             "admin, heartbeat_ms, liveness, step_timeout_ms, metrics)");
     EXPECT_ERR(HEAD W0 "extra: 1\n", "8:1",
                "unknown key \"extra\" at the top level (expected one of cluster, coordinator, "
-               "model, expert_parallel, nodes)");
+               "model, expert_parallel, nodes, security)");
     EXPECT_ERR(HEAD "      - {name: w0, device: cpu, data: \"tcp://h:7500\", gpu: 1}\n", "7:55",
                "unknown key \"gpu\" in nodes[0].workers[0] (expected one of name, device, data, "
                "metrics)");
@@ -361,7 +361,7 @@ TEST(wrong_node_types_are_explained)
 TEST(integers_are_checked_for_form_and_range)
 {
 #define COORD_WITH(extra)                                                                          \
-    L_CLUSTER "coordinator: {listen: \"tcp://c:7400\", admin: \"tcp://c:7401\", " extra            \
+    L_CLUSTER "coordinator: {listen: \"tcp://c:7400\", admin: \"ipc://c:7401\", " extra            \
               "}\n" L_MODEL L_NODES W0
     /* everything before extra takes 61 columns, so its value starts at 62 + strlen(key: ) */
     EXPECT_ERR(COORD_WITH("heartbeat_ms: abc"), "2:76",
@@ -886,6 +886,60 @@ TEST(check_experts_round_robin_needs_only_enough_experts)
     spec_free(&s);
 }
 
+#define L_COORD_ADMIN(ep) "coordinator: {listen: \"tcp://*:7400\", admin: \"" ep "\"}\n"
+
+TEST(an_unauthenticated_admin_endpoint_must_be_local)
+{
+    /* line 2, column 46: the admin value */
+    EXPECT_ERR(L_CLUSTER L_COORD_ADMIN("tcp://*:7401") L_MODEL L_NODES W0, "2:46",
+               "coordinator.admin: \"tcp://*:7401\" can be reached from other hosts, and without "
+               "a security: section anyone who connects may stop the cluster");
+    EXPECT_ERR(L_CLUSTER L_COORD_ADMIN("tcp://10.1.2.3:7401") L_MODEL L_NODES W0, "2:46",
+               "bind it to 127.0.0.1, [::1], localhost or ipc://PATH, or add security:");
+    EXPECT_ERR(L_CLUSTER L_COORD_ADMIN("tcp://127.evil.com:7401") L_MODEL L_NODES W0, "2:46",
+               "can be reached from other hosts");
+    static const char *const local[] = {"tcp://127.0.0.1:7401", "tcp://127.3.2.1:9",
+                                        "tcp://localhost:7401", "tcp://[::1]:7401",
+                                        "ipc:///run/epmoe/admin"};
+    for (int i = 0; i < 5; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 L_CLUSTER
+                 "coordinator: {listen: \"tcp://*:7400\", admin: \"%s\"}\n" L_MODEL L_NODES W0,
+                 local[i]);
+        CHECK_STR_EQ(parse_error(text), "");
+    }
+}
+
+TEST(security_names_three_paths_and_opens_the_admin_endpoint)
+{
+    spec_cluster *s = parse_as(L_CLUSTER L_COORD_ADMIN("tcp://*:7401") L_MODEL L_NODES W0
+                               "security:\n  coordinator_key: keys/coordinator.key\n"
+                               "  worker_keys: /etc/epmoe/workers\n  operator_keys: ops\n",
+                               TFILE);
+    CHECK(s != NULL);
+    if (s == NULL) {
+        printf("  %s\n", err.msg);
+        return;
+    }
+    CHECK(s->secure);
+    CHECK_STR_EQ(s->coordinator_key, "/etc/epmoe/keys/coordinator.key"); /* like model.path */
+    CHECK_STR_EQ(s->worker_keys, "/etc/epmoe/workers");
+    CHECK_STR_EQ(s->operator_keys, "/etc/epmoe/ops");
+    CHECK_EQ(s->security_pos.line, 9); /* the mapping under "security:" (line 8) */
+    spec_free(&s);
+    s = parse_as(HEAD W0, TFILE);
+    CHECK(s && !s->secure);
+    spec_free(&s);
+    EXPECT_ERR(HEAD W0 "security:\n  coordinator_key: k\n  worker_keys: w\n", "9:3",
+               "security: missing required key \"operator_keys\"");
+    EXPECT_ERR(HEAD W0 "security:\n  coordinator_key: k\n  worker_keys: w\n  operator_keys: o\n"
+                       "  workers: x\n",
+               "12:3",
+               "unknown key \"workers\" in security (expected one of coordinator_key, "
+               "worker_keys, operator_keys)");
+}
+
 int main(void)
 {
     RUN(full_example_parses_to_its_values);
@@ -919,5 +973,7 @@ int main(void)
     RUN(nccl_data_plane_needs_gpu_workers_and_fp8);
     RUN(check_experts_contiguous_needs_an_even_split);
     RUN(check_experts_round_robin_needs_only_enough_experts);
+    RUN(an_unauthenticated_admin_endpoint_must_be_local);
+    RUN(security_names_three_paths_and_opens_the_admin_endpoint);
     return test_report();
 }

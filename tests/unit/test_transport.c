@@ -5,23 +5,33 @@
  * steps in every format (fp8 with e8m0 scales, fp8 with f32 scales, bf16), including empty
  * messages, and every array arrives bit for bit as sent (the receiver regenerates the expected
  * content from the same seed, never from what it received); a message for a step not started yet
- * is kept until taken; messages of finished steps are dropped; garbage frames and malformed
- * bodies (bad counts, payload size mismatch, pair_row out of range, unowned expert, wrong epoch,
- * own rank as source, wrong type) are each dropped with a reason naming the fault, and a later
- * well-formed step still completes.
+ * is kept until taken; messages of finished steps are dropped; a newer DISPATCH from a peer
+ * replaces an older one (a peer holds one slot), and one beyond TP_STEP_WINDOW is dropped; a
+ * COMBINE is kept only when granted, with the granted n_pairs; garbage frames and malformed
+ * bodies (bad counts, payload size mismatch, pair_row out of range, unowned expert, wrong or
+ * missing session, wrong epoch, own rank as source, wrong type) are each dropped with a reason
+ * naming the fault, and a later well-formed step still completes; the PULL's MAXMSGSIZE is the
+ * model's largest frame and RCVHWM is TP_RCVHWM, and a frame one byte above it never reaches the
+ * transport (before, every frame up to 1 GiB was buffered whole). With security (CURVE + ZAP),
+ * the ranks exchange as before, a stranger's key cannot connect, and a rank's key cannot speak
+ * for another rank.
  */
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include "common/auth.h"
 #include "common/limits.h"
 #include "common/wire.h"
 #include "test.h"
 #include "worker/transport.h"
 
-#define H     256
-#define E     16
-#define EPOCH 7
+#define H       256
+#define E       16
+#define EPOCH   7
+#define TOPK    4
+#define SESSION 0x5E55105E55105EULL
 
 static void *zctx;
 
@@ -170,7 +180,14 @@ static bool combine_matches(const tp_msg *got, int dst, int expect_pairs)
 
 static uint32_t owners[E];
 
-static void world_open(tp_transport **tp, int P)
+/* Security for a world: every rank's key pair, public keys and names. */
+typedef struct world_sec {
+    auth_keypair keys[8];
+    uint8_t pubs[8][AUTH_KEY_BYTES];
+    const char *names[8];
+} world_sec;
+
+static void world_open_with(tp_transport **tp, int P, const world_sec *sec)
 {
     for (int e = 0; e < E; e++)
         owners[e] = (uint32_t)owner_of(e, P);
@@ -178,11 +195,18 @@ static void world_open(tp_transport **tp, int P)
     for (int r = 0; r < P; r++) {
         tp_config cfg = {.rank = r,
                          .world_size = P,
+                         .session = SESSION,
                          .epoch = EPOCH,
                          .hidden = H,
                          .n_experts = E,
+                         .topk = TOPK,
                          .expert_owner = owners,
                          .bind_endpoint = "tcp://127.0.0.1:*"};
+        if (sec) {
+            cfg.key = &sec->keys[r];
+            cfg.peer_key = sec->pubs;
+            cfg.peer_name = sec->names;
+        }
         ep_err err = {{0}};
         tp[r] = tp_create(zctx, &cfg, &err);
         if (tp[r] == NULL)
@@ -195,6 +219,11 @@ static void world_open(tp_transport **tp, int P)
         ep_err err;
         CHECK(tp[r] && tp_connect(tp[r], eps, &err) == 0);
     }
+}
+
+static void world_open(tp_transport **tp, int P)
+{
+    world_open_with(tp, P, NULL);
 }
 
 static void world_close(tp_transport **tp, int P)
@@ -229,16 +258,6 @@ static bool wait_dropped(tp_transport *tp, uint64_t n)
     return tp_dropped(tp) >= n;
 }
 
-/* Wait up to 5 s until tp keeps a message. */
-static void wait_pending(tp_transport *tp)
-{
-    for (int i = 0; i < 500 && tp_pending(tp) == 0; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp);
-    }
-}
-
 /* ---- one rank's steps, on its own thread ------------------------------------------------------
  */
 
@@ -261,6 +280,7 @@ static int run_step(rank_ctx *c, uint64_t step)
             return snprintf(c->fail, sizeof c->fail, "alloc"), -1;
         sent_pairs[dst] = m.n_pairs;
         c->bytes += tp_msg_bytes(&m, H);
+        tp_grant(c->tp, step, dst, m.n_pairs);
         if (tp_send(c->tp, dst, &m, &err) != 0)
             return snprintf(c->fail, sizeof c->fail, "send: %s", err.msg), -1;
     }
@@ -289,6 +309,14 @@ static int run_step(rank_ctx *c, uint64_t step)
     }
     tp_finish(c->tp, step);
     return c->fail[0] ? -1 : 0;
+}
+
+/* Thread entry: one step, the one numbered c->steps. */
+static void *run_one_step(void *arg)
+{
+    rank_ctx *c = arg;
+    run_step(c, (uint64_t)c->steps);
+    return NULL;
 }
 
 static void *rank_main(void *arg)
@@ -356,6 +384,7 @@ TEST(empty_messages_round_trip)
     tp_msg_release(&got);
     tp_msg c = {.kind = TP_COMBINE, .step_id = 4};
     CHECK(tp_msg_alloc(&c, H, &err) == 0);
+    tp_grant(tp[0], 4, 1, 0);
     CHECK(tp_send(tp[1], 0, &c, &err) == 0);
     CHECK(wait_take(tp[0], 4, &got));
     CHECK_EQ(got.kind, TP_COMBINE);
@@ -364,21 +393,27 @@ TEST(empty_messages_round_trip)
     world_close(tp, 2);
 }
 
+/* Pump tp until it keeps n messages (up to 5 s). */
+static void wait_pending(tp_transport *tp, int n)
+{
+    for (int i = 0; i < 500 && tp_pending(tp) < n; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp);
+    }
+}
+
 TEST(future_steps_are_kept_and_finished_steps_dropped)
 {
     tp_transport *tp[2] = {0};
     world_open(tp, 2);
     ep_err err;
-    tp_msg m;
-    /* rank 0 is ahead: it sends step 5 while rank 1 is still at step 4 */
+    tp_msg m, got;
+    /* rank 0 is ahead: its step 5 arrives while rank 1 still runs step 4 */
     CHECK(make_dispatch(&m, 5, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    CHECK(make_dispatch(&m, 4, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    tp_msg got;
-    CHECK(wait_take(tp[1], 4, &got));
-    CHECK_EQ(got.step_id, 4);
-    tp_msg_release(&got);
+    wait_pending(tp[1], 1);
+    CHECK_EQ(tp_pending(tp[1]), 1);
     tp_finish(tp[1], 4);
     CHECK_EQ(tp_pending(tp[1]), 1); /* step 5's message survives the end of step 4 */
     CHECK(tp_take(tp[1], 5, &got) == 1);
@@ -390,15 +425,95 @@ TEST(future_steps_are_kept_and_finished_steps_dropped)
     CHECK(make_dispatch(&m, 3, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_dropped(tp[1], d0 + 1));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "finished step 3");
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "of step 3 from rank 0: that step is finished");
     /* tp_finish also discards what was kept for the finished step */
     CHECK(make_dispatch(&m, 6, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    wait_pending(tp[1]);
+    wait_pending(tp[1], 1);
     CHECK_EQ(tp_pending(tp[1]), 1);
     tp_finish(tp[1], 6);
     CHECK_EQ(tp_pending(tp[1]), 0);
     CHECK(tp_take(tp[1], 6, &got) == 0);
+    /* a step id far beyond the last finished one is no step the coordinator can run next */
+    d0 = tp_dropped(tp[1]);
+    CHECK(make_dispatch(&m, 6 + TP_STEP_WINDOW + 1, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_dropped(tp[1], d0 + 1));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "steps beyond the last finished one (6)");
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    world_close(tp, 2);
+}
+
+TEST(a_peer_holds_one_dispatch_and_only_granted_combines)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    tp_msg m, got;
+    /* stale DISPATCHes (steps that failed while rank 1 was away) give way to the newest: however
+     * many a peer queued, it holds one slot */
+    for (uint64_t step = 10; step <= 40; step++) {
+        CHECK(make_dispatch(&m, step, 0, 1, 2) == 0);
+        CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    }
+    CHECK(wait_dropped(tp[1], 30));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "of step 39 from rank 0: replaced by a newer one");
+    CHECK_EQ(tp_pending(tp[1]), 1);
+    CHECK(tp_take(tp[1], 40, &got) == 1);
+    CHECK(dispatch_matches(&got, 1, 2));
+    tp_msg_release(&got);
+    /* a second DISPATCH of the same step from the same peer is a duplicate */
+    CHECK(make_dispatch(&m, 41, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(make_dispatch(&m, 41, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_dropped(tp[1], 31));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "a duplicate");
+    CHECK(tp_take(tp[1], 41, &got) == 1);
+    tp_msg_release(&got);
+    /* COMBINEs: not granted (a forged answer for the next step), granted with other n_pairs,
+     * then the granted one; a second after it was used is not kept either */
+    uint64_t d0 = tp_dropped(tp[0]);
+    CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 1));
+    CHECK_STR_HAS(tp_last_drop(tp[0]), "COMBINE of step 42 from rank 1: no DISPATCH of that step");
+    tp_grant(tp[0], 42, 1, 3);
+    CHECK(make_combine(&m, 42, 1, 0, 2) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 2));
+    CHECK_STR_HAS(tp_last_drop(tp[0]), "2 pairs, 3 were dispatched");
+    CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_take(tp[0], 42, &got));
+    CHECK(combine_matches(&got, 0, 3));
+    tp_msg_release(&got);
+    CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 3));
+    /* tp_finish withdraws a grant not used */
+    tp_grant(tp[0], 43, 1, 1);
+    tp_finish(tp[0], 43);
+    CHECK(make_combine(&m, 44, 1, 0, 1) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 4));
+    CHECK_EQ(tp_pending(tp[0]), 0);
+    /* a COMBINE kept under a grant and never taken gives way to the one of a newer grant (the
+     * peer still holds one slot; found by fuzz_dataplane: the first was leaked) */
+    tp_grant(tp[0], 45, 1, 1);
+    CHECK(make_combine(&m, 45, 1, 0, 1) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    wait_pending(tp[0], 1);
+    tp_grant(tp[0], 46, 1, 2);
+    CHECK(make_combine(&m, 46, 1, 0, 2) == 0);
+    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(wait_dropped(tp[0], d0 + 5));
+    CHECK_STR_HAS(tp_last_drop(tp[0]), "COMBINE of step 45 from rank 1: replaced by the COMBINE");
+    CHECK_EQ(tp_pending(tp[0]), 1);
+    CHECK(tp_take(tp[0], 46, &got) == 1);
+    CHECK(combine_matches(&got, 0, 2));
+    tp_msg_release(&got);
+    CHECK_EQ(tp_pending(tp[0]), 0);
     world_close(tp, 2);
 }
 
@@ -413,7 +528,7 @@ TEST(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch)
     /* kept for a step of the old epoch, then the epoch moves on: gone */
     CHECK(make_dispatch(&m, 7, 0, 1, 2) == 0);
     CHECK(tp_send(tp[0], 1, &m, &err) == 0);
-    wait_pending(tp[1]);
+    wait_pending(tp[1], 1);
     CHECK_EQ(tp_pending(tp[1]), 1);
     CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), 0);
     CHECK_EQ(tp_pending(tp[1]), 0);
@@ -468,8 +583,9 @@ static Epmoe__Dispatch good_body(uint64_t step, int n_rows, int n_pairs)
 {
     Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
     d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
-    d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
+    d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = d.has_session = 1;
     d.step_id = step;
+    d.session = SESSION;
     d.epoch = EPOCH;
     d.src_rank = 0;
     d.n_rows = (uint32_t)n_rows;
@@ -569,6 +685,20 @@ TEST(garbage_and_malformed_messages_are_dropped)
     }
     {
         Epmoe__Dispatch d = good_body(1, 2, 2);
+        d.session = SESSION + 1;
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("is not this cluster's (a stale or forged message)");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
+        d.has_session = 0;
+        size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
+        send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
+        EXPECT_DROP("session missing");
+    }
+    {
+        Epmoe__Dispatch d = good_body(1, 2, 2);
         d.epoch = EPOCH + 1;
         size_t l[] = {2 * H8, 2 * SC, 8, 8, 8};
         send_dispatch(raw, &d, l, 5, rows_ok, exp_ok);
@@ -583,8 +713,9 @@ TEST(garbage_and_malformed_messages_are_dropped)
     }
     {
         Epmoe__Combine c = EPMOE__COMBINE__INIT;
-        c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = c.has_session = 1;
         c.step_id = 1;
+        c.session = SESSION;
         c.epoch = EPOCH;
         c.n_pairs = 3;
         static uint8_t out[3 * H * 2];
@@ -607,6 +738,34 @@ TEST(garbage_and_malformed_messages_are_dropped)
     CHECK(wait_take(tp[1], 9, &got));
     CHECK(dispatch_matches(&got, 1, 2));
     tp_msg_release(&got);
+    /* a frame above the largest this model can produce never reaches the transport: libzmq
+     * drops the connection at the frame header (MAXMSGSIZE), before buffering it */
+    int64_t max = 0;
+    int hwm = 0;
+    size_t len = sizeof max;
+    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_MAXMSGSIZE, &max, &len) == 0);
+    CHECK(max == tp_max_frame(H, TOPK) && max == (int64_t)EP_MAX_TOKENS * TOPK * H * 2);
+    len = sizeof hwm;
+    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_RCVHWM, &hwm, &len) == 0);
+    CHECK_EQ(hwm, TP_RCVHWM);
+    size_t over = (size_t)tp_max_frame(H, TOPK) + 1;
+    void *big = calloc(1, over);
+    Epmoe__Combine c = EPMOE__COMBINE__INIT;
+    wire_payload bp = {.data = big, .len = over};
+    CHECK(big &&
+          wire_send(raw, NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, &bp, 1, false, NULL) == 0);
+    CHECK(make_dispatch(&m, 10, 0, 1, 2) == 0);
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(wait_take(tp[1], 10, &got));
+    tp_msg_release(&got);
+    /* the oversized message is never seen (with a 1 GiB bound it arrived and was dropped) */
+    for (int i = 0; i < 300 && tp_dropped(tp[1]) == dropped; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp[1]);
+    }
+    CHECK_EQ(tp_dropped(tp[1]), dropped);
+    free(big);
     zmq_close(raw);
     world_close(tp, 2);
 #undef EXPECT_DROP
@@ -635,11 +794,89 @@ TEST(bind_failure_names_the_endpoint)
                      .epoch = 1,
                      .hidden = H,
                      .n_experts = E,
+                     .topk = TOPK,
                      .expert_owner = owners,
                      .bind_endpoint = "tcp://300.1.1.1:5"};
     ep_err err = {{0}};
     CHECK(tp_create(zctx, &cfg, &err) == NULL);
     CHECK_STR_HAS(err.msg, "cannot bind tcp://300.1.1.1:5");
+}
+
+/* A step between rank 0 and rank 1 of a secure world: both DISPATCH, both COMBINE. */
+static void secure_exchange(tp_transport **tp, uint64_t step)
+{
+    rank_ctx c0 = {.tp = tp[0], .rank = 0, .P = 2, .steps = (int)step};
+    rank_ctx c1 = {.tp = tp[1], .rank = 1, .P = 2, .steps = (int)step};
+    pthread_t th;
+    pthread_create(&th, NULL, run_one_step, &c0);
+    CHECK(run_step(&c1, step) == 0);
+    pthread_join(th, NULL);
+    if (c0.fail[0] || c1.fail[0])
+        printf("  %s %s\n", c0.fail, c1.fail);
+    CHECK(c0.fail[0] == '\0');
+}
+
+TEST(with_security_only_each_ranks_own_key_gets_through)
+{
+    if (!auth_available())
+        SKIP("libzmq without CURVE");
+    ep_err err = {{0}};
+    auth_zap *zap = auth_zap_start(zctx, &err);
+    CHECK(zap != NULL);
+    world_sec sec;
+    static const char *const names[3] = {"w0", "w1", "w2"};
+    auth_list *allow = auth_list_new();
+    for (int r = 0; r < 3; r++) {
+        char pub[AUTH_Z85_LEN + 1], secz[AUTH_Z85_LEN + 1];
+        CHECK(zmq_curve_keypair(pub, secz) == 0);
+        zmq_z85_decode(sec.keys[r].pub, pub);
+        zmq_z85_decode(sec.keys[r].sec, secz);
+        memcpy(sec.pubs[r], sec.keys[r].pub, AUTH_KEY_BYTES);
+        sec.names[r] = names[r];
+        CHECK(auth_list_add(allow, sec.keys[r].pub, names[r], &err) == 0);
+    }
+    CHECK(auth_zap_allow(zap, AUTH_DOMAIN_DATA, allow, &err) == 0);
+    tp_transport *tp[2] = {0};
+    world_open_with(tp, 2, &sec);
+    secure_exchange(tp, 1);
+    /* w2's key is admitted (it is in the list) but may not speak for rank 0 */
+    void *liar = zmq_socket(zctx, ZMQ_PUSH);
+    int linger = 0;
+    zmq_setsockopt(liar, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(auth_client(liar, &sec.keys[2], sec.pubs[1], &err) == 0);
+    CHECK(zmq_connect(liar, tp_endpoint(tp[1])) == 0);
+    Epmoe__Dispatch d = good_body(2, 0, 0);
+    size_t l[] = {0, 0, 0, 0, 0};
+    send_dispatch(liar, &d, l, 5, NULL, NULL);
+    CHECK(wait_dropped(tp[1], 1));
+    CHECK_STR_HAS(tp_last_drop(tp[1]), "claims rank 0 (w0) but comes with the key of w2");
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    /* a key nobody listed cannot even connect: refused by ZAP, nothing reaches the transport */
+    auth_keypair stranger;
+    char pub[AUTH_Z85_LEN + 1], secz[AUTH_Z85_LEN + 1];
+    zmq_curve_keypair(pub, secz);
+    zmq_z85_decode(stranger.pub, pub);
+    zmq_z85_decode(stranger.sec, secz);
+    void *out = zmq_socket(zctx, ZMQ_PUSH);
+    zmq_setsockopt(out, ZMQ_LINGER, &linger, sizeof linger);
+    CHECK(auth_client(out, &stranger, sec.pubs[1], &err) == 0);
+    CHECK(zmq_connect(out, tp_endpoint(tp[1])) == 0);
+    zmq_send(out, "", 0, ZMQ_DONTWAIT); /* queued: the handshake fails before it can leave */
+    for (int i = 0; i < 500 && auth_zap_refused(zap) == 0; i++)
+        usleep(10000);
+    CHECK(auth_zap_refused(zap) >= 1);
+    for (int i = 0; i < 20; i++) {
+        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) > 0)
+            tp_pump(tp[1]);
+    }
+    CHECK_EQ(tp_dropped(tp[1]), 1); /* only the liar's message ever arrived */
+    /* and the ranks go on */
+    secure_exchange(tp, 4);
+    zmq_close(out);
+    zmq_close(liar);
+    world_close(tp, 2);
+    auth_zap_stop(&zap);
 }
 
 int main(void)
@@ -650,10 +887,12 @@ int main(void)
     RUN(round_trip_four_ranks_all_formats);
     RUN(empty_messages_round_trip);
     RUN(future_steps_are_kept_and_finished_steps_dropped);
+    RUN(a_peer_holds_one_dispatch_and_only_granted_combines);
     RUN(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch);
     RUN(garbage_and_malformed_messages_are_dropped);
     RUN(send_to_self_or_unknown_rank_fails);
     RUN(bind_failure_names_the_endpoint);
+    RUN(with_security_only_each_ranks_own_key_gets_through);
     zmq_ctx_term(zctx);
     return test_report();
 }
