@@ -26,6 +26,7 @@
  * A NaN activation or weight code makes the block's P NaN, as in the reference.
  */
 #include <cuda_fp16.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
 #include "kernels/cuda/gemm_rows_math.h"
@@ -41,7 +42,7 @@ __device__ __forceinline__ bool rx_nan_word(uint32_t w)
 
 /* The geometry of one launch: rows per block, threads per row, blocks per thread. */
 typedef struct rx_geo {
-    int split;  /* threads per weight row: 1 or 4 */
+    int split;  /* threads per weight row: 1, 4 or 16 */
     int rows;   /* weight rows per block: RX_THREADS / split */
     int nb;     /* blocks (of 32 or 128 k) per row */
     int nb_per; /* blocks per thread: nb / split */
@@ -339,12 +340,22 @@ static void rx_optin(const void *fn, size_t bytes)
 }
 
 /* Split rows 4 ways when one thread per row would leave most of the GPU idle (a few experts of
- * a few rows: decode) and the blocks divide evenly (per thread a multiple of 4 MXFP4 blocks,
- * the prefetch step). */
+ * a few rows: decode) and the blocks divide evenly (per thread a multiple of `step` blocks, the
+ * prefetch step). EPMOE_CUDA_SPLIT=16 (benches and tests, until a device run has measured it)
+ * allows 16 ways where the blocks divide: four times the loads in flight for a small grid. */
 static int rx_split(const cudev_gemm *g, int nb, int step)
 {
     long blocks = (long)((g->N + RX_THREADS - 1) / RX_THREADS) * g->n_groups * g->n_mats;
-    return blocks < 4L * 132 && nb % (4 * step) == 0 ? 4 : 1;
+    if (blocks >= 4L * 132)
+        return 1;
+    const char *cap = getenv("EPMOE_CUDA_SPLIT");
+    int most = cap && *cap ? atoi(cap) : 4, split = 1;
+    for (int s = 4; s <= most && s <= 16; s *= 4) {
+        if (nb % (s * step) != 0)
+            break;
+        split = s;
+    }
+    return split;
 }
 
 int cuk_gemm_rows(const cudev_gemm *g, bool exact, cudaStream_t stream)

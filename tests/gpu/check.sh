@@ -6,8 +6,8 @@
 #       cuda:0), and forward --local on cuda:0, each against forward --local on the CPU
 #       (exact: epmoectl diff identical; fast: --max-calc-diff 1e-3, top-k ids identical); the
 #       NCCL plane's one-worker cluster when the build has NCCL (tests/gpu/nccl_cluster.sh);
-#   (c) benchmarks at V4-Flash shapes (tests/bench/bench_cuda; the NCCL step benchmark when
-#       built), then a summary table last.
+#   (c) benchmarks at V4-Flash shapes (tests/bench/bench_cuda; decode launch by launch with rows
+#       split 4 and 16 ways; the NCCL step benchmark when built), then a summary table last.
 #
 #   tests/gpu/check.sh [OUT_DIR]        (OUT_DIR defaults to $OUT or ./gpu-check)
 #
@@ -231,6 +231,10 @@ fi
 # ---- (c) benchmarks ----
 step "(c) benchmark: V4-Flash shapes"
 timeout 240 "$BIN/bench_cuda" | tee "$out/bench_cuda.txt"
+step "(c) benchmark: decode launch by launch, rows split 4 ways (default) and 16 ways"
+timeout 60 "$BIN/bench_cuda" decode-parts | grep "decode part" | tee "$out/decode_parts.txt"
+EPMOE_CUDA_SPLIT=16 timeout 60 "$BIN/bench_cuda" decode-parts | grep "decode part" |
+    sed 's/^decode part/split16 part/' | tee -a "$out/decode_parts.txt"
 if [ -x "$BIN/bench_nccl_step" ]; then
     step "(c) benchmark: NCCL step vs ZeroMQ with host staging"
     timeout 120 "$BIN/bench_nccl_step" | tee "$out/bench_nccl.txt"
@@ -245,6 +249,7 @@ step "summary"
     printf '%s\n' "${VERDICTS[@]}"
     echo
     sed -n '/^| what /,$p' "$out/bench_cuda.txt" 2>/dev/null
+    [ -f "$out/decode_parts.txt" ] && grep -v "exact-ref" "$out/decode_parts.txt"
     [ -f "$out/bench_nccl.txt" ] && tail -8 "$out/bench_nccl.txt"
 } >"$out/summary.txt"
 cat "$out/summary.txt"

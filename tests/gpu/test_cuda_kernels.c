@@ -496,6 +496,11 @@ TEST(exact_gemms_match_the_reference_and_fast_ones_are_within_tolerance)
     unsetenv("EPMOE_CUDA_CUBLASLT");
     gemm_case(&cases[0], 1e-3, 1, 0);
     gemm_case(&cases[2], 1e-3, 1, 1);
+    /* rows split 16 ways (EPMOE_CUDA_SPLIT=16): the same bits, the same fast results */
+    setenv("EPMOE_CUDA_SPLIT", "16", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        gemm_case(&cases[i], 1e-3, 0, 1);
+    unsetenv("EPMOE_CUDA_SPLIT");
     /* the default: cuBLASLt where the groups average 96 rows or more (this one), our kernels
      * below */
     static const gcase dflt = {false, true, 512, 1024, 2, {128, 96}};
