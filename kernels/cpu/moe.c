@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "common/limits.h"
+#include "kernels/combine_order.h"
 #include "kernels/formats.h"
 #include "kernels/quant.h"
 #include "kernels/route.h"
@@ -713,19 +714,8 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
 {
     for (int t = 0; t < T; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k;
-        /* slots in ascending expert id, equal ids in slot order, -1 left out */
         int slot[MC_MAX_TOPK];
-        int n = 0;
-        for (int j = 0; j < k && j < MC_MAX_TOPK; j++) {
-            if (ids[j] < 0)
-                continue;
-            int pos = n++;
-            while (pos > 0 && ids[slot[pos - 1]] > ids[j]) {
-                slot[pos] = slot[pos - 1];
-                pos--;
-            }
-            slot[pos] = j;
-        }
+        int n = co_slots(ids, k, MC_MAX_TOPK, slot);
         const uint16_t *rows[MC_MAX_TOPK];
         for (int i = 0; i < n; i++)
             rows[i] = eo + ((size_t)t * k + (size_t)slot[i]) * H;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/combine_order.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_kernels.cuh"
 
@@ -448,27 +449,15 @@ static int dev_scatter(cudev *d, int H, int n, const uint32_t *rows, const uint1
 
 /* moe_combine: per token, slots in ascending expert id (equal ids in slot order, -1 skipped),
  * fp32 sum from +0, then + shared, one bf16 rounding. One block per token, a thread per
- * channel; every thread sorts the token's k slots itself (k <= 64, a few compares). */
+ * channel; its first thread orders the token's k slots (k <= 64) for all. */
 __global__ static void k_combine(int k, int H, const int32_t *topk, const uint16_t *eo,
                                  const uint16_t *shared, uint16_t *out)
 {
     __shared__ int slot[64];
     __shared__ int n_sh;
     const int32_t *ids = topk + (size_t)blockIdx.x * k;
-    if (threadIdx.x == 0) {
-        int n = 0;
-        for (int j = 0; j < k && j < 64; j++) {
-            if (ids[j] < 0)
-                continue;
-            int pos = n++;
-            while (pos > 0 && ids[slot[pos - 1]] > ids[j]) {
-                slot[pos] = slot[pos - 1];
-                pos--;
-            }
-            slot[pos] = j;
-        }
-        n_sh = n;
-    }
+    if (threadIdx.x == 0)
+        n_sh = co_slots(ids, k, 64, slot);
     __syncthreads();
     int n = n_sh;
     size_t t = blockIdx.x;
