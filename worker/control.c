@@ -548,6 +548,18 @@ static void wctl_on_load(wctl *w, wire_msg *m)
     wctl_set_state(w, WCTL_LOADING, "loading the shard");
 }
 
+/* Epoch `epoch` becomes the worker's: m goes to the executor (after a load in progress, so
+ * epochs apply in order) and the worker is loading until the executor says READY. */
+static void wctl_enter_epoch(wctl *w, wire_msg *m, uint64_t epoch, const char *doing)
+{
+    w->epoch = epoch;
+    w->staged = 0;
+    wctl_relay(m, exec_pipe(w->exec), false);
+    char detail[128];
+    snprintf(detail, sizeof detail, "%s placement epoch %llu", doing, (unsigned long long)epoch);
+    wctl_set_state(w, WCTL_LOADING, detail);
+}
+
 /* A new placement epoch: the executor keeps what it still owns and loads what it gains. */
 static void wctl_on_epoch(wctl *w, wire_msg *m)
 {
@@ -582,13 +594,7 @@ static void wctl_on_epoch(wctl *w, wire_msg *m)
                         wctl_state_names[w->state]);
         return;
     }
-    /* the executor handles it after a load in progress, so epochs apply in order */
-    w->epoch = epoch;
-    w->staged = 0;
-    wctl_relay(m, exec_pipe(w->exec), false);
-    char detail[128];
-    snprintf(detail, sizeof detail, "loading placement epoch %llu", (unsigned long long)epoch);
-    wctl_set_state(w, WCTL_LOADING, detail);
+    wctl_enter_epoch(w, m, epoch, "loading");
 }
 
 /* EPOCH_COMMIT: the staged epoch is served from now on (the executor switches, READY). */
@@ -613,12 +619,7 @@ static void wctl_on_commit(wctl *w, wire_msg *m)
                         (unsigned long long)w->staged);
         return;
     }
-    w->epoch = epoch;
-    w->staged = 0;
-    wctl_relay(m, exec_pipe(w->exec), false);
-    char detail[128];
-    snprintf(detail, sizeof detail, "switching to placement epoch %llu", (unsigned long long)epoch);
-    wctl_set_state(w, WCTL_LOADING, detail);
+    wctl_enter_epoch(w, m, epoch, "switching to");
 }
 
 static void wctl_on_step(wctl *w, wire_msg *m)
