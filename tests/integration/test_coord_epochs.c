@@ -101,12 +101,18 @@ static int wait_worker(itest *t, it_client *c, int rank, const char *state, int 
     return -1;
 }
 
+/* Forward in through layer and check the answer against the reference. */
+static void forward_check(itest *t, it_client *c, const char *layer, it_fwd *in)
+{
+    it_fwd_send(t, c, layer, in);
+    CHECK(it_wait(t, c, 5000) != NULL);
+    CHECK_EQ(it_fwd_check(t, c, in), 0);
+}
+
 static void forward_ok(itest *t, it_client *c, int T, uint32_t seed)
 {
     it_fwd in = it_fwd_make(T, seed, false);
-    it_fwd_send(t, c, "layers.2", &in);
-    CHECK(it_wait(t, c, 5000) != NULL);
-    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    forward_check(t, c, "layers.2", &in);
     it_fwd_free(&in);
 }
 
@@ -182,9 +188,7 @@ TEST(queued_request_that_waits_too_long_is_answered_timeout)
         CHECK_STR_HAS(r->error, "waited step_timeout_ms 400 for cluster itest to be ready");
     /* the epoch still completes and serves */
     CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 5000), 0);
-    it_fwd_send(t, c, "layers.1", &in);
-    CHECK(it_wait(t, c, 3000) != NULL);
-    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    forward_check(t, c, "layers.1", &in);
     it_fwd_free(&in);
     FINISH(t);
 }
@@ -219,9 +223,7 @@ TEST(max_experts_per_worker_blocks_and_the_return_unblocks)
     it_worker_reconnect(t, w);
     CHECK_EQ(it_worker_register(t, w), 0);
     CHECK_EQ(it_wait_state(t, "ready", 3000), 0);
-    it_fwd_send(t, c, "layers.1", &in);
-    CHECK(it_wait(t, c, 3000) != NULL);
-    CHECK_EQ(it_fwd_check(t, c, &in), 0);
+    forward_check(t, c, "layers.1", &in);
     it_fwd_free(&in);
     FINISH(t);
 }
