@@ -240,24 +240,51 @@ static void mlp(act *x, mb_wformat f, mb_gemm_mode mode, int M, int ng, cudev_gr
 
 /* ---- 2. decode ---- */
 
+/* One token per iteration: 6 routed experts (different ones each time, so the weights come
+ * from HBM) and the shared expert; per iteration 14 group tables, host h and device d: [0, 7)
+ * for w1+w3 (routed 0..5, shared 6), [7, 14) for w2. */
+typedef struct decode_set {
+    wset r, sh;
+    act x;
+    int iters;
+    cudev_group *h, *d;
+} decode_set;
+
+static void decode_set_make(decode_set *s, int iters)
+{
+    wset_make(&s->r, true, E);
+    wset_make(&s->sh, false, 1);
+    act_make(&s->x, 8);
+    s->iters = iters;
+    s->h = (cudev_group *)malloc(sizeof(cudev_group) * 14 * iters);
+    s->d = (cudev_group *)dalloc(sizeof(cudev_group) * 14 * iters);
+    for (int it = 0; it < iters; it++) {
+        cudev_group *t = s->h + (size_t)it * 14;
+        for (int j = 0; j < TOPK; j++)
+            group_of(&s->r, (it * 37 + j * 41) % E, (uint32_t)j, 1, &t[j], &t[7 + j]);
+        group_of(&s->sh, 0, 0, 1, &t[6], &t[13]);
+    }
+    CK(cudaMemcpy(s->d, s->h, sizeof(cudev_group) * 14 * iters, cudaMemcpyHostToDevice));
+}
+
+static void decode_set_free(decode_set *s)
+{
+    s->x.g13 = (cudev_group *)dalloc(16); /* act_free frees g13 */
+    act_free(&s->x);
+    CK(cudaFree(s->d));
+    free(s->h);
+    wset_free(&s->r);
+    wset_free(&s->sh);
+}
+
 static void bench_decode(double copy_bps)
 {
-    wset r, sh;
-    wset_make(&r, true, E);
-    wset_make(&sh, false, 1);
-    act x;
-    act_make(&x, 8);
-    const int iters = 200;
-    /* per iteration: 6 routed experts (different ones each time) + the shared expert */
-    cudev_group *h13 = (cudev_group *)malloc(sizeof(cudev_group) * 2 * iters * 7);
-    cudev_group *d_tabs = (cudev_group *)dalloc(sizeof(cudev_group) * 2 * iters * 7);
-    for (int it = 0; it < iters; it++) {
-        cudev_group *t = h13 + (size_t)it * 14;
-        for (int j = 0; j < TOPK; j++)
-            group_of(&r, (it * 37 + j * 41) % E, (uint32_t)j, 1, &t[j], &t[7 + j]);
-        group_of(&sh, 0, 0, 1, &t[6], &t[13]);
-    }
-    CK(cudaMemcpy(d_tabs, h13, sizeof(cudev_group) * 2 * iters * 7, cudaMemcpyHostToDevice));
+    decode_set ds;
+    decode_set_make(&ds, 200);
+    wset &r = ds.r, &sh = ds.sh;
+    act &x = ds.x;
+    const int iters = ds.iters;
+    cudev_group *h13 = ds.h, *d_tabs = ds.d;
     size_t bytes =
         TOPK * (2 * (r.wb13 + r.sb13) + r.wb2 + r.sb2) + 2 * (sh.wb13 + sh.sb13) + sh.wb2 + sh.sb2;
     printf("decode: %.1f MB of weights per token\n", (double)bytes / 1e6);
@@ -288,12 +315,7 @@ static void bench_decode(double copy_bps)
             "bandwidth |\n",
             mode ? "fast" : "exact", best * 1e6, bps / 1e9, bps / copy_bps);
     }
-    x.g13 = (cudev_group *)dalloc(16); /* act_free frees g13 */
-    act_free(&x);
-    CK(cudaFree(d_tabs));
-    free(h13);
-    wset_free(&r);
-    wset_free(&sh);
+    decode_set_free(&ds);
 }
 
 /* Where decode's time goes (bench_cuda decode-parts): each launch of one token's MLPs alone,
@@ -301,21 +323,12 @@ static void bench_decode(double copy_bps)
  * (EPMOE_CUDA_EXACT=ref) and the fast path: us per call and the GEMMs' weight bytes/s. */
 static void bench_decode_parts(double copy_bps)
 {
-    wset r, sh;
-    wset_make(&r, true, E);
-    wset_make(&sh, false, 1);
-    act x;
-    act_make(&x, 8);
-    const int iters = 100;
-    cudev_group *h = (cudev_group *)malloc(sizeof(cudev_group) * 14 * iters);
-    cudev_group *dt = (cudev_group *)dalloc(sizeof(cudev_group) * 14 * iters);
-    for (int it = 0; it < iters; it++) {
-        cudev_group *t = h + (size_t)it * 14;
-        for (int j = 0; j < TOPK; j++)
-            group_of(&r, (it * 37 + j * 41) % E, (uint32_t)j, 1, &t[j], &t[7 + j]);
-        group_of(&sh, 0, 0, 1, &t[6], &t[13]);
-    }
-    CK(cudaMemcpy(dt, h, sizeof(cudev_group) * 14 * iters, cudaMemcpyHostToDevice));
+    decode_set ds;
+    decode_set_make(&ds, 100);
+    wset &r = ds.r, &sh = ds.sh;
+    act &x = ds.x;
+    const int iters = ds.iters;
+    cudev_group *h = ds.h, *dt = ds.d;
     const char *names[6] = {"routed w1+w3 (6 x MXFP4)", "routed swiglu+quant",
                             "routed w2 (6 x MXFP4)",    "shared w1+w3 (FP8)",
                             "shared swiglu+quant",      "shared w2 (FP8)"};
@@ -368,12 +381,7 @@ static void bench_decode_parts(double copy_bps)
         if (mode == 1)
             unsetenv("EPMOE_CUDA_EXACT");
     }
-    x.g13 = (cudev_group *)dalloc(16); /* act_free frees g13 */
-    act_free(&x);
-    CK(cudaFree(dt));
-    free(h);
-    wset_free(&r);
-    wset_free(&sh);
+    decode_set_free(&ds);
 }
 
 /* ---- 3. grouped GEMM vs cuBLASLt ---- */
