@@ -580,6 +580,40 @@ static void coord_on_step_end(coord *c)
         coord_auto_rebalance(c);
 }
 
+/* The load of a worker's serving-path requests (LOAD_REPORT): one entry of the load window,
+ * as a step's STEP_DONE is (the serving path has no steps). Reports of another epoch, or with a
+ * layer, expert or rank out of range, are dropped. */
+static void coord_on_load_report(coord *c, int rank, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__LoadReport *r =
+        (Epmoe__LoadReport *)wire_unpack(&epmoe__load_report__descriptor, m, &err);
+    const plan_table *cur = plan_current(c->pe);
+    int E = c->cfg.n_routed_experts, P = c->spec->n_workers;
+    uint32_t *et = calloc((size_t)E, sizeof *et), *rp = calloc((size_t)P, sizeof *rp);
+    bool ok = r && et && rp && r->has_layer && r->layer < (uint32_t)mc_num_layers(&c->cfg) &&
+              r->has_epoch && r->epoch == cur->epoch && r->n_routed_expert == r->n_routed_tokens &&
+              r->n_pair_rank == r->n_pair_count;
+    for (size_t i = 0; ok && i < r->n_routed_expert; i++)
+        if ((ok = r->routed_expert[i] < (uint32_t)E))
+            et[r->routed_expert[i]] += r->routed_tokens[i];
+    for (size_t i = 0; ok && i < r->n_pair_rank; i++)
+        if ((ok = r->pair_rank[i] < (uint32_t)P))
+            rp[r->pair_rank[i]] += r->pair_count[i];
+    if (ok && stats_add(c->stats, (int)r->layer, r->epoch, et, rp) == 0)
+        cmx_balance(c->mx, &c->cfg, c->spec, c->stats, cur, (int)r->layer);
+    else
+        log_debug(LOG_SUB_PLAN, "LOAD_REPORT from rank %d dropped (%s)", rank,
+                  r == NULL ? err.msg : "another epoch, or out of range");
+    free(et);
+    free(rp);
+    wire_free_unpacked(r ? &r->base : NULL);
+    int every = c->spec->rebalance_every_steps;
+    if (ok && every > 0 && ++c->steps_since_rebalance >= (uint64_t)every &&
+        plan_phase_of(c->pe) == PLAN_STABLE && c->state == COORD_READY && !c->stop)
+        coord_auto_rebalance(c);
+}
+
 /* Hand one event to the module that handles it. */
 static void coord_route(coord *c, const ob_event *e)
 {
@@ -1073,6 +1107,7 @@ static bool coord_worker_type(const coord *c, uint16_t type)
     case EPMOE__MSG_TYPE__MSG_ERROR:
     case EPMOE__MSG_TYPE__MSG_STEP_DONE:
     case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
+    case EPMOE__MSG_TYPE__MSG_LOAD_REPORT:
         return true;
     default:
         return false;
@@ -1117,6 +1152,10 @@ static void coord_on_worker(coord *c, const wire_msg *m)
     if (m->type == EPMOE__MSG_TYPE__MSG_COMM_ID || m->type == EPMOE__MSG_TYPE__MSG_COMM_DONE) {
         nb_env nenv = coord_nb_env(c);
         nb_on_message(c->nb, &nenv, rank, m, &c->out);
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_LOAD_REPORT) {
+        coord_on_load_report(c, rank, m);
         return;
     }
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED && c->nb != NULL)

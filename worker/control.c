@@ -149,8 +149,12 @@ static int wctl_check_strings(const Epmoe__Welcome *w, exec_session *s, ep_err *
         strlen(w->data_endpoint) >= sizeof s->data_endpoint)
         return ep_err_set(err, "WELCOME: data_endpoint missing or longer than %d bytes",
                           EP_MAX_PATH);
+    if (w->client_endpoint != NULL && strlen(w->client_endpoint) >= sizeof s->client_endpoint)
+        return ep_err_set(err, "WELCOME: client_endpoint longer than %d bytes", EP_MAX_PATH);
     snprintf(s->model_path, sizeof s->model_path, "%s", w->model_path);
     snprintf(s->data_endpoint, sizeof s->data_endpoint, "%s", w->data_endpoint);
+    snprintf(s->client_endpoint, sizeof s->client_endpoint, "%s",
+             w->client_endpoint ? w->client_endpoint : "");
     return 0;
 }
 

@@ -38,6 +38,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
+#include "worker/serve.h"
 #include "worker/shard.h"
 #include "worker/step_nccl.h"
 #include "worker/wmetrics.h"
@@ -100,7 +101,23 @@ typedef struct exec_state {
     /* the open step: STEP_DONE sent, its peers' DISPATCHes still served (sparse all-to-all) */
     struct exec_step_s *open;
     struct wmx *mx; /* the worker's metrics (thread-safe), or NULL */
+    /* the serving path: the client endpoint and the requests of this worker's clients (made
+     * at the first READY, kept for the thread's life), and when load was last reported */
+    srv_server *srv;
+    double reported_at;
 } exec_state;
+
+/* What the serving path may use now (serve.h). */
+static srv_env exec_env(const exec_state *st)
+{
+    return (srv_env){.be = st->be,
+                     .layers = st->layers,
+                     .n_layers = st->n_layers,
+                     .session = st->session,
+                     .tp = st->tp,
+                     .mx = st->mx,
+                     .ready = st->ready && st->session != NULL && !st->session->nccl};
+}
 
 static double exec_now(void)
 {
@@ -377,6 +394,8 @@ static void exec_close_plane(exec_state *st)
  * I/O threads have cleaned up and the close is harmless. */
 static void exec_drop_session(exec_state *st)
 {
+    if (st->srv)
+        srv_epoch_begin(st->srv); /* its requests wait for the next session's epoch */
     exec_close_open(st);
     st->ready = false;
     st->have_last = false;
@@ -416,6 +435,7 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
 }
 
 static bool exec_serve_between_layers(exec_progress *p);
+static void exec_serve(exec_state *st, bool client_readable);
 
 /* shard_load's progress: LOADING at most every EXEC_PROGRESS_INTERVAL_S, and a stop request
  * while a RESET or TERM is pending. A staged load serves steps at each layer boundary: shard_load
@@ -627,6 +647,31 @@ static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
     return bytes;
 }
 
+/* The client endpoint, once the worker first serves an epoch (the serving path; with
+ * security not yet: clients have no keys a worker knows, docs/protocol.md). A failure to bind
+ * is logged and the worker serves steps without it. */
+static void exec_open_client(exec_state *st)
+{
+    const exec_session *s = st->session;
+    if (st->srv == NULL && !st->actor->secure && !s->nccl) {
+        char ep[EP_MAX_PATH];
+        if (s->client_endpoint[0])
+            snprintf(ep, sizeof ep, "%s", s->client_endpoint);
+        else
+            srv_default_endpoint(s->data_endpoint, ep, sizeof ep);
+        ep_err err = {{0}};
+        st->srv = srv_create(st->actor->zctx, ep, NULL, &err);
+        if (st->srv == NULL)
+            log_error("no client endpoint (the serving path is off): %s", err.msg);
+        else
+            log_info("client endpoint %s", srv_endpoint(st->srv));
+    }
+    if (st->srv) {
+        srv_env env = exec_env(st);
+        srv_epoch_end(st->srv, &env);
+    }
+}
+
 /* READY for session s with its layers: n_experts is the most it holds in one layer. */
 static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *const *layers,
                             uint64_t bytes_read, exec_slots c, bool staged, double load_s)
@@ -648,6 +693,7 @@ static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *con
     r.has_staged = staged;
     r.staged = staged;
     r.backend = (char *)mb_name(st->be);
+    r.client_endpoint = st->srv ? (char *)srv_endpoint(st->srv) : NULL;
     if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
         r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
         r.comm_epoch = tp_comm_epoch(st->comm);
@@ -667,6 +713,8 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
         return;
     }
     exec_close_open(st);
+    if (st->srv)
+        srv_epoch_begin(st->srv); /* the layers and the data plane are about to change */
     st->ready = false;
     st->have_last = false;
     exec_drop_staged(st);
@@ -714,6 +762,7 @@ static void exec_load(exec_state *st, uint16_t in_reply_to)
     wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
                exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, s->epoch);
+    exec_open_client(st);
     exec_send_ready(st, s, st->layers, p.total, c, false, load_s);
 }
 
@@ -833,6 +882,8 @@ static void exec_commit(exec_state *st, const wire_msg *m)
         exec_error(st, EPMOE__ERROR_CODE__ERR_LOAD_FAILED, COMMIT, "out of memory");
         return;
     }
+    if (st->srv)
+        srv_epoch_begin(st->srv);
     exec_free_shard(st); /* drops the experts the new epoch does not hold */
     st->n_layers = mc_num_layers(&st->staged->config);
     st->layers = st->staged_layers;
@@ -851,6 +902,7 @@ static void exec_commit(exec_state *st, const wire_msg *m)
              (unsigned long long)epoch, n.slots, n.max_per_layer, st->session->n_members);
     wmx_loaded(st->mx, "commit", 0, exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, epoch);
+    exec_open_client(st);
     exec_send_ready(st, st->session, st->layers, st->staged_bytes, n, false, st->staged_load_s);
 }
 
@@ -1972,6 +2024,7 @@ static bool exec_serve_between_layers(exec_progress *p)
             tp_pump(st->tp);
             exec_serve_open(st);
         }
+        exec_serve(st, true);
         if (st->n_stash > 0) /* a step's wait set something aside: it comes first */
             return false;
         wire_msg m;
@@ -1994,6 +2047,29 @@ static bool exec_serve_between_layers(exec_progress *p)
     }
 }
 
+/* LOAD_REPORT to the coordinator (relayed by the control thread). */
+static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
+{
+    exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
+}
+
+/* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
+static void exec_serve(exec_state *st, bool client_readable)
+{
+    if (st->srv == NULL)
+        return;
+    srv_env env = exec_env(st);
+    if (client_readable)
+        srv_on_client(st->srv, &env);
+    srv_on_data(st->srv, &env);
+    srv_run(st->srv, &env);
+    double now = exec_now();
+    if (now - st->reported_at >= 1.0 && env.ready) {
+        st->reported_at = now;
+        srv_report(st->srv, &env, exec_send_report, st);
+    }
+}
+
 static void exec_loop(exec_state *st)
 {
     while (!st->stop) {
@@ -2007,16 +2083,30 @@ static void exec_loop(exec_state *st)
             wire_msg_close(&m);
             continue;
         }
-        zmq_pollitem_t it[2] = {
+        zmq_pollitem_t it[3] = {
             {.socket = st->pipe, .events = ZMQ_POLLIN},
+            {.socket = st->srv ? srv_socket(st->srv) : NULL, .events = ZMQ_POLLIN},
             {.socket = st->tp ? tp_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
-        if (zmq_poll(it, st->tp ? 2 : 1, 1000) <= 0)
-            continue;
-        if (st->tp && it[1].revents) {
+        /* the client socket is polled only with a server, the data plane's only with one */
+        zmq_pollitem_t *items = it;
+        int n = 1;
+        if (st->srv)
+            n = 2;
+        if (st->tp) {
+            if (!st->srv)
+                it[1] = it[2];
+            n++;
+        }
+        long timeout = st->srv ? (long)(srv_idle_timeout(st->srv) * 1000) + 1 : 1000;
+        int rc_poll = zmq_poll(items, n, timeout > 1000 ? 1000 : timeout);
+        bool client_in = st->srv && rc_poll > 0 && it[1].revents;
+        bool data_in = st->tp && rc_poll > 0 && it[n - 1].revents;
+        if (data_in) {
             tp_pump(st->tp);
             exec_serve_open(st);
         }
-        if (!it[0].revents)
+        exec_serve(st, client_in);
+        if (rc_poll <= 0 || !it[0].revents)
             continue;
         wire_msg m;
         ep_err err;
@@ -2036,6 +2126,7 @@ static void *exec_main(void *arg)
     exec_actor *a = arg;
     exec_state st = {.actor = a, .be = a->be, .pipe = a->thread_pipe};
     exec_loop(&st);
+    srv_destroy(&st.srv);
     exec_drop_session(&st);
     exec_close_plane(&st);
     exec_free_shard(&st);

@@ -81,6 +81,7 @@ typedef struct exec_session {
     uint64_t epoch;
     char model_path[EP_MAX_PATH];
     char data_endpoint[EP_MAX_PATH]; /* where to bind */
+    char client_endpoint[EP_MAX_PATH]; /* the client ROUTER's; "": the default (serve.h) */
     uint32_t *expert_owner;          /* [n_routed_experts]: the flat owner (every layer, one
                                       * replica), else layer 0's first replica (NCCL's view) */
     pl_table *place;                 /* the replicas of every (layer, expert) */

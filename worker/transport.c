@@ -70,12 +70,13 @@ void tp_msg_point(tp_msg *m, int hidden, uint8_t *block)
     m->pair_weight = (float *)(void *)(block + off[i]);
 }
 
+/* has_step: step_id present, or a request (the serving path: any epoch of the session). */
 static int tp_check_common(const tp_check *c, bool has_src, uint32_t src, bool has_epoch,
-                           uint64_t epoch, bool has_step, ep_err *err)
+                           uint64_t epoch, bool has_step, bool request, ep_err *err)
 {
     if (!has_step || !has_epoch || !has_src)
-        return ep_err_set(err, "step_id, epoch or src_rank missing");
-    if (epoch != c->epoch)
+        return ep_err_set(err, "step_id (or request), epoch or src_rank missing");
+    if (!request && epoch != c->epoch)
         return ep_err_set(err, "epoch %llu, expected %llu", (unsigned long long)epoch,
                           (unsigned long long)c->epoch);
     if (src >= (uint32_t)c->world_size || (src == (uint32_t)c->rank && !c->self_ok))
@@ -86,8 +87,9 @@ static int tp_check_common(const tp_check *c, bool has_src, uint32_t src, bool h
 
 int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep_err *err)
 {
-    if (tp_check_common(c, d->has_src_rank, d->src_rank, d->has_epoch, d->epoch, d->has_step_id,
-                        err) != 0)
+    bool rq = d->has_request && d->has_attempt && !d->has_step_id;
+    if (tp_check_common(c, d->has_src_rank, d->src_rank, d->has_epoch, d->epoch,
+                        d->has_step_id || rq, rq, err) != 0)
         return -1;
     if (!d->has_layer || !d->has_n_rows || !d->has_n_pairs || !d->has_format)
         return ep_err_set(err, "layer, n_rows, n_pairs or format missing");
@@ -107,14 +109,18 @@ int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep
                   .n_pairs = (int)d->n_pairs,
                   .format = (tp_format)d->format,
                   .scales_e8m0 = d->format == EPMOE__DISPATCH_FORMAT__DISPATCH_FP8 &&
-                                 d->has_scales_e8m0 && d->scales_e8m0};
+                                 d->has_scales_e8m0 && d->scales_e8m0,
+                  .is_request = rq,
+                  .request = rq ? d->request : 0,
+                  .attempt = rq ? d->attempt : 0};
     return 0;
 }
 
 int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_err *err)
 {
-    if (tp_check_common(c, b->has_src_rank, b->src_rank, b->has_epoch, b->epoch, b->has_step_id,
-                        err) != 0)
+    bool rq = b->has_request && b->has_attempt && !b->has_step_id;
+    if (tp_check_common(c, b->has_src_rank, b->src_rank, b->has_epoch, b->epoch,
+                        b->has_step_id || rq, rq, err) != 0)
         return -1;
     if (!b->has_n_pairs || b->n_pairs > (uint32_t)EP_MAX_TOKENS * MC_MAX_TOPK)
         return ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * MC_MAX_TOPK);
@@ -122,7 +128,12 @@ int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_e
                   .step_id = b->step_id,
                   .epoch = b->epoch,
                   .src_rank = (int)b->src_rank,
-                  .n_pairs = (int)b->n_pairs};
+                  .n_pairs = (int)b->n_pairs,
+                  .is_request = rq,
+                  .request = rq ? b->request : 0,
+                  .attempt = rq ? b->attempt : 0,
+                  .refused = rq && b->has_refused && b->refused,
+                  .server_epoch = b->has_server_epoch ? b->server_epoch : 0};
     return 0;
 }
 
@@ -134,7 +145,7 @@ int tp_check_pairs(const tp_check *c, int n_rows, int n_pairs, const uint32_t *p
             return ep_err_set(err, "pair_row[%d] = %u, expected < n_rows %d", p, pair_row[p],
                               n_rows);
         uint32_t e = pair_expert[p];
-        if (e >= (uint32_t)c->n_experts || !c->owned[e])
+        if (e >= (uint32_t)c->n_experts || (c->owned != NULL && !c->owned[e]))
             return ep_err_set(err, "pair_expert[%d] = %u is not an expert of rank %d", p, e,
                               c->rank);
     }

@@ -63,9 +63,13 @@
 /* DISPATCH step ids accepted beyond the last finished step: the coordinator's ids may skip a
  * step this worker never received, never thousands. */
 #define TP_STEP_WINDOW 1024
-/* Messages libzmq may queue per peer connection before tp_pump reads them: a peer has at most
- * a DISPATCH and a COMBINE in flight to us. */
-#define TP_RCVHWM 4
+/* Serving-path messages (docs/protocol.md "Serving path") one peer may have kept here at once,
+ * per kind: an origin sends a peer at most this many DISPATCHes whose COMBINE is not back (its
+ * credits), so an honest peer never meets the bound; more is dropped. */
+#define TP_SERVE_CREDITS 16
+/* Messages libzmq may queue per peer connection before tp_pump reads them: a step's DISPATCH
+ * and COMBINE, and the serving path's credits of both kinds. */
+#define TP_RCVHWM (4 + 2 * TP_SERVE_CREDITS)
 
 typedef struct tp_transport tp_transport;
 
@@ -112,7 +116,16 @@ typedef struct tp_msg {
     uint32_t *pair_expert; /* dispatch: [n_pairs], owned by the receiver */
     float *pair_weight;    /* dispatch: [n_pairs] */
     uint16_t *out;         /* combine: bf16 [n_pairs, H], in the order of the dispatch's pairs */
-    struct tp_buf *buf;    /* private: the storage the arrays live in */
+    /* The serving path (is_request): the origin's request and attempt instead of step_id; any
+     * epoch of the session is accepted (the owner checks the experts it holds), and a refused
+     * COMBINE (the receiver does not hold an expert named) has no payload and says which epoch
+     * the receiver serves. */
+    bool is_request;
+    uint64_t request;
+    uint32_t attempt;
+    bool refused;
+    uint64_t server_epoch;
+    struct tp_buf *buf; /* private: the storage the arrays live in */
 } tp_msg;
 
 /* The largest frame a DISPATCH or COMBINE of this model can carry (EP_MAX_TOKENS rows, capped
@@ -200,6 +213,10 @@ int tp_pump(tp_transport *tp);
 /* Move a kept message of step_id into *out (the caller releases it). Returns 1, or 0 when
  * none is kept. */
 int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out);
+/* The oldest kept serving-path message (DISPATCH or COMBINE, any request) into *out: 1, or 0
+ * when none is kept. Serving-path messages survive tp_finish and tp_set_placement*: a request
+ * outlives steps and epochs (its owner matches COMBINEs with what it sent). */
+int tp_take_request(tp_transport *tp, tp_msg *out);
 
 /* Step step_id is finished or abandoned: drop what is kept and granted for it and every earlier
  * step, and drop later arrivals for them. Also called with step - 1 when a step starts: what

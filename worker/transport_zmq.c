@@ -46,6 +46,12 @@ typedef struct tp_peer {
     int grant_pairs;
 } tp_peer;
 
+/* A kept serving-path message, in arrival order. */
+typedef struct tp_rq_node {
+    tp_msg m;
+    struct tp_rq_node *next;
+} tp_rq_node;
+
 struct tp_transport {
     void *zctx;
     void *pull;
@@ -60,6 +66,9 @@ struct tp_transport {
     char **peer_name;                    /* [world_size] with security: expected user ids */
     tp_peer *peer;                       /* [world_size] */
     int n_pending;
+    /* the serving path: kept messages in arrival order, and how many of each kind per peer */
+    tp_rq_node *rq_head, **rq_tail;
+    int (*rq_count)[2]; /* [world_size][kind] */
     bool have_finished;
     uint64_t finished_upto;
     uint64_t dropped;
@@ -244,7 +253,10 @@ static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
     tp->push = calloc((size_t)cfg->world_size, sizeof *tp->push);
     tp->owned = calloc((size_t)cfg->n_experts, 1);
     tp->peer = calloc((size_t)cfg->world_size, sizeof *tp->peer);
-    if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp_copy_security(tp, cfg) != 0)
+    tp->rq_count = calloc((size_t)cfg->world_size, sizeof *tp->rq_count);
+    tp->rq_tail = &tp->rq_head;
+    if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp->rq_count == NULL ||
+        tp_copy_security(tp, cfg) != 0)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
         tp->owned[e] =
@@ -323,6 +335,10 @@ void tp_destroy(tp_transport **self_p)
         return;
     if (tp->peer)
         tp_finish(tp, UINT64_MAX); /* releases everything kept */
+    tp_msg rq;
+    while (tp->rq_count && tp_take_request(tp, &rq))
+        tp_msg_release(&rq);
+    free(tp->rq_count);
     if (tp->push)
         for (int r = 0; r < tp->world_size; r++)
             if (tp->push[r])
@@ -382,18 +398,28 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
     }
     void **ptr[TP_MAX_ARRAYS];
     size_t len[TP_MAX_ARRAYS];
-    int n = tp_arrays(m, tp->hidden, ptr, len);
+    int n = m->refused ? 0 : tp_arrays(m, tp->hidden, ptr, len);
+    if (n == 0) { /* a refused COMBINE: no payload, the block is not needed */
+        m->buf = NULL;
+        tp_msg_clear_arrays(m);
+        tp_buf_free(b);
+    }
     wire_payload pl[TP_MAX_ARRAYS];
     for (int i = 0; i < n; i++)
         pl[i] = (wire_payload){.data = *ptr[i], .len = len[i], .free_fn = tp_buf_unref, .hint = b};
-    atomic_store(&b->refs, n);
+    if (n > 0)
+        atomic_store(&b->refs, n);
     tp_msg_clear_arrays(m); /* the frames own the block from here on */
     int rc;
     if (m->kind == TP_DISPATCH) {
         Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
-        d.has_step_id = d.has_epoch = d.has_layer = d.has_src_rank = 1;
+        d.has_step_id = !m->is_request;
+        d.has_epoch = d.has_layer = d.has_src_rank = 1;
         d.has_n_rows = d.has_n_pairs = d.has_format = d.has_scales_e8m0 = 1;
         d.has_session = 1;
+        d.has_request = d.has_attempt = m->is_request;
+        d.request = m->request;
+        d.attempt = m->attempt;
         d.session = tp->session;
         d.step_id = m->step_id;
         d.epoch = tp->epoch;
@@ -407,8 +433,15 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
                        err);
     } else {
         Epmoe__Combine c = EPMOE__COMBINE__INIT;
-        c.has_step_id = c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
+        c.has_step_id = !m->is_request;
+        c.has_epoch = c.has_src_rank = c.has_n_pairs = 1;
         c.has_session = 1;
+        c.has_request = c.has_attempt = c.has_server_epoch = m->is_request;
+        c.has_refused = m->refused;
+        c.request = m->request;
+        c.attempt = m->attempt;
+        c.refused = m->refused;
+        c.server_epoch = tp->epoch;
         c.session = tp->session;
         c.step_id = m->step_id;
         c.epoch = tp->epoch;
@@ -509,6 +542,12 @@ static int tp_check_sizes(const tp_transport *tp, const wire_msg *wm, const tp_m
         {"hidden", "pair_row", "pair_expert", "pair_weight", ""}};
     size_t off[TP_MAX_ARRAYS], len[TP_MAX_ARRAYS], total;
     int n = tp_msg_layout(m, tp->hidden, off, len, &total);
+    if (m->refused) {
+        if (wm->n_payloads != 0)
+            return ep_err_set(err, "a refused COMBINE with %d payloads, expected none",
+                              wm->n_payloads);
+        return 0;
+    }
     if (wm->n_payloads != n) {
         if (m->kind == TP_COMBINE)
             return ep_err_set(err, "%d payloads, expected 1 (out)", wm->n_payloads);
@@ -566,7 +605,8 @@ static int tp_attach(tp_msg *m, wire_msg *wm, ep_err *err)
     uint8_t *spare = b->data;
     int i = 0;
     if (m->kind == TP_COMBINE) {
-        tp_view(wm, i++, 2, (void **)&m->out, &spare);
+        if (!m->refused)
+            tp_view(wm, i++, 2, (void **)&m->out, &spare);
     } else {
         if (m->format == TP_FMT_FP8) {
             tp_view(wm, i++, 1, (void **)&m->codes, &spare);
@@ -603,6 +643,8 @@ static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
     if (tp_attach(m, wm, err) != 0)
         return -1;
     tp_check c = tp_checker(tp);
+    if (m->is_request)
+        c.owned = NULL; /* the serving path refuses per layer what this rank does not hold */
     if (m->kind == TP_DISPATCH &&
         tp_check_pairs(&c, m->n_rows, m->n_pairs, m->pair_row, m->pair_expert, err) != 0) {
         m->buf->in = NULL; /* wm stays the caller's */
@@ -620,10 +662,51 @@ static void tp_reject(tp_transport *tp, tp_msg *m, const char *why)
     tp_msg_release(m);
 }
 
+/* A serving-path message: kept in arrival order within the peer's credits. */
+static bool tp_keep_request(tp_transport *tp, tp_msg *m)
+{
+    int *count = &tp->rq_count[m->src_rank][m->kind];
+    tp_rq_node *n = *count < TP_SERVE_CREDITS ? malloc(sizeof *n) : NULL;
+    if (n == NULL) {
+        tp_drop(tp, "%s of request %016llx from rank %d: %s", tp_kind_name(m->kind),
+                (unsigned long long)m->request, m->src_rank,
+                *count < TP_SERVE_CREDITS ? "out of memory" : "beyond the peer's credits");
+        tp_msg_release(m);
+        return false;
+    }
+    n->m = *m;
+    n->next = NULL;
+    *tp->rq_tail = n;
+    tp->rq_tail = &n->next;
+    (*count)++;
+    tp->n_pending++;
+    log_debug(LOG_SUB_DATA, "%s request %016llx/%u from rank %d: %d rows, %d pairs",
+              tp_kind_name(m->kind), (unsigned long long)m->request, m->attempt, m->src_rank,
+              m->n_rows, m->n_pairs);
+    return true;
+}
+
+int tp_take_request(tp_transport *tp, tp_msg *out)
+{
+    tp_rq_node *n = tp->rq_head;
+    if (n == NULL)
+        return 0;
+    tp->rq_head = n->next;
+    if (tp->rq_head == NULL)
+        tp->rq_tail = &tp->rq_head;
+    *out = n->m;
+    tp->rq_count[out->src_rank][out->kind]--;
+    tp->n_pending--;
+    free(n);
+    return 1;
+}
+
 /* Keep m in its peer's slot if the peer may hold it (transport.h), else drop it. Returns
  * whether it was kept. */
 static bool tp_keep(tp_transport *tp, tp_msg *m)
 {
+    if (m->is_request)
+        return tp_keep_request(tp, m);
     tp_peer *p = &tp->peer[m->src_rank];
     char why[160];
     if (tp->have_finished && m->step_id <= tp->finished_upto) {
@@ -785,9 +868,11 @@ int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owne
             tp_msg_release(&p->dispatch);
         if (p->has_combine)
             tp_msg_release(&p->combine);
+        if (p->has_dispatch || p->has_combine)
+            tp->n_pending -= p->has_dispatch + p->has_combine;
         *p = (tp_peer){0};
     }
-    tp->n_pending = 0;
+    /* the serving path's messages stay: a request outlives the epoch it started in */
     return 0;
 }
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# test_serve.sh — the serving path at the wire (docs/protocol.md "Serving path"): a real
+# coordinator and 4 real workers on tcp loopback; clients submit layer calls straight to the
+# workers' client endpoints (serve_poke speaks SUBMIT/RESULT itself, no libepmoe), and the
+# coordinator sees no token.
+#
+# Proves, for both expert dtypes and every layer (hash, score, MTP): each entry worker answers
+# bit-identically to `forward --local`; 3 client processes at different entries with 4 requests
+# in flight each all get the same right answer (their requests run concurrently and batch at
+# the experts); malformed requests (unknown layer, 0 tokens, more than EP_MAX_TOKENS, a hash
+# layer without ids, a wrong config hash, a NaN) get explicit errors and the cluster goes on
+# answering right.
+#
+#   test_serve.sh CTL_DIR COORDINATOR WORKER SERVE_POKE
+set -u
+CTL=$1/epmoectl
+COORD=$2
+WORKER=$3
+SPOKE=$4
+TMP=$(mktemp -d /tmp/epmoe_serve_XXXXXX)
+PIDS=()
+fails=0
+
+# shellcheck source=cluster_lib.sh
+. "$(dirname "$0")/cluster_lib.sh"
+
+# client_endpoint NAME R: the endpoint worker wR of cluster NAME bound (its log says)
+client_endpoint() {
+    local i
+    for i in $(seq 100); do
+        local ep
+        ep=$(sed -n 's/.*client endpoint \(tcp:[^ ]*\).*/\1/p' "$TMP/$1.w$2.log" | tail -1)
+        [ -n "$ep" ] && { echo "$ep"; return; }
+        sleep 0.1
+    done
+}
+
+for dt in fp4 fp8; do
+    "$CTL" mkmodel --out "$TMP/$dt" --expert-dtype "$dt" --experts 12 --layers 2 --hash-layers 1 \
+        --mtp 1 --seed 7 >/dev/null || { fail "mkmodel $dt"; exit 1; }
+done
+for t in 1 7 64; do
+    "$CTL" mkinput --model "$TMP/fp4" --tokens "$t" --seed "$t" --out "$TMP/in_$t.st" >/dev/null ||
+        fail "mkinput $t"
+done
+
+for dt in fp4 fp8; do
+    name=serve_$dt
+    start_cluster "$name" "$TMP/$dt" 4 fp8 || continue
+    EP=()
+    for r in 0 1 2 3; do EP+=("$(client_endpoint "$name" "$r")"); done
+    [ -n "${EP[3]}" ] || { fail "$name: no client endpoint in the worker logs"; continue; }
+    bad=0
+    # every layer (0: hash, 1: score, 2: mtp.0) and token count, each through another entry
+    for layer in 0 1 2; do
+        lname=$layer
+        [ "$layer" = 2 ] && lname=mtp.0
+        for t in 1 7 64; do
+            ref=$(local_ref "$TMP/$dt" "$lname" "$TMP/in_$t.st")
+            r=$(((layer + t) % 4))
+            out=$TMP/$name.$layer.$t.st
+            if ! "$SPOKE" "${EP[$r]}" "$TMP/$dt" "$layer" "$TMP/in_$t.st" "$out" 2 4 \
+                >"$TMP/$name.poke.log" 2>&1; then
+                fail "$name: layer $lname T=$t at w$r: $(cat "$TMP/$name.poke.log")"
+                bad=$((bad + 1))
+            elif ! cmp -s "$out" "$ref"; then
+                fail "$name: layer $lname T=$t at w$r differs from forward --local"
+                bad=$((bad + 1))
+            fi
+        done
+    done
+    [ $bad -eq 0 ] && ok "$name: every layer x T in {1, 7, 64} at every entry is bit-identical to forward --local"
+    # 3 client processes, 4 requests in flight each, 16 requests each, at three entries
+    ref=$(local_ref "$TMP/$dt" 1 "$TMP/in_7.st")
+    cpids=()
+    for c in 0 1 2; do
+        "$SPOKE" "${EP[$c]}" "$TMP/$dt" 1 "$TMP/in_7.st" "$TMP/$name.c$c.st" 4 16 \
+            >"$TMP/$name.c$c.log" 2>&1 &
+        cpids+=($!)
+    done
+    bad=0
+    for c in 0 1 2; do
+        if ! wait "${cpids[$c]}"; then
+            fail "$name: client $c: $(cat "$TMP/$name.c$c.log")"
+            bad=1
+        elif ! cmp -s "$TMP/$name.c$c.st" "$ref"; then
+            fail "$name: client $c differs from forward --local"
+            bad=1
+        fi
+    done
+    [ $bad -eq 0 ] && ok "$name: 3 clients x 4 in flight x 16 requests, every answer bit-identical"
+    # malformed requests: an explicit error each, naming what was wrong
+    for kind in layer:ERR_BAD_REQUEST:"does not exist" zero:ERR_BAD_REQUEST:"1..65536" \
+        many:ERR_BAD_REQUEST:"tokens" noids:ERR_BAD_REQUEST:"hash-routed" \
+        hash:ERR_CONFIG_HASH:"config hash" nan:ERR_BAD_REQUEST:"token"; do
+        IFS=: read -r k code text <<<"$kind"
+        got=$("$SPOKE" "${EP[1]}" "$TMP/$dt" 1 "$TMP/in_7.st" - bad "$k" 2>&1)
+        case $got in
+        "$code "*"$text"*) ok "$name: bad request '$k' -> $code" ;;
+        *) fail "$name: bad request '$k' got: $got" ;;
+        esac
+    done
+    out=$TMP/$name.after.st
+    if "$SPOKE" "${EP[2]}" "$TMP/$dt" 1 "$TMP/in_7.st" "$out" >/dev/null 2>&1 && cmp -s "$out" "$ref"; then
+        ok "$name: after the bad requests the cluster answers bit-identically"
+    else
+        fail "$name: after the bad requests the answer is wrong or missing"
+    fi
+    stop_cluster "$name"
+done
+
+echo "$((fails == 0 ? 1 : 0)) passed, $((fails == 0 ? 0 : 1)) failed"
+[ $fails -eq 0 ]

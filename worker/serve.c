@@ -1,0 +1,1208 @@
+/*
+ * serve.c — the serving path of a worker (see serve.h).
+ *
+ * A request lives in one slot of a fixed pool; its id on the data plane is the slot index in
+ * the low 16 bits above a counter that never repeats within the server's life, so a late
+ * COMBINE of a finished request can never be taken for a new one. Its slots (token, expert
+ * pairs) are sent in parts: one part per rank and attempt; a part is live until its COMBINE
+ * came back (done) or it was replaced (a refusal, an epoch change).
+ */
+#include "worker/serve.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/checkpoint.h"
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/wire.h"
+#include "kernels/formats.h"
+#include "worker/plan.h"
+#include "worker/wmetrics.h"
+
+#define SRV_MAX_BODY 1024
+
+typedef struct srv_part {
+    int peer;
+    uint32_t attempt;
+    int n;          /* pairs */
+    uint32_t *slot; /* [n] ascending */
+    bool live, sent, done, refused;
+    bool credit; /* sent to a peer, its COMBINE not back: holds one of the peer's credits */
+} srv_part;
+
+typedef enum srv_phase {
+    SRV_FREE = 0,
+    SRV_WAITING = 1, /* accepted, not routed yet (no epoch to serve, or restarting) */
+    SRV_RUNNING = 2,
+} srv_phase;
+
+typedef struct srv_req {
+    srv_phase phase;
+    uint64_t id;
+    uint8_t ident[WIRE_MAX_IDENT];
+    size_t ident_len;
+    uint64_t client, seq;
+    int layer, T, k, H;
+    uint16_t *x;
+    int64_t *ids;
+    int32_t *topk_ids;
+    float *topk_w;
+    uint8_t *q;
+    float *qs;
+    uint16_t *xn;
+    uint16_t *eo; /* [T, k, H] */
+    mb_step *ms;
+    srv_part *part;
+    int n_parts, cap_parts;
+    uint32_t attempt;
+    bool replayed, started_once;
+    double t_arrive, t_routed, t_sent, t_experts, deadline, retry_at, backoff;
+    uint64_t epoch;
+} srv_req;
+
+/* A DISPATCH to serve (a peer's, or this worker's own part of a request). */
+typedef struct srv_job {
+    int src; /* the origin rank */
+    int layer;
+    uint64_t request;
+    uint32_t attempt;
+    tp_msg msg; /* a peer's DISPATCH (released after) */
+    srv_req *own;
+    int part; /* own: the part it computes */
+} srv_job;
+
+typedef struct srv_load {
+    uint32_t requests, tokens;
+    uint32_t *expert; /* [E] */
+    uint32_t *rank;   /* [P] */
+} srv_load;
+
+struct srv_server {
+    void *sock;
+    char endpoint[EP_MAX_PATH];
+    srv_req req[SRV_MAX_REQUESTS];
+    uint64_t next_id;
+    srv_job *job;
+    int n_jobs, cap_jobs;
+    int *out_credit; /* [P] live sent parts without their COMBINE, per rank */
+    int P, E, L;
+    srv_load *load; /* [L] */
+    srv_stats stats;
+};
+
+static double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *srv_alloc(size_t n)
+{
+    return aligned_alloc(64, n ? (n + 63) / 64 * 64 : 64);
+}
+
+/* ---- the server ---------------------------------------------------------------------------- */
+
+void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap)
+{
+    if (strncmp(data_endpoint, "ipc://", 6) == 0) {
+        snprintf(out, cap, "%s.client", data_endpoint);
+        return;
+    }
+    const char *host = strncmp(data_endpoint, "tcp://", 6) == 0 ? data_endpoint + 6 : "127.0.0.1";
+    const char *colon = strrchr(host, ':');
+    int n = colon ? (int)(colon - host) : (int)strlen(host);
+    snprintf(out, cap, "tcp://%.*s:*", n, host);
+}
+
+srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err)
+{
+    srv_server *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        ep_err_set(err, "client endpoint: out of memory");
+        return NULL;
+    }
+    uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)s;
+    s->next_id = (seed & 0xffffffffull) << 16;
+    s->sock = zmq_socket(zctx, ZMQ_ROUTER);
+    int one = 1;
+    if (s->sock == NULL || wire_socket_defaults(s->sock, EP_MAX_DATA_MSG, err) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+        (key && auth_server(s->sock, key, AUTH_DOMAIN_DATA, err) != 0)) {
+        if (s->sock && !err->msg[0])
+            ep_err_set(err, "client endpoint: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if (zmq_bind(s->sock, endpoint) != 0) {
+        ep_err_set(err, "client endpoint %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    size_t len = sizeof s->endpoint;
+    zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &len);
+    return s;
+fail:
+    if (s->sock)
+        zmq_close(s->sock);
+    free(s);
+    return NULL;
+}
+
+const char *srv_endpoint(const srv_server *s)
+{
+    return s->endpoint;
+}
+
+void *srv_socket(srv_server *s)
+{
+    return s->sock;
+}
+
+void srv_get_stats(const srv_server *s, srv_stats *out)
+{
+    *out = s->stats;
+}
+
+/* The per-world tables, (re)made when the world's shape changes. */
+static int srv_shape(srv_server *s, const srv_env *env)
+{
+    const mc_config *c = &env->session->config;
+    int P = env->session->world_size, E = c->n_routed_experts, L = mc_num_layers(c);
+    if (s->out_credit && P == s->P && E == s->E && L == s->L)
+        return 0;
+    free(s->out_credit);
+    for (int l = 0; s->load && l < s->L; l++) {
+        free(s->load[l].expert);
+        free(s->load[l].rank);
+    }
+    free(s->load);
+    s->P = P;
+    s->E = E;
+    s->L = L;
+    s->out_credit = calloc((size_t)P, sizeof *s->out_credit);
+    s->load = calloc((size_t)L, sizeof *s->load);
+    for (int l = 0; s->load && l < L; l++) {
+        s->load[l].expert = calloc((size_t)E, sizeof(uint32_t));
+        s->load[l].rank = calloc((size_t)P, sizeof(uint32_t));
+        if (!s->load[l].expert || !s->load[l].rank)
+            return -1;
+    }
+    return s->out_credit && s->load ? 0 : -1;
+}
+
+/* ---- answering a client -------------------------------------------------------------------- */
+
+static void srv_send_result(srv_server *s, const uint8_t *ident, size_t ident_len,
+                            const Epmoe__Result *r, wire_payload *pl, int n)
+{
+    ep_err err;
+    if (wire_send(s->sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r->base, pl, n, true,
+                  &err) != 0)
+        log_warn("serving: RESULT of request %llu of client %016llx not sent: %s",
+                 (unsigned long long)r->seq, (unsigned long long)r->client, err.msg);
+}
+
+static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    Epmoe__Result r = EPMOE__RESULT__INIT;
+    r.has_client = r.has_seq = r.has_code = 1;
+    r.client = client;
+    r.seq = seq;
+    r.code = code;
+    r.message = text;
+    srv_send_result(s, ident, ident_len, &r, NULL, 0);
+    if (code == EPMOE__ERROR_CODE__ERR_BUSY)
+        s->stats.busy++;
+    else
+        s->stats.failed++;
+}
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+/* Drop what a request holds of an epoch (its backend step and parts). */
+static void srv_req_unroute(srv_server *s, srv_req *q)
+{
+    mb_step_free(&q->ms);
+    for (int i = 0; i < q->n_parts; i++) {
+        srv_part *p = &q->part[i];
+        if (p->credit && s->out_credit && p->peer < s->P)
+            s->out_credit[p->peer]--;
+        free(p->slot);
+    }
+    q->n_parts = 0;
+}
+
+static void srv_req_free(srv_server *s, srv_req *q)
+{
+    srv_req_unroute(s, q);
+    free(q->part);
+    free(q->x);
+    free(q->ids);
+    free(q->topk_ids);
+    free(q->topk_w);
+    free(q->q);
+    free(q->qs);
+    free(q->xn);
+    free(q->eo);
+    /* its own jobs still queued refer to it */
+    for (int j = 0; j < s->n_jobs; j++)
+        if (s->job[j].own == q)
+            s->job[j].own = NULL;
+    *q = (srv_req){0};
+}
+
+static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    char text[EP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    srv_refuse(s, q->ident, q->ident_len, q->client, q->seq, code, "%s", text);
+    srv_req_free(s, q);
+}
+
+static srv_req *srv_find(srv_server *s, uint64_t id)
+{
+    srv_req *q = &s->req[id & 0xffff & (SRV_MAX_REQUESTS - 1)];
+    return q->phase == SRV_RUNNING && q->id == id ? q : NULL;
+}
+
+static int srv_add_part(srv_req *q, int peer, uint32_t *slot, int n)
+{
+    if (q->n_parts == q->cap_parts) {
+        int cap = q->cap_parts ? 2 * q->cap_parts : 8;
+        srv_part *p = realloc(q->part, (size_t)cap * sizeof *p);
+        if (p == NULL)
+            return -1;
+        q->part = p;
+        q->cap_parts = cap;
+    }
+    q->part[q->n_parts++] =
+        (srv_part){.peer = peer, .attempt = q->attempt, .n = n, .slot = slot, .live = true};
+    return 0;
+}
+
+static int srv_push_job(srv_server *s, srv_job j)
+{
+    if (s->n_jobs == s->cap_jobs) {
+        int cap = s->cap_jobs ? 2 * s->cap_jobs : 64;
+        srv_job *n = realloc(s->job, (size_t)cap * sizeof *n);
+        if (n == NULL)
+            return -1;
+        s->job = n;
+        s->cap_jobs = cap;
+    }
+    s->job[s->n_jobs++] = j;
+    return 0;
+}
+
+/* Plan the given slots (ascending) under the current placement into new parts. */
+static int srv_plan(srv_server *s, const srv_env *env, srv_req *q, const uint32_t *slots, int n,
+                    bool count_load, ep_err *err)
+{
+    const exec_session *ses = env->session;
+    int *dest = malloc((size_t)n * sizeof *dest + 1);
+    if (dest == NULL)
+        return ep_err_set(err, "out of memory");
+    srv_load *ld = count_load && s->load ? &s->load[q->layer] : NULL;
+    dp_route(ses->place, q->layer, ses->rank, q->topk_ids, slots, n, ses->member, dest,
+             ld ? ld->expert : NULL);
+    for (int i = 0; i < n; i++)
+        if (dest[i] == -2) {
+            free(dest);
+            return ep_err_set(err, "expert %d of layer %d has no replica on a member of epoch %llu",
+                              q->topk_ids[slots ? slots[i] : (uint32_t)i], q->layer,
+                              (unsigned long long)ses->epoch);
+        }
+    dp_plan p;
+    if (dp_group(&p, ses->world_size, q->k, slots, dest, n, err) != 0) {
+        free(dest);
+        return -1;
+    }
+    free(dest);
+    int rc = 0;
+    for (int r = 0; r < p.P && rc == 0; r++) {
+        if (p.count[r] == 0)
+            continue;
+        if (ld)
+            ld->rank[r] += (uint32_t)p.count[r];
+        rc = srv_add_part(q, r, p.slot[r], p.count[r]);
+        if (rc == 0)
+            p.slot[r] = NULL; /* the part's now */
+    }
+    dp_plan_free(&p);
+    return rc == 0 ? 0 : ep_err_set(err, "out of memory");
+}
+
+/* Send part i if the peer has credit left (own parts go to the queue). */
+static int srv_send_part(srv_server *s, const srv_env *env, srv_req *q, int i, ep_err *err)
+{
+    srv_part *p = &q->part[i];
+    const exec_session *ses = env->session;
+    if (p->peer == ses->rank) {
+        p->sent = true;
+        return srv_push_job(s, (srv_job){.src = ses->rank,
+                                         .layer = q->layer,
+                                         .request = q->id,
+                                         .attempt = p->attempt,
+                                         .own = q,
+                                         .part = i}) == 0
+                   ? 0
+                   : ep_err_set(err, "out of memory");
+    }
+    if (env->tp == NULL || s->out_credit[p->peer] >= TP_SERVE_CREDITS)
+        return 0; /* waits for credit */
+    int rows = dp_rows(p->slot, p->n, q->k);
+    tp_msg d = {.kind = TP_DISPATCH,
+                .is_request = true,
+                .request = q->id,
+                .attempt = p->attempt,
+                .layer = (uint32_t)q->layer,
+                .n_rows = rows,
+                .n_pairs = p->n,
+                .format = ses->dispatch,
+                .scales_e8m0 = ses->dispatch == TP_FMT_FP8 && ses->config.act_ue8m0};
+    if (tp_msg_alloc(&d, q->H, err) != 0)
+        return -1;
+    if (dp_fill(p->slot, p->n, q->k, q->H, q->topk_ids, q->topk_w, q->q, q->qs, q->xn, &d, err)) {
+        tp_msg_release(&d);
+        return -1;
+    }
+    size_t bytes = tp_msg_bytes(&d, q->H);
+    if (tp_send(env->tp, p->peer, &d, err) != 0)
+        return ep_err_prefix(err, "DISPATCH to %s", ses->peer_name[p->peer]);
+    wmx_sent(env->mx, false, bytes);
+    p->sent = p->credit = true;
+    s->out_credit[p->peer]++;
+    return 0;
+}
+
+/* Route and quantize a waiting request and send its parts. */
+static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
+{
+    q->ms = mb_step_begin(env->be, env->layers[q->layer], q->T, q->x, q->ids, q->topk_ids,
+                          q->topk_w, q->q, q->qs, q->xn, err);
+    if (q->ms == NULL)
+        return -1;
+    q->t_routed = srv_now();
+    q->epoch = env->session->epoch;
+    q->attempt++;
+    memset(q->eo, 0, (size_t)q->T * (size_t)q->k * (size_t)q->H * 2);
+    if (srv_plan(s, env, q, NULL, q->T * q->k, !q->started_once, err) != 0)
+        return -1;
+    if (!q->started_once && s->load) {
+        s->load[q->layer].requests++;
+        s->load[q->layer].tokens += (uint32_t)q->T;
+    }
+    q->started_once = true;
+    q->phase = SRV_RUNNING;
+    for (int i = 0; i < q->n_parts; i++)
+        if (srv_send_part(s, env, q, i, err) != 0)
+            return -1;
+    if (mb_step_shared(q->ms, err) != 0)
+        return ep_err_prefix(err, "shared expert");
+    q->t_sent = srv_now();
+    return 0;
+}
+
+/* Replace the refused parts of q by parts under the current placement. */
+static int srv_replay(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
+{
+    int n = 0;
+    for (int i = 0; i < q->n_parts; i++)
+        if (q->part[i].live && q->part[i].refused)
+            n += q->part[i].n;
+    uint32_t *slots = malloc((size_t)n * sizeof *slots + 1);
+    if (slots == NULL)
+        return ep_err_set(err, "out of memory");
+    n = 0;
+    for (int i = 0; i < q->n_parts; i++) {
+        srv_part *p = &q->part[i];
+        if (!p->live || !p->refused)
+            continue;
+        memcpy(slots + n, p->slot, (size_t)p->n * sizeof *slots);
+        n += p->n;
+        p->live = false;
+    }
+    /* ascending, as the plan wants (parts of different ranks interleave) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && slots[j - 1] > slots[j]; j--) {
+            uint32_t t = slots[j];
+            slots[j] = slots[j - 1];
+            slots[j - 1] = t;
+        }
+    int first = q->n_parts;
+    q->attempt++;
+    q->replayed = true;
+    s->stats.replays++;
+    int rc = srv_plan(s, env, q, slots, n, false, err);
+    free(slots);
+    for (int i = first; rc == 0 && i < q->n_parts; i++)
+        rc = srv_send_part(s, env, q, i, err);
+    return rc;
+}
+
+/* ---- SUBMIT -------------------------------------------------------------------------------- */
+
+static int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
+                            Epmoe__ErrorCode *code, ep_err *err)
+{
+    *code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+    if (!r->has_client || !r->has_seq || !r->has_layer || !r->has_n_tokens)
+        return ep_err_set(err, "SUBMIT: client, seq, layer or n_tokens missing");
+    if (env->session == NULL) {
+        *code = EPMOE__ERROR_CODE__ERR_NOT_READY;
+        return ep_err_set(err, "this worker has no session (not welcomed by a coordinator)");
+    }
+    const mc_config *c = &env->session->config;
+    int L = mc_num_layers(c);
+    if (r->has_config_hash && r->config_hash != env->session->config_hash) {
+        *code = EPMOE__ERROR_CODE__ERR_CONFIG_HASH;
+        return ep_err_set(err,
+                          "config hash %016llx is not the cluster's (%016llx): the model config "
+                          "changed (a reload); read the model's info again",
+                          (unsigned long long)r->config_hash,
+                          (unsigned long long)env->session->config_hash);
+    }
+    if (r->layer >= (uint32_t)L)
+        return ep_err_set(err,
+                          "layer %u does not exist: the model has %d MoE layers (0..%d, MTP "
+                          "from %d)",
+                          r->layer, L, L - 1, c->num_hidden_layers);
+    if (r->n_tokens == 0 || r->n_tokens > EP_MAX_TOKENS)
+        return ep_err_set(err, "%u tokens: expected 1..%d", r->n_tokens, EP_MAX_TOKENS);
+    bool has_ids = r->has_has_ids && r->has_ids;
+    size_t T = r->n_tokens, H = (size_t)c->hidden_size;
+    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
+        (has_ids && m->payload_len[1] != T * 8))
+        return ep_err_set(
+            err, "payloads of %d frames (%zu, %zu bytes), expected hidden bf16 [%zu, %zu]%s",
+            m->n_payloads, m->n_payloads > 0 ? m->payload_len[0] : 0,
+            m->n_payloads > 1 ? m->payload_len[1] : 0, T, H, has_ids ? " and token ids int64" : "");
+    if (mc_layer_is_hash(c, (int)r->layer) && !has_ids)
+        return ep_err_set(err, "layer %u is hash-routed: token ids are required", r->layer);
+    if (has_ids)
+        for (size_t t = 0; t < T; t++) {
+            int64_t id;
+            memcpy(&id, m->payload[1] + 8 * t, 8);
+            if (id < 0 || id >= c->vocab_size)
+                return ep_err_set(err, "token %zu: id %lld outside [0, %d)", t, (long long)id,
+                                  c->vocab_size);
+        }
+    return ck_check_input(m->payload[0], (int)T, (int)H, 0, err);
+}
+
+static int srv_count_client(const srv_server *s, uint64_t client)
+{
+    int n = 0;
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+        n += s->req[i].phase != SRV_FREE && s->req[i].client == client;
+    return n;
+}
+
+static bool srv_duplicate(const srv_server *s, uint64_t client, uint64_t seq)
+{
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+        if (s->req[i].phase != SRV_FREE && s->req[i].client == client && s->req[i].seq == seq)
+            return true;
+    return false;
+}
+
+static srv_req *srv_slot(srv_server *s)
+{
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        srv_req *q = &s->req[(s->next_id + (uint64_t)i) & (SRV_MAX_REQUESTS - 1)];
+        if (q->phase == SRV_FREE) {
+            q->id = (s->next_id++ << 16) | (uint64_t)(q - s->req);
+            return q;
+        }
+    }
+    return NULL;
+}
+
+static int srv_req_alloc(srv_req *q, const wire_msg *m, bool has_ids)
+{
+    size_t T = (size_t)q->T, H = (size_t)q->H, k = (size_t)q->k;
+    q->x = srv_alloc(T * H * 2);
+    q->xn = srv_alloc(T * H * 2);
+    q->topk_ids = malloc(T * k * 4);
+    q->topk_w = malloc(T * k * 4);
+    q->q = srv_alloc(T * H);
+    q->qs = srv_alloc(T * (H / EP_FP8_BLOCK) * 4);
+    q->eo = srv_alloc(T * k * H * 2);
+    q->ids = has_ids ? malloc(T * 8) : NULL;
+    if (!q->x || !q->xn || !q->topk_ids || !q->topk_w || !q->q || !q->qs || !q->eo ||
+        (has_ids && !q->ids))
+        return -1;
+    memcpy(q->x, m->payload[0], T * H * 2);
+    if (has_ids)
+        memcpy(q->ids, m->payload[1], T * 8);
+    return 0;
+}
+
+static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
+{
+    ep_err err = {{0}};
+    Epmoe__Submit *r = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, &err);
+    if (r == NULL) {
+        srv_refuse(s, m->ident, m->ident_len, 0, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "SUBMIT: %s",
+                   err.msg);
+        return;
+    }
+    uint64_t client = r->client, seq = r->seq;
+    Epmoe__ErrorCode code;
+    srv_req *q = NULL;
+    s->stats.submitted++;
+    if (srv_check_submit(env, r, m, &code, &err) != 0) {
+        srv_refuse(s, m->ident, m->ident_len, client, seq, code, "%s", err.msg);
+    } else if (srv_duplicate(s, client, seq)) {
+        log_debug(LOG_SUB_STEP, "request %llu of client %016llx resent while in flight: kept once",
+                  (unsigned long long)seq, (unsigned long long)client);
+    } else if (srv_count_client(s, client) >= SRV_MAX_CLIENT_REQUESTS) {
+        srv_refuse(s, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
+                   "this client has %d requests in flight at this entry worker, its limit",
+                   SRV_MAX_CLIENT_REQUESTS);
+    } else if ((q = srv_slot(s)) == NULL) {
+        srv_refuse(s, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
+                   "this entry worker holds %d requests in flight, its limit", SRV_MAX_REQUESTS);
+    } else {
+        const mc_config *c = &env->session->config;
+        memcpy(q->ident, m->ident, m->ident_len);
+        q->ident_len = m->ident_len;
+        q->client = client;
+        q->seq = seq;
+        q->layer = (int)r->layer;
+        q->T = (int)r->n_tokens;
+        q->k = c->num_experts_per_tok;
+        q->H = c->hidden_size;
+        q->t_arrive = srv_now();
+        uint32_t ms = r->has_timeout_ms && r->timeout_ms ? r->timeout_ms
+                                                         : (uint32_t)env->session->step_timeout_ms;
+        q->deadline = q->t_arrive + ms / 1000.0;
+        q->backoff = SRV_RETRY_S;
+        q->phase = SRV_WAITING;
+        if (srv_req_alloc(q, m, r->has_has_ids && r->has_ids) != 0)
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_BUSY, "out of memory for %d tokens", q->T);
+    }
+    wire_free_unpacked(&r->base);
+}
+
+void srv_on_client(srv_server *s, const srv_env *env)
+{
+    for (int n = 0; n < 1024; n++) {
+        wire_msg m;
+        ep_err err;
+        wire_rc rc =
+            wire_recv(s->sock, true, SRV_MAX_BODY, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+        if (rc == WIRE_AGAIN)
+            return;
+        if (rc == WIRE_ERR) {
+            log_warn("client endpoint: dropped a message: %s", err.msg);
+            continue;
+        }
+        if (m.type == EPMOE__MSG_TYPE__MSG_SUBMIT)
+            srv_submit(s, env, &m);
+        else
+            wire_send_error(s->sock, m.ident, m.ident_len, EPMOE__ERROR_CODE__ERR_UNKNOWN_TYPE,
+                            m.type, "a client endpoint takes SUBMIT only, not %s",
+                            wire_type_name(m.type));
+        wire_msg_close(&m);
+    }
+}
+
+/* ---- the data plane ------------------------------------------------------------------------ */
+
+static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
+{
+    srv_req *q = srv_find(s, c->request);
+    srv_part *p = NULL;
+    for (int i = 0; q && i < q->n_parts; i++)
+        if (q->part[i].peer == c->src_rank && q->part[i].attempt == c->attempt && q->part[i].credit)
+            p = &q->part[i];
+    if (p == NULL || (!c->refused && c->n_pairs != p->n)) {
+        log_debug(LOG_SUB_DATA, "COMBINE of request %016llx/%u from rank %d: %s",
+                  (unsigned long long)c->request, c->attempt, c->src_rank,
+                  p ? "pair count differs" : "no such part in flight (late or replaced)");
+        return;
+    }
+    if (p->credit)
+        s->out_credit[p->peer]--;
+    p->credit = false;
+    if (!p->live)
+        return; /* replaced by a replay: its slots are another part's */
+    if (c->refused) {
+        p->refused = true;
+        if (q->retry_at == 0)
+            q->retry_at = srv_now() + q->backoff;
+        log_debug(LOG_SUB_DATA, "request %016llx: rank %d (epoch %llu) refused %d pairs",
+                  (unsigned long long)q->id, c->src_rank, (unsigned long long)c->server_epoch,
+                  p->n);
+        return;
+    }
+    size_t H = (size_t)q->H;
+    for (int j = 0; j < p->n; j++)
+        memcpy(q->eo + (size_t)p->slot[j] * H, c->out + (size_t)j * H, H * 2);
+    p->done = true;
+    (void)env;
+}
+
+/* A peer's DISPATCH into the queue (bf16 rows quantized and e8m0 scales widened at run). */
+static void srv_on_dispatch(srv_server *s, tp_msg *d)
+{
+    srv_job j = {.src = d->src_rank,
+                 .layer = (int)d->layer,
+                 .request = d->request,
+                 .attempt = d->attempt,
+                 .msg = *d};
+    if (srv_push_job(s, j) != 0) {
+        log_warn("serving: out of memory queueing a DISPATCH from rank %d", d->src_rank);
+        tp_msg_release(d);
+    }
+    *d = (tp_msg){0};
+}
+
+void srv_on_data(srv_server *s, const srv_env *env)
+{
+    if (env->tp == NULL || env->session == NULL || srv_shape(s, env) != 0)
+        return;
+    tp_msg m;
+    while (tp_take_request(env->tp, &m)) {
+        if (m.kind == TP_DISPATCH) {
+            srv_on_dispatch(s, &m);
+            continue;
+        }
+        srv_on_combine(s, env, &m);
+        tp_msg_release(&m);
+    }
+}
+
+/* ---- the serving half ---------------------------------------------------------------------- */
+
+/* The rows and scales of a job as the experts take them: q e4m3 [rows, H], qs f32. */
+typedef struct srv_rows {
+    int n_rows, n_pairs;
+    const uint8_t *q;
+    const float *qs;
+    const uint32_t *row, *expert;
+    const float *w;
+    uint8_t *qbuf;
+    float *qsbuf;
+    uint32_t *rowbuf, *expbuf;
+    float *wbuf;
+} srv_rows;
+
+static void srv_rows_free(srv_rows *r)
+{
+    free(r->qbuf);
+    free(r->qsbuf);
+    free(r->rowbuf);
+    free(r->expbuf);
+    free(r->wbuf);
+}
+
+/* An own part's rows: its distinct tokens' q/qs and its pairs. */
+static int srv_own_rows(srv_req *q, const srv_part *p, srv_rows *r)
+{
+    size_t H = (size_t)q->H, SC = H / EP_FP8_BLOCK;
+    r->qbuf = srv_alloc((size_t)p->n * H);
+    r->qsbuf = srv_alloc((size_t)p->n * SC * 4);
+    r->rowbuf = malloc((size_t)p->n * 4 + 4);
+    r->expbuf = malloc((size_t)p->n * 4 + 4);
+    r->wbuf = malloc((size_t)p->n * 4 + 4);
+    if (!r->qbuf || !r->qsbuf || !r->rowbuf || !r->expbuf || !r->wbuf)
+        return -1;
+    int row = -1, last_t = -1;
+    for (int i = 0; i < p->n; i++) {
+        uint32_t slot = p->slot[i];
+        int t = (int)(slot / (uint32_t)q->k);
+        if (t != last_t) {
+            row++;
+            last_t = t;
+            memcpy(r->qbuf + (size_t)row * H, q->q + (size_t)t * H, H);
+            memcpy(r->qsbuf + (size_t)row * SC, q->qs + (size_t)t * SC, SC * 4);
+        }
+        r->rowbuf[i] = (uint32_t)row;
+        r->expbuf[i] = (uint32_t)q->topk_ids[slot];
+        r->wbuf[i] = q->topk_w[slot];
+    }
+    *r = (srv_rows){.n_rows = row + 1,
+                    .n_pairs = p->n,
+                    .q = r->qbuf,
+                    .qs = r->qsbuf,
+                    .row = r->rowbuf,
+                    .expert = r->expbuf,
+                    .w = r->wbuf,
+                    .qbuf = r->qbuf,
+                    .qsbuf = r->qsbuf,
+                    .rowbuf = r->rowbuf,
+                    .expbuf = r->expbuf,
+                    .wbuf = r->wbuf};
+    return 0;
+}
+
+/* A peer's DISPATCH's rows (quantized here when it came as bf16). */
+static int srv_msg_rows(const srv_env *env, const mb_layer *l, tp_msg *d, srv_rows *r, ep_err *err)
+{
+    size_t H = (size_t)env->session->config.hidden_size, SC = H / EP_FP8_BLOCK;
+    size_t rows = (size_t)d->n_rows;
+    *r = (srv_rows){.n_rows = d->n_rows,
+                    .n_pairs = d->n_pairs,
+                    .q = d->codes,
+                    .qs = d->scales,
+                    .row = d->pair_row,
+                    .expert = d->pair_expert,
+                    .w = d->pair_weight};
+    if (d->format == TP_FMT_BF16) {
+        r->q = r->qbuf = srv_alloc(rows * H);
+        r->qs = r->qsbuf = srv_alloc(rows * SC * 4);
+        if (!r->qbuf || !r->qsbuf)
+            return ep_err_set(err, "out of memory");
+        return rows ? mb_quant(env->be, l, d->n_rows, d->hidden, r->qbuf, r->qsbuf, err) : 0;
+    }
+    if (d->scales_e8m0) {
+        r->qs = r->qsbuf = srv_alloc(rows * SC * 4);
+        if (!r->qsbuf)
+            return ep_err_set(err, "out of memory");
+        for (size_t i = 0; i < rows * SC; i++)
+            r->qsbuf[i] = fmt_e8m0_to_f32(((const uint8_t *)d->scales)[i]);
+    }
+    return 0;
+}
+
+/* Whether layer l holds every expert the job names. */
+static bool srv_holds(const mb_layer *l, const srv_rows *r)
+{
+    for (int p = 0; p < r->n_pairs; p++)
+        if (!mb_layer_owns(l, (int)r->expert[p]))
+            return false;
+    return true;
+}
+
+/* Deliver a job's expert outputs (out bf16 [n_pairs, H]; NULL: refused). */
+static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uint16_t *out,
+                        int n_pairs)
+{
+    size_t H = (size_t)env->session->config.hidden_size;
+    if (j->own != NULL) {
+        srv_req *q = j->own;
+        srv_part *p = &q->part[j->part];
+        if (!p->live || p->attempt != j->attempt)
+            return;
+        if (out == NULL) {
+            p->refused = true;
+            q->retry_at = srv_now();
+            return;
+        }
+        for (int i = 0; i < p->n; i++)
+            memcpy(q->eo + (size_t)p->slot[i] * H, out + (size_t)i * H, H * 2);
+        p->done = true;
+        return;
+    }
+    if (j->msg.kind != TP_DISPATCH || env->tp == NULL)
+        return;
+    tp_msg c = {.kind = TP_COMBINE,
+                .is_request = true,
+                .request = j->request,
+                .attempt = j->attempt,
+                .n_pairs = n_pairs,
+                .refused = out == NULL};
+    ep_err err;
+    if (out != NULL) {
+        if (tp_msg_alloc(&c, (int)H, &err) != 0) {
+            log_warn("serving: COMBINE for rank %d: %s", j->src, err.msg);
+            return;
+        }
+        memcpy(c.out, out, (size_t)n_pairs * H * 2);
+    } else if (tp_msg_alloc(&c, (int)H, &err) != 0) {
+        return;
+    }
+    size_t bytes = out ? tp_msg_bytes(&c, (int)H) : 0;
+    if (tp_send(env->tp, j->src, &c, &err) != 0)
+        log_warn("serving: COMBINE to %s: %s", env->session->peer_name[j->src], err.msg);
+    else
+        wmx_sent(env->mx, true, bytes);
+}
+
+/* Count a job's pairs per expert into the metrics. */
+static void srv_count(const srv_env *env, int layer, const srv_rows *r)
+{
+    if (env->mx == NULL)
+        return;
+    for (int p = 0; p < r->n_pairs; p++)
+        wmx_expert_pairs(env->mx, layer, (int)r->expert[p], 1);
+}
+
+/* One layer's jobs [n] as one mb_experts call: rows concatenated, pairs re-indexed. */
+static void srv_run_layer(srv_server *s, const srv_env *env, int layer, srv_job **jobs, int n)
+{
+    const mb_layer *l = env->layers[layer];
+    size_t H = (size_t)env->session->config.hidden_size, SC = H / EP_FP8_BLOCK;
+    srv_rows *rows = calloc((size_t)n, sizeof *rows);
+    bool *ok = calloc((size_t)n, sizeof *ok);
+    ep_err err = {{0}};
+    size_t R = 0, Pn = 0;
+    for (int i = 0; rows && ok && i < n; i++) {
+        srv_job *j = jobs[i];
+        int rc = j->own ? srv_own_rows(j->own, &j->own->part[j->part], &rows[i])
+                        : srv_msg_rows(env, l, &j->msg, &rows[i], &err);
+        ok[i] = rc == 0 && srv_holds(l, &rows[i]);
+        if (!ok[i]) {
+            srv_deliver(s, env, j, NULL, rows[i].n_pairs);
+            continue;
+        }
+        R += (size_t)rows[i].n_rows;
+        Pn += (size_t)rows[i].n_pairs;
+    }
+    uint8_t *q = srv_alloc(R * H);
+    float *qs = srv_alloc(R * SC * 4);
+    uint32_t *prow = malloc(Pn * 4 + 4), *pexp = malloc(Pn * 4 + 4);
+    float *pw = malloc(Pn * 4 + 4);
+    uint16_t *out = srv_alloc(Pn * H * 2);
+    if (rows && ok && q && qs && prow && pexp && pw && out) {
+        size_t r0 = 0, p0 = 0;
+        for (int i = 0; i < n; i++) {
+            if (!ok[i])
+                continue;
+            srv_rows *r = &rows[i];
+            memcpy(q + r0 * H, r->q, (size_t)r->n_rows * H);
+            memcpy(qs + r0 * SC, r->qs, (size_t)r->n_rows * SC * 4);
+            for (int p = 0; p < r->n_pairs; p++) {
+                prow[p0 + (size_t)p] = r->row[p] + (uint32_t)r0;
+                pexp[p0 + (size_t)p] = r->expert[p];
+                pw[p0 + (size_t)p] = r->w[p];
+            }
+            srv_count(env, layer, r);
+            r0 += (size_t)r->n_rows;
+            p0 += (size_t)r->n_pairs;
+        }
+        int rc = Pn ? mb_experts(env->be, l, (int)R, q, qs, (int)Pn, prow, pexp, pw, out, &err) : 0;
+        if (rc != 0)
+            log_error("serving: layer %d experts for %d jobs: %s", layer, n, err.msg);
+        s->stats.batches++;
+        s->stats.batched_jobs += (uint64_t)n;
+        p0 = 0;
+        for (int i = 0; i < n; i++) {
+            if (!ok[i])
+                continue;
+            srv_deliver(s, env, jobs[i], rc == 0 ? out + p0 * H : NULL, rows[i].n_pairs);
+            p0 += (size_t)rows[i].n_pairs;
+        }
+    } else {
+        log_error("serving: out of memory for a batch of %d jobs (%zu rows)", n, R);
+        for (int i = 0; i < n; i++)
+            if (ok && ok[i])
+                srv_deliver(s, env, jobs[i], NULL, rows ? rows[i].n_pairs : 0);
+    }
+    for (int i = 0; rows && i < n; i++)
+        srv_rows_free(&rows[i]);
+    free(rows);
+    free(ok);
+    free(q);
+    free(qs);
+    free(prow);
+    free(pexp);
+    free(pw);
+    free(out);
+}
+
+/* A job still to run: an own part whose request lives, or a peer's DISPATCH. */
+static bool srv_job_valid(const srv_job *j)
+{
+    return j->own != NULL || j->msg.buf != NULL;
+}
+
+/* Every queued job, one mb_experts call per layer. */
+static void srv_serve(srv_server *s, const srv_env *env)
+{
+    if (s->n_jobs == 0 || !env->ready)
+        return;
+    srv_job *job = s->job;
+    int n = s->n_jobs;
+    s->job = NULL;
+    s->n_jobs = s->cap_jobs = 0;
+    srv_job **sel = malloc((size_t)n * sizeof *sel);
+    for (int i = 0; sel && i < n; i++) {
+        int layer = job[i].layer;
+        if (layer < 0 || !srv_job_valid(&job[i]))
+            continue;
+        int m = 0;
+        for (int j = i; j < n; j++)
+            if (job[j].layer == layer && srv_job_valid(&job[j])) {
+                sel[m++] = &job[j];
+                job[j].layer = -1 - layer; /* taken */
+            }
+        if (layer < env->n_layers && env->layers[layer] != NULL)
+            srv_run_layer(s, env, layer, sel, m);
+        else
+            for (int j = 0; j < m; j++) /* no such layer here: the origin must look elsewhere */
+                srv_deliver(s, env, sel[j], NULL, sel[j]->msg.n_pairs);
+    }
+    for (int i = 0; i < n; i++)
+        if (!job[i].own)
+            tp_msg_release(&job[i].msg);
+    free(sel);
+    free(job);
+}
+
+/* ---- completing ---------------------------------------------------------------------------- */
+
+static bool srv_complete(const srv_req *q)
+{
+    for (int i = 0; i < q->n_parts; i++)
+        if (q->part[i].live && !q->part[i].done)
+            return false;
+    return true;
+}
+
+static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
+{
+    size_t T = (size_t)q->T, H = (size_t)q->H, k = (size_t)q->k;
+    double t0 = srv_now();
+    uint16_t *out = malloc(T * H * 2);
+    ep_err err;
+    if (out == NULL || mb_step_finish(q->ms, q->eo, out, &err) != 0) {
+        free(out);
+        srv_fail(s, q, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
+                 out ? err.msg : "out of memory");
+        return;
+    }
+    double t1 = srv_now();
+    Epmoe__Result r = EPMOE__RESULT__INIT;
+    r.has_client = r.has_seq = r.has_epoch = r.has_entry_rank = r.has_replayed = 1;
+    r.has_n_tokens = r.has_queued_seconds = r.has_dispatch_seconds = 1;
+    r.has_experts_seconds = r.has_combine_seconds = 1;
+    r.client = q->client;
+    r.seq = q->seq;
+    r.epoch = q->epoch;
+    r.entry_rank = (uint32_t)env->session->rank;
+    r.replayed = q->replayed;
+    r.n_tokens = (uint32_t)q->T;
+    r.queued_seconds = q->t_routed > q->t_arrive ? q->t_routed - q->t_arrive : 0;
+    r.dispatch_seconds = q->t_sent - q->t_routed;
+    r.experts_seconds = t0 - q->t_sent;
+    r.combine_seconds = t1 - t0;
+    wire_payload pl[3] = {
+        {.data = out, .len = T * H * 2, .free_fn = wire_free_malloc},
+        {.data = q->topk_ids, .len = T * k * 4, .free_fn = wire_free_malloc},
+        {.data = q->topk_w, .len = T * k * 4, .free_fn = wire_free_malloc},
+    };
+    q->topk_ids = NULL; /* the message's now */
+    q->topk_w = NULL;
+    srv_send_result(s, q->ident, q->ident_len, &r, pl, 3);
+    wmx_step(env->mx, q->layer, t1 - q->t_arrive, r.dispatch_seconds, r.experts_seconds,
+             r.combine_seconds);
+    wmx_step_result(env->mx, true);
+    s->stats.completed++;
+    srv_req_free(s, q);
+}
+
+/* The ranks a request still waits for, for its timeout message. */
+static void srv_missing(const srv_req *q, const srv_env *env, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < q->n_parts && n < cap; i++) {
+        const srv_part *p = &q->part[i];
+        if (!p->live || p->done)
+            continue;
+        const char *name = env->session && p->peer < env->session->world_size
+                               ? env->session->peer_name[p->peer]
+                               : "?";
+        n += (size_t)snprintf(buf + n, cap - n, "%srank %d (%s)%s", n ? ", " : "", p->peer, name,
+                              p->sent ? "" : " (not sent: no credit)");
+    }
+    if (n == 0)
+        snprintf(buf, cap, "a placement this worker could serve (epoch %llu, %s)",
+                 env->session ? (unsigned long long)env->session->epoch : 0ull,
+                 env->ready ? "ready" : "not ready");
+}
+
+static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double now)
+{
+    ep_err err = {{0}};
+    if (now >= q->deadline) {
+        char who[EP_ERR_MSG_MAX / 2];
+        srv_missing(q, env, who, sizeof who);
+        srv_fail(s, q, EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                 "request %llu (layer %d, %d tokens) timed out after %.0f ms waiting for %s",
+                 (unsigned long long)q->seq, q->layer, q->T, (q->deadline - q->t_arrive) * 1e3,
+                 who);
+        return;
+    }
+    if (!env->ready)
+        return;
+    if (q->phase == SRV_WAITING) {
+        if (srv_start(s, env, q, &err) != 0)
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "layer %d: %s", q->layer, err.msg);
+        return;
+    }
+    for (int i = 0; i < q->n_parts; i++) /* parts waiting for credit */
+        if (q->part[i].live && !q->part[i].sent && srv_send_part(s, env, q, i, &err) != 0) {
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "%s", err.msg);
+            return;
+        }
+    if (q->retry_at > 0 && now >= q->retry_at) {
+        q->retry_at = 0;
+        q->backoff = q->backoff * 2 < SRV_RETRY_MAX_S ? q->backoff * 2 : SRV_RETRY_MAX_S;
+        if (srv_replay(s, env, q, &err) != 0) {
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "replay: %s", err.msg);
+            return;
+        }
+    }
+}
+
+void srv_run(srv_server *s, const srv_env *env)
+{
+    if (env->session == NULL || srv_shape(s, env) != 0) {
+        double now = srv_now();
+        for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+            if (s->req[i].phase != SRV_FREE && now >= s->req[i].deadline)
+                srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_TIMEOUT,
+                         "request %llu timed out: this worker has no session",
+                         (unsigned long long)s->req[i].seq);
+        return;
+    }
+    /* start and send before serving, so this worker's own parts join the batch */
+    double now = srv_now();
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+        if (s->req[i].phase != SRV_FREE)
+            srv_step_req(s, env, &s->req[i], now);
+    srv_serve(s, env);
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        srv_req *q = &s->req[i];
+        if (q->phase == SRV_RUNNING && srv_complete(q))
+            srv_answer(s, env, q);
+    }
+}
+
+double srv_idle_timeout(const srv_server *s)
+{
+    double now = srv_now(), t = 1.0;
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        const srv_req *q = &s->req[i];
+        if (q->phase == SRV_FREE)
+            continue;
+        double d = q->deadline - now;
+        if (q->retry_at > 0 && q->retry_at - now < d)
+            d = q->retry_at - now;
+        if (d < t)
+            t = d;
+    }
+    return t > 0 ? t : 0;
+}
+
+/* ---- epochs -------------------------------------------------------------------------------- */
+
+void srv_epoch_begin(srv_server *s)
+{
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        srv_req *q = &s->req[i];
+        if (q->phase != SRV_RUNNING)
+            continue;
+        srv_req_unroute(s, q);
+        q->phase = SRV_WAITING;
+        q->replayed = true;
+        q->retry_at = 0;
+    }
+    /* own jobs refer to parts that are gone; peers' DISPATCHes stay and are served (or
+     * refused) by the layers of the new epoch */
+    int n = 0;
+    for (int j = 0; j < s->n_jobs; j++)
+        if (s->job[j].own == NULL && s->job[j].msg.buf)
+            s->job[n++] = s->job[j];
+    s->n_jobs = n;
+    if (s->out_credit)
+        memset(s->out_credit, 0, (size_t)s->P * sizeof *s->out_credit);
+}
+
+void srv_epoch_end(srv_server *s, const srv_env *env)
+{
+    if (env->session != NULL && srv_shape(s, env) == 0)
+        memset(s->out_credit, 0, (size_t)s->P * sizeof *s->out_credit);
+    /* the waiting requests start at the next srv_run */
+}
+
+/* ---- load reports -------------------------------------------------------------------------- */
+
+void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx)
+{
+    if (s->load == NULL || env->session == NULL)
+        return;
+    uint32_t *buf = malloc((size_t)(2 * (s->E + s->P)) * sizeof *buf + 4);
+    for (int l = 0; buf && l < s->L; l++) {
+        srv_load *ld = &s->load[l];
+        if (ld->requests == 0)
+            continue;
+        Epmoe__LoadReport r = EPMOE__LOAD_REPORT__INIT;
+        r.has_layer = r.has_requests = r.has_tokens = r.has_epoch = 1;
+        r.epoch = env->session->epoch;
+        r.layer = (uint32_t)l;
+        r.requests = ld->requests;
+        r.tokens = ld->tokens;
+        size_t ne = 0, np = 0;
+        uint32_t *ei = buf, *ec = buf + s->E, *pr = buf + 2 * s->E, *pc = pr + s->P;
+        for (int e = 0; e < s->E; e++)
+            if (ld->expert[e]) {
+                ei[ne] = (uint32_t)e;
+                ec[ne++] = ld->expert[e];
+            }
+        for (int p = 0; p < s->P; p++)
+            if (ld->rank[p]) {
+                pr[np] = (uint32_t)p;
+                pc[np++] = ld->rank[p];
+            }
+        r.routed_expert = ei;
+        r.routed_tokens = ec;
+        r.n_routed_expert = r.n_routed_tokens = ne;
+        r.pair_rank = pr;
+        r.pair_count = pc;
+        r.n_pair_rank = r.n_pair_count = np;
+        fn(ctx, &r);
+        ld->requests = ld->tokens = 0;
+        memset(ld->expert, 0, (size_t)s->E * sizeof *ld->expert);
+        memset(ld->rank, 0, (size_t)s->P * sizeof *ld->rank);
+    }
+    free(buf);
+}
+
+void srv_destroy(srv_server **self_p)
+{
+    srv_server *s = *self_p;
+    if (s == NULL)
+        return;
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+        if (s->req[i].phase != SRV_FREE)
+            srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
+                     "the entry worker is stopping");
+    for (int j = 0; j < s->n_jobs; j++)
+        if (!s->job[j].own)
+            tp_msg_release(&s->job[j].msg);
+    free(s->job);
+    free(s->out_credit);
+    for (int l = 0; s->load && l < s->L; l++) {
+        free(s->load[l].expert);
+        free(s->load[l].rank);
+    }
+    free(s->load);
+    zmq_close(s->sock);
+    free(s);
+    *self_p = NULL;
+}

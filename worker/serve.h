@@ -1,0 +1,101 @@
+/*
+ * serve.h — the serving path of a worker (prefix srv_): clients submit MoE layer calls at this
+ * worker's client endpoint, and it is their origin; it also answers the DISPATCHes other
+ * origins send it. docs/protocol.md "Serving path".
+ *
+ * Origin half: SUBMIT -> route + quantize (mb_step_begin) -> the dispatch plan (plan.h) -> one
+ * DISPATCH per rank its pairs go to (at most TP_SERVE_CREDITS without their COMBINE per rank;
+ * more wait) and its own pairs into the serving queue -> the shared expert -> the COMBINEs
+ * scattered into [T, k, H] -> mb_step_finish -> RESULT. A refused part (the receiver's
+ * placement moved) is dispatched again under the current placement after a short backoff; a
+ * placement change (srv_epoch_begin/end around the executor's epoch switch) restarts every
+ * request in flight in the new epoch, so a request is computed with one epoch's layers and
+ * never lost to a dead owner once the coordinator has moved its experts. A request that is not
+ * answered by its deadline fails with ERR_TIMEOUT naming the ranks it waited for.
+ *
+ * Serving half: DISPATCHes of any origin (and this worker's own pairs) wait in one queue; each
+ * srv_run takes every job waiting and runs each layer's jobs as one mb_experts call (rows of all
+ * of them concatenated), so an expert's rows from several requests form one GEMM. The exact
+ * kernels give the same bits whatever the batch, so batching never shows in a result.
+ *
+ * Not thread-safe: the executor thread owns the server and lends it what it needs (srv_env)
+ * at every call, since its layers, session and data plane change under epochs.
+ */
+#ifndef EPMOE_SERVE_H
+#define EPMOE_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/auth.h"
+#include "common/error.h"
+#include "kernels/moe_backend.h"
+#include "worker/exec.h"
+#include "worker/transport.h"
+
+/* Requests one entry worker holds in flight at most, and one client (client id) of them;
+ * beyond, a SUBMIT is answered ERR_BUSY at once. */
+#define SRV_MAX_REQUESTS        256
+#define SRV_MAX_CLIENT_REQUESTS 64
+/* A refused part is dispatched again after this long, doubling up to SRV_RETRY_MAX_S. */
+#define SRV_RETRY_S     0.002
+#define SRV_RETRY_MAX_S 0.1
+
+typedef struct srv_server srv_server;
+struct wmx;
+
+/* What the executor lends the server at each call. ready: the layers and the data plane serve
+ * the session's epoch. */
+typedef struct srv_env {
+    mb_backend *be;
+    mb_layer *const *layers;
+    int n_layers;
+    const exec_session *session;
+    tp_transport *tp;
+    struct wmx *mx;
+    bool ready;
+} srv_env;
+
+/* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). With key, a
+ * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENT decides who may submit). */
+srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err);
+/* Fail every request still held (ERR_SHUTTING_DOWN) and close. NULL-safe. */
+void srv_destroy(srv_server **self_p);
+/* The endpoint bound (ephemeral port resolved), for READY. */
+const char *srv_endpoint(const srv_server *s);
+/* The ROUTER, to poll for ZMQ_POLLIN. */
+void *srv_socket(srv_server *s);
+/* The default client endpoint for a data endpoint: an ephemeral port on its host
+ * ("tcp://10.0.0.1:7500" -> "tcp://10.0.0.1:*"; "ipc://P" -> "ipc://P.client"). */
+void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap);
+
+/* Read every SUBMIT waiting on the client socket and start (or refuse) each. */
+void srv_on_client(srv_server *s, const srv_env *env);
+/* Take the serving path's messages the data plane kept: DISPATCHes into the queue, COMBINEs to
+ * their requests. */
+void srv_on_data(srv_server *s, const srv_env *env);
+/* Run the queue (batched per layer), send what can be sent, answer what is complete, retry
+ * refused parts, fail what passed its deadline. Call after srv_on_client / srv_on_data. */
+void srv_run(srv_server *s, const srv_env *env);
+/* Seconds until srv_run has something to do on its own (a retry or a deadline); 1 if nothing. */
+double srv_idle_timeout(const srv_server *s);
+
+/* The placement, the layers or the data plane are about to change (EPOCH, EPOCH_COMMIT, a new
+ * session): every request in flight drops what it holds of the old ones (its backend step, its
+ * sent parts) and waits; queued DISPATCHes of peers stay. */
+void srv_epoch_begin(srv_server *s);
+/* They changed (env->ready: serving again): the waiting requests start again in the new epoch. */
+void srv_epoch_end(srv_server *s, const srv_env *env);
+
+/* The load of the requests this worker was the origin of since the last call, as LOAD_REPORT
+ * bodies: calls fn once per layer with load (fn sends it). */
+typedef void (*srv_report_fn)(void *ctx, const Epmoe__LoadReport *r);
+void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx);
+
+/* Counters for tests and metrics. */
+typedef struct srv_stats {
+    uint64_t submitted, completed, failed, busy, replays, batches, batched_jobs;
+} srv_stats;
+void srv_get_stats(const srv_server *s, srv_stats *out);
+
+#endif
