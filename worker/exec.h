@@ -80,12 +80,12 @@ typedef struct exec_session {
     int rank, world_size;
     uint64_t epoch;
     char model_path[EP_MAX_PATH];
-    char data_endpoint[EP_MAX_PATH]; /* where to bind */
+    char data_endpoint[EP_MAX_PATH];   /* where to bind */
     char client_endpoint[EP_MAX_PATH]; /* the client ROUTER's; "": the default (serve.h) */
-    uint32_t *expert_owner;          /* [n_routed_experts]: the flat owner (every layer, one
-                                      * replica), else layer 0's first replica (NCCL's view) */
-    pl_table *place;                 /* the replicas of every (layer, expert) */
-    uint8_t *member;                 /* [world_size]: the rank takes part in steps */
+    uint32_t *expert_owner;            /* [n_routed_experts]: the flat owner (every layer, one
+                                        * replica), else layer 0's first replica (NCCL's view) */
+    pl_table *place;                   /* the replicas of every (layer, expert) */
+    uint8_t *member;                   /* [world_size]: the rank takes part in steps */
     int n_members;
     char **peer_endpoint; /* [world_size], by rank */
     char **peer_name;     /* [world_size], by rank */
