@@ -45,6 +45,7 @@
 #define AUTH_DOMAIN_WORKERS   "epmoe-workers"   /* coordinator.listen */
 #define AUTH_DOMAIN_OPERATORS "epmoe-operators" /* coordinator.admin */
 #define AUTH_DOMAIN_DATA      "epmoe-data"      /* a worker's data endpoint */
+#define AUTH_DOMAIN_CLIENTS   "epmoe-clients"   /* a worker's client endpoint */
 
 typedef struct auth_keypair {
     uint8_t pub[AUTH_KEY_BYTES];

@@ -474,12 +474,35 @@ static int wctl_admit_peers(wctl *w, const exec_session *s, ep_err *err)
     return auth_zap_allow(w->zap, AUTH_DOMAIN_DATA, l, err);
 }
 
+/* Admit the clients WELCOME names to the client endpoint (their keys speak for "client"). */
+static int wctl_admit_clients(wctl *w, const Epmoe__Welcome *wm, ep_err *err)
+{
+    auth_list *l = auth_list_new();
+    if (l == NULL)
+        return ep_err_set(err, "out of memory");
+    for (size_t i = 0; i < wm->n_client_keys; i++) {
+        if (wm->client_keys[i].len != AUTH_KEY_BYTES || i >= AUTH_MAX_KEYS) {
+            auth_list_free(&l);
+            return ep_err_set(err, "WELCOME: client_keys[%zu] has %zu bytes, expected %d", i,
+                              wm->client_keys[i].len, AUTH_KEY_BYTES);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "client%zu", i);
+        if (auth_list_add(l, wm->client_keys[i].data, name, err) != 0) {
+            auth_list_free(&l);
+            return ep_err_prefix(err, "WELCOME: client_keys");
+        }
+    }
+    return auth_zap_allow(w->zap, AUTH_DOMAIN_CLIENTS, l, err);
+}
+
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
 {
     ep_err err = {{0}};
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
-    if (s != NULL && w->zap != NULL && wctl_admit_peers(w, s, &err) != 0)
+    if (s != NULL && w->zap != NULL &&
+        (wctl_admit_peers(w, s, &err) != 0 || wctl_admit_clients(w, wm, &err) != 0))
         exec_session_free(&s);
     if (s == NULL) {
         log_error("invalid WELCOME: %s", err.msg);

@@ -648,19 +648,19 @@ static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
 }
 
 /* The client endpoint, once the worker first serves an epoch (the serving path; with
- * security not yet: clients have no keys a worker knows, docs/protocol.md). A failure to bind
- * is logged and the worker serves steps without it. */
+ * security a CURVE server with the worker's key, admitting WELCOME.client_keys). A failure to
+ * bind is logged and the worker serves steps without it. */
 static void exec_open_client(exec_state *st)
 {
     const exec_session *s = st->session;
-    if (st->srv == NULL && !st->actor->secure && !s->nccl) {
+    if (st->srv == NULL && !s->nccl) {
         char ep[EP_MAX_PATH];
         if (s->client_endpoint[0])
             snprintf(ep, sizeof ep, "%s", s->client_endpoint);
         else
             srv_default_endpoint(s->data_endpoint, ep, sizeof ep);
         ep_err err = {{0}};
-        st->srv = srv_create(st->actor->zctx, ep, NULL, &err);
+        st->srv = srv_create(st->actor->zctx, ep, st->actor->secure ? &st->actor->key : NULL, &err);
         if (st->srv == NULL)
             log_error("no client endpoint (the serving path is off): %s", err.msg);
         else

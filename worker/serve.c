@@ -133,7 +133,7 @@ srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key
     int one = 1;
     if (s->sock == NULL || wire_socket_defaults(s->sock, EP_MAX_DATA_MSG, err) != 0 ||
         zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
-        (key && auth_server(s->sock, key, AUTH_DOMAIN_DATA, err) != 0)) {
+        (key && auth_server(s->sock, key, AUTH_DOMAIN_CLIENTS, err) != 0)) {
         if (s->sock && !err->msg[0])
             ep_err_set(err, "client endpoint: %s", zmq_strerror(zmq_errno()));
         goto fail;

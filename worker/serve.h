@@ -57,7 +57,8 @@ typedef struct srv_env {
 } srv_env;
 
 /* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). With key, a
- * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENT decides who may submit). */
+ * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys
+ * names may submit). */
 srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err);
 /* Fail every request still held (ERR_SHUTTING_DOWN) and close. NULL-safe. */
 void srv_destroy(srv_server **self_p);
