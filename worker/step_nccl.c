@@ -22,6 +22,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "epmoe.pb-c.h"
+#include "worker/plan.h"
 
 #define SN_ALIGN 256
 
@@ -36,6 +37,7 @@ struct sn_driver {
     uint32_t *members; /* [P]: worker rank of each communicator rank */
     uint32_t *owner;   /* [E]: worker rank owning expert e */
     uint32_t *owner_c; /* [E]: its communicator rank */
+    pl_table *flat_c;  /* the same as a one-layer table over communicator ranks (dp_route) */
     uint8_t *owned;    /* [E] */
     tp_check check;
     const sn_dev_ops *dev;
@@ -137,7 +139,8 @@ static int sn_world(sn_driver *d, const sn_config *cfg, ep_err *err)
                               e, d->owner[e]);
         d->owner_c[e] = (uint32_t)c;
     }
-    return 0;
+    d->flat_c = pl_flat(1, cfg->n_experts, d->P, d->owner_c, err);
+    return d->flat_c ? 0 : -1;
 }
 
 sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx, tp_comm *comm,
@@ -198,6 +201,7 @@ void sn_destroy(sn_driver **self_p)
     }
     free(d->owner);
     free(d->owner_c);
+    pl_free(&d->flat_c);
     free(d->members);
     free(d->owned);
     free(d);
@@ -299,42 +303,49 @@ static int sn_wait(sn_ctx *c, const char *what)
 /* ---- planning (host) ------------------------------------------------------------------------- */
 
 /* Each destination's pairs (slots t*k + j in token then slot order) and rows (distinct tokens,
- * ascending): the ZeroMQ plane's DISPATCH order. */
+ * ascending): the ZeroMQ plane's DISPATCH order, from the plan both planes share (plan.h) over
+ * the communicator's ranks (one owner per expert: the NCCL plane's placement is flat). */
 static int sn_plan(sn_ctx *c)
 {
     int Tk = c->io->T * c->k;
     const int32_t *ids = c->io->topk_ids;
-    size_t n_slots = 0;
     for (int i = 0; i < Tk; i++)
-        if (ids[i] >= 0) {
-            if (ids[i] >= c->d->cfg.n_experts)
-                return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
-                               "step %llu: routing gave expert %d",
-                               (unsigned long long)c->io->step_id, ids[i]);
-            c->peer[c->d->owner_c[ids[i]]].pairs_to++;
-            n_slots++;
-        }
-    c->h_slots = malloc(n_slots * sizeof *c->h_slots + 1);
-    c->h_rows = malloc(n_slots * sizeof *c->h_rows + 1);
-    size_t *fill = calloc((size_t)c->P, sizeof *fill);
-    if (c->h_slots == NULL || c->h_rows == NULL || fill == NULL) {
-        free(fill);
+        if (ids[i] >= c->d->cfg.n_experts)
+            return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
+                           "step %llu: routing gave expert %d", (unsigned long long)c->io->step_id,
+                           ids[i]);
+    int *dest = malloc((size_t)Tk * sizeof *dest + 1);
+    dp_plan plan = {0};
+    ep_err err;
+    if (dest == NULL || c->d->flat_c == NULL) {
+        free(dest);
         return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "step: out of memory");
     }
-    for (int r = 0, at = 0; r < c->P; r++) {
-        c->peer[r].slots_at = (size_t)at;
-        at += c->peer[r].pairs_to;
+    dp_route(c->d->flat_c, 0, c->d->me, ids, NULL, Tk, NULL, dest, NULL);
+    int rc = dp_group(&plan, c->P, c->k, NULL, dest, Tk, &err);
+    free(dest);
+    if (rc != 0)
+        return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "step: %s", err.msg);
+    size_t n_slots = 0, n_rows = 0;
+    for (int r = 0; r < c->P; r++) {
+        n_slots += (size_t)plan.count[r];
+        n_rows += (size_t)plan.rows[r];
     }
-    for (int i = 0; i < Tk; i++)
-        if (ids[i] >= 0) {
-            int r = (int)c->d->owner_c[ids[i]];
-            c->h_slots[c->peer[r].slots_at + fill[r]++] = (uint32_t)i;
-        }
-    free(fill);
-    size_t rows_at = 0;
+    c->h_slots = malloc(n_slots * sizeof *c->h_slots + 1);
+    c->h_rows = malloc(n_rows * sizeof *c->h_rows + 1);
+    if (c->h_slots == NULL || c->h_rows == NULL) {
+        dp_plan_free(&plan);
+        return sn_fail(c, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "step: out of memory");
+    }
+    size_t slots_at = 0, rows_at = 0;
     for (int r = 0; r < c->P; r++) {
         sn_peer *p = &c->peer[r];
+        p->pairs_to = plan.count[r];
+        p->slots_at = slots_at;
         p->rows_at = rows_at;
+        if (p->pairs_to)
+            memcpy(c->h_slots + slots_at, plan.slot[r], (size_t)p->pairs_to * sizeof *c->h_slots);
+        slots_at += (size_t)p->pairs_to;
         int last_t = -1;
         for (int j = 0; j < p->pairs_to; j++) {
             int t = (int)(c->h_slots[p->slots_at + (size_t)j] / (uint32_t)c->k);
@@ -354,6 +365,7 @@ static int sn_plan(sn_ctx *c)
         tp_msg_layout(&p->send, c->H, p->send_off, len, &p->send_bytes);
         p->send_pairs_at = p->send_off[2];
     }
+    dp_plan_free(&plan);
     return 0;
 }
 
