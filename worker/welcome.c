@@ -3,21 +3,13 @@
  * work under, checked field by field before anything of it is used.
  */
 #include "worker/control.h"
-#include <errno.h>
-#include <signal.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
-#include <time.h>
-#include <unistd.h>
-#include <zmq.h>
 #include "common/limits.h"
-#include "common/log.h"
 #include "common/model_msg.h"
-#include "common/sdnotify.h"
 #include "common/wire.h"
-#include "worker/wmetrics.h"
 
 /* ---- WELCOME validation -----------------------------------------------------------------------
  */
