@@ -132,11 +132,13 @@ int it_write_spec(itest *t)
             len += (size_t)snprintf(text + len, sizeof text - len, "  - name: n%d\n    workers:\n",
                                     r == 0 ? 0 : 1);
         char dev[16] = "cpu";
+        const char *name = it_worker_name(t, r);
+        /* a device that stays with the name when a reload renumbers the ranks */
         if (t->o.nccl)
-            snprintf(dev, sizeof dev, "\"cuda:%d\"", r);
+            snprintf(dev, sizeof dev, "\"cuda:%d\"", (name[0] - 'a') * 32 + atoi(name + 1));
         len += (size_t)snprintf(text + len, sizeof text - len,
                                 "      - {name: %s, device: %s, data: \"tcp://127.0.0.1:%d\"}\n",
-                                it_worker_name(t, r), dev, t->data_port[r]);
+                                name, dev, t->data_port[r]);
     }
     return it_write(t->spec_path, text);
 }

@@ -112,15 +112,21 @@ static long long jget_i(json_t *o, const char *k)
     return json_is_integer(v) ? json_integer_value(v) : -999;
 }
 
-static itest *start(const char *expert_dtype, bool register_all)
+static itest *start_plane(const char *expert_dtype, bool register_all, bool nccl)
 {
     it_opts o;
     it_default_opts(&o);
     o.expert_dtype = expert_dtype;
+    o.nccl = nccl;
     itest *t = it_start(coord_bin, &o);
     if (t && register_all && it_register_all(t) != 0)
         it_finish(&t, true);
     return t;
+}
+
+static itest *start(const char *expert_dtype, bool register_all)
+{
+    return start_plane(expert_dtype, register_all, false);
 }
 
 TEST(status_and_workers_json)
@@ -352,7 +358,7 @@ static void check_output(const char *path, int T, int P, const uint16_t *hidden,
 
 TEST(forward_through_the_cluster)
 {
-    itest *t = start("fp8", true);
+    itest *t = start_plane("fp8", true, true); /* the coordinator's FORWARD: nccl */
     CHECK(t != NULL);
     if (t == NULL)
         return;

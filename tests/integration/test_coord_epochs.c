@@ -42,6 +42,7 @@ static itest *start_ready(const char *ep_extra, int step_timeout_ms)
 {
     it_opts o;
     it_default_opts(&o);
+    o.nccl = true; /* forward_ok probes through the coordinator's FORWARD: the NCCL plane's */
     o.ep_extra = ep_extra;
     if (step_timeout_ms)
         o.step_timeout_ms = step_timeout_ms;

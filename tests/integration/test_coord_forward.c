@@ -33,6 +33,7 @@ static itest *start_ready(int step_timeout_ms)
 {
     it_opts o;
     it_default_opts(&o);
+    o.nccl = true; /* the coordinator's FORWARD is the NCCL plane's (docs/protocol.md) */
     if (step_timeout_ms)
         o.step_timeout_ms = step_timeout_ms;
     itest *t = it_start(coord_bin, &o);
@@ -110,6 +111,7 @@ TEST(forward_not_ready_names_workers)
 {
     it_opts o;
     it_default_opts(&o);
+    o.nccl = true; /* the coordinator's FORWARD is the NCCL plane's (docs/protocol.md) */
     itest *t = it_start(coord_bin, &o);
     CHECK(t != NULL);
     if (t == NULL)

@@ -111,9 +111,18 @@ static itest *start(void)
     return it_start(coord_bin, &o);
 }
 
+/* The same on data_plane nccl: where the coordinator's FORWARD (a collective step) lives on. */
+static itest *start_nccl(void)
+{
+    it_opts o;
+    it_default_opts(&o);
+    o.nccl = true;
+    return it_start(coord_bin, &o);
+}
+
 TEST(garbage_on_both_sockets_is_answered_and_survived)
 {
-    itest *t = start();
+    itest *t = start_nccl();
     CHECK(t != NULL);
     if (t == NULL)
         return;

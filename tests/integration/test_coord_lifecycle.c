@@ -39,6 +39,15 @@ static itest *start(void)
     return it_start(coord_bin, &o);
 }
 
+/* The same on data_plane nccl: where the coordinator's FORWARD (a collective step) lives on. */
+static itest *start_nccl(void)
+{
+    it_opts o;
+    it_default_opts(&o);
+    o.nccl = true;
+    return it_start(coord_bin, &o);
+}
+
 TEST(all_workers_register_cluster_ready)
 {
     itest *t = start();
@@ -460,7 +469,7 @@ TEST(admin_shutdown_stops_workers_and_exits_0)
 
 TEST(sigterm_answers_queued_work_and_exits_0)
 {
-    itest *t = start();
+    itest *t = start_nccl();
     CHECK(t != NULL);
     if (t == NULL)
         return;
