@@ -24,6 +24,7 @@ struct cmx {
     /* families */
     mx_family *f_state, *f_epoch, *f_workers, *f_dead, *f_masked, *f_up, *f_load_bytes,
         *f_load_total, *f_load_ratio, *f_wexperts, *f_changes;
+    mx_family *f_recv; /* payload bytes received, by socket: the coordinator carries no token */
     mx_family *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes, *f_msgs, *f_tokens;
     mx_family *f_expert_tokens, *f_layer_balance, *f_worker_load, *f_balance, *f_window;
     mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved;
@@ -75,6 +76,11 @@ static void cmx_families(cmx *m)
                               "Combine time of a step (slowest worker), by MoE layer", "layer");
     m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_bytes_total",
                              "Data-plane payload bytes the workers sent", "kind");
+    m->f_recv = mx_family_s(m->reg, MX_COUNTER, "epmoe_coordinator_payload_bytes_total",
+                            "Tensor payload bytes the coordinator received, by socket (tokens "
+                            "travel from clients to workers: only FORWARD on the NCCL plane brings "
+                            "some here)",
+                            "socket");
     m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_dataplane_messages_total",
                             "Data-plane messages the workers sent", NULL);
     m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_step_tokens_total",
@@ -119,6 +125,8 @@ static void cmx_cache(cmx *m)
     m->bytes[0] = mx_series1(m->f_bytes, "dispatch");
     m->bytes[1] = mx_series1(m->f_bytes, "combine");
     m->msgs = mx_series0(m->f_msgs);
+    mx_series1(m->f_recv, "admin"); /* present from the start, at 0 */
+    mx_series1(m->f_recv, "workers");
     m->tokens = mx_series0(m->f_tokens);
     m->balance = mx_series0(m->f_balance);
     m->window = mx_series0(m->f_window);
@@ -392,6 +400,16 @@ void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved)
         mx_observe(mx_series0(m->f_rebal_plan_s), plan_seconds);
     if (moved > 0)
         mx_add(mx_series0(m->f_moved), (double)moved);
+}
+
+void cmx_received(cmx *m, const char *socket, const wire_msg *msg)
+{
+    if (m == NULL || msg->n_payloads == 0)
+        return;
+    size_t n = 0;
+    for (int i = 0; i < msg->n_payloads; i++)
+        n += msg->payload_len[i];
+    mx_add(mx_series1(m->f_recv, socket), (double)n);
 }
 
 void cmx_rebalance_done(cmx *m, double seconds)

@@ -37,6 +37,7 @@
 #include "coordinator/registry.h"
 #include "coordinator/sequencer.h"
 #include "coordinator/spec.h"
+#include "common/wire.h"
 #include "coordinator/stats.h"
 
 typedef struct cmx cmx;
@@ -59,6 +60,8 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                  const plan_table *current, int layer);
 void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved);
 void cmx_rebalance_done(cmx *m, double seconds);
+/* A message on socket ("admin", "workers"): its payload bytes count (the token bytes). */
+void cmx_received(cmx *m, const char *socket, const wire_msg *msg);
 /* The spec changed (a reload, n_workers now): per-worker series are dropped (they come back
  * with the names). */
 void cmx_respec(cmx *m, int n_workers);

@@ -1190,6 +1190,7 @@ static void coord_read_workers(coord *c)
         if (log_debug_enabled(LOG_SUB_NET))
             log_debug(LOG_SUB_NET, "worker socket: %s (%zu body bytes, %d payloads)",
                       wire_type_name(m.type), m.body_len, m.n_payloads);
+        cmx_received(c->mx, "workers", &m);
         coord_on_worker(c, &m);
         wire_msg_close(&m);
         coord_settle(c);
@@ -1482,6 +1483,7 @@ static void coord_read_admin(coord *c)
                          EPMOE__ERROR_CODE__ERR_MALFORMED, 0, "%s", err.msg);
             free(m);
         } else {
+            cmx_received(c->mx, "admin", m);
             coord_on_admin(c, m);
         }
         coord_settle(c);

@@ -44,9 +44,19 @@ for t in 1 7 64; do
         fail "mkinput $t"
 done
 
+# payload_bytes SOCKET: the coordinator's epmoe_coordinator_payload_bytes_total{socket}
+payload_bytes() {
+    curl -s "http://$CMETRICS/metrics" |
+        sed -n "s/^epmoe_coordinator_payload_bytes_total{socket=\"$1\"} \([0-9.e+]*\)$/\1/p"
+}
+
 for dt in fp4 fp8; do
     name=serve_$dt
-    start_cluster "$name" "$TMP/$dt" 4 fp8 || continue
+    read -r mport <<<"$(free_ports 1)"
+    CMETRICS=127.0.0.1:$mport
+    start_cluster "$name" "$TMP/$dt" 4 fp8 "placement: contiguous" "metrics: \"$CMETRICS\"" || continue
+    a0=$(payload_bytes admin)
+    w0=$(payload_bytes workers)
     EP=()
     for r in 0 1 2 3; do EP+=("$(client_endpoint "$name" "$r")"); done
     [ -n "${EP[3]}" ] || { fail "$name: no client endpoint in the worker logs"; continue; }
@@ -89,6 +99,14 @@ for dt in fp4 fp8; do
         fi
     done
     [ $bad -eq 0 ] && ok "$name: 3 clients x 4 in flight x 16 requests, every answer bit-identical"
+    # the coordinator carried none of those tokens (its payload counter is live: see below)
+    a1=$(payload_bytes admin)
+    w1=$(payload_bytes workers)
+    if [ -n "$a0" ] && [ "$a0" = "$a1" ] && [ "$w0" = "$w1" ] && [ "${a1%.*}" = 0 ] && [ "${w1%.*}" = 0 ]; then
+        ok "$name: the coordinator received 0 payload bytes during $((9 * 4 + 48)) client requests"
+    else
+        fail "$name: coordinator payload bytes admin $a0 -> $a1, workers $w0 -> $w1 (expected 0)"
+    fi
     # malformed requests: an explicit error each, naming what was wrong
     for kind in layer:ERR_BAD_REQUEST:"does not exist" zero:ERR_BAD_REQUEST:"1..65536" \
         many:ERR_BAD_REQUEST:"tokens" noids:ERR_BAD_REQUEST:"hash-routed" \
