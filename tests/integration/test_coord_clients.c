@@ -8,13 +8,16 @@
  * refuses CLIENT_INFO naming the data plane; with security: a client key (security.client_keys)
  * reads CLIENT_INFO, with each worker's public key, but is refused (ERR_REFUSED) for STATUS,
  * DRAIN, SHUTDOWN and FORWARD and cannot register as a worker, an operator key may use
- * CLIENT_INFO too, and a key in no list gets no answer at all.
+ * CLIENT_INFO too, and a key in no list gets no answer at all; libepmoe opens with the client
+ * key (a0, which reported an endpoint, is a ready member; b0 is not) and is refused with the
+ * stranger's.
  */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/epmoe.h"
 #include "common/auth.h"
 #include "itest.h"
 #include "test.h"
@@ -139,6 +142,27 @@ static void expect_refused(Epmoe__AdminReply *r, const char *verb)
         CHECK_STR_HAS(r->error ? r->error : "", "a client key may only read CLIENT_INFO");
 }
 
+/* epmoe_open with the secret key in key_path against t's coordinator. */
+static int lib_open(itest *t, const char *dir, const char *key_path, epmoe_client **c,
+                    epmoe_error *err)
+{
+    auth_keypair kp;
+    uint8_t server[AUTH_KEY_BYTES];
+    char cpub[256], sec[AUTH_Z85_LEN + 1], srv[AUTH_Z85_LEN + 1];
+    ep_err e;
+    snprintf(cpub, sizeof cpub, "%s/coordinator.pub", dir);
+    if (auth_load_secret(key_path, &kp, &e) != 0 || auth_load_public(cpub, server, &e) != 0)
+        return -100;
+    zmq_z85_encode(sec, kp.sec, AUTH_KEY_BYTES);
+    zmq_z85_encode(srv, server, AUTH_KEY_BYTES);
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    o.coordinator = t->admin;
+    o.client_secret_key = sec;
+    o.server_key = srv;
+    o.connect_timeout_ms = 3000;
+    return epmoe_open(&o, c, err);
+}
+
 TEST(a_client_key_reads_client_info_and_nothing_else)
 {
     if (!auth_available())
@@ -218,6 +242,21 @@ TEST(a_client_key_reads_client_info_and_nothing_else)
     /* a key in no list gets no answer (ZAP refuses the handshake) */
     it_client *stranger = it_client_new_key(t, stranger_key);
     CHECK(it_call(t, stranger, EPMOE__ADMIN_VERB__ADMIN_CLIENT_INFO, NULL) == NULL);
+    /* libepmoe with the client key opens; with the stranger's it is refused, saying so */
+    epmoe_client *lc = NULL;
+    epmoe_error lerr;
+    int rc = lib_open(t, dir, eng_key, &lc, &lerr);
+    CHECK_EQ(rc, EPMOE_OK);
+    if (rc != EPMOE_OK)
+        printf("  epmoe_open with the client key: %s\n", lerr.message);
+    epmoe_info info;
+    CHECK(lc && epmoe_info_get(lc, &info, NULL) == 0 && info.n_members == 2);
+    CHECK(lc && info.hidden_size == IT_H && info.members[0].ready && !info.members[1].ready);
+    epmoe_close(&lc);
+    rc = lib_open(t, dir, stranger_key, &lc, &lerr);
+    CHECK_EQ(rc, EPMOE_EREFUSED);
+    CHECK_STR_HAS(lerr.message, "refused this process's key");
+    CHECK(lc == NULL);
     FINISH(t);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
