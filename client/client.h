@@ -145,7 +145,8 @@ struct epmoe_client {
     int64_t info_sent_ns, info_due_ns;
     pthread_t thread;
     bool thread_started;
-    uint8_t arena[4 * CL_MAX_RESULT_BODY]; /* Result bodies unpack here: no malloc per answer */
+    _Alignas(16)
+        uint8_t arena[4 * CL_MAX_RESULT_BODY]; /* Result bodies unpack here: no malloc per answer */
     size_t arena_used;
 };
 

@@ -190,8 +190,16 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
     static uint16_t out[256 * F_H];
     static int32_t ids[256 * F_K];
     static float w[256 * F_K];
-    const uint16_t *hid = (const uint16_t *)m->payload[0];
-    const int64_t *tid = s->has_ids && m->n_payloads > 1 ? (const int64_t *)m->payload[1] : NULL;
+    /* frames need not be aligned: copy them */
+    static uint16_t hid[256 * F_H];
+    static int64_t tid_buf[256];
+    memcpy(hid, m->payload[0], m->payload_len[0] < sizeof hid ? m->payload_len[0] : sizeof hid);
+    const int64_t *tid = NULL;
+    if (s->has_ids && m->n_payloads > 1) {
+        memcpy(tid_buf, m->payload[1],
+               m->payload_len[1] < sizeof tid_buf ? m->payload_len[1] : sizeof tid_buf);
+        tid = tid_buf;
+    }
     for (size_t t = 0; t < T && t < 256; t++) {
         for (size_t h = 0; h < F_H; h++)
             out[t * F_H + h] =
