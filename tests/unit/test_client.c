@@ -20,7 +20,9 @@
  * once; every cluster error code maps to its status; bad arguments are refused naming what;
  * cancel releases the buffers (a late answer never lands) and keeps the request out of poll;
  * two clients in one process are independent (closing one does not disturb the other); many
- * threads submitting at once all get their own answers.
+ * threads submitting at once all get their own answers; with CURVE servers (the fake's
+ * coordinator and entries admit one client key) the client reaches each entry with the public
+ * key CLIENT_INFO gave, and a key in no list is refused at open.
  */
 #include <errno.h>
 #include <poll.h>
@@ -34,6 +36,7 @@
 #include <zmq.h>
 
 #include "client/epmoe.h"
+#include "common/auth.h"
 #include "common/wire.h"
 #include "test.h"
 
@@ -74,6 +77,10 @@ typedef struct f_entry {
 
 typedef struct fake {
     void *zctx;
+    /* secure: CURVE servers admitting the client key only (ZAP domain "fake-clients") */
+    bool secure;
+    auth_zap *zap;
+    auth_keypair coord_kp, en_kp[F_MAX_EN], client_kp;
     void *coord;
     char coord_ep[128];
     f_entry en[F_MAX_EN];
@@ -93,10 +100,12 @@ static int64_t now_ms(void)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-static void *f_router(fake *f, char *ep, size_t cap)
+static void *f_router(fake *f, char *ep, size_t cap, const auth_keypair *kp)
 {
     void *s = zmq_socket(f->zctx, ZMQ_ROUTER);
     wire_socket_defaults(s, (int64_t)EP_MAX_DATA_MSG, NULL);
+    if (f->secure && auth_server(s, kp, "fake-clients", NULL) != 0)
+        return NULL;
     if (zmq_bind(s, "tcp://127.0.0.1:*") != 0)
         return NULL;
     size_t len = cap;
@@ -148,6 +157,11 @@ static void f_info(fake *f, const wire_msg *m)
             wi[i].member = true;
             wi[i].state = f->en[i].state;
             wi[i].client_endpoint = f->en[i].listed ? f->en[i].ep : NULL;
+            if (f->secure) {
+                wi[i].has_public_key = 1;
+                wi[i].public_key.len = AUTH_KEY_BYTES;
+                wi[i].public_key.data = f->en_kp[i].pub;
+            }
             wp[i] = &wi[i];
         }
         rep.n_workers = (size_t)f->n_en;
@@ -292,22 +306,51 @@ static void *f_main(void *arg)
     return NULL;
 }
 
-static fake *fake_start(int n_entries)
+/* A fresh CURVE key pair. */
+static void f_keypair(auth_keypair *kp)
+{
+    char pub[AUTH_Z85_LEN + 1], sec[AUTH_Z85_LEN + 1];
+    zmq_curve_keypair(pub, sec);
+    zmq_z85_decode(kp->pub, pub);
+    zmq_z85_decode(kp->sec, sec);
+}
+
+static void f_secure(fake *f)
+{
+    f->secure = true;
+    f_keypair(&f->coord_kp);
+    f_keypair(&f->client_kp);
+    for (int i = 0; i < F_MAX_EN; i++)
+        f_keypair(&f->en_kp[i]);
+    f->zap = auth_zap_start(f->zctx, NULL);
+    auth_list *l = auth_list_new();
+    auth_list_add(l, f->client_kp.pub, "eng", NULL);
+    auth_zap_allow(f->zap, "fake-clients", l, NULL);
+}
+
+static fake *fake_start_opts(int n_entries, bool secure)
 {
     fake *f = calloc(1, sizeof *f);
     f->zctx = zmq_ctx_new();
     pthread_mutex_init(&f->mu, NULL);
-    f->coord = f_router(f, f->coord_ep, sizeof f->coord_ep);
+    if (secure)
+        f_secure(f);
+    f->coord = f_router(f, f->coord_ep, sizeof f->coord_ep, &f->coord_kp);
     f->n_en = n_entries;
     for (int i = 0; i < n_entries; i++) {
         f_entry *e = &f->en[i];
-        e->sock = f_router(f, e->ep, sizeof e->ep);
+        e->sock = f_router(f, e->ep, sizeof e->ep, &f->en_kp[i]);
         snprintf(e->name, sizeof e->name, "e%d", i);
         snprintf(e->state, sizeof e->state, "ready");
         e->listed = true;
     }
     pthread_create(&f->thread, NULL, f_main, f);
     return f;
+}
+
+static fake *fake_start(int n_entries)
+{
+    return fake_start_opts(n_entries, false);
 }
 
 static void fake_stop(fake **fp)
@@ -323,6 +366,7 @@ static void fake_stop(fake **fp)
         zmq_close(f->en[i].sock);
     }
     zmq_close(f->coord);
+    auth_zap_stop(&f->zap);
     zmq_ctx_term(f->zctx);
     pthread_mutex_destroy(&f->mu);
     free(f);
@@ -926,6 +970,50 @@ TEST(threads_submitting_at_once_each_get_their_own_answers)
     fake_stop(&f);
 }
 
+static int open_secure(fake *f, const auth_keypair *kp, epmoe_client **c, epmoe_error *err)
+{
+    char sec[AUTH_Z85_LEN + 1], srv[AUTH_Z85_LEN + 1];
+    zmq_z85_encode(sec, kp->sec, AUTH_KEY_BYTES);
+    zmq_z85_encode(srv, f->coord_kp.pub, AUTH_KEY_BYTES);
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    o.coordinator = f->coord_ep;
+    o.client_secret_key = sec;
+    o.server_key = srv;
+    o.connect_timeout_ms = 2000;
+    return epmoe_open(&o, c, err);
+}
+
+TEST(curve_clients_reach_entries_with_the_keys_client_info_gave)
+{
+    if (!auth_available())
+        SKIP("this libzmq has no CURVE");
+    fake *f = fake_start_opts(2, true);
+    epmoe_client *c = NULL;
+    epmoe_error err;
+    CHECK_EQ(open_secure(f, &f->client_kp, &c, &err), EPMOE_OK);
+    if (c != NULL) {
+        static call k[2];
+        for (int i = 0; i < 2; i++) { /* rotation: one request to each entry */
+            call_make(&k[i], (uint32_t)i, 3, (uint32_t)i);
+            CHECK_EQ(call_submit(c, &k[i], 2000, &err), EPMOE_OK);
+        }
+        for (int i = 0; i < 2; i++) {
+            CHECK_EQ(epmoe_wait(k[i].req, 3000, &err), EPMOE_OK);
+            CHECK_EQ(call_check(&k[i], false), 0);
+            epmoe_request_free(&k[i].req);
+        }
+        CHECK(fake_count(f, 0, false) == 1 && fake_count(f, 1, false) == 1);
+    }
+    epmoe_close(&c);
+    /* a key the servers do not admit */
+    auth_keypair stranger;
+    f_keypair(&stranger);
+    CHECK_EQ(open_secure(f, &stranger, &c, &err), EPMOE_EREFUSED);
+    CHECK_STR_HAS(err.message, "refused this process's key");
+    CHECK(c == NULL);
+    fake_stop(&f);
+}
+
 int main(void)
 {
     RUN(info_describes_the_model_and_the_members);
@@ -941,5 +1029,6 @@ int main(void)
     RUN(cancel_releases_the_buffers_and_keeps_the_request_out_of_poll);
     RUN(two_clients_in_one_process_are_independent);
     RUN(threads_submitting_at_once_each_get_their_own_answers);
+    RUN(curve_clients_reach_entries_with_the_keys_client_info_gave);
     return test_report();
 }
