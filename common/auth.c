@@ -296,6 +296,11 @@ int auth_list_add(auth_list *l, const uint8_t key[AUTH_KEY_BYTES], const char *n
     return 0;
 }
 
+const uint8_t *auth_list_key(const auth_list *l, int i)
+{
+    return l != NULL && i >= 0 && i < l->n ? l->e[i].key : NULL;
+}
+
 int auth_list_merge(auth_list *l, const auth_list *from, ep_err *err)
 {
     return auth_list_merge_as(l, from, "", err);

@@ -216,6 +216,8 @@ static reg_env coord_reg_env(const coord *c)
                      .session = c->session,
                      .worker_key =
                          c->spec->secure ? (const uint8_t(*)[AUTH_KEY_BYTES])c->keys.worker : NULL,
+                     .client_keys = c->spec->secure ? c->keys.serving : NULL,
+                     .n_client_keys = c->spec->secure ? (size_t)c->keys.n_serving : 0,
                      .checkpoint = c->ckpt_ps,
                      .n_checkpoint = c->n_ckpt,
                      .connected = coord_connected,

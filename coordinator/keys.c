@@ -69,6 +69,23 @@ static int keys_load_clients(const spec_cluster *s, keys_cluster *k, ep_err *err
     return keys_check_client(s, k, err);
 }
 
+/* The keys workers admit on their client endpoints, for WELCOME. */
+static int keys_serving(keys_cluster *k, ep_err *err)
+{
+    int nc = auth_list_count(k->clients), no = auth_list_count(k->operators);
+    k->serving = calloc((size_t)(nc + no) + 1, sizeof *k->serving);
+    if (k->serving == NULL)
+        return ep_err_set(err, "out of memory");
+    for (int i = 0; i < nc + no; i++) {
+        const uint8_t *key =
+            i < nc ? auth_list_key(k->clients, i) : auth_list_key(k->operators, i - nc);
+        k->serving[i].len = AUTH_KEY_BYTES;
+        k->serving[i].data = (uint8_t *)key;
+    }
+    k->n_serving = nc + no;
+    return 0;
+}
+
 int keys_load(const spec_cluster *s, keys_cluster *k, ep_err *err)
 {
     memset(k, 0, sizeof *k);
@@ -92,7 +109,7 @@ int keys_load(const spec_cluster *s, keys_cluster *k, ep_err *err)
     if (auth_list_count(k->operators) == 0)
         log_warn("%s: security.operator_keys %s holds no *.pub: no operator can use epmoectl",
                  s->file, s->operator_keys);
-    if (keys_load_clients(s, k, err) != 0)
+    if (keys_load_clients(s, k, err) != 0 || keys_serving(k, err) != 0)
         goto fail;
     return 0;
 fail:
@@ -108,6 +125,9 @@ void keys_free(keys_cluster *k)
     k->n_workers = 0;
     auth_list_free(&k->operators);
     auth_list_free(&k->clients);
+    free(k->serving);
+    k->serving = NULL;
+    k->n_serving = 0;
 }
 
 auth_list *keys_worker_list(const spec_cluster *s, const keys_cluster *k, ep_err *err)

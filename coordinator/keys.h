@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <protobuf-c/protobuf-c.h>
+
 #include "common/auth.h"
 #include "common/error.h"
 #include "coordinator/spec.h"
@@ -29,6 +31,10 @@ typedef struct keys_cluster {
     int n_workers;
     auth_list *operators;
     auth_list *clients; /* empty without security.client_keys */
+    /* WELCOME.client_keys: the keys a worker's client ROUTER admits (clients, then operators);
+     * data points into the two lists */
+    ProtobufCBinaryData *serving;
+    int n_serving;
 } keys_cluster;
 
 /* The user id prefix of client keys on the admin socket. */

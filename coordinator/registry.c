@@ -257,6 +257,8 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.step_timeout_ms = (uint32_t)env->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
     m.client_endpoint = sw->client[0] ? (char *)sw->client : NULL;
+    m.n_client_keys = env->n_client_keys;
+    m.client_keys = (ProtobufCBinaryData *)env->client_keys;
     m.device = (char *)sw->device;
     m.has_data_plane = 1;
     m.data_plane = env->spec->data_plane == SPEC_PLANE_NCCL ? EPMOE__DATA_PLANE__DATA_PLANE_NCCL

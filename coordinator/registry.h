@@ -113,6 +113,8 @@ typedef struct reg_env {
     /* security: (NULL: none): each worker's public key by rank, for WELCOME.peers and for the
      * rule that a key registers its own worker only */
     const uint8_t (*worker_key)[AUTH_KEY_BYTES];
+    const ProtobufCBinaryData *client_keys; /* WELCOME.client_keys (security:), or NULL */
+    size_t n_client_keys;
     Epmoe__CheckpointFile **checkpoint; /* WELCOME.checkpoint: the fingerprint */
     size_t n_checkpoint;
     reg_connected_fn connected; /* NULL: a registration counts as open while heard from */
