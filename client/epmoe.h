@@ -53,16 +53,16 @@ typedef enum epmoe_status {
     EPMOE_EUNAVAILABLE = -8, /* no coordinator or member could be reached */
     EPMOE_EFAILED = -9,      /* the request failed in the cluster (the message says where) */
     EPMOE_ENOMEM = -10,
-    EPMOE_ECANCELED = -11,   /* epmoe_cancel */
-    EPMOE_EPROTO = -12,      /* a malformed answer */
-    EPMOE_ENOTSUP = -13,     /* not on this cluster's data plane (data_plane: nccl) */
+    EPMOE_ECANCELED = -11, /* epmoe_cancel */
+    EPMOE_EPROTO = -12,    /* a malformed answer */
+    EPMOE_ENOTSUP = -13,   /* not on this cluster's data plane (data_plane: nccl) */
 } epmoe_status;
 
 #define EPMOE_ERROR_MAX 512
 
 typedef struct epmoe_error {
-    int code;                   /* an epmoe_status */
-    int remote_code;            /* the cluster's ErrorCode (docs/protocol.md), 0 if none */
+    int code;        /* an epmoe_status */
+    int remote_code; /* the cluster's ErrorCode (docs/protocol.md), 0 if none */
     char message[EPMOE_ERROR_MAX];
 } epmoe_error;
 
@@ -87,6 +87,8 @@ typedef struct epmoe_options {
     uint32_t max_in_flight;        /* requests in flight at most (default 64, <= 4096) */
     uint32_t timeout_ms;           /* default deadline of a request (default 30000) */
     uint32_t connect_timeout_ms;   /* epmoe_open's wait for the coordinator (default 5000) */
+    uint32_t resend_ms;            /* send a request again to another member when its entry has
+                                    * not answered in this long (default min(timeout/3, 2000)) */
 } epmoe_options;
 
 typedef struct epmoe_client epmoe_client;
@@ -110,19 +112,19 @@ typedef struct epmoe_member {
 } epmoe_member;
 
 typedef struct epmoe_info {
-    uint32_t hidden_size;     /* H */
-    uint32_t n_layers;        /* MoE layers: main then MTP */
-    uint32_t n_main_layers;   /* num_hidden_layers; layer L >= this is mtp.(L - n_main_layers) */
-    uint32_t n_hash_layers;   /* layers below this need token ids */
-    uint32_t topk;            /* k */
-    uint32_t n_experts;       /* routed experts */
-    uint32_t vocab_size;      /* token ids are < this */
-    char expert_dtype[8];     /* "fp4" or "fp8" */
+    uint32_t hidden_size;   /* H */
+    uint32_t n_layers;      /* MoE layers: main then MTP */
+    uint32_t n_main_layers; /* num_hidden_layers; layer L >= this is mtp.(L - n_main_layers) */
+    uint32_t n_hash_layers; /* layers below this need token ids */
+    uint32_t topk;          /* k */
+    uint32_t n_experts;     /* routed experts */
+    uint32_t vocab_size;    /* token ids are < this */
+    char expert_dtype[8];   /* "fp4" or "fp8" */
     uint64_t config_hash;
-    uint64_t epoch;           /* the current placement epoch, as last heard */
+    uint64_t epoch; /* the current placement epoch, as last heard */
     uint32_t n_members;
     const epmoe_member *members; /* [n_members], valid until the next epmoe_info call */
-    uint32_t max_tokens;      /* tokens per request at most (EP_MAX_TOKENS) */
+    uint32_t max_tokens;         /* tokens per request at most (EP_MAX_TOKENS) */
 } epmoe_info;
 
 /* The model's shape and the cluster as last heard (refreshed in the background). */
@@ -132,8 +134,9 @@ EPMOE_API int epmoe_info_get(epmoe_client *c, epmoe_info *info, epmoe_error *err
  * [n_tokens, H] (the MoE block input, before ffn_norm); token_ids int64 [n_tokens] (required
  * on hash layers, may be NULL elsewhere); out bf16 [n_tokens, H]; topk_ids int32 [n_tokens, k]
  * and topk_weights f32 [n_tokens, k] may be NULL. Non-blocking: EPMOE_EAGAIN when
- * max_in_flight requests are in flight. timeout_ms 0: the client's default. *req is the
- * handle to wait on; it is freed by epmoe_wait/epmoe_poll returning it (or epmoe_cancel). */
+ * max_in_flight requests hold a slot. timeout_ms 0: the client's default. *req is the handle
+ * to wait on; it holds one of the max_in_flight slots from here until epmoe_request_free
+ * (after epmoe_wait/epmoe_poll returned it, or epmoe_cancel). */
 typedef struct epmoe_submit_args {
     uint32_t layer;
     uint32_t n_tokens;
@@ -160,23 +163,26 @@ EPMOE_API int epmoe_poll(epmoe_client *c, epmoe_request **done, int max);
 /* A descriptor that is readable while a completed request waits to be taken by epmoe_poll or
  * epmoe_wait (level-triggered; for poll/epoll/asyncio). Owned by the client. */
 EPMOE_API int epmoe_fd(epmoe_client *c);
-/* Give the request up: its buffers are released at once (a late answer is dropped). */
+/* Give the request up: its buffers are released when this returns (a late answer is dropped;
+ * if the library's own send still reads the input, this waits for that send to finish or be
+ * discarded). The request is then finished with EPMOE_ECANCELED, is never reported by
+ * epmoe_poll, and still needs epmoe_request_free. A finished request is left as it is. */
 EPMOE_API void epmoe_cancel(epmoe_request *req);
 /* Return a finished request's slot to the pool (NULL-safe; clears *req_p). A request still in
  * flight is canceled first. */
 EPMOE_API void epmoe_request_free(epmoe_request **req_p);
 
 typedef struct epmoe_request_info {
-    int status;               /* epmoe_status; EPMOE_EAGAIN while in flight */
-    int remote_code;          /* ErrorCode of a failure in the cluster */
-    const char *message;      /* the failure's message ("" when ok) */
-    uint64_t epoch;           /* the placement epoch it completed in */
-    uint32_t entry_rank;      /* the entry worker that answered */
+    int status;          /* epmoe_status; EPMOE_EAGAIN while in flight */
+    int remote_code;     /* ErrorCode of a failure in the cluster */
+    const char *message; /* the failure's message ("" when ok) */
+    uint64_t epoch;      /* the placement epoch it completed in */
+    uint32_t entry_rank; /* the entry worker that answered */
     char entry[EPMOE_NAME_MAX];
-    int replayed;             /* some pairs were dispatched again inside the cluster */
-    int resent;               /* the library sent it to another entry worker */
+    int replayed; /* some pairs were dispatched again inside the cluster */
+    int resent;   /* the library sent it to another entry worker */
     double queued_s, dispatch_s, experts_s, combine_s; /* at the entry worker */
-    double total_s;           /* submit to completion, at the client */
+    double total_s;                                    /* submit to completion, at the client */
 } epmoe_request_info;
 
 EPMOE_API int epmoe_request_status(const epmoe_request *req, epmoe_request_info *info);

@@ -296,11 +296,24 @@ int auth_list_add(auth_list *l, const uint8_t key[AUTH_KEY_BYTES], const char *n
     return 0;
 }
 
+const uint8_t *auth_list_key(const auth_list *l, int i)
+{
+    return l != NULL && i >= 0 && i < l->n ? l->e[i].key : NULL;
+}
+
 int auth_list_merge(auth_list *l, const auth_list *from, ep_err *err)
 {
-    for (int i = 0; i < from->n; i++)
-        if (auth_list_add(l, from->e[i].key, from->e[i].name, err) != 0)
+    return auth_list_merge_as(l, from, "", err);
+}
+
+int auth_list_merge_as(auth_list *l, const auth_list *from, const char *prefix, ep_err *err)
+{
+    for (int i = 0; i < from->n; i++) {
+        char name[2 * EP_MAX_NAME];
+        snprintf(name, sizeof name, "%s%s", prefix, from->e[i].name);
+        if (auth_list_add(l, from->e[i].key, name, err) != 0)
             return -1;
+    }
     return 0;
 }
 

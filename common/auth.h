@@ -78,6 +78,11 @@ int auth_list_add_dir(auth_list *l, const char *dir, ep_err *err);
 int auth_list_count(const auth_list *l);
 /* Add every entry of from to l (same rule as auth_list_add). */
 int auth_list_merge(auth_list *l, const auth_list *from, ep_err *err);
+/* The same, each name with prefix before it (one socket admitting two kinds of key tells them
+ * apart by the user id: "client/NAME"; a file name cannot hold '/'). */
+int auth_list_merge_as(auth_list *l, const auth_list *from, const char *prefix, ep_err *err);
+/* The i-th key (0 <= i < auth_list_count), or NULL. */
+const uint8_t *auth_list_key(const auth_list *l, int i);
 /* The name key speaks for, or NULL. */
 const char *auth_list_find(const auth_list *l, const uint8_t key[AUTH_KEY_BYTES]);
 

@@ -157,6 +157,61 @@ void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_fac
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
 }
 
+void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f)
+{
+    if (f->spec->data_plane == SPEC_PLANE_NCCL) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "CLIENT_INFO: cluster %s serves clients not on this data plane (nccl): its "
+                  "steps are collective; use data_plane zmq",
+                  f->spec->name);
+        return;
+    }
+    int n = f->n_workers;
+    Epmoe__WorkerInfo *wi = calloc((size_t)n + 1, sizeof *wi);
+    Epmoe__WorkerInfo **wp = calloc((size_t)n + 1, sizeof *wp);
+    if (wi == NULL || wp == NULL) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BUSY,
+                  "the coordinator is out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) { /* a client key learns nothing it does not need */
+        const Epmoe__WorkerInfo *src = f->workers[i];
+        epmoe__worker_info__init(&wi[i]);
+        wi[i].name = src->name;
+        wi[i].has_rank = src->has_rank;
+        wi[i].rank = src->rank;
+        wi[i].state = src->state;
+        wi[i].has_member = src->has_member;
+        wi[i].member = src->member;
+        wi[i].has_epoch = src->has_epoch;
+        wi[i].epoch = src->epoch;
+        wi[i].client_endpoint = src->client_endpoint;
+        if (f->worker_key != NULL) {
+            wi[i].has_public_key = 1;
+            wi[i].public_key.len = AUTH_KEY_BYTES;
+            wi[i].public_key.data = (uint8_t *)f->worker_key[i];
+        }
+        wp[i] = &wi[i];
+    }
+    Epmoe__ModelConfig mc;
+    mmsg_from_config(f->cfg, &mc);
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.cluster = (char *)f->spec->name;
+    rep.state = (char *)f->state;
+    rep.config = &mc;
+    rep.has_config_hash = 1;
+    rep.config_hash = f->config_hash;
+    rep.has_epoch = rep.has_current_epoch = 1;
+    rep.epoch = f->plan->epoch;
+    rep.current_epoch = f->current_epoch;
+    rep.n_workers = (size_t)n;
+    rep.workers = wp;
+    adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
+done:
+    free(wi);
+    free(wp);
+}
+
 void adm_reply_shutdown(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f)
 {
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
@@ -169,7 +224,7 @@ void adm_reply_unknown_verb(ob_box *out, const wire_msg *m, const Epmoe__AdminRe
 {
     adm_error(out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
               "unknown verb %d (expected STATUS 1, WORKERS 2, SHARDS 3, CONFIG 4, FORWARD 5, "
-              "SHUTDOWN 6, DRAIN 7, UNDRAIN 8, RELOAD 9)",
+              "SHUTDOWN 6, DRAIN 7, UNDRAIN 8, RELOAD 9, REBALANCE 20, CLIENT_INFO 21)",
               (int)rq->verb);
 }
 

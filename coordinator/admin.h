@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/model_config.h"
 #include "common/wire.h"
 #include "coordinator/outbox.h"
@@ -36,6 +37,7 @@ typedef struct adm_facts {
     uint64_t staged_epoch;       /* a rebalance epoch being prepared (0: none) */
     Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
     int n_workers;
+    const uint8_t (*worker_key)[AUTH_KEY_BYTES]; /* security: each worker's key; NULL: none */
 } adm_facts;
 
 /* The AdminRequest m carries (free it with wire_free_unpacked), or NULL after queuing the
@@ -58,6 +60,10 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
 void adm_reply_shards(ob_box *out, const wire_msg *m, const Epmoe__AdminRequest *rq,
                       const adm_facts *f);
 void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
+/* CLIENT_INFO: what a client (libepmoe) needs: config, hash, epochs, and per worker only its
+ * name, rank, state, membership, client endpoint (its last READY's) and public key (security).
+ * data_plane nccl: ERR_BAD_REQUEST "not on this data plane (nccl)" (docs/client.md). */
+void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f);
 /* What REBALANCE decided (coord.c), for its reply. */
 typedef struct adm_rebalance {
     uint64_t epoch_before, epoch_after;

@@ -216,6 +216,8 @@ static reg_env coord_reg_env(const coord *c)
                      .session = c->session,
                      .worker_key =
                          c->spec->secure ? (const uint8_t(*)[AUTH_KEY_BYTES])c->keys.worker : NULL,
+                     .client_keys = c->spec->secure ? c->keys.serving : NULL,
+                     .n_client_keys = c->spec->secure ? (size_t)c->keys.n_serving : 0,
                      .checkpoint = c->ckpt_ps,
                      .n_checkpoint = c->n_ckpt,
                      .connected = coord_connected,
@@ -1213,7 +1215,9 @@ static int coord_facts(coord *c, adm_facts *f)
                      .steps_failed = seq_steps_failed(c->seq),
                      .balance = coord_measured_balance(c),
                      .staged_epoch = plan_staged(c->pe) ? plan_staged(c->pe)->epoch : 0,
-                     .n_workers = n};
+                     .n_workers = n,
+                     .worker_key =
+                         c->spec->secure ? (const uint8_t(*)[AUTH_KEY_BYTES])c->keys.worker : NULL};
     Epmoe__WorkerInfo *wi = calloc((size_t)n, sizeof *wi);
     f->workers = calloc((size_t)n, sizeof *f->workers);
     if (wi == NULL || f->workers == NULL) {
@@ -1409,6 +1413,13 @@ static void coord_on_admin(coord *c, wire_msg *m)
     Epmoe__AdminRequest *rq = adm_parse(m, &c->out);
     if (rq == NULL)
         goto done;
+    if (rq->verb != EPMOE__ADMIN_VERB__ADMIN_CLIENT_INFO && keys_is_client(wire_user_id(m))) {
+        /* security.client_keys: the serving path's keys are no operator's */
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_REFUSED,
+                  "a client key may only read CLIENT_INFO (key %s, verb %d)",
+                  wire_user_id(m) + sizeof KEYS_CLIENT_PREFIX - 1, (int)rq->verb);
+        goto done;
+    }
     if (rq->verb == EPMOE__ADMIN_VERB__ADMIN_FORWARD) {
         seq_env senv = coord_seq_env(c);
         seq_submit(c->seq, &senv, m, rq, &c->out); /* owns both from here */
@@ -1432,6 +1443,9 @@ static void coord_on_admin(coord *c, wire_msg *m)
         break;
     case EPMOE__ADMIN_VERB__ADMIN_CONFIG:
         adm_reply_config(&c->out, m, rq->id, &f);
+        break;
+    case EPMOE__ADMIN_VERB__ADMIN_CLIENT_INFO:
+        adm_reply_client_info(&c->out, m, rq->id, &f);
         break;
     case EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN:
         adm_reply_shutdown(&c->out, m, rq->id, &f);

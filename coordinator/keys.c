@@ -30,6 +30,62 @@ static int keys_load_workers(const spec_cluster *s, keys_cluster *k, ep_err *err
     return 0;
 }
 
+/* A key speaks for one name: a client key that is a worker's would let a client register as
+ * that worker, one that is an operator's would give a client the admin verbs. */
+static int keys_check_client(const spec_cluster *s, const keys_cluster *k, ep_err *err)
+{
+    for (int r = 0; r < k->n_workers; r++) {
+        const char *name = auth_list_find(k->clients, k->worker[r]);
+        if (name != NULL) {
+            ep_err_set(err,
+                       "client key %s.pub is worker %s's key (%s/%s.pub); a client needs a "
+                       "key of its own",
+                       name, s->workers[r].name, s->worker_keys, s->workers[r].name);
+            return keys_fail(s, s->client_keys_pos, "client_keys", err);
+        }
+    }
+    auth_list *both = auth_list_new();
+    if (both == NULL)
+        return ep_err_set(err, "out of memory");
+    int rc = auth_list_merge(both, k->operators, err) != 0 ||
+                     auth_list_merge_as(both, k->clients, KEYS_CLIENT_PREFIX, err) != 0
+                 ? keys_fail(s, s->client_keys_pos, "client_keys", err)
+                 : 0;
+    auth_list_free(&both);
+    return rc;
+}
+
+static int keys_load_clients(const spec_cluster *s, keys_cluster *k, ep_err *err)
+{
+    if ((k->clients = auth_list_new()) == NULL)
+        return ep_err_set(err, "out of memory");
+    if (!s->client_keys[0])
+        return 0;
+    if (auth_list_add_dir(k->clients, s->client_keys, err) != 0)
+        return keys_fail(s, s->client_keys_pos, "client_keys", err);
+    if (auth_list_count(k->clients) == 0)
+        log_warn("%s: security.client_keys %s holds no *.pub: no client can use the cluster",
+                 s->file, s->client_keys);
+    return keys_check_client(s, k, err);
+}
+
+/* The keys workers admit on their client endpoints, for WELCOME. */
+static int keys_serving(keys_cluster *k, ep_err *err)
+{
+    int nc = auth_list_count(k->clients), no = auth_list_count(k->operators);
+    k->serving = calloc((size_t)(nc + no) + 1, sizeof *k->serving);
+    if (k->serving == NULL)
+        return ep_err_set(err, "out of memory");
+    for (int i = 0; i < nc + no; i++) {
+        const uint8_t *key =
+            i < nc ? auth_list_key(k->clients, i) : auth_list_key(k->operators, i - nc);
+        k->serving[i].len = AUTH_KEY_BYTES;
+        k->serving[i].data = (uint8_t *)key;
+    }
+    k->n_serving = nc + no;
+    return 0;
+}
+
 int keys_load(const spec_cluster *s, keys_cluster *k, ep_err *err)
 {
     memset(k, 0, sizeof *k);
@@ -53,6 +109,8 @@ int keys_load(const spec_cluster *s, keys_cluster *k, ep_err *err)
     if (auth_list_count(k->operators) == 0)
         log_warn("%s: security.operator_keys %s holds no *.pub: no operator can use epmoectl",
                  s->file, s->operator_keys);
+    if (keys_load_clients(s, k, err) != 0 || keys_serving(k, err) != 0)
+        goto fail;
     return 0;
 fail:
     keys_free(k);
@@ -66,6 +124,10 @@ void keys_free(keys_cluster *k)
     k->worker = NULL;
     k->n_workers = 0;
     auth_list_free(&k->operators);
+    auth_list_free(&k->clients);
+    free(k->serving);
+    k->serving = NULL;
+    k->n_serving = 0;
 }
 
 auth_list *keys_worker_list(const spec_cluster *s, const keys_cluster *k, ep_err *err)
@@ -91,7 +153,14 @@ auth_list *keys_operator_list(const keys_cluster *k, ep_err *err)
         ep_err_set(err, "out of memory");
         return NULL;
     }
-    if (auth_list_merge(l, k->operators, err) != 0)
+    if (auth_list_merge(l, k->operators, err) != 0 ||
+        (k->clients && auth_list_merge_as(l, k->clients, KEYS_CLIENT_PREFIX, err) != 0))
         auth_list_free(&l);
     return l;
+}
+
+bool keys_is_client(const char *user_id)
+{
+    return user_id != NULL &&
+           strncmp(user_id, KEYS_CLIENT_PREFIX, sizeof KEYS_CLIENT_PREFIX - 1) == 0;
 }

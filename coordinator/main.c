@@ -156,15 +156,17 @@ static void print_trust(const spec_cluster *s, int n_files)
     keys_cluster k;
     ep_err err;
     char z85[AUTH_Z85_LEN + 1] = "";
-    int n_ops = 0;
+    int n_ops = 0, n_clients = 0;
     if (keys_load(s, &k, &err) == 0) {
         auth_z85(k.coordinator.pub, z85);
         n_ops = auth_list_count(k.operators);
+        n_clients = auth_list_count(k.clients);
         keys_free(&k);
     }
     printf("security: CURVE on every socket; coordinator key %s, %d worker keys (%s), %d operator "
-           "keys (%s)\n",
-           z85, s->n_workers, s->worker_keys, n_ops, s->operator_keys);
+           "keys (%s), %d client keys (%s)\n",
+           z85, s->n_workers, s->worker_keys, n_ops, s->operator_keys, n_clients,
+           s->client_keys[0] ? s->client_keys : "none");
 }
 
 int main(int argc, char **argv)

@@ -256,6 +256,9 @@ static void reg_send_welcome(reg_registry *r, const reg_env *env, reg_worker *w,
     m.has_step_timeout_ms = 1;
     m.step_timeout_ms = (uint32_t)env->spec->step_timeout_ms;
     m.data_endpoint = (char *)sw->data;
+    m.client_endpoint = sw->client[0] ? (char *)sw->client : NULL;
+    m.n_client_keys = env->n_client_keys;
+    m.client_keys = (ProtobufCBinaryData *)env->client_keys;
     m.device = (char *)sw->device;
     m.has_data_plane = 1;
     m.data_plane = env->spec->data_plane == SPEC_PLANE_NCCL ? EPMOE__DATA_PLANE__DATA_PLANE_NCCL
@@ -697,6 +700,22 @@ static void reg_on_prepared(reg_worker *w, const Epmoe__Ready *r, const wire_msg
     (void)m;
 }
 
+/* The client endpoint a READY reports, kept when it is one a client can connect to. */
+static void reg_client_endpoint(reg_worker *w, const Epmoe__Ready *r)
+{
+    ep_err err;
+    if (r->client_endpoint == NULL)
+        return;
+    if (strlen(r->client_endpoint) >= sizeof w->client_ep ||
+        wire_check_endpoint(r->client_endpoint, &err) != 0) {
+        log_warn("worker %s: READY with client endpoint \"%.64s\" that clients cannot use; "
+                 "CLIENT_INFO keeps \"%s\"",
+                 w->spec->name, r->client_endpoint, w->client_ep);
+        return;
+    }
+    snprintf(w->client_ep, sizeof w->client_ep, "%s", r->client_endpoint);
+}
+
 static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, ob_box *out)
 {
     ep_err err;
@@ -758,6 +777,7 @@ static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, o
             w->load_ms = r->load_ms;
         }
         snprintf(w->backend, sizeof w->backend, "%s", r->backend ? r->backend : "");
+        reg_client_endpoint(w, r);
         w->error[0] = '\0';
         log_info("worker %s (rank %d) is ready in epoch %" PRIu64
                  " (%s, %d experts, %u kept, %" PRIu64 " bytes read)",
@@ -932,6 +952,7 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
     o->device = (char *)sw->device;
     o->state = (char *)reg_state_name(w->state);
     o->data_endpoint = (char *)sw->data;
+    o->client_endpoint = w->client_ep[0] ? w->client_ep : NULL;
     o->has_bytes_done = 1;
     o->bytes_done = w->bytes_done;
     o->has_bytes_total = 1;

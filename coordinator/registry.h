@@ -91,6 +91,9 @@ typedef struct reg_worker {
     char version[64];
     char backend[64];
     char error[REG_ERROR_MAX]; /* last load, config or step error; "" when none */
+    /* the client endpoint of its last READY (CLIENT_INFO); "" until it reported one. Kept
+     * while it is away: a client uses only the members that are ready. */
+    char client_ep[EP_MAX_NAME];
     /* REGISTER's device_info (GPU name, memory, compute capability), for WORKERS */
     bool has_device;
     Epmoe__DeviceInfo device; /* its strings point into dev_name / dev_backend */
@@ -110,6 +113,8 @@ typedef struct reg_env {
     /* security: (NULL: none): each worker's public key by rank, for WELCOME.peers and for the
      * rule that a key registers its own worker only */
     const uint8_t (*worker_key)[AUTH_KEY_BYTES];
+    const ProtobufCBinaryData *client_keys; /* WELCOME.client_keys (security:), or NULL */
+    size_t n_client_keys;
     Epmoe__CheckpointFile **checkpoint; /* WELCOME.checkpoint: the fingerprint */
     size_t n_checkpoint;
     reg_connected_fn connected; /* NULL: a registration counts as open while heard from */

@@ -50,7 +50,8 @@ static int rl_check_fixed(const spec_cluster *n, const spec_cluster *o, ep_err *
                           n->model_path);
     if (n->secure != o->secure || strcmp(n->coordinator_key, o->coordinator_key) != 0 ||
         strcmp(n->worker_keys, o->worker_keys) != 0 ||
-        strcmp(n->operator_keys, o->operator_keys) != 0) {
+        strcmp(n->operator_keys, o->operator_keys) != 0 ||
+        strcmp(n->client_keys, o->client_keys) != 0) {
         spec_pos at = n->secure ? n->security_pos : n->pos;
         return ep_err_set(err,
                           "%s:%d:%d: security: changed; the coordinator's keys and key "
@@ -94,9 +95,10 @@ static bool rl_world_changed(const spec_cluster *n, const spec_cluster *o, char 
     for (int i = 0; i < n->n_workers && !changed; i++)
         changed = strcmp(n->workers[i].name, o->workers[i].name) != 0 ||
                   strcmp(n->workers[i].data, o->workers[i].data) != 0 ||
-                  strcmp(n->workers[i].metrics, o->workers[i].metrics) != 0;
+                  strcmp(n->workers[i].metrics, o->workers[i].metrics) != 0 ||
+                  strcmp(n->workers[i].client, o->workers[i].client) != 0;
     if (changed)
-        rl_note(buf, cap, "ranks, data endpoints or metrics addresses changed");
+        rl_note(buf, cap, "ranks, data, client endpoints or metrics addresses changed");
     rl_membership(n, o, buf, cap);
     const struct {
         const char *key;

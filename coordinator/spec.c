@@ -727,6 +727,10 @@ static const spec_field spec_worker_fields[] = {
      .handle = spec_h_metrics,
      SPEC_STR(spec_worker, metrics),
      SPEC_POS(spec_worker, metrics_pos)},
+    {.key = "client",
+     .handle = spec_h_peer_endpoint,
+     SPEC_STR(spec_worker, client),
+     SPEC_POS(spec_worker, client_pos)},
 };
 SPEC_SECTION(spec_worker_section, spec_worker_fields);
 
@@ -891,6 +895,10 @@ static const spec_field spec_security_fields[] = {
      .required = true,
      SPEC_STR(spec_cluster, operator_keys),
      SPEC_POS(spec_cluster, operator_keys_pos)},
+    {.key = "client_keys",
+     .handle = spec_h_path,
+     SPEC_STR(spec_cluster, client_keys),
+     SPEC_POS(spec_cluster, client_keys_pos)},
 };
 SPEC_SECTION(spec_security_section, spec_security_fields);
 
@@ -1070,6 +1078,50 @@ static bool spec_admin_local(const char *ep)
     return inet_pton(AF_INET, host, &a) == 1;
 }
 
+/* The spec endpoint other than worker i's client endpoint that equals it: its key ("listen",
+ * "workers[j].data", ...) in what and its position, or false when there is none. Every other
+ * endpoint is checked, since two sockets cannot bind one endpoint. */
+static bool spec_client_clash(const spec_cluster *s, int i, char *what, size_t cap, spec_pos *at)
+{
+    const char *ep = s->workers[i].client;
+    if (strcmp(ep, s->listen) == 0 || strcmp(ep, s->admin) == 0) {
+        bool l = strcmp(ep, s->listen) == 0;
+        snprintf(what, cap, "coordinator.%s", l ? "listen" : "admin");
+        *at = l ? s->listen_pos : s->admin_pos;
+        return true;
+    }
+    for (int j = 0; j < s->n_workers; j++) {
+        const spec_worker *o = &s->workers[j];
+        bool data = strcmp(ep, o->data) == 0, client = j < i && strcmp(ep, o->client) == 0;
+        if (!data && !client)
+            continue;
+        char opath[96];
+        spec_worker_path(s, j, opath, sizeof opath);
+        snprintf(what, cap, "%s.%s (worker %s)", opath, data ? "data" : "client", o->name);
+        *at = data ? o->data_pos : o->client_pos;
+        return true;
+    }
+    return false;
+}
+
+static int spec_check_clients(const spec_ctx *c)
+{
+    const spec_cluster *s = c->s;
+    for (int i = 0; i < s->n_workers; i++) {
+        const spec_worker *w = &s->workers[i];
+        char what[160], path[96];
+        spec_pos at;
+        if (!w->client[0] || !spec_client_clash(s, i, what, sizeof what, &at))
+            continue;
+        spec_worker_path(s, i, path, sizeof path);
+        return spec_fail(c, w->client_pos,
+                         "%s.client: duplicate endpoint \"%s\" (already used by %s at line %d, "
+                         "column %d); every socket needs an endpoint of its own",
+                         path, w->client, what, at.line, at.col);
+    }
+    return 0;
+}
+
 static int spec_cross_check(const spec_ctx *c)
 {
     const spec_cluster *s = c->s;
@@ -1112,6 +1164,8 @@ static int spec_cross_check(const spec_ctx *c)
             if (spec_check_pair(c, i, j) != 0)
                 return -1;
     }
+    if (spec_check_clients(c) != 0)
+        return -1;
     /* Without authentication one SHUTDOWN from anyone who can connect stops the cluster. */
     if (!s->secure && !spec_admin_local(s->admin))
         return spec_fail(c, s->admin_pos,
@@ -1149,7 +1203,9 @@ static int spec_resolve_model(const spec_ctx *c)
     if (spec_resolve_path(c, s->coordinator_key, s->coordinator_key_pos,
                           "security.coordinator_key") != 0 ||
         spec_resolve_path(c, s->worker_keys, s->worker_keys_pos, "security.worker_keys") != 0 ||
-        spec_resolve_path(c, s->operator_keys, s->operator_keys_pos, "security.operator_keys") != 0)
+        spec_resolve_path(c, s->operator_keys, s->operator_keys_pos, "security.operator_keys") !=
+            0 ||
+        spec_resolve_path(c, s->client_keys, s->client_keys_pos, "security.client_keys") != 0)
         return -1;
     return 0;
 }

@@ -73,8 +73,11 @@ typedef struct spec_worker {
     int rank;               /* order of appearance, 0-based */
     int node_index;         /* index into spec_cluster.nodes */
     char metrics[SPEC_MAX_METRICS_ADDR]; /* HOST:PORT of its /metrics, "" when off */
-    spec_pos pos;                        /* the worker's mapping */
-    spec_pos name_pos, device_pos, data_pos, metrics_pos;
+    /* client: the endpoint its client ROUTER binds (the serving path, libepmoe), unique in the
+     * cluster; "" when absent: an ephemeral TCP port on its data endpoint's host */
+    char client[EP_MAX_NAME];
+    spec_pos pos; /* the worker's mapping */
+    spec_pos name_pos, device_pos, data_pos, metrics_pos, client_pos;
 } spec_worker;
 
 typedef struct spec_node {
@@ -110,7 +113,11 @@ typedef struct spec_cluster {
     char coordinator_key[EP_MAX_PATH]; /* the coordinator's secret key (NAME.key, mode 0600) */
     char worker_keys[EP_MAX_PATH];     /* a directory with NAME.pub for every worker */
     char operator_keys[EP_MAX_PATH];   /* a directory of *.pub: who may use epmoectl */
+    /* a directory of *.pub: the clients (libepmoe) that may submit requests and read
+     * CLIENT_INFO, nothing else; "" when absent (no client key is admitted) */
+    char client_keys[EP_MAX_PATH];
     spec_pos security_pos, coordinator_key_pos, worker_keys_pos, operator_keys_pos;
+    spec_pos client_keys_pos;
     int n_workers;
     spec_worker *workers; /* [n_workers], index == rank */
     int n_nodes;

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/model_msg.h"
 
 int64_t it_now_ms(void)
@@ -136,11 +137,35 @@ int it_write_spec(itest *t)
         /* a device that stays with the name when a reload renumbers the ranks */
         if (t->o.nccl)
             snprintf(dev, sizeof dev, "\"cuda:%d\"", (name[0] - 'a') * 32 + atoi(name + 1));
+        char client[128] = "";
+        if (t->o.client_endpoints)
+            snprintf(client, sizeof client, ", client: \"ipc://%s/%s.client\"", t->dir, name);
         len += (size_t)snprintf(text + len, sizeof text - len,
-                                "      - {name: %s, device: %s, data: \"tcp://127.0.0.1:%d\"}\n",
-                                name, dev, t->data_port[r]);
+                                "      - {name: %s, device: %s, data: \"tcp://127.0.0.1:%d\"%s}\n",
+                                name, dev, t->data_port[r], client);
     }
+    if (t->o.keys_dir)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "security:\n  coordinator_key: %s/coordinator.key\n"
+                                "  worker_keys: %s/workers\n  operator_keys: %s/ops\n"
+                                "  client_keys: %s/clients\n",
+                                t->o.keys_dir, t->o.keys_dir, t->o.keys_dir, t->o.keys_dir);
     return it_write(t->spec_path, text);
+}
+
+/* security: make sock a CURVE client of the coordinator with the secret key in key_path. */
+static void it_curve(itest *t, void *sock, const char *key_path)
+{
+    if (t->o.keys_dir == NULL)
+        return;
+    char cpub[256];
+    snprintf(cpub, sizeof cpub, "%s/coordinator.pub", t->o.keys_dir);
+    auth_keypair kp;
+    uint8_t server[AUTH_KEY_BYTES];
+    ep_err err;
+    if (auth_load_secret(key_path, &kp, &err) != 0 || auth_load_public(cpub, server, &err) != 0 ||
+        auth_client(sock, &kp, server, &err) != 0)
+        fprintf(stderr, "itest: CURVE client with %s: %s\n", key_path, err.msg);
 }
 
 static void *it_socket(itest *t, int type)
@@ -327,6 +352,9 @@ void it_worker_reconnect(itest *t, it_worker *w)
     char ident[96];
     snprintf(ident, sizeof ident, "%s#%d", w->name, ++w->n_connections);
     zmq_setsockopt(w->sock, ZMQ_ROUTING_ID, ident, strlen(ident));
+    char key[256];
+    snprintf(key, sizeof key, "%s/workers/%s.key", t->o.keys_dir ? t->o.keys_dir : "", w->name);
+    it_curve(t, w->sock, w->key ? w->key : key);
     zmq_connect(w->sock, t->listen);
     w->welcomed = w->loaded = false;
     w->held_step = 0;
@@ -520,6 +548,7 @@ static void it_send_ready(it_worker *w)
     rd.has_bytes_read = rd.has_load_ms = 1; /* 4.5 GB read in 1.5 s: 3.00 GB/s */
     rd.bytes_read = 4500000000ull;
     rd.load_ms = 1500;
+    rd.client_endpoint = w->client_ep[0] ? w->client_ep : NULL;
     it_worker_send(w, EPMOE__MSG_TYPE__MSG_READY, &rd.base);
 }
 
@@ -811,6 +840,13 @@ int it_register_all(itest *t)
 
 it_client *it_client_new(itest *t)
 {
+    char key[256];
+    snprintf(key, sizeof key, "%s/ops/op.key", t->o.keys_dir ? t->o.keys_dir : "");
+    return it_client_new_key(t, key);
+}
+
+it_client *it_client_new_key(itest *t, const char *key_path)
+{
     if (t->n_cl == IT_MAX_CLIENTS) {
         fprintf(stderr, "itest: more than %d clients\n", IT_MAX_CLIENTS);
         abort();
@@ -818,6 +854,7 @@ it_client *it_client_new(itest *t)
     it_client *c = calloc(1, sizeof *c);
     c->sock = it_socket(t, ZMQ_DEALER);
     c->error_type_code = -1;
+    it_curve(t, c->sock, key_path);
     zmq_connect(c->sock, t->admin);
     t->cl[t->n_cl++] = c;
     return c;

@@ -88,10 +88,12 @@ typedef struct it_worker {
     int step_delay_ms;     /* IT_SLOW */
     wire_msg *slow_step;   /* IT_SLOW: the STEP it will answer at slow_due_ms */
     int64_t slow_due_ms;
-    bool auto_join; /* after it_worker_register: a later WELCOME is answered by
-                     * itself (CONFIG_ACK, then READY on LOAD) */
-    bool joining;   /* inside it_worker_join: every WELCOME is answered with CONFIG_ACK */
-    int n_welcomes; /* WELCOME messages received */
+    bool auto_join;      /* after it_worker_register: a later WELCOME is answered by
+                          * itself (CONFIG_ACK, then READY on LOAD) */
+    bool joining;        /* inside it_worker_join: every WELCOME is answered with CONFIG_ACK */
+    int n_welcomes;      /* WELCOME messages received */
+    char client_ep[128]; /* reported in READY.client_endpoint when set */
+    const char *key;     /* security: the secret key it connects with (NULL: workers/NAME.key) */
 } it_worker;
 
 typedef struct it_client {
@@ -111,6 +113,11 @@ typedef struct it_opts {
     const char *expert_dtype; /* NULL: config.json has no expert_dtype */
     bool nccl;                /* data_plane nccl, workers on cuda:R */
     const char *ep_extra;     /* more expert_parallel lines ("  rejoin: stay\n"), or NULL */
+    bool client_endpoints;    /* each worker gets client: "ipc://DIR/NAME.client" */
+    /* security: a directory with coordinator.key/.pub, workers/NAME.key/.pub, ops/ and
+     * clients/ (*.key/.pub): the spec names them, fake workers connect with their key and
+     * it_client_new with ops/op.key (NULL: no security) */
+    const char *keys_dir;
 } it_opts;
 
 typedef struct itest {
@@ -167,6 +174,9 @@ int it_worker_join(itest *t, it_worker *w);
 int it_register_all(itest *t);
 
 it_client *it_client_new(itest *t);
+/* An admin client connecting with the secret key in key_path (security: a CURVE client of the
+ * coordinator's key). */
+it_client *it_client_new_key(itest *t, const char *key_path);
 /* Send an AdminRequest (its id is set to a fresh value) with payloads. */
 void it_send(itest *t, it_client *c, Epmoe__AdminRequest *rq, const wire_payload *p, int n);
 /* Pump until c has its reply (or ms pass); the reply or NULL. */

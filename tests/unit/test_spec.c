@@ -333,7 +333,7 @@ TEST(unknown_keys_are_named_with_the_allowed_set)
                "model, expert_parallel, nodes, security)");
     EXPECT_ERR(HEAD "      - {name: w0, device: cpu, data: \"tcp://h:7500\", gpu: 1}\n", "7:55",
                "unknown key \"gpu\" in nodes[0].workers[0] (expected one of name, device, data, "
-               "metrics)");
+               "metrics, client)");
     EXPECT_ERR(L_CLUSTER L_COORD L_MODEL "expert_parallel: {placment: contiguous}\n" L_NODES W0,
                "4:19", "unknown key \"placment\" in expert_parallel");
 }
@@ -937,7 +937,73 @@ TEST(security_names_three_paths_and_opens_the_admin_endpoint)
                        "  workers: x\n",
                "12:3",
                "unknown key \"workers\" in security (expected one of coordinator_key, "
-               "worker_keys, operator_keys)");
+               "worker_keys, operator_keys, client_keys)");
+}
+
+/* Issue 15: security.client_keys is optional and resolved like the other key paths. */
+TEST(client_keys_are_an_optional_path)
+{
+    spec_cluster *s = parse_as(HEAD W0 "security:\n  coordinator_key: k\n  worker_keys: w\n"
+                                       "  operator_keys: o\n  client_keys: clients\n",
+                               TFILE);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return;
+    CHECK_STR_EQ(s->client_keys, "/etc/epmoe/clients");
+    CHECK_EQ(s->client_keys_pos.line, 12);
+    CHECK_EQ(s->client_keys_pos.col, 16);
+    spec_free(&s);
+    s = parse_as(HEAD W0 "security:\n  coordinator_key: k\n  worker_keys: w\n  operator_keys: o\n",
+                 TFILE);
+    CHECK(s && s->client_keys[0] == '\0');
+    spec_free(&s);
+    EXPECT_ERR(HEAD W0 "security:\n  coordinator_key: k\n  worker_keys: w\n  operator_keys: o\n"
+                       "  client_keys: [a]\n",
+               "12:16", "security.client_keys");
+}
+
+/* Issue 15: a worker's client endpoint (client:) is optional, checked like data, and distinct
+ * from every other endpoint of the spec. The worker line with a client is
+ *   - {name: w0, device: cpu, data: "tcp://h:7500", client: "..."}
+ * with the client value at column 63. */
+#define WC(name, data, client)                                                                     \
+    "      - {name: " name ", device: cpu, data: \"" data "\", client: \"" client "\"}\n"
+TEST(client_endpoints_are_checked_like_data_endpoints)
+{
+    spec_cluster *s = parse_as(HEAD WC("w0", "tcp://h:7500", "ipc:///run/w0.client")
+                                   W("w1", "cpu", "tcp://h:7501"),
+                               TFILE);
+    CHECK(s != NULL);
+    if (s == NULL) {
+        printf("  %s\n", err.msg);
+        return;
+    }
+    CHECK_STR_EQ(s->workers[0].client, "ipc:///run/w0.client");
+    CHECK_EQ(s->workers[0].client_pos.line, 7);
+    CHECK_EQ(s->workers[0].client_pos.col, 63);
+    CHECK_STR_EQ(s->workers[1].client, ""); /* absent: the worker picks a port */
+    spec_free(&s);
+    /* the endpoint checks of data (clients connect to it: no "*" host) */
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "tcp://*:7600"), "7:63",
+               "nodes[0].workers[0].client: bad endpoint \"tcp://*:7600\": peers connect to it, "
+               "so the host cannot be *");
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "tcp://h:99999"), "7:63",
+               "nodes[0].workers[0].client: bad endpoint \"tcp://h:99999\": the port is out of "
+               "range");
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "udp://h:1"), "7:63", "unsupported transport");
+    /* distinct from every other endpoint */
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "tcp://h:7500"), "7:63",
+               "nodes[0].workers[0].client: duplicate endpoint \"tcp://h:7500\" (already used by "
+               "nodes[0].workers[0].data (worker w0) at line 7, column 39)");
+    EXPECT_ERR(HEAD W0 WC("w1", "tcp://h:7501", "tcp://h:7500"), "8:63",
+               "already used by nodes[0].workers[0].data (worker w0) at line 7, column 39");
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "ipc://c") WC("w1", "tcp://h:7501", "ipc://c"), "8:63",
+               "nodes[0].workers[1].client: duplicate endpoint \"ipc://c\" (already used by "
+               "nodes[0].workers[0].client (worker w0) at line 7, column 63)");
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "tcp://c:7400"), "7:63",
+               "already used by coordinator.listen at line 2, column 23");
+    EXPECT_ERR(HEAD WC("w0", "tcp://h:7500", "ipc://c:7401"), "7:63",
+               "already used by coordinator.admin at line 2, column 46");
 }
 
 int main(void)
@@ -975,5 +1041,7 @@ int main(void)
     RUN(check_experts_round_robin_needs_only_enough_experts);
     RUN(an_unauthenticated_admin_endpoint_must_be_local);
     RUN(security_names_three_paths_and_opens_the_admin_endpoint);
+    RUN(client_keys_are_an_optional_path);
+    RUN(client_endpoints_are_checked_like_data_endpoints);
     return test_report();
 }

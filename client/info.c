@@ -1,0 +1,145 @@
+/*
+ * info.c — the coordinator's CLIENT_INFO answer as libepmoe keeps it (cl_info), and which
+ * member a request goes to (client.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client.h"
+
+void cl_info_free(cl_info *info)
+{
+    free(info->members);
+    info->members = NULL;
+    info->n_members = 0;
+}
+
+static int cl_info_shape(const Epmoe__ModelConfig *m, epmoe_info *s, epmoe_error *err)
+{
+    if (m == NULL || !m->has_hidden_size || !m->has_num_hidden_layers ||
+        !m->has_num_experts_per_tok || !m->has_n_routed_experts || m->hidden_size == 0 ||
+        m->num_experts_per_tok == 0)
+        return cl_fail(err, EPMOE_EPROTO, 0, "CLIENT_INFO without a complete model config");
+    memset(s, 0, sizeof *s);
+    s->hidden_size = m->hidden_size;
+    s->n_main_layers = m->num_hidden_layers;
+    s->n_layers = m->num_hidden_layers + m->num_nextn_predict_layers;
+    s->n_hash_layers = m->num_hash_layers;
+    s->topk = m->num_experts_per_tok;
+    s->n_experts = m->n_routed_experts;
+    s->vocab_size = m->vocab_size;
+    bool fp8 = m->has_expert_dtype && m->expert_dtype == EPMOE__EXPERT_DTYPE__EXPERT_FP8;
+    snprintf(s->expert_dtype, sizeof s->expert_dtype, "%s", fp8 ? "fp8" : "fp4");
+    s->max_tokens = EP_MAX_TOKENS;
+    return 0;
+}
+
+static void cl_info_member(const Epmoe__WorkerInfo *w, cl_member *m)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", w->name ? w->name : "?");
+    m->rank = w->rank;
+    if (w->client_endpoint && strlen(w->client_endpoint) < sizeof m->endpoint)
+        snprintf(m->endpoint, sizeof m->endpoint, "%s", w->client_endpoint);
+    if (w->has_public_key && w->public_key.len == AUTH_KEY_BYTES) {
+        m->has_key = true;
+        memcpy(m->key, w->public_key.data, AUTH_KEY_BYTES);
+    }
+    snprintf(m->state, sizeof m->state, "%s", w->state ? w->state : "?");
+    m->member = w->has_member && w->member;
+    m->ready = m->member && strcmp(m->state, "ready") == 0 && m->endpoint[0] != '\0';
+}
+
+int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!r->ok)
+        return cl_fail(err, cl_map_remote(r->has_error_code ? (int)r->error_code : -1, r->error),
+                       r->has_error_code ? (int)r->error_code : 0, "%s",
+                       r->error ? r->error : "CLIENT_INFO failed");
+    int rc = cl_info_shape(r->config, &out->shape, err);
+    if (rc != 0)
+        return rc;
+    if (r->n_workers > EP_MAX_WORKERS)
+        return cl_fail(err, EPMOE_EPROTO, 0, "CLIENT_INFO with %zu workers (at most %d)",
+                       r->n_workers, EP_MAX_WORKERS);
+    out->shape.config_hash = r->config_hash;
+    out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
+    snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
+    snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
+    out->members = calloc(r->n_workers + 1, sizeof *out->members);
+    if (out->members == NULL)
+        return cl_fail(err, EPMOE_ENOMEM, 0, "out of memory");
+    out->n_members = (uint32_t)r->n_workers;
+    for (size_t i = 0; i < r->n_workers; i++)
+        cl_info_member(r->workers[i], &out->members[i]);
+    return 0;
+}
+
+static bool cl_usable(const epmoe_client *c, const cl_member *m)
+{
+    return m->ready && (!c->secure || m->has_key);
+}
+
+/* The preferred member (options.entry: a name or a client endpoint), or -1. */
+static int cl_preferred(const epmoe_client *c)
+{
+    if (!c->entry_pref[0])
+        return -1;
+    for (uint32_t i = 0; i < c->info.n_members; i++) {
+        const cl_member *m = &c->info.members[i];
+        if (strcmp(m->name, c->entry_pref) == 0 || strcmp(m->endpoint, c->entry_pref) == 0)
+            return cl_usable(c, m) ? (int)i : -1;
+    }
+    return -1;
+}
+
+bool cl_has_entry(const epmoe_client *c)
+{
+    for (uint32_t i = 0; i < c->info.n_members; i++)
+        if (cl_usable(c, &c->info.members[i]))
+            return true;
+    return false;
+}
+
+int cl_pick_entry(epmoe_client *c, int after, int avoid)
+{
+    uint32_t n = c->info.n_members;
+    if (n == 0)
+        return -1;
+    int pref = cl_preferred(c);
+    if (pref >= 0 && pref != avoid)
+        return pref;
+    uint32_t start = after >= 0 ? (uint32_t)after + 1 : c->rotor;
+    int only = -1;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = (start + k) % n;
+        if (!cl_usable(c, &c->info.members[i]))
+            continue;
+        if ((int)i == avoid) {
+            only = (int)i;
+            continue;
+        }
+        if (after < 0)
+            c->rotor = i + 1;
+        return (int)i;
+    }
+    return only;
+}
+
+void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    if (info->n_members == 0)
+        snprintf(buf, cap, "no workers");
+    for (uint32_t i = 0; i < info->n_members && len + 1 < cap; i++) {
+        const cl_member *m = &info->members[i];
+        const char *why = !m->member                          ? "not a member"
+                          : !m->endpoint[0]                   ? "no client endpoint"
+                          : m->ready && !m->has_key && secure ? "no public key"
+                                                              : m->state;
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", i ? ", " : "", m->name, why);
+    }
+}

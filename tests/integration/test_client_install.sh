@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# test_client_install.sh — libepmoe as an engine gets it (docs/client.md "Building against
+# libepmoe"): `cmake --install` into a temporary prefix puts <epmoe.h>, libepmoe.so.0 and
+# epmoe.pc there; examples/client_example.c compiles with `pkg-config --cflags --libs epmoe`
+# alone and links the installed library (SONAME libepmoe.so.0); then it runs against a real
+# cluster (cluster_lib.sh: a coordinator and 2 workers on loopback) and must answer every layer.
+# A worker without the serving path reports no client endpoint: the example then exits with
+# EPMOE_ENOTREADY ("no client endpoint") and the run is skipped (77), saying so.
+#
+#   test_client_install.sh BUILD_DIR CTL_DIR COORDINATOR WORKER
+set -u
+BUILD=$1
+CTL=$2/epmoectl
+COORD=$3
+WORKER=$4
+SRC=${EPMOE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+TMP=$(mktemp -d /tmp/epmoe_client_install_XXXXXX)
+PIDS=()
+fails=0
+# shellcheck source=cluster_lib.sh
+. "$(dirname "$0")/cluster_lib.sh"
+command -v pkg-config >/dev/null || { echo "skip: pkg-config not installed"; exit 77; }
+
+PREFIX=$TMP/prefix
+cmake --install "$BUILD" --prefix "$PREFIX" >"$TMP/install.log" 2>&1 ||
+    { cat "$TMP/install.log"; fail "cmake --install"; exit 1; }
+[ -f "$PREFIX/include/epmoe.h" ] && ok "installed include/epmoe.h" || fail "no include/epmoe.h"
+PC=$(find "$PREFIX" -name epmoe.pc | head -1)
+LIB=$(find "$PREFIX" -name 'libepmoe.so.0' | head -1)
+[ -n "$PC" ] && [ -n "$LIB" ] && ok "installed $(basename "$LIB") and epmoe.pc" ||
+    { fail "no epmoe.pc or libepmoe.so.0 under $PREFIX"; exit 1; }
+export PKG_CONFIG_PATH
+PKG_CONFIG_PATH=$(dirname "$PC")
+[ "$(pkg-config --modversion epmoe)" = 0.4.0 ] && ok "pkg-config --modversion epmoe: 0.4.0" ||
+    fail "pkg-config --modversion epmoe: $(pkg-config --modversion epmoe 2>&1)"
+# the .pc finds the prefix it was installed to, wherever that is (${pcfiledir})
+inc=$(pkg-config --variable=includedir epmoe)
+[ "$(realpath "$inc")" = "$(realpath "$PREFIX/include")" ] &&
+    ok "pkg-config's includedir is the prefix's" || fail "pkg-config includedir: $inc"
+# shellcheck disable=SC2046
+if cc -std=c11 -Wall -Wextra -Werror "$SRC/examples/client_example.c" \
+    $(pkg-config --cflags --libs epmoe) -o "$TMP/client_example" 2>"$TMP/cc.log"; then
+    ok "client_example builds with pkg-config --cflags --libs epmoe"
+else
+    cat "$TMP/cc.log"
+    fail "client_example does not build against the installed library"
+    exit 1
+fi
+readelf -d "$TMP/client_example" | grep -q 'NEEDED.*\[libepmoe.so.0\]' &&
+    ok "client_example needs libepmoe.so.0" || fail "client_example does not need libepmoe.so.0"
+
+# ---- against a cluster -------------------------------------------------------------------
+"$CTL" mkmodel --out "$TMP/model" --expert-dtype fp4 --experts 8 --layers 2 --hash-layers 1 \
+    --mtp 1 --topk 2 --seed 3 >/dev/null || { fail "mkmodel"; exit 1; }
+start_cluster install "$TMP/model" 2 fp8 || exit 1
+LD_LIBRARY_PATH=$(dirname "$LIB") "$TMP/client_example" "$ADMIN" 4 >"$TMP/run.log" 2>&1
+rc=$?
+cat "$TMP/run.log"
+if [ $rc -ne 0 ] && grep -q "EPMOE_ENOTREADY.*no client endpoint" "$TMP/run.log"; then
+    stop_cluster install
+    echo "skip: the workers report no client endpoint (no serving path in this epmoe-worker);"
+    echo "      the install and the build against it passed"
+    [ $fails -eq 0 ] && exit 77
+    exit 1
+fi
+[ $rc -eq 0 ] && ok "client_example answered every layer" || fail "client_example exited $rc"
+stop_cluster install
+[ $fails -eq 0 ] && echo "all ok" || echo "$fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,1034 @@
+/*
+ * test_client.c — libepmoe (client/epmoe.h) against a fake coordinator and fake entry workers
+ * run by a thread of this test over real ZeroMQ sockets on loopback (ephemeral ports), so the
+ * library is tested without any daemon.
+ *
+ * The fake coordinator answers CLIENT_INFO with a small model (H 64, 3 main layers of which
+ * layer 0 is a hash layer, 1 MTP layer, top-2 of 8, vocab 1000) and one member per fake entry.
+ * A fake entry answers SUBMIT according to its behaviour (ok, silent, an error code, late, a
+ * short payload) with payloads that are a pure function of the request, which the checks
+ * below recompute on their own from the input:
+ *   out[t][h]          = hidden[t][h] ^ (0x1000 + layer) ^ (late ? 0x0F0F : 0)
+ *   topk_ids[t][j]     = (key(t) + j) % 8, key(t) = ids ? ids[t] : hidden[t][0]
+ *   topk_weights[t][j] = t + 0.5 j + layer
+ *
+ * Proves: submit/wait/poll and the descriptor's level (readable while a finished request waits,
+ * not after); EPMOE_EAGAIN at max_in_flight; a deadline fails with EPMOE_ETIMEDOUT within
+ * bounds, naming the entries tried; a request whose entry is silent is resent to another
+ * member and the first entry's late answer is dropped (the caller's buffer keeps the winner's
+ * bytes); an entry that stops being a ready member in CLIENT_INFO has its request resent at
+ * once; every cluster error code maps to its status; bad arguments are refused naming what;
+ * cancel releases the buffers (a late answer never lands) and keeps the request out of poll;
+ * two clients in one process are independent (closing one does not disturb the other); many
+ * threads submitting at once all get their own answers; with CURVE servers (the fake's
+ * coordinator and entries admit one client key) the client reaches each entry with the public
+ * key CLIENT_INFO gave, and a key in no list is refused at open.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "client/epmoe.h"
+#include "common/auth.h"
+#include "common/wire.h"
+#include "test.h"
+
+#define F_H      64
+#define F_K      2
+#define F_E      8
+#define F_MAIN   3
+#define F_MTP    1
+#define F_HASH   1
+#define F_VOCAB  1000
+#define F_HASHV  0x1234abcdULL
+#define F_EPOCH  7
+#define F_MAX_EN 3
+
+typedef enum f_mode { FM_OK = 0, FM_SILENT, FM_CODE, FM_LATE, FM_SHORT } f_mode;
+
+typedef struct f_pending {
+    wire_msg *m; /* a SUBMIT to answer late */
+    int64_t due_ms;
+} f_pending;
+
+typedef struct f_entry {
+    void *sock;
+    char ep[128];
+    char name[16];
+    /* behaviour (under fake.mu) */
+    f_mode mode;
+    int code;    /* FM_CODE: the ErrorCode answered */
+    int late_ms; /* FM_LATE */
+    bool listed; /* reported as a ready member with its endpoint */
+    char state[16];
+    /* what it saw */
+    int n_submits, n_resent;
+    uint64_t last_client;
+    f_pending pend[64];
+    int n_pend;
+} f_entry;
+
+typedef struct fake {
+    void *zctx;
+    /* secure: CURVE servers admitting the client key only (ZAP domain "fake-clients") */
+    bool secure;
+    auth_zap *zap;
+    auth_keypair coord_kp, en_kp[F_MAX_EN], client_kp;
+    void *coord;
+    char coord_ep[128];
+    f_entry en[F_MAX_EN];
+    int n_en;
+    pthread_mutex_t mu;
+    bool coord_silent;
+    const char *coord_error; /* answer CLIENT_INFO ok:false with this (ERR_BAD_REQUEST) */
+    int n_info;
+    atomic_bool stop;
+    pthread_t thread;
+} fake;
+
+static int64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void *f_router(fake *f, char *ep, size_t cap, const auth_keypair *kp)
+{
+    void *s = zmq_socket(f->zctx, ZMQ_ROUTER);
+    wire_socket_defaults(s, (int64_t)EP_MAX_DATA_MSG, NULL);
+    if (f->secure && auth_server(s, kp, "fake-clients", NULL) != 0)
+        return NULL;
+    if (zmq_bind(s, "tcp://127.0.0.1:*") != 0)
+        return NULL;
+    size_t len = cap;
+    zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len);
+    return s;
+}
+
+static void f_info(fake *f, const wire_msg *m)
+{
+    Epmoe__AdminRequest *rq =
+        (Epmoe__AdminRequest *)wire_unpack(&epmoe__admin_request__descriptor, m, NULL);
+    if (rq == NULL)
+        return;
+    f->n_info++;
+    Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
+    rep.has_id = rep.has_ok = 1;
+    rep.id = rq->id;
+    Epmoe__ModelConfig mc = EPMOE__MODEL_CONFIG__INIT;
+    Epmoe__WorkerInfo wi[F_MAX_EN], *wp[F_MAX_EN];
+    if (f->coord_error) {
+        rep.ok = 0;
+        rep.has_error_code = 1;
+        rep.error_code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+        rep.error = (char *)f->coord_error;
+    } else {
+        rep.ok = 1;
+        mc.has_hidden_size = mc.has_num_hidden_layers = mc.has_num_experts_per_tok = 1;
+        mc.has_n_routed_experts = mc.has_num_hash_layers = mc.has_num_nextn_predict_layers = 1;
+        mc.has_vocab_size = mc.has_expert_dtype = 1;
+        mc.hidden_size = F_H;
+        mc.num_hidden_layers = F_MAIN;
+        mc.num_nextn_predict_layers = F_MTP;
+        mc.num_hash_layers = F_HASH;
+        mc.num_experts_per_tok = F_K;
+        mc.n_routed_experts = F_E;
+        mc.vocab_size = F_VOCAB;
+        mc.expert_dtype = EPMOE__EXPERT_DTYPE__EXPERT_FP8;
+        rep.config = &mc;
+        rep.has_config_hash = rep.has_epoch = rep.has_current_epoch = 1;
+        rep.config_hash = F_HASHV;
+        rep.epoch = rep.current_epoch = F_EPOCH;
+        rep.cluster = "fake";
+        rep.state = "ready";
+        for (int i = 0; i < f->n_en; i++) {
+            epmoe__worker_info__init(&wi[i]);
+            wi[i].name = f->en[i].name;
+            wi[i].has_rank = wi[i].has_member = 1;
+            wi[i].rank = (uint32_t)i;
+            wi[i].member = true;
+            wi[i].state = f->en[i].state;
+            wi[i].client_endpoint = f->en[i].listed ? f->en[i].ep : NULL;
+            if (f->secure) {
+                wi[i].has_public_key = 1;
+                wi[i].public_key.len = AUTH_KEY_BYTES;
+                wi[i].public_key.data = f->en_kp[i].pub;
+            }
+            wp[i] = &wi[i];
+        }
+        rep.n_workers = (size_t)f->n_en;
+        rep.workers = wp;
+    }
+    wire_send(f->coord, m->ident, m->ident_len, EPMOE__MSG_TYPE__MSG_ADMIN_REPLY, &rep.base, NULL,
+              0, true, NULL);
+    wire_free_unpacked(&rq->base);
+}
+
+/* The fake entry's answer to a SUBMIT (late: the marked payload of a late answer). */
+static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late)
+{
+    Epmoe__Submit *s = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, NULL);
+    if (s == NULL)
+        return;
+    Epmoe__Result r = EPMOE__RESULT__INIT;
+    r.has_client = r.has_seq = r.has_epoch = r.has_entry_rank = r.has_n_tokens = 1;
+    r.client = s->client;
+    r.seq = s->seq;
+    r.epoch = F_EPOCH;
+    r.entry_rank = (uint32_t)rank;
+    r.n_tokens = s->n_tokens;
+    r.has_queued_seconds = r.has_dispatch_seconds = r.has_experts_seconds = 1;
+    r.has_combine_seconds = 1;
+    r.queued_seconds = 0.001;
+    r.dispatch_seconds = 0.002;
+    r.experts_seconds = 0.003;
+    r.combine_seconds = 0.004;
+    if (e->mode == FM_CODE) {
+        r.has_code = 1;
+        r.code = (Epmoe__ErrorCode)e->code;
+        r.message = "the fake says no";
+        wire_send(e->sock, m->ident, m->ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r.base, NULL, 0,
+                  true, NULL);
+        wire_free_unpacked(&s->base);
+        return;
+    }
+    size_t T = s->n_tokens;
+    static uint16_t out[256 * F_H];
+    static int32_t ids[256 * F_K];
+    static float w[256 * F_K];
+    /* frames need not be aligned: copy them */
+    static uint16_t hid[256 * F_H];
+    static int64_t tid_buf[256];
+    memcpy(hid, m->payload[0], m->payload_len[0] < sizeof hid ? m->payload_len[0] : sizeof hid);
+    const int64_t *tid = NULL;
+    if (s->has_ids && m->n_payloads > 1) {
+        memcpy(tid_buf, m->payload[1],
+               m->payload_len[1] < sizeof tid_buf ? m->payload_len[1] : sizeof tid_buf);
+        tid = tid_buf;
+    }
+    for (size_t t = 0; t < T && t < 256; t++) {
+        for (size_t h = 0; h < F_H; h++)
+            out[t * F_H + h] =
+                (uint16_t)(hid[t * F_H + h] ^ (0x1000 + s->layer) ^ (late ? 0x0F0F : 0));
+        int64_t key = tid ? tid[t] : hid[t * F_H];
+        for (size_t j = 0; j < F_K; j++) {
+            ids[t * F_K + j] = (int32_t)((key + (int64_t)j) % F_E);
+            w[t * F_K + j] = (float)t + 0.5f * (float)j + (float)s->layer;
+        }
+    }
+    wire_payload p[3] = {{.data = out, .len = T * F_H * 2},
+                         {.data = ids, .len = T * F_K * 4},
+                         {.data = w, .len = T * F_K * 4}};
+    if (e->mode == FM_SHORT)
+        p[0].len -= 2;
+    wire_send(e->sock, m->ident, m->ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r.base, p, 3, true,
+              NULL);
+    wire_free_unpacked(&s->base);
+    (void)f;
+}
+
+static void f_on_submit(fake *f, f_entry *e, int rank, wire_msg *m)
+{
+    Epmoe__Submit *s = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, NULL);
+    if (s != NULL) {
+        e->n_submits++;
+        e->n_resent += s->resent;
+        e->last_client = s->client;
+        wire_free_unpacked(&s->base);
+    }
+    if (e->mode == FM_SILENT)
+        return;
+    if (e->mode == FM_LATE && e->n_pend < 64) {
+        wire_msg *keep = malloc(sizeof *keep);
+        wire_msg_move(keep, m);
+        e->pend[e->n_pend++] = (f_pending){.m = keep, .due_ms = now_ms() + e->late_ms};
+        return;
+    }
+    f_answer(f, e, rank, m, false);
+}
+
+static void f_late(fake *f, f_entry *e, int rank)
+{
+    int64_t now = now_ms();
+    int k = 0;
+    for (int i = 0; i < e->n_pend; i++) {
+        if (e->pend[i].due_ms <= now) {
+            f_answer(f, e, rank, e->pend[i].m, true);
+            wire_msg_close(e->pend[i].m);
+            free(e->pend[i].m);
+        } else {
+            e->pend[k++] = e->pend[i];
+        }
+    }
+    e->n_pend = k;
+}
+
+static void f_read(fake *f, void *sock, int rank)
+{
+    wire_msg m;
+    ep_err err;
+    while (wire_recv(sock, true, 1 << 20, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err) == WIRE_OK) {
+        pthread_mutex_lock(&f->mu);
+        if (rank < 0 && !f->coord_silent && m.type == EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST)
+            f_info(f, &m);
+        else if (rank >= 0 && m.type == EPMOE__MSG_TYPE__MSG_SUBMIT)
+            f_on_submit(f, &f->en[rank], rank, &m);
+        pthread_mutex_unlock(&f->mu);
+        wire_msg_close(&m);
+    }
+}
+
+static void *f_main(void *arg)
+{
+    fake *f = arg;
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t it[1 + F_MAX_EN];
+        it[0] = (zmq_pollitem_t){.socket = f->coord, .events = ZMQ_POLLIN};
+        for (int i = 0; i < f->n_en; i++)
+            it[1 + i] = (zmq_pollitem_t){.socket = f->en[i].sock, .events = ZMQ_POLLIN};
+        zmq_poll(it, 1 + f->n_en, 10);
+        f_read(f, f->coord, -1);
+        for (int i = 0; i < f->n_en; i++) {
+            f_read(f, f->en[i].sock, i);
+            pthread_mutex_lock(&f->mu);
+            f_late(f, &f->en[i], i);
+            pthread_mutex_unlock(&f->mu);
+        }
+    }
+    return NULL;
+}
+
+/* A fresh CURVE key pair. */
+static void f_keypair(auth_keypair *kp)
+{
+    char pub[AUTH_Z85_LEN + 1], sec[AUTH_Z85_LEN + 1];
+    zmq_curve_keypair(pub, sec);
+    zmq_z85_decode(kp->pub, pub);
+    zmq_z85_decode(kp->sec, sec);
+}
+
+static void f_secure(fake *f)
+{
+    f->secure = true;
+    f_keypair(&f->coord_kp);
+    f_keypair(&f->client_kp);
+    for (int i = 0; i < F_MAX_EN; i++)
+        f_keypair(&f->en_kp[i]);
+    f->zap = auth_zap_start(f->zctx, NULL);
+    auth_list *l = auth_list_new();
+    auth_list_add(l, f->client_kp.pub, "eng", NULL);
+    auth_zap_allow(f->zap, "fake-clients", l, NULL);
+}
+
+static fake *fake_start_opts(int n_entries, bool secure)
+{
+    fake *f = calloc(1, sizeof *f);
+    f->zctx = zmq_ctx_new();
+    pthread_mutex_init(&f->mu, NULL);
+    if (secure)
+        f_secure(f);
+    f->coord = f_router(f, f->coord_ep, sizeof f->coord_ep, &f->coord_kp);
+    f->n_en = n_entries;
+    for (int i = 0; i < n_entries; i++) {
+        f_entry *e = &f->en[i];
+        e->sock = f_router(f, e->ep, sizeof e->ep, &f->en_kp[i]);
+        snprintf(e->name, sizeof e->name, "e%d", i);
+        snprintf(e->state, sizeof e->state, "ready");
+        e->listed = true;
+    }
+    pthread_create(&f->thread, NULL, f_main, f);
+    return f;
+}
+
+static fake *fake_start(int n_entries)
+{
+    return fake_start_opts(n_entries, false);
+}
+
+static void fake_stop(fake **fp)
+{
+    fake *f = *fp;
+    atomic_store(&f->stop, true);
+    pthread_join(f->thread, NULL);
+    for (int i = 0; i < f->n_en; i++) {
+        for (int k = 0; k < f->en[i].n_pend; k++) {
+            wire_msg_close(f->en[i].pend[k].m);
+            free(f->en[i].pend[k].m);
+        }
+        zmq_close(f->en[i].sock);
+    }
+    zmq_close(f->coord);
+    auth_zap_stop(&f->zap);
+    zmq_ctx_term(f->zctx);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    *fp = NULL;
+}
+
+static void fake_set(fake *f, int i, f_mode mode, int code_or_ms)
+{
+    pthread_mutex_lock(&f->mu);
+    f->en[i].mode = mode;
+    f->en[i].code = code_or_ms;
+    f->en[i].late_ms = code_or_ms;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static int fake_count(fake *f, int i, bool resent)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = resent ? f->en[i].n_resent : f->en[i].n_submits;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+/* ---- the client side ---- */
+
+static epmoe_client *open_client(fake *f, uint32_t max_in_flight, uint32_t timeout_ms,
+                                 uint32_t resend_ms, const char *entry)
+{
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    o.coordinator = f->coord_ep;
+    o.max_in_flight = max_in_flight;
+    o.timeout_ms = timeout_ms;
+    o.resend_ms = resend_ms;
+    o.entry = entry;
+    o.connect_timeout_ms = 2000;
+    epmoe_client *c = NULL;
+    epmoe_error err;
+    int rc = epmoe_open(&o, &c, &err);
+    if (rc != EPMOE_OK)
+        printf("  epmoe_open: %s (%s)\n", err.message, epmoe_strerror(rc));
+    return c;
+}
+
+typedef struct call {
+    uint32_t layer, T;
+    uint16_t hidden[16 * F_H];
+    int64_t ids[16];
+    uint16_t out[16 * F_H];
+    int32_t topk_ids[16 * F_K];
+    float topk_w[16 * F_K];
+    epmoe_request *req;
+} call;
+
+static void call_make(call *k, uint32_t layer, uint32_t T, uint32_t seed)
+{
+    memset(k, 0, sizeof *k);
+    k->layer = layer;
+    k->T = T;
+    for (uint32_t i = 0; i < T * F_H; i++)
+        k->hidden[i] = (uint16_t)(0x3C00 + ((i * 2654435761u + seed * 40503u) >> 20 & 0x3FF));
+    for (uint32_t t = 0; t < T; t++)
+        k->ids[t] = (int64_t)((t * 37 + seed) % F_VOCAB);
+}
+
+static int call_submit(epmoe_client *c, call *k, uint32_t timeout_ms, epmoe_error *err)
+{
+    epmoe_submit_args a = {.layer = k->layer,
+                           .n_tokens = k->T,
+                           .hidden = k->hidden,
+                           .token_ids = k->layer < F_HASH ? k->ids : NULL,
+                           .out = k->out,
+                           .topk_ids = k->topk_ids,
+                           .topk_weights = k->topk_w,
+                           .timeout_ms = timeout_ms,
+                           .user = k};
+    return epmoe_submit(c, &a, &k->req, err);
+}
+
+/* 0 when the answer is the fake's function of the input (late: the late answer's marking). */
+static int call_check(const call *k, bool late)
+{
+    for (uint32_t t = 0; t < k->T; t++) {
+        for (uint32_t h = 0; h < F_H; h++) {
+            uint16_t want =
+                (uint16_t)(k->hidden[t * F_H + h] ^ (0x1000 + k->layer) ^ (late ? 0x0F0F : 0));
+            if (k->out[t * F_H + h] != want)
+                return -1;
+        }
+        int64_t key = k->layer < F_HASH ? k->ids[t] : k->hidden[t * F_H];
+        for (uint32_t j = 0; j < F_K; j++)
+            if (k->topk_ids[t * F_K + j] != (int32_t)((key + j) % F_E) ||
+                k->topk_w[t * F_K + j] != (float)t + 0.5f * (float)j + (float)k->layer)
+                return -1;
+    }
+    return 0;
+}
+
+static bool fd_readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+TEST(info_describes_the_model_and_the_members)
+{
+    fake *f = fake_start(2);
+    epmoe_client *c = open_client(f, 0, 0, 0, NULL);
+    CHECK(c != NULL);
+    if (c != NULL) {
+        epmoe_info info;
+        epmoe_error err;
+        CHECK_EQ(epmoe_info_get(c, &info, &err), EPMOE_OK);
+        CHECK_EQ(info.hidden_size, F_H);
+        CHECK_EQ(info.n_layers, F_MAIN + F_MTP);
+        CHECK_EQ(info.n_main_layers, F_MAIN);
+        CHECK_EQ(info.n_hash_layers, F_HASH);
+        CHECK_EQ(info.topk, F_K);
+        CHECK_EQ(info.n_experts, F_E);
+        CHECK_STR_EQ(info.expert_dtype, "fp8");
+        CHECK(info.config_hash == F_HASHV && info.epoch == F_EPOCH);
+        CHECK_EQ(info.n_members, 2);
+        CHECK(info.members[1].ready && strcmp(info.members[1].name, "e1") == 0);
+        CHECK_STR_EQ(info.members[0].client_endpoint, f->en[0].ep);
+        uint32_t layer = 99;
+        CHECK(epmoe_layer_index(&info, "mtp.0", &layer, &err) == 0 && layer == F_MAIN);
+        CHECK(epmoe_layer_index(&info, "layers.2", &layer, &err) == 0 && layer == 2);
+        CHECK(epmoe_layer_index(&info, "1", &layer, &err) == 0 && layer == 1);
+        CHECK_EQ(epmoe_layer_index(&info, "layers.3", &layer, &err), EPMOE_EINVAL);
+        CHECK_STR_HAS(err.message, "layers.N (N < 3) or mtp.I (I < 1)");
+        CHECK_EQ(epmoe_layer_index(&info, "mtp.x", &layer, &err), EPMOE_EINVAL);
+    }
+    CHECK_STR_EQ(epmoe_version(), "0.4.0");
+    CHECK_STR_HAS(epmoe_strerror(EPMOE_EAGAIN), "EPMOE_EAGAIN");
+    epmoe_close(&c);
+    CHECK(c == NULL);
+    epmoe_close(&c); /* NULL-safe */
+    fake_stop(&f);
+}
+
+TEST(submit_wait_poll_and_the_descriptor_level)
+{
+    fake *f = fake_start(2);
+    epmoe_client *c = open_client(f, 8, 5000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    int fd = epmoe_fd(c);
+    CHECK(fd >= 0);
+    CHECK(!fd_readable(fd, 0));
+    static call k[4];
+    uint32_t layers[4] = {0, 1, 2, 3}; /* a hash layer, two score layers, the MTP layer */
+    epmoe_error err;
+    for (int i = 0; i < 4; i++) {
+        call_make(&k[i], layers[i], (uint32_t)(1 + 4 * i), (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+    }
+    /* all four land; the descriptor is readable until the last is taken */
+    int got = 0;
+    epmoe_request *done[8];
+    int64_t until = now_ms() + 3000;
+    while (got < 4 && now_ms() < until) {
+        if (!fd_readable(fd, 1000))
+            continue;
+        int n = epmoe_poll(c, done, 8);
+        CHECK(n >= 1);
+        for (int i = 0; i < n; i++) {
+            call *kk = epmoe_request_user(done[i]);
+            epmoe_request_info ri;
+            CHECK_EQ(epmoe_request_status(done[i], &ri), EPMOE_OK);
+            CHECK_EQ(ri.status, EPMOE_OK);
+            CHECK_EQ(ri.epoch, F_EPOCH);
+            CHECK(ri.entry[0] == 'e' && !ri.resent && !ri.replayed);
+            CHECK(ri.queued_s == 0.001 && ri.experts_s == 0.003 && ri.combine_s == 0.004);
+            CHECK(ri.total_s > 0 && ri.total_s < 3);
+            CHECK_EQ(call_check(kk, false), 0);
+            epmoe_request_free(&done[i]);
+            CHECK(done[i] == NULL);
+            got++;
+        }
+    }
+    CHECK_EQ(got, 4);
+    CHECK(!fd_readable(fd, 0)); /* level: nothing waits */
+    CHECK_EQ(epmoe_poll(c, done, 8), 0);
+    /* wait: returns the request's status, keeps it readable until freed */
+    call_make(&k[0], 2, 3, 9);
+    CHECK_EQ(call_submit(c, &k[0], 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k[0].req, 3000, &err), EPMOE_OK);
+    CHECK_EQ(call_check(&k[0], false), 0);
+    CHECK(!fd_readable(fd, 50)); /* taken by wait: not in poll's list */
+    epmoe_request_info ri;
+    CHECK(epmoe_request_status(k[0].req, &ri) == 0 && ri.status == EPMOE_OK);
+    epmoe_request_free(&k[0].req);
+    /* rotation: both members served requests */
+    CHECK(fake_count(f, 0, false) > 0 && fake_count(f, 1, false) > 0);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(the_slot_pool_says_eagain_at_max_in_flight)
+{
+    fake *f = fake_start(1);
+    fake_set(f, 0, FM_SILENT, 0);
+    epmoe_client *c = open_client(f, 4, 10000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k[5];
+    epmoe_error err;
+    for (int i = 0; i < 4; i++) {
+        call_make(&k[i], 1, 2, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+    }
+    call_make(&k[4], 1, 2, 4);
+    CHECK_EQ(call_submit(c, &k[4], 0, &err), EPMOE_EAGAIN);
+    CHECK_EQ(err.code, EPMOE_EAGAIN);
+    CHECK_STR_HAS(err.message, "max_in_flight");
+    CHECK_EQ(epmoe_wait(k[0].req, 20, &err), EPMOE_EAGAIN); /* still in flight */
+    epmoe_request_free(&k[0].req);                          /* cancels, frees the slot */
+    CHECK_EQ(call_submit(c, &k[4], 0, &err), EPMOE_OK);
+    epmoe_close(&c); /* cancels the rest */
+    fake_stop(&f);
+}
+
+TEST(a_deadline_fails_with_etimedout_in_time_naming_the_entries)
+{
+    fake *f = fake_start(2);
+    fake_set(f, 0, FM_SILENT, 0);
+    fake_set(f, 1, FM_SILENT, 0);
+    epmoe_client *c = open_client(f, 4, 0, 100, "e0");
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    call_make(&k, 2, 4, 1);
+    epmoe_error err;
+    int64_t t0 = now_ms();
+    CHECK_EQ(call_submit(c, &k, 400, &err), EPMOE_OK);
+    int rc = epmoe_wait(k.req, -1, &err);
+    int64_t took = now_ms() - t0;
+    CHECK_EQ(rc, EPMOE_ETIMEDOUT);
+    CHECK(took >= 395 && took < 400 + 300);
+    if (took < 395 || took >= 700)
+        printf("  the deadline of 400 ms came after %lld ms\n", (long long)took);
+    CHECK_STR_HAS(err.message, "layer 2: no answer within 400 ms (sent to e0, e1)");
+    epmoe_request_info ri;
+    epmoe_request_status(k.req, &ri);
+    CHECK(ri.status == EPMOE_ETIMEDOUT && ri.resent);
+    epmoe_request_free(&k.req);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(a_silent_entry_is_resent_to_another_and_its_late_answer_is_dropped)
+{
+    fake *f = fake_start(2);
+    fake_set(f, 0, FM_LATE, 500); /* answers, marked, long after the resend */
+    epmoe_client *c = open_client(f, 4, 5000, 100, "e0");
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    call_make(&k, 1, 5, 3);
+    epmoe_error err;
+    int64_t t0 = now_ms();
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    int64_t took = now_ms() - t0;
+    CHECK(took >= 95 && took < 450); /* after the resend, before e0's late answer */
+    epmoe_request_info ri;
+    epmoe_request_status(k.req, &ri);
+    CHECK(ri.resent);
+    CHECK_STR_EQ(ri.entry, "e1");
+    CHECK_EQ(ri.entry_rank, 1);
+    CHECK_EQ(call_check(&k, false), 0);
+    CHECK_EQ(fake_count(f, 0, false), 1);
+    CHECK_EQ(fake_count(f, 1, false), 1);
+    CHECK_EQ(fake_count(f, 1, true), 1); /* marked resent */
+    /* e0's late answer comes and is dropped: the buffer keeps e1's bytes */
+    usleep(700000);
+    CHECK_EQ(call_check(&k, false), 0);
+    CHECK_EQ(epmoe_poll(c, &k.req, 1), 0);
+    epmoe_request_free(&k.req);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(an_entry_that_leaves_client_info_has_its_requests_resent_at_once)
+{
+    fake *f = fake_start(2);
+    fake_set(f, 0, FM_SILENT, 0);
+    /* resend_ms far away: only the fresh CLIENT_INFO (every 500 ms in flight) can move it */
+    epmoe_client *c = open_client(f, 4, 20000, 15000, "e0");
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    call_make(&k, 2, 2, 5);
+    epmoe_error err;
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    usleep(100000);
+    pthread_mutex_lock(&f->mu);
+    snprintf(f->en[0].state, sizeof f->en[0].state, "dead");
+    pthread_mutex_unlock(&f->mu);
+    int64_t t0 = now_ms();
+    CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_OK);
+    CHECK(now_ms() - t0 < 2500);
+    epmoe_request_info ri;
+    epmoe_request_status(k.req, &ri);
+    CHECK(ri.resent && strcmp(ri.entry, "e1") == 0);
+    CHECK_EQ(call_check(&k, false), 0);
+    epmoe_request_free(&k.req);
+    /* the info follows: e0 is no longer ready */
+    epmoe_info info;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && !info.members[0].ready && info.members[1].ready);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(cluster_error_codes_map_to_statuses)
+{
+    static const struct {
+        int code, status;
+    } map[] = {
+        {EPMOE__ERROR_CODE__ERR_BUSY, EPMOE_EBUSY},
+        {EPMOE__ERROR_CODE__ERR_NOT_READY, EPMOE_ENOTREADY},
+        {EPMOE__ERROR_CODE__ERR_CONFIG_HASH, EPMOE_ESTALE},
+        {EPMOE__ERROR_CODE__ERR_TIMEOUT, EPMOE_ETIMEDOUT},
+        {EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPMOE_EINVAL},
+        {EPMOE__ERROR_CODE__ERR_REFUSED, EPMOE_EREFUSED},
+        {EPMOE__ERROR_CODE__ERR_STEP_FAILED, EPMOE_EFAILED},
+        {EPMOE__ERROR_CODE__ERR_WORKER_LOST, EPMOE_EFAILED},
+    };
+    fake *f = fake_start(1);
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    epmoe_error err;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        fake_set(f, 0, FM_CODE, map[i].code);
+        call_make(&k, 1, 2, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+        int rc = epmoe_wait(k.req, 3000, &err);
+        if (rc != map[i].status)
+            TEST_FAIL_AT("ErrorCode %d: got %d, expected %d", map[i].code, rc, map[i].status);
+        CHECK_EQ(err.remote_code, map[i].code);
+        CHECK_STR_HAS(err.message, "entry e0: layer 1: the fake says no");
+        epmoe_request_free(&k.req);
+    }
+    /* a RESULT whose payload is short: EPMOE_EPROTO naming sizes */
+    fake_set(f, 0, FM_SHORT, 0);
+    call_make(&k, 1, 2, 1);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_EPROTO);
+    CHECK_STR_HAS(err.message, "entry e0: RESULT for layer 1");
+    epmoe_request_free(&k.req);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(bad_arguments_are_refused_naming_what)
+{
+    fake *f = fake_start(1);
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    epmoe_error err;
+    call_make(&k, 4, 2, 1);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "layer 4: the model has 4 MoE layers (0..3)");
+    call_make(&k, 1, 0, 1);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "0 tokens (expected 1..65536)");
+    call_make(&k, 1, 2, 1);
+    epmoe_submit_args a = {.layer = 0, .n_tokens = 2, .hidden = k.hidden, .out = k.out};
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "layer 0 is a hash layer");
+    k.ids[1] = F_VOCAB;
+    a.token_ids = k.ids;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "token 1 has id 1000 (expected 0..999)");
+    a.layer = 1;
+    a.out = NULL;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "out is NULL");
+    CHECK(k.req == NULL);
+    epmoe_close(&c);
+    /* options */
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "options.coordinator");
+    o.coordinator = "tcp://127.0.0.1:99999";
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "is not in 1..65535");
+    o.coordinator = f->coord_ep;
+    o.version = 0;
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    o.version = EPMOE_OPTIONS_VERSION;
+    o.client_secret_key = "short";
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "options.client_secret_key: expected a 40-character Z85 key");
+    CHECK(c == NULL);
+    fake_stop(&f);
+}
+
+TEST(open_fails_clearly_without_a_usable_coordinator)
+{
+    fake *f = fake_start(1);
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    o.coordinator = f->coord_ep;
+    o.connect_timeout_ms = 300;
+    epmoe_client *c = NULL;
+    epmoe_error err;
+    /* nccl: not on this data plane */
+    pthread_mutex_lock(&f->mu);
+    f->coord_error = "CLIENT_INFO: cluster x serves clients not on this data plane (nccl): ...";
+    pthread_mutex_unlock(&f->mu);
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_ENOTSUP);
+    CHECK_STR_HAS(err.message, "not on this data plane (nccl)");
+    CHECK_STR_HAS(err.message, f->coord_ep);
+    CHECK_EQ(err.remote_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    /* silent */
+    pthread_mutex_lock(&f->mu);
+    f->coord_error = NULL;
+    f->coord_silent = true;
+    pthread_mutex_unlock(&f->mu);
+    int64_t t0 = now_ms();
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EUNAVAILABLE);
+    CHECK(now_ms() - t0 >= 295 && now_ms() - t0 < 1500);
+    CHECK_STR_HAS(err.message, "no answer to CLIENT_INFO in 300 ms");
+    CHECK(c == NULL);
+    fake_stop(&f);
+}
+
+TEST(no_member_with_a_client_endpoint_is_enotready)
+{
+    fake *f = fake_start(2);
+    pthread_mutex_lock(&f->mu);
+    f->en[0].listed = f->en[1].listed = false;
+    pthread_mutex_unlock(&f->mu);
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c != NULL) {
+        static call k;
+        epmoe_error err;
+        call_make(&k, 1, 2, 1);
+        CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_ENOTREADY);
+        CHECK_STR_HAS(err.message, "cluster fake: no member can take requests: e0 (no client "
+                                   "endpoint), e1 (no client endpoint)");
+    }
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(cancel_releases_the_buffers_and_keeps_the_request_out_of_poll)
+{
+    fake *f = fake_start(1);
+    fake_set(f, 0, FM_LATE, 200);
+    epmoe_client *c = open_client(f, 4, 5000, 3000, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    call_make(&k, 2, 4, 2);
+    epmoe_error err;
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    usleep(50000); /* sent, not answered */
+    epmoe_cancel(k.req);
+    epmoe_request_info ri;
+    epmoe_request_status(k.req, &ri);
+    CHECK_EQ(ri.status, EPMOE_ECANCELED);
+    CHECK_EQ(epmoe_wait(k.req, 0, &err), EPMOE_ECANCELED);
+    memset(k.hidden, 0xEE, sizeof k.hidden); /* the caller's buffers are its own again */
+    usleep(400000);                          /* the late answer came and was dropped */
+    static const uint16_t zero[16 * F_H];
+    CHECK(memcmp(k.out, zero, sizeof zero) == 0);
+    epmoe_request *done[2];
+    CHECK_EQ(epmoe_poll(c, done, 2), 0);
+    CHECK(!fd_readable(epmoe_fd(c), 0));
+    epmoe_cancel(k.req); /* finished: nothing */
+    epmoe_request_free(&k.req);
+    /* a queued request canceled before the I/O thread sent it, and one never sent again */
+    fake_set(f, 0, FM_OK, 0);
+    call_make(&k, 2, 4, 3);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    epmoe_cancel(k.req);
+    epmoe_request_free(&k.req);
+    call_make(&k, 2, 4, 4);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    CHECK_EQ(call_check(&k, false), 0);
+    epmoe_request_free(&k.req);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(two_clients_in_one_process_are_independent)
+{
+    fake *f = fake_start(1);
+    epmoe_client *a = open_client(f, 4, 5000, 0, NULL);
+    epmoe_client *b = open_client(f, 4, 5000, 0, NULL);
+    CHECK(a != NULL && b != NULL && epmoe_fd(a) != epmoe_fd(b));
+    if (a == NULL || b == NULL) {
+        epmoe_close(&a);
+        epmoe_close(&b);
+        fake_stop(&f);
+        return;
+    }
+    static call ka, kb;
+    epmoe_error err;
+    call_make(&ka, 1, 3, 1);
+    call_make(&kb, 2, 3, 2);
+    CHECK_EQ(call_submit(a, &ka, 0, &err), EPMOE_OK);
+    uint64_t a_id = 0;
+    CHECK_EQ(epmoe_wait(ka.req, 3000, &err), EPMOE_OK);
+    pthread_mutex_lock(&f->mu);
+    a_id = f->en[0].last_client;
+    pthread_mutex_unlock(&f->mu);
+    epmoe_request_free(&ka.req);
+    /* b's request in flight while a closes */
+    fake_set(f, 0, FM_LATE, 200);
+    CHECK_EQ(call_submit(b, &kb, 0, &err), EPMOE_OK);
+    CHECK_EQ(call_submit(a, &ka, 0, &err), EPMOE_OK);
+    epmoe_close(&a);
+    CHECK_EQ(epmoe_wait(kb.req, 3000, &err), EPMOE_OK);
+    CHECK_EQ(call_check(&kb, true), 0); /* the late-marked answer, to b alone */
+    pthread_mutex_lock(&f->mu);
+    CHECK(f->en[0].last_client != a_id); /* b has an id of its own */
+    pthread_mutex_unlock(&f->mu);
+    epmoe_request_free(&kb.req);
+    epmoe_close(&b);
+    fake_stop(&f);
+}
+
+typedef struct worker_arg {
+    epmoe_client *c;
+    int n, failures;
+    uint32_t seed;
+} worker_arg;
+
+static void *submit_many(void *p)
+{
+    worker_arg *w = p;
+    call *k = calloc(1, sizeof *k);
+    for (int i = 0; i < w->n; i++) {
+        call_make(k, (uint32_t)(i % (F_MAIN + F_MTP)), (uint32_t)(1 + i % 16),
+                  w->seed + (uint32_t)i);
+        epmoe_error err;
+        int rc;
+        while ((rc = call_submit(w->c, k, 0, &err)) == EPMOE_EAGAIN)
+            usleep(1000);
+        if (rc != EPMOE_OK || epmoe_wait(k->req, 5000, &err) != EPMOE_OK || call_check(k, false))
+            w->failures++;
+        epmoe_request_free(&k->req);
+    }
+    free(k);
+    return NULL;
+}
+
+TEST(threads_submitting_at_once_each_get_their_own_answers)
+{
+    fake *f = fake_start(3);
+    epmoe_client *c = open_client(f, 6, 5000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    pthread_t th[4];
+    worker_arg wa[4];
+    for (int i = 0; i < 4; i++) {
+        wa[i] = (worker_arg){.c = c, .n = 60, .seed = (uint32_t)(1000 * i)};
+        pthread_create(&th[i], NULL, submit_many, &wa[i]);
+    }
+    int failures = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        failures += wa[i].failures;
+    }
+    CHECK_EQ(failures, 0);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+static int open_secure(fake *f, const auth_keypair *kp, epmoe_client **c, epmoe_error *err)
+{
+    char sec[AUTH_Z85_LEN + 1], srv[AUTH_Z85_LEN + 1];
+    zmq_z85_encode(sec, kp->sec, AUTH_KEY_BYTES);
+    zmq_z85_encode(srv, f->coord_kp.pub, AUTH_KEY_BYTES);
+    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    o.coordinator = f->coord_ep;
+    o.client_secret_key = sec;
+    o.server_key = srv;
+    o.connect_timeout_ms = 2000;
+    return epmoe_open(&o, c, err);
+}
+
+TEST(curve_clients_reach_entries_with_the_keys_client_info_gave)
+{
+    if (!auth_available())
+        SKIP("this libzmq has no CURVE");
+    fake *f = fake_start_opts(2, true);
+    epmoe_client *c = NULL;
+    epmoe_error err;
+    CHECK_EQ(open_secure(f, &f->client_kp, &c, &err), EPMOE_OK);
+    if (c != NULL) {
+        static call k[2];
+        for (int i = 0; i < 2; i++) { /* rotation: one request to each entry */
+            call_make(&k[i], (uint32_t)i, 3, (uint32_t)i);
+            CHECK_EQ(call_submit(c, &k[i], 2000, &err), EPMOE_OK);
+        }
+        for (int i = 0; i < 2; i++) {
+            CHECK_EQ(epmoe_wait(k[i].req, 3000, &err), EPMOE_OK);
+            CHECK_EQ(call_check(&k[i], false), 0);
+            epmoe_request_free(&k[i].req);
+        }
+        CHECK(fake_count(f, 0, false) == 1 && fake_count(f, 1, false) == 1);
+    }
+    epmoe_close(&c);
+    /* a key the servers do not admit */
+    auth_keypair stranger;
+    f_keypair(&stranger);
+    CHECK_EQ(open_secure(f, &stranger, &c, &err), EPMOE_EREFUSED);
+    CHECK_STR_HAS(err.message, "refused this process's key");
+    CHECK(c == NULL);
+    fake_stop(&f);
+}
+
+int main(void)
+{
+    RUN(info_describes_the_model_and_the_members);
+    RUN(submit_wait_poll_and_the_descriptor_level);
+    RUN(the_slot_pool_says_eagain_at_max_in_flight);
+    RUN(a_deadline_fails_with_etimedout_in_time_naming_the_entries);
+    RUN(a_silent_entry_is_resent_to_another_and_its_late_answer_is_dropped);
+    RUN(an_entry_that_leaves_client_info_has_its_requests_resent_at_once);
+    RUN(cluster_error_codes_map_to_statuses);
+    RUN(bad_arguments_are_refused_naming_what);
+    RUN(open_fails_clearly_without_a_usable_coordinator);
+    RUN(no_member_with_a_client_endpoint_is_enotready);
+    RUN(cancel_releases_the_buffers_and_keeps_the_request_out_of_poll);
+    RUN(two_clients_in_one_process_are_independent);
+    RUN(threads_submitting_at_once_each_get_their_own_answers);
+    RUN(curve_clients_reach_entries_with_the_keys_client_info_gave);
+    return test_report();
+}
