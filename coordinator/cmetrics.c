@@ -402,6 +402,27 @@ void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved)
         mx_add(mx_series0(m->f_moved), (double)moved);
 }
 
+void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
+                  const uint32_t *expert_tokens, int n_experts)
+{
+    if (m == NULL || layer < 0 || layer >= m->L)
+        return;
+    mx_add(mx_series2(m->f_steps, "ok", cmx_code_name(0)), requests);
+    mx_add(m->tokens, tokens);
+    for (int e = 0; e < n_experts && e < m->E; e++) {
+        if (expert_tokens[e] == 0)
+            continue;
+        mx_series **c = &m->expert_tokens[(size_t)layer * m->E + e];
+        if (*c == NULL) {
+            char lv[16], ev[16];
+            snprintf(lv, sizeof lv, "%d", layer);
+            snprintf(ev, sizeof ev, "%d", e);
+            *c = mx_series2(m->f_expert_tokens, lv, ev);
+        }
+        mx_add(*c, expert_tokens[e]);
+    }
+}
+
 void cmx_received(cmx *m, const char *socket, const wire_msg *msg)
 {
     if (m == NULL || msg->n_payloads == 0)

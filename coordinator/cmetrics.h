@@ -60,6 +60,10 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                  const plan_table *current, int layer);
 void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved);
 void cmx_rebalance_done(cmx *m, double seconds);
+/* The serving path's requests of one layer as an entry reported them (LOAD_REPORT): they count
+ * as steps (one request is one layer's step) with their tokens and (token, expert) pairs. */
+void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
+                  const uint32_t *expert_tokens, int n_experts);
 /* A message on socket ("admin", "workers"): its payload bytes count (the token bytes). */
 void cmx_received(cmx *m, const char *socket, const wire_msg *msg);
 /* The spec changed (a reload, n_workers now): per-worker series are dropped (they come back

@@ -602,6 +602,9 @@ static void coord_on_load_report(coord *c, int rank, const wire_msg *m)
     for (size_t i = 0; ok && i < r->n_pair_rank; i++)
         if ((ok = r->pair_rank[i] < (uint32_t)P))
             rp[r->pair_rank[i]] += r->pair_count[i];
+    if (ok)
+        cmx_requests(c->mx, (int)r->layer, r->has_requests ? r->requests : 0,
+                     r->has_tokens ? r->tokens : 0, et, E);
     if (ok && stats_add(c->stats, (int)r->layer, r->epoch, et, rp) == 0)
         cmx_balance(c->mx, &c->cfg, c->spec, c->stats, cur, (int)r->layer);
     else
@@ -609,9 +612,12 @@ static void coord_on_load_report(coord *c, int rank, const wire_msg *m)
                   r == NULL ? err.msg : "another epoch, or out of range");
     free(et);
     free(rp);
+    uint64_t r_requests = ok && r->has_requests ? r->requests : 0;
     wire_free_unpacked(r ? &r->base : NULL);
     int every = c->spec->rebalance_every_steps;
-    if (ok && every > 0 && ++c->steps_since_rebalance >= (uint64_t)every &&
+    if (ok)
+        c->steps_since_rebalance += r_requests; /* a request is one layer's step */
+    if (ok && every > 0 && c->steps_since_rebalance >= (uint64_t)every &&
         plan_phase_of(c->pe) == PLAN_STABLE && c->state == COORD_READY && !c->stop)
         coord_auto_rebalance(c);
 }
@@ -1418,6 +1424,14 @@ static void coord_on_admin(coord *c, wire_msg *m)
         adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_REFUSED,
                   "a client key may only read CLIENT_INFO (key %s, verb %d)",
                   wire_user_id(m) + sizeof KEYS_CLIENT_PREFIX - 1, (int)rq->verb);
+        goto done;
+    }
+    if (rq->verb == EPMOE__ADMIN_VERB__ADMIN_FORWARD && c->nb == NULL) {
+        /* the serving path: tokens go from clients to entry workers, never through here */
+        adm_error(&c->out, m->ident, m->ident_len, rq->id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "FORWARD is not the coordinator's on data_plane zmq: clients submit to the "
+                  "workers (libepmoe, epmoectl forward; docs/client.md), the coordinator carries "
+                  "no token");
         goto done;
     }
     if (rq->verb == EPMOE__ADMIN_VERB__ADMIN_FORWARD) {

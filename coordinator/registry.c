@@ -557,6 +557,8 @@ static const spec_worker *reg_check_register(reg_registry *r, const reg_env *env
     return sw;
 }
 
+static void reg_client_endpoint_is(reg_worker *w, const char *ep, const char *what);
+
 void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *out)
 {
     ep_err err;
@@ -589,6 +591,7 @@ void reg_on_register(reg_registry *r, const reg_env *env, const wire_msg *m, ob_
     w->hash_refused = false;
     w->pid = rq->has_pid ? rq->pid : 0;
     snprintf(w->hostname, sizeof w->hostname, "%s", rq->hostname ? rq->hostname : "");
+    reg_client_endpoint_is(w, rq->client_endpoint, "REGISTER");
     snprintf(w->version, sizeof w->version, "%s", rq->version ? rq->version : "");
     w->backend[0] = '\0';
     w->error[0] = '\0';
@@ -700,20 +703,25 @@ static void reg_on_prepared(reg_worker *w, const Epmoe__Ready *r, const wire_msg
     (void)m;
 }
 
-/* The client endpoint a READY reports, kept when it is one a client can connect to. */
-static void reg_client_endpoint(reg_worker *w, const Epmoe__Ready *r)
+/* The client endpoint a READY or REGISTER reports, kept when it is one a client can connect
+ * to. */
+static void reg_client_endpoint_is(reg_worker *w, const char *ep, const char *what)
 {
     ep_err err;
-    if (r->client_endpoint == NULL)
+    if (ep == NULL)
         return;
-    if (strlen(r->client_endpoint) >= sizeof w->client_ep ||
-        wire_check_endpoint(r->client_endpoint, &err) != 0) {
-        log_warn("worker %s: READY with client endpoint \"%.64s\" that clients cannot use; "
+    if (strlen(ep) >= sizeof w->client_ep || wire_check_endpoint(ep, &err) != 0) {
+        log_warn("worker %s: %s with client endpoint \"%.64s\" that clients cannot use; "
                  "CLIENT_INFO keeps \"%s\"",
-                 w->spec->name, r->client_endpoint, w->client_ep);
+                 w->spec->name, what, ep, w->client_ep);
         return;
     }
-    snprintf(w->client_ep, sizeof w->client_ep, "%s", r->client_endpoint);
+    snprintf(w->client_ep, sizeof w->client_ep, "%s", ep);
+}
+
+static void reg_client_endpoint(reg_worker *w, const Epmoe__Ready *r)
+{
+    reg_client_endpoint_is(w, r->client_endpoint, "READY");
 }
 
 static void reg_on_ready(const reg_env *env, reg_worker *w, const wire_msg *m, ob_box *out)

@@ -8,16 +8,18 @@
  *
  * --local loads the layer (every expert) from the checkpoint in DIR and runs it in this
  * process on --device (default cpu: the reference backend; cuda:N runs the whole layer on that
- * GPU, --gpu-gemm picking its expert GEMMs). Without --local the request goes to the
- * cluster's coordinator: the model config comes from it (CONFIG verb), the input is read and
- * checked against it here, and one FORWARD carries the tokens (ctl/rpc.h). The file formats are
- * those of ctl/fwd_io.h; both paths write the same output file.
+ * GPU, --gpu-gemm picking its expert GEMMs). Without --local the request goes to the cluster
+ * through libepmoe (<epmoe.h>, docs/client.md): the model's shape comes from the coordinator,
+ * the input is read and checked against it here, and the tokens go to an entry worker, never
+ * through the coordinator. The file formats are those of ctl/fwd_io.h; both paths write the
+ * same output file.
  *
  * Exit codes (ctl/cmds.h): 64 bad command line (including an unknown --layer), 66 DIR, its
  * config.json or IN missing, 78 config.json invalid, 65 bad checkpoint or bad input data
  * (missing tensor, dtype, shape, H mismatch, token id out of range), 73 OUT not writable;
- * cluster path: 1 the coordinator refused or the step failed (ERR_NAME: message), 69 the
- * coordinator did not answer, 76 its answer was not what the protocol promises.
+ * cluster path: 1 the cluster refused or the request failed (ERR_NAME: message), 69 neither the
+ * coordinator nor a member answered, 76 an answer was not what the protocol promises, 77 a key
+ * was refused.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -35,7 +37,9 @@
 #include "common/safetensors.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
-#include "ctl/rpc.h"
+#include "common/auth.h"
+#include "epmoe.pb-c.h"
+#include <epmoe.h>
 #include "ctl/show.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_backend.h"
@@ -45,6 +49,7 @@ typedef struct fwd_args {
     bool local;
     const char *model, *layer, *input, *output;
     const char *device, *gpu_gemm; /* --local only; NULL: cpu, exact */
+    const char *entry;             /* cluster only: the preferred entry worker (name or endpoint) */
     int threads;                   /* 0: one per CPU */
 } fwd_args;
 
@@ -53,7 +58,8 @@ static void fwd_usage(FILE *out)
     fprintf(out, "usage: epmoectl forward --local --model DIR --layer L --input IN --output OUT "
                  "[--threads N]\n"
                  "                [--device cpu|cuda:N] [--gpu-gemm exact|fast]\n"
-                 "       epmoectl [--coordinator EP] forward --layer L --input IN --output OUT\n\n"
+                 "       epmoectl [--coordinator EP] forward --layer L --input IN --output OUT\n"
+                 "                [--entry WORKER]\n\n"
                  "Run one MoE layer on the tokens in IN and write its output to OUT: on the\n"
                  "cluster (the coordinator at --coordinator), or with --local in this process.\n\n"
                  "  --local        load the layer from DIR and run it in this process\n"
@@ -64,6 +70,8 @@ static void fwd_usage(FILE *out)
                  "  --output OUT   safetensors: out BF16 [T, H], topk_ids I32 [T, k],\n"
                  "                 topk_weights F32 [T, k]\n"
                  "  --threads N    compute threads (default: one per CPU)\n"
+                 "  --entry W      the cluster path's entry worker: its name or client endpoint\n"
+                 "                 (default: one by rotation; another if it does not answer)\n"
                  "  --device DEV   --local only: cpu (default, the reference) or cuda:N\n"
                  "  --gpu-gemm G   --local on cuda:N: exact (default, the CPU's bits) or fast\n"
                  "                 (tensor cores, within spec section 7's tolerances)\n\n"
@@ -91,6 +99,7 @@ static int fwd_parse(int argc, char **argv, fwd_args *a)
                             : strcmp(o, "--output") == 0   ? &a->output
                             : strcmp(o, "--device") == 0   ? &a->device
                             : strcmp(o, "--gpu-gemm") == 0 ? &a->gpu_gemm
+                            : strcmp(o, "--entry") == 0    ? &a->entry
                                                            : NULL;
         bool threads = strcmp(o, "--threads") == 0;
         if (!slot && !threads) {
@@ -123,6 +132,10 @@ static int fwd_parse(int argc, char **argv, fwd_args *a)
     if (missing) {
         fprintf(stderr, "epmoectl forward: %s is required (see epmoectl forward --help)\n",
                 missing);
+        return CMD_USAGE;
+    }
+    if (a->local && a->entry) {
+        fprintf(stderr, "epmoectl forward: --entry is for the cluster path (not --local)\n");
         return CMD_USAGE;
     }
     if (!a->local && (a->model || a->threads || a->device || a->gpu_gemm)) {
@@ -299,135 +312,152 @@ out:
     return rc;
 }
 
-/* ---- the cluster path ---- */
+/* ---- the cluster path (libepmoe: the serving path, docs/client.md) ---- */
 
-/* The coordinator's model config (CONFIG verb), checked like a worker checks WELCOME. */
-static int fwd_cluster_config(const cmd_ctx *ctx, mc_config *c)
+/* The config the input is checked against, from what the client library was told. */
+static mc_config fwd_info_config(const epmoe_info *i)
 {
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = 1;
-    rq.verb = EPMOE__ADMIN_VERB__ADMIN_CONFIG;
-    rpc_reply rr;
-    ep_err err = {{0}};
-    int rc = rpc_call(ctx, &rq, NULL, 0, true, &rr, &err);
-    if (rc != CMD_OK) {
-        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
-        return rc;
-    }
-    if (!rr.reply->ok) {
-        rc = rpc_report_error("forward", rr.reply);
-    } else if (rr.reply->config == NULL || mmsg_to_config(rr.reply->config, c, &err) != 0) {
-        fprintf(stderr, "epmoectl forward: the coordinator at %s sent no valid model config%s%s\n",
-                ctx->coordinator, err.msg[0] ? ": " : "", err.msg);
-        rc = CMD_PROTOCOL;
-    }
-    rpc_reply_free(&rr);
-    return rc;
+    mc_config c = {0};
+    c.hidden_size = (int)i->hidden_size;
+    c.num_hidden_layers = (int)i->n_main_layers;
+    c.num_hash_layers = (int)i->n_hash_layers;
+    c.num_nextn_predict_layers = (int)(i->n_layers - i->n_main_layers);
+    c.num_experts_per_tok = (int)i->topk;
+    c.n_routed_experts = (int)i->n_experts;
+    c.vocab_size = (int)i->vocab_size;
+    return c;
 }
 
-/* Check the FORWARD reply's shape: forward info and out/topk_ids/topk_weights for T tokens. */
-static int fwd_cluster_check(const rpc_reply *rr, const mc_config *c, int T, ep_err *err)
+/* epmoectl's exit code for a library status; the message names the cluster's error code. */
+static int fwd_status(const epmoe_error *e)
 {
-    const Epmoe__AdminReply *r = rr->reply;
-    size_t H = (size_t)c->hidden_size, k = (size_t)c->num_experts_per_tok, n = (size_t)T;
-    if (r->forward == NULL || r->forward->n_tokens != (uint32_t)T)
-        return ep_err_set(err, "the reply has no forward info for %d tokens", T);
-    if (rr->msg->n_payloads != 3 || rr->msg->payload_len[0] != n * H * 2 ||
-        rr->msg->payload_len[1] != n * k * 4 || rr->msg->payload_len[2] != n * k * 4)
-        return ep_err_set(err,
-                          "the reply's payloads (%d) are not out bf16 [%d, %zu], topk_ids int32 "
-                          "[%d, %zu], topk_weights f32 [%d, %zu]",
-                          rr->msg->n_payloads, T, H, T, k, T, k);
-    return 0;
+    const char *code = NULL;
+    if (e->remote_code > 0) {
+        const ProtobufCEnumValue *v =
+            protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, e->remote_code);
+        code = v ? v->name : NULL;
+    } else if (e->code == EPMOE_ETIMEDOUT) {
+        code = "ERR_TIMEOUT";
+    } else if (e->code == EPMOE_ENOTREADY) {
+        code = "ERR_NOT_READY";
+    }
+    fprintf(stderr, "epmoectl forward: %s%s%s\n", code ? code : "", code ? ": " : "", e->message);
+    switch (e->code) {
+    case EPMOE_EUNAVAILABLE:
+        return CMD_UNAVAILABLE;
+    case EPMOE_EREFUSED:
+        return CMD_NOPERM;
+    case EPMOE_EPROTO:
+        return CMD_PROTOCOL;
+    case EPMOE_EINVAL:
+        return e->remote_code ? CMD_FAILED : CMD_USAGE;
+    default:
+        return CMD_FAILED;
+    }
+}
+
+/* The Z85 text of a key file's public and secret keys (ctl/rpc.c reads the same files). */
+static int fwd_keys(const cmd_ctx *ctx, char *pub, char *sec, char *server, epmoe_options *o)
+{
+    if (ctx->key_path == NULL)
+        return CMD_OK;
+    auth_keypair kp;
+    uint8_t srv[AUTH_KEY_BYTES];
+    ep_err err = {{0}};
+    if (auth_load_secret(ctx->key_path, &kp, &err) != 0 ||
+        (ctx->server_key_path && auth_load_public(ctx->server_key_path, srv, &err) != 0)) {
+        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
+        return CMD_CONFIG;
+    }
+    auth_z85(kp.pub, pub);
+    auth_z85(kp.sec, sec);
+    explicit_bzero(&kp, sizeof kp);
+    o->client_public_key = pub;
+    o->client_secret_key = sec;
+    if (ctx->server_key_path) {
+        auth_z85(srv, server);
+        o->server_key = server;
+    }
+    return CMD_OK;
 }
 
 static void fwd_cluster_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T,
-                               int k, const Epmoe__ForwardInfo *f)
+                               int k, const epmoe_request_info *ri)
 {
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *j = json_pack(
-            "{s:i,s:s,s:s,s:i,s:i,s:f,s:s,s:I,s:I,s:I}", "schema", 1, "layer", layer, "output",
-            a->output, "tokens", T, "topk", k, "forward_seconds", f->seconds, "coordinator",
-            ctx->coordinator, "step_id", (json_int_t)f->step_id, "dispatch_bytes",
-            (json_int_t)f->dispatch_bytes, "combine_bytes", (json_int_t)f->combine_bytes);
+        json_t *j =
+            json_pack("{s:i,s:s,s:s,s:i,s:i,s:f,s:s,s:I,s:s,s:b,s:b}", "schema", 1, "layer", layer,
+                      "output", a->output, "tokens", T, "topk", k, "forward_seconds", ri->total_s,
+                      "coordinator", ctx->coordinator, "epoch", (json_int_t)ri->epoch, "entry",
+                      ri->entry, "replayed", ri->replayed != 0, "resent", ri->resent != 0);
         show_json_line(j);
         return;
     }
-    printf("%s: %d tokens through %s (top-%d) on the cluster in %.3f s (step %llu, dispatch %llu "
-           "bytes, combine %llu bytes)\n",
-           a->output, T, layer, k, f->seconds, (unsigned long long)f->step_id,
-           (unsigned long long)f->dispatch_bytes, (unsigned long long)f->combine_bytes);
+    printf(
+        "%s: %d tokens through %s (top-%d) on the cluster in %.3f s (entry %s, epoch %llu%s%s)\n",
+        a->output, T, layer, k, ri->total_s, ri->entry, (unsigned long long)ri->epoch,
+        ri->replayed ? ", replayed" : "", ri->resent ? ", resent" : "");
 }
 
-static int fwd_cluster(const cmd_ctx *gctx, const fwd_args *a)
+static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
 {
-    /* the config request and the forward share one deadline: --timeout is the command's */
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    cmd_ctx lctx = *gctx, *ctx = &lctx;
-    lctx.deadline_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 + gctx->timeout_ms;
-    mc_config c;
-    int rc = fwd_cluster_config(ctx, &c);
+    char pub[AUTH_Z85_LEN + 1], sec[AUTH_Z85_LEN + 1], server[AUTH_Z85_LEN + 1];
+    epmoe_options o = {.size = sizeof o,
+                       .version = EPMOE_OPTIONS_VERSION,
+                       .coordinator = ctx->coordinator,
+                       .entry = a->entry,
+                       .max_in_flight = 1,
+                       .timeout_ms = ctx->timeout_ms > 0 ? (uint32_t)ctx->timeout_ms : 0,
+                       .connect_timeout_ms = ctx->timeout_ms > 0 ? (uint32_t)ctx->timeout_ms : 0};
+    int rc = fwd_keys(ctx, pub, sec, server, &o);
     if (rc != CMD_OK)
         return rc;
-    lctx.max_msg = mmsg_max_frame(&c); /* the reply carries [T, H] for this model */
-    ep_err err = {{0}};
+    epmoe_client *cl = NULL;
+    epmoe_error e = {0};
+    if (epmoe_open(&o, &cl, &e) != EPMOE_OK)
+        return fwd_status(&e);
+    explicit_bzero(sec, sizeof sec);
+    epmoe_info info;
+    if (epmoe_info_get(cl, &info, &e) != EPMOE_OK) {
+        epmoe_close(&cl);
+        return fwd_status(&e);
+    }
+    mc_config c = fwd_info_config(&info);
     int layer;
     char name[EP_MAX_NAME];
     fwdio_input in;
-    if ((rc = fwd_prepare(&c, a, &layer, name, sizeof name, &in)) != CMD_OK)
+    if ((rc = fwd_prepare(&c, a, &layer, name, sizeof name, &in)) != CMD_OK) {
+        epmoe_close(&cl);
         return rc;
-    /* ids travel only where the layer uses them: the coordinator refuses them elsewhere */
-    bool hash = mc_layer_is_hash(&c, layer);
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = 1;
-    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
-    rq.layer = name;
-    rq.has_n_tokens = 1;
-    rq.n_tokens = (uint32_t)in.T;
-    rq.has_has_ids = 1;
-    rq.has_ids = hash;
-    wire_payload p[2] = {{.data = in.x, .len = (size_t)in.T * (size_t)in.H * 2},
-                         {.data = in.ids, .len = (size_t)in.T * 8}};
-    rpc_reply rr;
-    rc = rpc_call(ctx, &rq, p, hash ? 2 : 1, false, &rr, &err);
-    int k = c.num_experts_per_tok;
-    size_t T = (size_t)in.T, H = (size_t)c.hidden_size;
-    uint16_t *out = NULL;
-    int32_t *ids = NULL;
-    float *w = NULL;
-    if (rc != CMD_OK) {
-        fprintf(stderr, "epmoectl forward: %s\n", err.msg);
-        goto done;
     }
-    if (!rr.reply->ok) {
-        rc = rpc_report_error("forward", rr.reply);
-        goto done;
-    }
-    if (fwd_cluster_check(&rr, &c, in.T, &err) != 0) {
-        fprintf(stderr, "epmoectl forward: the coordinator at %s: %s\n", ctx->coordinator, err.msg);
-        rc = CMD_PROTOCOL;
-        goto done;
-    }
-    /* frames promise no alignment: copy into typed buffers */
-    out = malloc(T * H * 2);
-    ids = malloc(T * (size_t)k * 4);
-    w = malloc(T * (size_t)k * 4);
+    size_t T = (size_t)in.T, H = (size_t)c.hidden_size, k = (size_t)c.num_experts_per_tok;
+    uint16_t *out = malloc(T * H * 2);
+    int32_t *ids = malloc(T * k * 4);
+    float *w = malloc(T * k * 4);
+    epmoe_request *rq = NULL;
+    epmoe_submit_args sa = {.layer = (uint32_t)layer,
+                            .n_tokens = (uint32_t)in.T,
+                            .hidden = in.x,
+                            .token_ids = mc_layer_is_hash(&c, layer) ? in.ids : NULL,
+                            .out = out,
+                            .topk_ids = ids,
+                            .topk_weights = w};
+    ep_err err = {{0}};
     if (!out || !ids || !w) {
         fprintf(stderr, "epmoectl forward: out of memory for %zu tokens\n", T);
         rc = CMD_SOFTWARE;
-        goto done;
-    }
-    memcpy(out, rr.msg->payload[0], T * H * 2);
-    memcpy(ids, rr.msg->payload[1], T * (size_t)k * 4);
-    memcpy(w, rr.msg->payload[2], T * (size_t)k * 4);
-    if ((rc = fwdio_write(a->output, in.T, c.hidden_size, k, out, ids, w, &err)) != CMD_OK) {
+    } else if (epmoe_submit(cl, &sa, &rq, &e) != EPMOE_OK || epmoe_wait(rq, -1, &e) != EPMOE_OK) {
+        rc = fwd_status(&e);
+    } else if ((rc = fwdio_write(a->output, in.T, c.hidden_size, (int)k, out, ids, w, &err)) !=
+               CMD_OK) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
-        goto done;
+    } else {
+        epmoe_request_info ri;
+        epmoe_request_status(rq, &ri);
+        fwd_cluster_report(ctx, a, name, in.T, (int)k, &ri);
     }
-    fwd_cluster_report(ctx, a, name, in.T, k, rr.reply->forward);
-done:
-    rpc_reply_free(&rr);
+    epmoe_request_free(&rq);
+    epmoe_close(&cl);
     fwdio_input_free(&in);
     free(out);
     free(ids);

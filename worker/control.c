@@ -62,6 +62,7 @@ typedef struct wctl {
     uint64_t epoch;
     int rank, world_size;
     int heartbeat_ms, liveness;
+    char client_endpoint[EP_MAX_PATH]; /* the executor's, from its last READY ("": none yet) */
     int64_t last_heard, next_heartbeat, reconnect_at, next_watchdog;
     int backoff_ms;
     int64_t watchdog_ms; /* half of WatchdogSec, 0 when off */
@@ -157,6 +158,7 @@ static void wctl_send_register(wctl *w)
     r.has_pid = 1;
     r.pid = (uint32_t)getpid();
     r.version = EPMOE_VERSION_STRING;
+    r.client_endpoint = w->client_endpoint[0] ? w->client_endpoint : NULL;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
@@ -234,12 +236,19 @@ static void wctl_exec_reset(wctl *w)
         log_error("executor: %s", err.msg);
 }
 
-/* The coordinator went silent (or refused us for now): forget everything, retry later. */
-static void wctl_backoff(wctl *w, const char *why)
+/* The coordinator went silent (or refused us for now): register again later. A refusal drops
+ * the session; a silence keeps it serving: clients' requests go on in the current epoch while
+ * the coordinator is away (docs/protocol.md "Serving path"), and the next WELCOME replaces it. */
+static void wctl_backoff_keep(wctl *w, const char *why, bool keep_serving)
 {
-    log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms", why,
-             w->backoff_ms);
-    wctl_exec_reset(w);
+    if (keep_serving) {
+        log_warn("%s: serving on in epoch %llu, registering again in %d ms", why,
+                 (unsigned long long)w->epoch, w->backoff_ms);
+    } else {
+        log_warn("%s: dropping the session (the loaded shard stays), registering again in %d ms",
+                 why, w->backoff_ms);
+        wctl_exec_reset(w);
+    }
     /* Not closed now: see wctl_connect. Its monitor goes now (it watches this connection). */
     if (w->retired)
         zmq_close(w->retired);
@@ -250,6 +259,11 @@ static void wctl_backoff(wctl *w, const char *why)
     w->backoff_ms =
         w->backoff_ms * 2 > WCTL_BACKOFF_MAX_MS ? WCTL_BACKOFF_MAX_MS : w->backoff_ms * 2;
     wctl_set_state(w, WCTL_BACKOFF, why);
+}
+
+static void wctl_backoff(wctl *w, const char *why)
+{
+    wctl_backoff_keep(w, why, false);
 }
 
 /* ---- coordinator messages ---------------------------------------------------------------------
@@ -598,10 +612,13 @@ static void wctl_read_monitor(wctl *w)
 /* The epoch a READY from the executor is for (0 when it does not say, or when it only says a
  * staged epoch is prepared): a READY for an epoch that a newer EPOCH replaced while it loaded
  * does not make the worker ready. */
-static uint64_t wctl_ready_epoch(const wire_msg *m)
+static uint64_t wctl_ready_epoch(wctl *w, const wire_msg *m)
 {
     Epmoe__Ready *r = (Epmoe__Ready *)wire_unpack(&epmoe__ready__descriptor, m, NULL);
     uint64_t epoch = r && r->has_epoch && !(r->has_staged && r->staged) ? r->epoch : 0;
+    /* what the next REGISTER says: the executor keeps the endpoint for the process's life */
+    if (r && r->client_endpoint && strlen(r->client_endpoint) < sizeof w->client_endpoint)
+        snprintf(w->client_endpoint, sizeof w->client_endpoint, "%s", r->client_endpoint);
     wire_free_unpacked(r ? &r->base : NULL);
     return epoch;
 }
@@ -617,8 +634,9 @@ static void wctl_on_exec(wctl *w, wire_msg *m)
         log_debug(LOG_SUB_NET, "discarding %s of a previous session", wire_type_name(m->type));
         return;
     }
+    uint64_t ready_epoch = m->type == EPMOE__MSG_TYPE__MSG_READY ? wctl_ready_epoch(w, m) : 0;
     if (m->type == EPMOE__MSG_TYPE__MSG_READY && w->state == WCTL_LOADING &&
-        wctl_ready_epoch(m) == w->epoch) {
+        ready_epoch == w->epoch) {
         char detail[128];
         snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
                  (unsigned long long)w->epoch);
@@ -706,7 +724,7 @@ static void wctl_timers(wctl *w)
         char why[128];
         snprintf(why, sizeof why, "coordinator silent for %lld ms",
                  (long long)(now - w->last_heard));
-        wctl_backoff(w, why);
+        wctl_backoff_keep(w, why, wctl_welcomed(w));
     } else if (wctl_welcomed(w) && now >= w->next_heartbeat) {
         Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
         hb.has_epoch = 1;

@@ -12,9 +12,12 @@
 # function of its input, so resending it is safe, and a request is lost only when the cluster
 # gave no answer in time at all.
 #
-#   client.sh CTL ADMIN LAYER INPUT REF STEP_TIMEOUT_MS LOG STOP
+# With ENTRY (a worker's name) every request prefers that entry worker (libepmoe sends it to
+# another member when the entry does not answer).
+#
+#   client.sh CTL ADMIN LAYER INPUT REF STEP_TIMEOUT_MS LOG STOP [ENTRY]
 set -u
-CTL=$1 ADMIN=$2 LAYER=$3 IN=$4 REF=$5 STEP_MS=$6 LOG=$7 STOP=$8
+CTL=$1 ADMIN=$2 LAYER=$3 IN=$4 REF=$5 STEP_MS=$6 LOG=$7 STOP=$8 ENTRY=${9:-}
 OUT=$LOG.out
 ERR=$LOG.err
 now_ms() { date +%s%3N; }
@@ -31,7 +34,8 @@ one_request() {
         [ "$try" -le "$left" ] || try=$left
         rm -f "$OUT"
         timeout $((try / 1000 + 2)) "$CTL" --coordinator "$ADMIN" --timeout "$try" forward \
-            --layer "$LAYER" --input "$IN" --output "$OUT" >/dev/null 2>"$ERR"
+            --layer "$LAYER" --input "$IN" --output "$OUT" ${ENTRY:+--entry "$ENTRY"} \
+            >/dev/null 2>"$ERR"
         local rc=$?
         case $rc in
         0)

@@ -9,6 +9,9 @@
 #                     the time); the survivors serve in a new epoch within
 #                     liveness x heartbeat + the time to load the gained experts + 1 s; the
 #                     worker restarts and rejoins (rejoin: restore)
+#   kill9_entry       kill -9 the entry worker of a fourth client (every request of it prefers
+#                     w1): the library sends its requests to another member, none is lost; w1
+#                     restarts and rejoins
 #   sigstop_worker    SIGSTOP a worker for 2 x liveness x heartbeat, then SIGCONT: declared dead,
 #                     its experts move, it registers again and rejoins
 #   link_down         ip link set eth0 down on a worker's host for 2 x liveness x heartbeat, then
@@ -114,6 +117,25 @@ gained=$(grep -c "is ready in epoch ${ep:-0} (.*, 3 experts, 2 kept" "$TMP/coord
 [ "$gained" -eq 2 ] || bad "$gained survivors kept 2 and gained 1 expert in epoch ${ep:-?}, expected 2"
 fl_ctl shards | grep -qE "^2 +w2 +2 +4-5" || bad "rejoin restore did not give w2 experts 4-5 back"
 case_end "$ttr" "$bound" "the survivors served in epoch ${ep:-?}, w2 rejoined"
+
+# kill -9 the entry worker of a client: its requests in flight are sent to another member by
+# libepmoe (the entry's own requests die with it; the experts it owned move as above)
+case_begin kill9_entry
+rm -f "$TMP/stop4"
+ip netns exec "${FL_PFX}h0" bash "$(dirname "$0")/client.sh" "$CTL" "$ADMIN" "${FL_LAYER[1]}" \
+    "$TMP/in1.st" "$TMP/ref1.st" "$FL_STEP_MS" "$TMP/client3.log" "$TMP/stop4" w1 &
+ENTRY_CLIENT=$!
+FL_PIDS+=($!)
+sleep 1
+ok3=$(grep -c "^OK" "$TMP/client3.log")
+[ "$ok3" -gt 0 ] || bad "the client at entry w1 got no answer before the kill"
+away_and_back 'kill -9 "${FL_WPID[1]}"' 0 'fl_start_worker 1' 0 30 "w1 (an entry) was killed"
+sleep 1
+touch "$TMP/stop4"
+wait "$ENTRY_CLIENT" 2>/dev/null
+after=$(($(grep -c "^OK" "$TMP/client3.log") - ok3))
+[ "$after" -gt 0 ] || bad "the client at entry w1 got no answer after the kill"
+case_end "$ttr" "$bound" "w1's client went on at another entry ($after answered after the kill)"
 
 # SIGSTOP a worker for 2 x liveness, then SIGCONT (silence is noticed at a heartbeat tick)
 case_begin sigstop_worker

@@ -314,106 +314,29 @@ static int write_input(const char *path, int T, const uint16_t *hidden, const in
     return rc;
 }
 
-/* The output file against the fake workers' function (itest.h), token by token. */
-static void check_output(const char *path, int T, int P, const uint16_t *hidden, const int64_t *ids)
+/* epmoectl forward runs on libepmoe: on a data_plane nccl cluster (the collective plane's
+ * steps have no entry workers yet) it says so and exits 1; the input is not read first. The
+ * forward itself is test_cluster.sh's and test_serve.sh's (real workers). */
+TEST(forward_on_the_nccl_plane_is_refused_clearly)
 {
-    ep_err e;
-    st_file *f = st_open(path, &e);
-    CHECK(f != NULL);
-    if (f == NULL)
-        return;
-    const st_tensor *o = st_find(f, "out"), *ti = st_find(f, "topk_ids"),
-                    *tw = st_find(f, "topk_weights");
-    CHECK(o && ti && tw);
-    if (o && ti && tw) {
-        CHECK(o->dtype == ST_BF16 && o->shape[0] == T && o->shape[1] == IT_H);
-        CHECK(ti->dtype == ST_I32 && ti->shape[0] == T && ti->shape[1] == IT_K);
-        CHECK(tw->dtype == ST_F32 && tw->shape[0] == T && tw->shape[1] == IT_K);
-        int bad = 0;
-        for (int tok = 0; tok < T && bad < 3; tok++) {
-            int rank = 0, n = 0;
-            for (int k = 0; k < P; k++) {
-                long b = (long)k * T / P, en = (long)(k + 1) * T / P;
-                if (tok >= b && tok < en) {
-                    rank = k;
-                    n = (int)(en - b);
-                }
-            }
-            uint16_t ov[IT_H];
-            int32_t iv[IT_K];
-            float wv[IT_K];
-            memcpy(ov, (const uint8_t *)o->data + (size_t)tok * IT_H * 2, sizeof ov);
-            memcpy(iv, (const uint8_t *)ti->data + (size_t)tok * IT_K * 4, sizeof iv);
-            memcpy(wv, (const uint8_t *)tw->data + (size_t)tok * IT_K * 4, sizeof wv);
-            const uint16_t *in = hidden + (size_t)tok * IT_H;
-            for (int h = 0; h < IT_H; h++)
-                bad += ov[h] != (in[h] ^ 0x5A5A);
-            bad += iv[0] != rank || iv[1] != (ids ? (int32_t)ids[tok] : (int32_t)in[0]);
-            bad += wv[0] != (float)in[1] || wv[1] != (float)n;
-        }
-        CHECK_EQ(bad, 0);
-    }
-    st_close(&f);
-}
-
-TEST(forward_through_the_cluster)
-{
-    itest *t = start_plane("fp8", true, true); /* the coordinator's FORWARD: nccl */
+    itest *t = start_plane("fp8", true, true);
     CHECK(t != NULL);
     if (t == NULL)
         return;
     char in_path[160], out_path[160];
     snprintf(in_path, sizeof in_path, "%s/in.safetensors", t->dir);
     snprintf(out_path, sizeof out_path, "%s/out.safetensors", t->dir);
-    enum { T = 45 };
+    enum { T = 5 };
     static uint16_t hidden[T * IT_H];
     static int64_t ids[T];
     it_make_input(T, 21, hidden, ids);
-    /* a score layer (the ids in the file are not sent) */
     CHECK_EQ(write_input(in_path, T, hidden, ids), 0);
     CHECK_EQ(run_ctl(t, NULL, "forward", "--layer", "layers.2", "--input", in_path, "--output",
                      out_path, NULL),
-             0);
-    CHECK_STR_HAS(out, "45 tokens through layers.2 (top-2) on the cluster");
-    check_output(out_path, T, 4, hidden, NULL);
-    /* a hash layer: the ids travel and come back in topk_ids[.][1] */
-    CHECK_EQ(run_ctl(t, NULL, "-o", "json", "forward", "--layer", "0", "--input", in_path,
-                     "--output", out_path, NULL),
-             0);
-    json_t *j = parse();
-    CHECK(j != NULL);
-    if (j) {
-        CHECK_EQ(jget_i(j, "schema"), 1);
-        CHECK_STR_EQ(jget_s(j, "layer"), "layers.0");
-        CHECK_EQ(jget_i(j, "tokens"), T);
-        CHECK_EQ(jget_i(j, "dispatch_bytes"), 1000 * 4 + 6);
-        CHECK_EQ(jget_i(j, "combine_bytes"), 10 * T);
-        json_decref(j);
-    }
-    check_output(out_path, T, 4, hidden, ids);
-    /* a step failure reaches the operator as exit 1 with the worker named */
-    t->w[2]->behaviour = IT_FAIL;
-    CHECK_EQ(run_ctl(t, NULL, "forward", "--layer", "layers.2", "--input", in_path, "--output",
-                     out_path, NULL),
              1);
-    CHECK_STR_HAS(err, "ERR_STEP_FAILED: worker b0 (rank 2): injected failure on b0");
-    /* an input that does not fit the coordinator's model: caught before sending (65) */
+    CHECK_STR_HAS(err, "nccl");
+    CHECK(access(out_path, F_OK) != 0);
     unlink(in_path);
-    static uint16_t wide[4 * 256];
-    ep_err e;
-    st_writer *w = st_writer_create();
-    int64_t sh[2] = {4, 256};
-    st_writer_add(w, "hidden_states", ST_BF16, 2, sh, wide, &e);
-    st_writer_write(w, in_path, &e);
-    st_writer_destroy(&w);
-    CHECK_EQ(run_ctl(t, NULL, "forward", "--layer", "layers.2", "--input", in_path, "--output",
-                     out_path, NULL),
-             65);
-    CHECK_EQ(run_ctl(t, NULL, "forward", "--layer", "layers.9", "--input", in_path, "--output",
-                     out_path, NULL),
-             64);
-    unlink(in_path);
-    unlink(out_path);
     FINISH(t);
 }
 
@@ -428,6 +351,6 @@ int main(int argc, char **argv)
     RUN(status_and_workers_json);
     RUN(shards_and_config_json);
     RUN(wait_ready_and_dead_endpoint);
-    RUN(forward_through_the_cluster);
+    RUN(forward_on_the_nccl_plane_is_refused_clearly);
     return test_report();
 }

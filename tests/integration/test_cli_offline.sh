@@ -295,7 +295,7 @@ run 69 "forward --timeout 2000, nobody listening" "$CTL" --coordinator "tcp://12
     --timeout 2000 forward --layer 1 --input "$T/in5.st" --output "$T/o6.st"
 ms=$((($(date +%s%N) - t0) / 1000000))
 [ "$ms" -lt 4500 ] || fail "forward --timeout 2000 took $ms ms: the command must keep one deadline (it took 6 s with a deadline per request)"
-has "$T/err" "did not answer within 2000 ms" "the deadline is named"
+has "$T/err" "no answer to CLIENT_INFO in 2000 ms" "the deadline is named"
 run 64 "status --coordinator with port 99999" "$CTL" --coordinator tcp://127.0.0.1:99999 status
 has "$T/err" 'port "99999" is not in 1..65535' "the bad port is named"
 run 64 "--key without --server-key" "$CTL" --coordinator "tcp://127.0.0.1:$PORT" \

@@ -4,8 +4,6 @@
 # epmoe.pc there; examples/client_example.c compiles with `pkg-config --cflags --libs epmoe`
 # alone and links the installed library (SONAME libepmoe.so.0); then it runs against a real
 # cluster (cluster_lib.sh: a coordinator and 2 workers on loopback) and must answer every layer.
-# A worker without the serving path reports no client endpoint: the example then exits with
-# EPMOE_ENOTREADY ("no client endpoint") and the run is skipped (77), saying so.
 #
 #   test_client_install.sh BUILD_DIR CTL_DIR COORDINATOR WORKER
 set -u
@@ -56,13 +54,6 @@ start_cluster install "$TMP/model" 2 fp8 || exit 1
 LD_LIBRARY_PATH=$(dirname "$LIB") "$TMP/client_example" "$ADMIN" 4 >"$TMP/run.log" 2>&1
 rc=$?
 cat "$TMP/run.log"
-if [ $rc -ne 0 ] && grep -q "EPMOE_ENOTREADY.*no client endpoint" "$TMP/run.log"; then
-    stop_cluster install
-    echo "skip: the workers report no client endpoint (no serving path in this epmoe-worker);"
-    echo "      the install and the build against it passed"
-    [ $fails -eq 0 ] && exit 77
-    exit 1
-fi
 [ $rc -eq 0 ] && ok "client_example answered every layer" || fail "client_example exited $rc"
 stop_cluster install
 [ $fails -eq 0 ] && echo "all ok" || echo "$fails failed"

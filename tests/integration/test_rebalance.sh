@@ -187,6 +187,11 @@ if start_cluster auto "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: 4, reb
     else
         fail "automatic rebalance: $(head -12 "$TMP/a.json")"
     fi
+    # the serving path reports its load at most once a second: the plan follows the last report
+    for _ in $(seq 50); do
+        grep -q "rebalance (every 16 steps)" "$TMP/auto.coord.log" && break
+        sleep 0.1
+    done
     grep -q "rebalance (every 16 steps)" "$TMP/auto.coord.log" || fail "no automatic rebalance in the log"
     stop_cluster auto
 fi

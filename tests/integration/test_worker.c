@@ -26,11 +26,13 @@
  *    result; 64 stray DISPATCHes for future steps never block a later step; a worker killed and
  *    restarted while its peer queued DISPATCHes of 20 aborted steps for it runs its first step
  *    at once and exactly (each of these failed before the session, slots and grants);
- *  - with the real epmoe-coordinator (cluster spec, admin FORWARD): 2 and 3 workers, both
+ *  - with the real epmoe-coordinator (cluster spec; requests through libepmoe at the workers'
+ *    client endpoints): 2 and 3 workers, both
  *    dispatch formats, every layer kind, answers bit-identical to moe_forward; admin SHUTDOWN
  *    stops the coordinator and every worker with exit 0.
  */
 #include <arpa/inet.h>
+#include <epmoe.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1507,55 +1509,45 @@ static int real_wait_ready(real_cluster *rc)
     return -1;
 }
 
-/* FORWARD through the coordinator, checked bit for bit against moe_forward. */
+/* A layer call through libepmoe (the serving path: an entry worker, not the coordinator),
+ * checked bit for bit against moe_forward. */
 static void real_forward(real_cluster *rc, const fixture *fx, const char *layer_name, int layer,
                          int T, const char *label)
 {
     const mc_config *c = &fx->c;
-    int H = c->hidden_size, k = c->num_experts_per_tok;
-    bool hash = mc_layer_is_hash(c, layer);
-    Epmoe__AdminRequest rq = EPMOE__ADMIN_REQUEST__INIT;
-    rq.has_verb = rq.has_n_tokens = 1;
-    rq.verb = EPMOE__ADMIN_VERB__ADMIN_FORWARD;
-    rq.layer = (char *)layer_name;
-    rq.n_tokens = (uint32_t)T;
-    rq.has_has_ids = hash;
-    rq.has_ids = hash;
-    wire_payload pl[2] = {{.data = fx->x, .len = (size_t)T * H * 2},
-                          {.data = fx->ids, .len = (size_t)T * 8}};
-    wire_msg m;
-    Epmoe__AdminReply *r = real_call(rc, &rq, pl, hash ? 2 : 1, &m);
-    if (r == NULL || !r->ok) {
-        TEST_FAIL_AT("%s: FORWARD %s, T %d: %s", label, layer_name, T,
-                     r && r->error ? r->error : "no reply");
-        if (r) {
-            wire_free_unpacked(&r->base);
-            wire_msg_close(&m);
-        }
-        return;
-    }
-    outs want = outs_new(c, T);
-    ep_err err = {{0}};
-    CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
-                      &err) == 0);
-    bool sizes = m.n_payloads == 3 && m.payload_len[0] == (size_t)T * H * 2 &&
-                 m.payload_len[1] == (size_t)T * k * 4 && m.payload_len[2] == (size_t)T * k * 4;
-    CHECK(sizes);
-    if (sizes) {
-        outs got = outs_new(c, T);
-        memcpy(got.out, m.payload[0], m.payload_len[0]);
-        memcpy(got.ids, m.payload[1], m.payload_len[1]);
-        memcpy(got.w, m.payload[2], m.payload_len[2]);
+    epmoe_options o = {.size = sizeof o,
+                       .version = EPMOE_OPTIONS_VERSION,
+                       .coordinator = rc->admin,
+                       .timeout_ms = (uint32_t)(WAIT_S * 1000)};
+    epmoe_client *cl = NULL;
+    epmoe_error e = {0};
+    outs got = outs_new(c, T);
+    epmoe_request *rq = NULL;
+    epmoe_submit_args sa = {.layer = (uint32_t)layer,
+                            .n_tokens = (uint32_t)T,
+                            .hidden = fx->x,
+                            .token_ids = mc_layer_is_hash(c, layer) ? fx->ids : NULL,
+                            .out = got.out,
+                            .topk_ids = got.ids,
+                            .topk_weights = got.w};
+    if (epmoe_open(&o, &cl, &e) != EPMOE_OK || epmoe_submit(cl, &sa, &rq, &e) != EPMOE_OK ||
+        epmoe_wait(rq, -1, &e) != EPMOE_OK) {
+        TEST_FAIL_AT("%s: layer %s, T %d: %s", label, layer_name, T, e.message);
+    } else {
+        outs want = outs_new(c, T);
+        ep_err err = {{0}};
+        CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
+                          &err) == 0);
         const char *what = NULL;
         int t = first_diff(fx, &got, &want, T, &what);
         if (t >= 0)
-            TEST_FAIL_AT("%s: FORWARD %s, T %d: token %d differs from moe_forward in %s", label,
+            TEST_FAIL_AT("%s: layer %s, T %d: token %d differs from moe_forward in %s", label,
                          layer_name, T, t, what);
-        outs_free(&got);
+        outs_free(&want);
     }
-    outs_free(&want);
-    wire_free_unpacked(&r->base);
-    wire_msg_close(&m);
+    epmoe_request_free(&rq);
+    epmoe_close(&cl);
+    outs_free(&got);
 }
 
 static void real_cluster_run(const fixture *fx, int P, const char *dispatch, const char *placement)
