@@ -173,8 +173,7 @@ static result summarize(double *lat, int n, double wall, int done)
     return (result){.p50 = lat[n / 2], .p99 = lat[n * 99 / 100], .rps = done / wall};
 }
 
-static void run_raw(echo *e, uint16_t *hidden, uint16_t *out, double *lat, result *seq,
-                    result *par)
+static void run_raw(echo *e, uint16_t *hidden, uint16_t *out, double *lat, result *seq, result *par)
 {
     void *s = zmq_socket(e->zctx, ZMQ_DEALER);
     wire_socket_defaults(s, (int64_t)EP_MAX_DATA_MSG, NULL);
@@ -200,8 +199,7 @@ static void run_raw(echo *e, uint16_t *hidden, uint16_t *out, double *lat, resul
     zmq_close(s);
 }
 
-static void run_lib(echo *e, uint16_t *hidden, uint16_t *out, double *lat, result *seq,
-                    result *par)
+static void run_lib(echo *e, uint16_t *hidden, uint16_t *out, double *lat, result *seq, result *par)
 {
     epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
     o.coordinator = e->coord_ep;
