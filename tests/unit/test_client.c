@@ -613,8 +613,8 @@ TEST(a_deadline_fails_with_etimedout_in_time_naming_the_entries)
     int rc = epmoe_wait(k.req, -1, &err);
     int64_t took = now_ms() - t0;
     CHECK_EQ(rc, EPMOE_ETIMEDOUT);
-    CHECK(took >= 395 && took < 400 + 300);
-    if (took < 395 || took >= 700)
+    CHECK(took >= 395 && took < 400 + 600); /* the I/O thread wakes at the deadline */
+    if (took < 395 || took >= 1000)
         printf("  the deadline of 400 ms came after %lld ms\n", (long long)took);
     CHECK_STR_HAS(err.message, "layer 2: no answer within 400 ms (sent to e0, e1)");
     epmoe_request_info ri;
@@ -628,8 +628,8 @@ TEST(a_deadline_fails_with_etimedout_in_time_naming_the_entries)
 TEST(a_silent_entry_is_resent_to_another_and_its_late_answer_is_dropped)
 {
     fake *f = fake_start(2);
-    fake_set(f, 0, FM_LATE, 500); /* answers, marked, long after the resend */
-    epmoe_client *c = open_client(f, 4, 5000, 100, "e0");
+    fake_set(f, 0, FM_LATE, 1500); /* answers, marked, long after the resend */
+    epmoe_client *c = open_client(f, 4, 5000, 150, "e0");
     CHECK(c != NULL);
     if (c == NULL) {
         fake_stop(&f);
@@ -642,18 +642,18 @@ TEST(a_silent_entry_is_resent_to_another_and_its_late_answer_is_dropped)
     CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
     CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
     int64_t took = now_ms() - t0;
-    CHECK(took >= 95 && took < 450); /* after the resend, before e0's late answer */
+    CHECK(took >= 145 && took < 1400); /* after the resend, before e0's late answer */
     epmoe_request_info ri;
     epmoe_request_status(k.req, &ri);
     CHECK(ri.resent);
     CHECK_STR_EQ(ri.entry, "e1");
     CHECK_EQ(ri.entry_rank, 1);
     CHECK_EQ(call_check(&k, false), 0);
-    CHECK_EQ(fake_count(f, 0, false), 1);
-    CHECK_EQ(fake_count(f, 1, false), 1);
-    CHECK_EQ(fake_count(f, 1, true), 1); /* marked resent */
+    CHECK(fake_count(f, 0, false) >= 1); /* again, if e1 was slow under load */
+    CHECK(fake_count(f, 1, false) >= 1);
+    CHECK(fake_count(f, 1, true) >= 1); /* marked resent */
     /* e0's late answer comes and is dropped: the buffer keeps e1's bytes */
-    usleep(700000);
+    usleep(1700000);
     CHECK_EQ(call_check(&k, false), 0);
     CHECK_EQ(epmoe_poll(c, &k.req, 1), 0);
     epmoe_request_free(&k.req);
@@ -779,6 +779,10 @@ TEST(bad_arguments_are_refused_naming_what)
     CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "is not in 1..65535");
     o.coordinator = f->coord_ep;
+    o.max_in_flight = 4097;
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "options.max_in_flight: 4097 is more than 4096");
+    o.max_in_flight = 0;
     o.version = 0;
     CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
     o.version = EPMOE_OPTIONS_VERSION;
@@ -1014,6 +1018,41 @@ TEST(curve_clients_reach_entries_with_the_keys_client_info_gave)
     fake_stop(&f);
 }
 
+TEST(serving_goes_on_while_the_coordinator_is_silent_and_entry_may_be_an_endpoint)
+{
+    fake *f = fake_start(2);
+    /* the preferred entry named by its client endpoint */
+    epmoe_client *c = open_client(f, 4, 3000, 0, f->en[1].ep);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    pthread_mutex_lock(&f->mu);
+    f->coord_silent = true;
+    int asked = f->n_info;
+    pthread_mutex_unlock(&f->mu);
+    static call k;
+    epmoe_error err;
+    for (int i = 0; i < 6; i++) { /* 6 x >= 200 ms: several refreshes go unanswered */
+        call_make(&k, 1, 2, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+        CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+        CHECK_EQ(call_check(&k, false), 0);
+        epmoe_request_free(&k.req);
+        usleep(200000);
+    }
+    CHECK_EQ(fake_count(f, 0, false), 0);
+    CHECK_EQ(fake_count(f, 1, false), 6);
+    epmoe_info info;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.n_members == 2 && info.members[1].ready);
+    pthread_mutex_lock(&f->mu);
+    CHECK_EQ(f->n_info, asked); /* it was silent throughout */
+    pthread_mutex_unlock(&f->mu);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
 int main(void)
 {
     RUN(info_describes_the_model_and_the_members);
@@ -1030,5 +1069,6 @@ int main(void)
     RUN(two_clients_in_one_process_are_independent);
     RUN(threads_submitting_at_once_each_get_their_own_answers);
     RUN(curve_clients_reach_entries_with_the_keys_client_info_gave);
+    RUN(serving_goes_on_while_the_coordinator_is_silent_and_entry_may_be_an_endpoint);
     return test_report();
 }

@@ -20,8 +20,11 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/auth.h"
+#include "coordinator/keys.h"
 #include "test.h"
 
 #define TFILE "/etc/epmoe/t.yaml"
@@ -1006,6 +1009,57 @@ TEST(client_endpoints_are_checked_like_data_endpoints)
                "already used by coordinator.admin at line 2, column 46");
 }
 
+/* Issue 15: client keys load beside the others and may be no worker's or operator's key. */
+TEST(client_keys_must_be_keys_of_their_own)
+{
+    if (!auth_available())
+        SKIP("this libzmq has no CURVE");
+    char dir[] = "/tmp/epmoe_test_spec_keys_XXXXXX", sub[300], text[2048], cmd[700];
+    CHECK(mkdtemp(dir) != NULL);
+    const char *subs[] = {"workers", "ops", "clients"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(sub, sizeof sub, "%s/%s", dir, subs[i]);
+        CHECK(mkdir(sub, 0700) == 0);
+    }
+    ep_err e;
+    snprintf(sub, sizeof sub, "%s/workers", dir);
+    CHECK(auth_keygen(dir, "coordinator", &e) == 0 && auth_keygen(sub, "w0", &e) == 0);
+    snprintf(sub, sizeof sub, "%s/ops", dir);
+    CHECK(auth_keygen(sub, "op", &e) == 0);
+    snprintf(sub, sizeof sub, "%s/clients", dir);
+    CHECK(auth_keygen(sub, "eng", &e) == 0);
+    snprintf(text, sizeof text,
+             HEAD W0 "security:\n  coordinator_key: %s/coordinator.key\n  worker_keys: %s/workers\n"
+                     "  operator_keys: %s/ops\n  client_keys: %s/clients\n",
+             dir, dir, dir, dir);
+    spec_cluster *s = parse_as(text, TFILE);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return;
+    keys_cluster k;
+    CHECK_EQ(keys_load(s, &k, &e), 0);
+    CHECK_EQ(auth_list_count(k.clients), 1);
+    CHECK_EQ(k.n_serving, 2); /* WELCOME.client_keys: the client's, then the operator's */
+    keys_free(&k);
+    /* a worker's key among the clients' */
+    snprintf(cmd, sizeof cmd, "cp %s/workers/w0.pub %s/clients/dup.pub", dir, dir);
+    CHECK_EQ(system(cmd), 0);
+    CHECK_EQ(keys_load(s, &k, &e), -1);
+    CHECK_STR_HAS(e.msg,
+                  TFILE ":12:16: security.client_keys: client key dup.pub is worker w0's key");
+    /* an operator's key among the clients' */
+    snprintf(cmd, sizeof cmd,
+             "mv %s/ops/op.pub %s/clients/dup.pub && cp %s/clients/dup.pub %s/ops/op.pub", dir, dir,
+             dir, dir);
+    CHECK_EQ(system(cmd), 0);
+    CHECK_EQ(keys_load(s, &k, &e), -1);
+    CHECK_STR_HAS(e.msg,
+                  "security.client_keys: the same public key is given for op and client/dup");
+    spec_free(&s);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
 int main(void)
 {
     RUN(full_example_parses_to_its_values);
@@ -1043,5 +1097,6 @@ int main(void)
     RUN(security_names_three_paths_and_opens_the_admin_endpoint);
     RUN(client_keys_are_an_optional_path);
     RUN(client_endpoints_are_checked_like_data_endpoints);
+    RUN(client_keys_must_be_keys_of_their_own);
     return test_report();
 }
