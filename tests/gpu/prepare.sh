@@ -12,7 +12,9 @@ B=build-gpu
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPMOE_CUDA=ON -DEPMOE_BENCH=ON >/dev/null
 targets=(epmoectl epmoe-coordinator epmoe-worker test_cuda_kernels test_cuda_backend bench_cuda)
 for t in bench_nccl_step test_nccl_device; do
-    ninja -C "$B" -t targets all 2>/dev/null | grep -q "^$t:" && targets+=("$t")
+    # not grep -q: it exits at the first match, ninja dies of SIGPIPE and pipefail drops the
+    # target (bench_nccl_step was never carried)
+    ninja -C "$B" -t targets all 2>/dev/null | grep "^$t:" >/dev/null && targets+=("$t")
 done
 cmake --build "$B" -j "${EPMOE_JOBS:-$(nproc)}" --target "${targets[@]}"
 rm -rf gpu-carry
