@@ -450,8 +450,10 @@ static int st_header_len(const st_file *f, const uint8_t b[8], size_t len, uint6
     for (int i = 7; i >= 0; i--)
         n = (n << 8) | b[i];
     if (n > ST_MAX_HEADER_BYTES)
-        return ep_err_set(err, "%s: header length %llu exceeds the limit of %u bytes", f->path,
-                          (unsigned long long)n, ST_MAX_HEADER_BYTES);
+        return ep_err_set(err,
+                          "%s: not a safetensors file: header length %llu exceeds the limit of "
+                          "%u bytes",
+                          f->path, (unsigned long long)n, ST_MAX_HEADER_BYTES);
     if (n > len - 8)
         return ep_err_set(err,
                           "%s: header length %llu extends past the end of the file "
@@ -1227,8 +1229,8 @@ static int st_out_open(st_out *o, const char *path, ep_err *err)
     if ((size_t)snprintf(o->tmp, sizeof o->tmp, "%s.tmp", path) >= sizeof o->tmp)
         return ep_err_set(err, "%s: path too long", path);
     o->fp = fopen(o->tmp, "wb");
-    if (o->fp == NULL)
-        return ep_err_errno(err, "%s", o->tmp);
+    if (o->fp == NULL) /* the name the user gave first: the .tmp is ours */
+        return ep_err_errno(err, "%s: cannot be written (through %s)", path, o->tmp);
     return 0;
 }
 

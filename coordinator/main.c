@@ -2,6 +2,7 @@
  * epmoe-coordinator — the cluster's coordinator daemon.
  *
  * Usage: epmoe-coordinator --cluster FILE [--check]
+ *        epmoe-coordinator --version
  *
  * Reads the cluster spec and the model's config.json, checks the worker count against the
  * model, builds the placement (epoch 1), then serves workers and operators until SIGTERM,
@@ -20,6 +21,7 @@
 #include "common/log.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/version.h"
 #include "coordinator/coord.h"
 #include "coordinator/keys.h"
 #include "coordinator/planner.h"
@@ -30,10 +32,12 @@ enum { EXIT_USAGE = 64, EXIT_UNAVAILABLE = 69, EXIT_CONFIG = 78 };
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: epmoe-coordinator --cluster FILE [--check]\n\n"
+            "usage: epmoe-coordinator --cluster FILE [--check]\n"
+            "       epmoe-coordinator --version\n\n"
             "  --cluster FILE  the cluster spec (docs/cluster-spec.md)\n"
             "  --check         validate the spec and the model's config.json, print the\n"
-            "                  placement and exit\n\n"
+            "                  placement and exit\n"
+            "  --version       print the version and build, exit 0\n\n"
             "Signals: SIGTERM or SIGINT stop the daemon in order (workers get SHUTDOWN);\n"
             "SIGHUP re-reads the cluster spec (a spec that fails keeps the old one serving).\n"
             "Debug output: EPMOE_DEBUG=net,plan,step (or all).\n"
@@ -174,12 +178,19 @@ int main(int argc, char **argv)
     const char *cluster = NULL;
     bool check = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--cluster") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "epmoe-coordinator: --cluster needs a value (see --help)\n");
+                return EXIT_USAGE;
+            }
             cluster = argv[++i];
         } else if (strcmp(argv[i], "--check") == 0) {
             check = true;
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            ep_version_print("epmoe-coordinator");
             return 0;
         } else {
             fprintf(stderr, "epmoe-coordinator: unexpected argument \"%s\"\n", argv[i]);

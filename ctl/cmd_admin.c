@@ -2,11 +2,11 @@
  * cmd_admin.c — the admin verbs of epmoectl: status, workers, shards, config, shutdown, drain,
  * undrain, reload, rebalance.
  *
- *   epmoectl [-o table|json] status [--wait-ready [--wait-timeout S]]
- *   epmoectl [-o table|json] workers
- *   epmoectl [-o table|json] shards [--layer L]
- *   epmoectl [-o table|json] config
- *   epmoectl [-o table|json] shutdown
+ *   epmoectl [-o table|wide|json|yaml] status [--wait-ready [--wait-timeout S]]
+ *   epmoectl [-o table|wide|json|yaml] workers
+ *   epmoectl [-o table|wide|json|yaml] shards [--layer L]
+ *   epmoectl [-o table|wide|json|yaml] config
+ *   epmoectl [-o table|wide|json|yaml] shutdown
  *
  * Each sends one AdminRequest (ctl/rpc.h) and prints the reply: an aligned table for people,
  * or with -o json one object with "schema": 1 whose keys are documented in docs/operations.md
@@ -95,8 +95,19 @@ static json_t *reply_json(const Epmoe__AdminReply *r)
     return o;
 }
 
-static void json_print(json_t *o)
+/* -o json or -o yaml: the verb's object, not its table. */
+static bool structured(const cmd_ctx *ctx)
 {
+    return ctx->output == CMD_OUT_JSON || ctx->output == CMD_OUT_YAML;
+}
+
+/* The verb's object in the format -o asked for (one tree, two notations); o is released. */
+static void out_print(const cmd_ctx *ctx, json_t *o)
+{
+    if (ctx->output == CMD_OUT_YAML) {
+        show_yaml(o);
+        return;
+    }
     json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
     printf("\n");
     json_decref(o);
@@ -186,11 +197,20 @@ static int call_worker(const cmd_ctx *ctx, const char *cmd, Epmoe__AdminVerb ver
     return call_rq(ctx, cmd, &rq, false, out);
 }
 
+/* An option given last, without its value: said so (not "unexpected argument"). */
+static int missing_value(const char *cmd, const char *opt)
+{
+    fprintf(stderr, "epmoectl %s: %s needs a value (see epmoectl %s --help)\n", cmd, opt, cmd);
+    return CMD_USAGE;
+}
+
 /* "--wait-timeout S" at argv[*i]: 1 consumed (S in *wait_s), 0 not this option, or CMD_USAGE. */
 static int wait_timeout_opt(const char *cmd, int argc, char **argv, int *i, long *wait_s)
 {
-    if (strcmp(argv[*i], "--wait-timeout") != 0 || *i + 1 >= argc)
+    if (strcmp(argv[*i], "--wait-timeout") != 0)
         return 0;
+    if (*i + 1 >= argc)
+        return missing_value(cmd, argv[*i]);
     char *end;
     *wait_s = strtol(argv[++*i], &end, 10);
     if (*end != '\0' || *wait_s < 1 || *wait_s > 86400) {
@@ -327,7 +347,7 @@ static void workers_table(const Epmoe__AdminReply *r, bool wide)
 }
 
 static const char status_usage[] =
-    "usage: epmoectl [-o table|json] status [--wait-ready [--wait-timeout S]]\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] status [--wait-ready [--wait-timeout S]]\n\n"
     "The cluster's state, epoch, config hash, model and step counters, and one line per worker\n"
     "(state, load progress, last seen, last error).\n\n"
     "  --wait-ready        poll until the cluster is ready; exit 1 if it is not within the\n"
@@ -338,7 +358,7 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
 {
     char hash[24];
     snprintf(hash, sizeof hash, "%016" PRIx64, r->config_hash);
-    if (ctx->output == CMD_OUT_JSON) {
+    if (structured(ctx)) {
         json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
@@ -353,7 +373,7 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
                             r->has_staged_epoch ? json_integer((json_int_t)r->staged_epoch)
                                                 : json_null());
         json_object_set_new(o, "workers", workers_json(r));
-        json_print(o);
+        out_print(ctx, o);
         return;
     }
     int ready = 0;
@@ -376,7 +396,7 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
     printf("config hash  %s\n", hash);
     printf("model        %s\n", r->model_path ? r->model_path : "-");
     printf("steps        %" PRIu64 " done, %" PRIu64 " failed\n\n", r->steps_done, r->steps_failed);
-    workers_table(r, false);
+    workers_table(r, ctx->output == CMD_OUT_WIDE);
 }
 
 static void not_ready_text(const Epmoe__AdminReply *r, char *buf, size_t cap)
@@ -449,7 +469,7 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
 }
 
 static const char workers_usage[] =
-    "usage: epmoectl [-o table|json] workers\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] workers\n\n"
     "Every worker of the cluster spec with everything the coordinator knows about it: rank,\n"
     "node, device, state, load progress, last seen, experts owned, data endpoint, host, pid,\n"
     "backend and last error.\n";
@@ -464,12 +484,12 @@ int cmd_workers(const cmd_ctx *gctx, int argc, char **argv)
     if ((rc = call(ctx, "workers", EPMOE__ADMIN_VERB__ADMIN_WORKERS, NULL, true, &rr)) != CMD_OK)
         return rc;
     const Epmoe__AdminReply *r = rr.reply;
-    if (ctx->output == CMD_OUT_JSON) {
+    if (structured(ctx)) {
         json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
         json_object_set_new(o, "workers", workers_json(r));
-        json_print(o);
+        out_print(ctx, o);
     } else {
         workers_table(r, true);
     }
@@ -480,7 +500,7 @@ int cmd_workers(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- shards ---- */
 
 static const char shards_usage[] =
-    "usage: epmoectl [-o table|json] shards [--layer L]\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] shards [--layer L]\n\n"
     "The placement of one MoE layer (L, layers.L or mtp.I; default the first): which routed\n"
     "experts each rank holds (ranges like 0-31,64). An expert listed on several ranks has\n"
     "replicas (redundant_experts); each MoE layer has its own table after a rebalance.\n";
@@ -493,7 +513,9 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("%s", shards_usage);
             return CMD_OK;
-        } else if (strcmp(argv[i], "--layer") == 0 && i + 1 < argc) {
+        } else if (strcmp(argv[i], "--layer") == 0) {
+            if (i + 1 >= argc)
+                return missing_value("shards", argv[i]);
             layer = argv[++i];
         } else {
             fprintf(stderr,
@@ -513,7 +535,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
         return protocol_error("shards", ctx, "the placement");
     }
     char *ranges = malloc(65536);
-    if (ctx->output == CMD_OUT_JSON) {
+    if (structured(ctx)) {
         json_t *o = reply_json(r), *a = json_array();
         json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
         json_object_set_new(o, "placement", jstr(r->placement));
@@ -531,7 +553,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
             json_array_append_new(a, so);
         }
         json_object_set_new(o, "shards", a);
-        json_print(o);
+        out_print(ctx, o);
     } else {
         if (r->layer)
             printf("placement %s, epoch %" PRIu64 ", layer %s\n\n", r->placement, r->epoch,
@@ -559,12 +581,13 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- config ---- */
 
 static const char config_usage[] =
-    "usage: epmoectl [-o table|json] config\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] config\n\n"
     "The model config the coordinator resolved from config.json and broadcasts to the workers:\n"
     "sizes, expert_dtype (given in config.json or assumed), scale_e8m0, act_ue8m0 and the\n"
     "config hash the workers acknowledge.\n";
 
-static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
+static void config_json(const cmd_ctx *ctx, const Epmoe__AdminReply *r, const mc_config *c,
+                        const char *hash)
 {
     json_t *o = reply_json(r);
     json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
@@ -575,7 +598,7 @@ static void config_json(const Epmoe__AdminReply *r, const mc_config *c, const ch
     json_object_set_new(o, "act_ue8m0", json_boolean(c->act_ue8m0));
     json_object_set_new(o, "config_hash", json_string(hash));
     json_object_set_new(o, "config", show_config_json(c));
-    json_print(o);
+    out_print(ctx, o);
 }
 
 static void config_table(const Epmoe__AdminReply *r, const mc_config *c, const char *hash)
@@ -618,8 +641,8 @@ int cmd_config(const cmd_ctx *gctx, int argc, char **argv)
     } else {
         char hash[24];
         snprintf(hash, sizeof hash, "%016" PRIx64, r->config_hash);
-        if (ctx->output == CMD_OUT_JSON)
-            config_json(r, &c, hash);
+        if (structured(ctx))
+            config_json(ctx, r, &c, hash);
         else
             config_table(r, &c, hash);
     }
@@ -630,7 +653,7 @@ int cmd_config(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- shutdown ---- */
 
 static const char shutdown_usage[] =
-    "usage: epmoectl [-o table|json] shutdown\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] shutdown\n\n"
     "Stop the coordinator: it answers, fails queued forward requests with ERR_SHUTTING_DOWN,\n"
     "sends SHUTDOWN to every worker and exits 0. Sent once (never retried).\n";
 
@@ -644,10 +667,10 @@ int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
     if ((rc = call(ctx, "shutdown", EPMOE__ADMIN_VERB__ADMIN_SHUTDOWN, NULL, false, &rr)) != CMD_OK)
         return rc;
     const Epmoe__AdminReply *r = rr.reply;
-    if (ctx->output == CMD_OUT_JSON) {
+    if (structured(ctx)) {
         json_t *o = reply_json(r);
         json_object_set_new(o, "state", jstr(r->state));
-        json_print(o);
+        out_print(ctx, o);
     } else {
         printf("cluster %s: %s\n", r->cluster ? r->cluster : "-", r->state ? r->state : "stopping");
     }
@@ -658,8 +681,8 @@ int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- drain, undrain, reload ---- */
 
 static const char drain_usage[] =
-    "usage: epmoectl [-o table|json] drain NAME [--no-wait] [--wait-timeout S]\n"
-    "       epmoectl [-o table|json] undrain NAME\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] drain NAME [--no-wait] [--wait-timeout S]\n"
+    "       epmoectl [-o table|wide|json|yaml] undrain NAME\n\n"
     "drain moves worker NAME's experts to the other workers through a new placement epoch (the\n"
     "step in flight finishes first; no step fails) and, unless --no-wait, waits until that epoch\n"
     "is current: then NAME takes part in no step and can be stopped. The coordinator refuses a\n"
@@ -701,12 +724,12 @@ static int wait_epoch(const cmd_ctx *ctx, const char *cmd, uint64_t epoch, long 
 
 static void message_print(const cmd_ctx *ctx, const char *cmd, const Epmoe__AdminReply *r)
 {
-    if (ctx->output == CMD_OUT_JSON) {
+    if (structured(ctx)) {
         json_t *o = reply_json(r);
         json_object_set_new(o, "epoch",
                             r->has_epoch ? json_integer((json_int_t)r->epoch) : json_null());
         json_object_set_new(o, "message", jstr(r->message));
-        json_print(o);
+        out_print(ctx, o);
     } else {
         printf("%s\n", r->message ? r->message : cmd);
     }
@@ -764,7 +787,7 @@ int cmd_undrain(const cmd_ctx *ctx, int argc, char **argv)
 }
 
 static const char reload_usage[] =
-    "usage: epmoectl [-o table|json] reload\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] reload\n\n"
     "Make the coordinator read its cluster spec again (like SIGHUP): it builds and validates\n"
     "the new state, then swaps it in once no step is in flight (workers added or removed,\n"
     "timeouts and placement rules changed). A spec that fails keeps the old one serving; the\n"
@@ -787,7 +810,8 @@ int cmd_reload(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- rebalance ---- */
 
 static const char rebalance_usage[] =
-    "usage: epmoectl [-o table|json] rebalance [--dry-run] [--no-wait] [--wait-timeout S]\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] rebalance [--dry-run] [--no-wait] [--wait-timeout "
+    "S]\n\n"
     "Plan a new placement with EPLB from the load of the coordinator's window (the last\n"
     "expert_parallel.window_steps steps) and show its balance, max/mean worker load per layer,\n"
     "before and after. Unless --dry-run, apply it through a staged epoch: the workers load what\n"
@@ -900,8 +924,8 @@ int cmd_rebalance(const cmd_ctx *gctx, int argc, char **argv)
         rpc_reply_free(&rr);
         return protocol_error("rebalance", ctx, "the plan");
     }
-    if (ctx->output == CMD_OUT_JSON)
-        json_print(rebalance_json(rr.reply, b, dry));
+    if (structured(ctx))
+        out_print(ctx, rebalance_json(rr.reply, b, dry));
     else
         rebalance_table(b, dry);
     uint64_t epoch = b->epoch_after;

@@ -269,9 +269,14 @@ static int print_map(const st_model *m, const mc_config *c, cmd_output out)
         }
     }
     if (arr != NULL) {
-        json_dumpf(arr, stdout, JSON_INDENT(2));
+        /* the head every -o json object has (schema), then the map */
+        json_t *o = json_pack("{s:i,s:s,s:o}", "schema", 1, "expert_dtype",
+                              mc_dtype_name(c->expert_dtype), "tensors", arr);
+        if (o == NULL)
+            return -1;
+        json_dumpf(o, stdout, JSON_INDENT(2));
         printf("\n");
-        json_decref(arr);
+        json_decref(o);
     }
     return 0;
 }

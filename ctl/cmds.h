@@ -28,10 +28,13 @@ enum {
     CMD_CONFIG = 78,      /* EX_CONFIG: bad config.json or cluster spec */
 };
 
-typedef enum cmd_output { CMD_OUT_TABLE, CMD_OUT_JSON } cmd_output;
+/* -o: table (people), wide (the table with every column), json and yaml (the same documented
+ * tree, schema 1). Only the admin verbs take wide and yaml; epmoectl.c refuses them for the
+ * offline tools. */
+typedef enum cmd_output { CMD_OUT_TABLE, CMD_OUT_JSON, CMD_OUT_YAML, CMD_OUT_WIDE } cmd_output;
 
 typedef struct cmd_ctx {
-    cmd_output output;       /* -o table|json (before or after the command) */
+    cmd_output output;       /* -o FORMAT (before or after the command) */
     const char *coordinator; /* --coordinator ENDPOINT (admin socket), or $EPMOE_COORDINATOR */
     int timeout_ms;          /* --timeout MS: what one request may take, retries included */
     int64_t deadline_ms;     /* CLOCK_MONOTONIC ms by which a command of several requests must be

@@ -25,4 +25,9 @@ void show_config_text(const mc_config *c);
  * stdout, then released. NULL (json_pack failed) prints nothing. */
 void show_json_line(json_t *j);
 
+/* j as a YAML document on stdout (-o yaml of the admin verbs): the same tree as -o json, block
+ * style, every string double-quoted (so no value changes type on reading: "no", "1.0", "null"
+ * stay strings), reals always with a '.' (YAML 1.1 readers take 1e-06 for a string). */
+void show_yaml(json_t *j);
+
 #endif

@@ -4,10 +4,12 @@
  *
  * Usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device cpu|cuda:N]
  *                     [--key FILE --coordinator-key FILE.pub]
+ *        epmoe-worker --version
  * Exit codes: 0 stopped (SIGTERM, SIGINT, SHUTDOWN), 64 usage (including an endpoint that is
  * not one, a key file that cannot be used), 70 cannot start, 78 refused by the coordinator or
  * a device this host or build cannot serve.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 #include "common/auth.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
@@ -26,6 +29,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: epmoe-worker --coordinator ENDPOINT --name NAME [--threads N] [--device DEV]\n"
             "                    [--key FILE --coordinator-key FILE.pub]\n"
+            "       epmoe-worker --version\n"
             "\n"
             "  --coordinator ENDPOINT  the coordinator's worker endpoint (coordinator.listen),\n"
             "                          e.g. tcp://10.0.0.1:7400\n"
@@ -36,6 +40,7 @@ static void usage(FILE *out)
             "  --key FILE              this worker's secret key (epmoectl keygen; mode 0600):\n"
             "                          CURVE on every socket, for a spec with security:\n"
             "  --coordinator-key FILE  the coordinator's public key (its .pub file)\n"
+            "  --version               print the version and build, exit 0\n"
             "\n"
             "signals: SIGTERM/SIGINT stop (exit 0); SIGHUP is ignored\n"
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
@@ -62,6 +67,17 @@ typedef struct worker_args {
     const char *key_path, *coordinator_key_path;
 } worker_args;
 
+/* The options that take a value (an unknown one is "unknown", not "needs a value"). */
+static bool known_option(const char *o)
+{
+    static const char *const known[] = {"--coordinator",     "--name",   "--device", "--key",
+                                        "--coordinator-key", "--threads"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(o, known[i]) == 0)
+            return true;
+    return false;
+}
+
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, worker_args *a)
 {
@@ -70,6 +86,14 @@ static int parse_args(int argc, char **argv, worker_args *a)
         if (strcmp(o, "-h") == 0 || strcmp(o, "--help") == 0) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(o, "--version") == 0) {
+            ep_version_print("epmoe-worker");
+            return 0;
+        }
+        if (!known_option(o)) {
+            fprintf(stderr, "epmoe-worker: unknown option %s (see --help)\n", o);
+            return WORKER_EXIT_USAGE;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "epmoe-worker: %s needs a value (see --help)\n", o);
@@ -104,9 +128,13 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
 {
     ep_err err = {{0}};
     wctl_options *o = &a->opt;
-    if (o->coordinator == NULL || o->coordinator[0] == '\0' || o->name == NULL ||
-        o->name[0] == '\0') {
-        fprintf(stderr, "epmoe-worker: --coordinator and --name are required (see --help)\n");
+    if (o->coordinator == NULL || o->coordinator[0] == '\0') {
+        fprintf(stderr, "epmoe-worker: --coordinator is required (or $EPMOE_COORDINATOR_LISTEN; "
+                        "see --help)\n");
+        return WORKER_EXIT_USAGE;
+    }
+    if (o->name == NULL || o->name[0] == '\0') {
+        fprintf(stderr, "epmoe-worker: --name is required (see --help)\n");
         return WORKER_EXIT_USAGE;
     }
     if (wire_check_endpoint(o->coordinator, &err) != 0) {

@@ -16,13 +16,14 @@
 
 #ifdef EPMOE_HAVE_NCCL
 
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels/cuda/cuda_dev.h"
 
 /* The NCCL entry points this file calls, resolved from the library (types from nccl.h). */
 static struct {
@@ -119,11 +120,10 @@ static int tpn_device(void *ctx, ep_err *err)
 {
     if (ctx == NULL)
         return 0;
-    cudaError_t e = cudaSetDevice(*(const int *)ctx);
-    if (e == cudaSuccess)
+    /* through the CUDA module (cuda_dev.h): the worker binary links no CUDA library */
+    if (cudev_set_device(*(const int *)ctx, err) == 0)
         return 0;
-    cudaGetLastError();
-    return ep_err_set(err, "cudaSetDevice(%d): %s", *(const int *)ctx, cudaGetErrorString(e));
+    return ep_err_prefix(err, "device %d", *(const int *)ctx);
 }
 
 static ncclConfig_t tpn_config(void)
@@ -229,13 +229,7 @@ static int tpn_exchange(tp_comm_handle *h, const tp_xfer *sends, int n_sends, co
 static int tpn_stream_query(void *ctx, void *stream, ep_err *err)
 {
     (void)ctx;
-    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
-    if (e == cudaSuccess)
-        return 0;
-    if (e == cudaErrorNotReady)
-        return 1;
-    cudaGetLastError();
-    return ep_err_set(err, "cudaStreamQuery: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    return cudev_stream_query(stream, err);
 }
 
 static void tpn_abort(tp_comm_handle *h)

@@ -1620,12 +1620,9 @@ fail:
 
 mb_backend *mb_cuda_create(const mb_options *o, int ordinal, ep_err *err)
 {
-    const cudev_ops *ops = cudev_cuda_ops();
+    const cudev_ops *ops = cudev_cuda_ops(err);
     if (ops == NULL) {
-        ep_err_set(err,
-                   "cuda:%d: this build of epmoe has no CUDA support (rebuild with the CUDA "
-                   "toolkit installed, EPMOE_CUDA=ON)",
-                   ordinal);
+        ep_err_prefix(err, "cuda:%d", ordinal);
         return NULL;
     }
     return mb_cuda_create_with(o, ordinal, ops, err);

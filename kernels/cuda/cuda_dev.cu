@@ -738,7 +738,27 @@ static const cudev_ops CUDA_OPS = {
     dev_gemm,      dev_swiglu,  dev_combine,  dev_scatter,
 };
 
-extern "C" const cudev_ops *cudev_cuda_ops(void)
+static int rt_set_device(int ordinal, ep_err *err)
 {
-    return &CUDA_OPS;
+    return dev_check(cudaSetDevice(ordinal), "cudaSetDevice", err);
+}
+
+static int rt_stream_query(void *stream, ep_err *err)
+{
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e == cudaErrorNotReady)
+        return 1;
+    return dev_check(e, "cudaStreamQuery", err);
+}
+
+static const cudev_rt CUDA_RT = {rt_set_device, rt_stream_query};
+
+static const cudev_module CUDA_MODULE = {
+    sizeof(cudev_module), sizeof(cudev_ops), sizeof(cudev_rt), &CUDA_OPS, &CUDA_RT,
+};
+
+/* The module's one exported symbol (CUDEV_MODULE_ENTRY; everything else is hidden). */
+extern "C" __attribute__((visibility("default"))) const cudev_module *epmoe_cudev_module(void)
+{
+    return &CUDA_MODULE;
 }

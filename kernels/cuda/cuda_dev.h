@@ -113,8 +113,37 @@ typedef struct cudev_ops {
                    ep_err *err);
 } cudev_ops;
 
-/* The real device (cuda_dev.cu); NULL in a build without CUDA. */
-const cudev_ops *cudev_cuda_ops(void);
+/* The process-wide runtime calls the NCCL data plane makes besides a context's (it binds a
+ * communicator to the calling thread's device and polls the executor's stream). */
+typedef struct cudev_rt {
+    int (*set_device)(int ordinal, ep_err *err);
+    /* 0 when the stream is idle, 1 while busy, -1 on a device error. Never blocks. */
+    int (*stream_query)(void *stream, ep_err *err);
+} cudev_rt;
+
+/* What the CUDA module (libepmoe_cuda.so: cuda_dev.cu and the kernels, linked with cudart and
+ * cuBLASLt) hands out through its one exported symbol, CUDEV_MODULE_ENTRY. The sizes let the
+ * loader refuse a module built from another version of this header instead of calling through
+ * a table of another shape. */
+typedef struct cudev_module {
+    uint32_t size;     /* sizeof(cudev_module) */
+    uint32_t ops_size; /* sizeof(cudev_ops) */
+    uint32_t rt_size;  /* sizeof(cudev_rt) */
+    const cudev_ops *ops;
+    const cudev_rt *rt;
+} cudev_module;
+
+#define CUDEV_MODULE_FILE  "libepmoe_cuda.so"
+#define CUDEV_MODULE_ENTRY "epmoe_cudev_module"
+typedef const cudev_module *(*cudev_module_fn)(void);
+
+/* The real device: the CUDA module, opened at the first call (cuda_module.c). NULL with err
+ * saying why (a build without CUDA, a module or CUDA library that cannot be loaded, naming the
+ * file and the loader's reason); later calls give the same answer. Thread-safe. */
+const cudev_ops *cudev_cuda_ops(ep_err *err);
+/* The module's runtime calls (cudev_rt), loading it like cudev_cuda_ops. */
+int cudev_set_device(int ordinal, ep_err *err);
+int cudev_stream_query(void *stream, ep_err *err);
 
 /* The CUDA backend over any device ops (the front's mb_cuda_create passes cudev_cuda_ops()). */
 mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_ops *ops,

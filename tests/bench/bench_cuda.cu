@@ -717,10 +717,10 @@ int main(int argc, char **argv)
 {
     mb_device_info info;
     ep_err err;
-    D = cudev_cuda_ops();
+    D = cudev_cuda_ops(&err);
     memset(&info, 0, sizeof info);
     if (!D || D->open(0, &dev, &info, &err) != 0) {
-        printf("bench_cuda: no CUDA device (%s), skipped\n", D ? err.msg : "no CUDA build");
+        printf("bench_cuda: no CUDA device (%s), skipped\n", err.msg);
         return 0;
     }
     st = (cudaStream_t)D->stream(dev);

@@ -63,7 +63,10 @@ done
 export LD_LIBRARY_PATH
 ls "$BIN"
 CTL=$BIN/epmoectl
-for f in "$BIN"/*; do
+# the CUDA module (opened at run time for cuda:N): gpu-carry/lib or the build's
+module=$ROOT/gpu-carry/lib/libepmoe_cuda.so
+[ -f "$module" ] || module=$ROOT/build-gpu/kernels/cuda/libepmoe_cuda.so
+for f in "$BIN"/* "$module"; do
     missing=$(ldd "$f" 2>&1 | grep "not found" || true)
     [ -z "$missing" ] || echo "$(basename "$f"): missing libraries: $missing"
 done

@@ -603,13 +603,13 @@ int main(void)
 {
     mb_device_info info;
     ep_err err;
-    D = cudev_cuda_ops();
+    D = cudev_cuda_ops(&err);
     memset(&info, 0, sizeof info);
     if (D && D->open(0, &dev, &info, &err) == 0)
         printf("device: %s (sm_%d%d, %.0f GiB)\n", info.name, info.sm_major, info.sm_minor,
                (double)info.mem_total / (1 << 30));
     else
-        printf("no CUDA device: %s\n", D ? err.msg : "this build has no CUDA");
+        printf("no CUDA device: %s\n", err.msg);
     if (D == NULL || dev == NULL)
         dev = NULL;
     RUN(rmsnorm_and_logits_match_the_reference);

@@ -9,7 +9,9 @@
  * the cluster is ready; a refused request exits 1 with the error name; a dead endpoint exits 69
  * within the retries' time; shutdown stops the daemon (exit 0); `forward` without --local
  * sends the tokens of a safetensors input through the cluster and writes the reassembled
- * output file (checked against the fake workers' function).
+ * output file (checked against the fake workers' function); -o yaml is -o json's tree (read
+ * back by PyYAML), -o wide adds columns, --output=FORMAT and -oFORMAT work before the verb and
+ * an option missing its value says so.
  *
  * Usage: test_cli_admin PATH/epmoe-coordinator PATH/epmoectl
  */
@@ -299,6 +301,94 @@ TEST(wait_ready_and_dead_endpoint)
     FINISH(t);
 }
 
+/* The current stdout (out) into DIR/NAME; the path in path. */
+static void save_out(const itest *t, const char *name, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", t->dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(out, f);
+        fclose(f);
+    }
+}
+
+/* 0 when the YAML file and the JSON file hold the same tree (an independent reader: PyYAML,
+ * YAML 1.1, so a string that reads back as a number or a bool would differ), with the keys
+ * that change between two calls (last_seen_ms) dropped; 77 without python3-yaml. */
+static int same_tree(const char *yaml_path, const char *json_path)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json, sys\n"
+             "try:\n    import yaml\nexcept ImportError:\n    sys.exit(77)\n"
+             "def drop(v):\n"
+             "    if isinstance(v, dict):\n"
+             "        return {k: drop(x) for k, x in v.items() if k != \"last_seen_ms\"}\n"
+             "    return [drop(x) for x in v] if isinstance(v, list) else v\n"
+             "y = drop(yaml.safe_load(open(sys.argv[1])))\n"
+             "j = drop(json.load(open(sys.argv[2])))\n"
+             "sys.exit(0 if y == j else print(\"yaml\", y, \"json\", j) or 1)' %s %s",
+             yaml_path, json_path);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* -o yaml: the JSON's tree; -o wide: every column; --output=F and -oF before the verb; an
+ * option given last without its value is said to need one (it read "unexpected argument"). */
+TEST(yaml_wide_and_output_forms)
+{
+    itest *t = start("fp8", true);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    static const char *const verbs[][3] = {
+        {"config", NULL}, {"shards", "--layer", "1"}, {"status", NULL}, {"workers", NULL}};
+    enum { N_VERBS = sizeof verbs / sizeof verbs[0] };
+    char yp[N_VERBS][200], jp[N_VERBS][200], name[32];
+    for (size_t v = 0; v < N_VERBS; v++) {
+        CHECK_EQ(run_ctl(t, NULL, "-o", "yaml", verbs[v][0], verbs[v][1], verbs[v][2], NULL), 0);
+        CHECK(strncmp(out, "---\n", 4) == 0);
+        snprintf(name, sizeof name, "out%zu.yaml", v);
+        save_out(t, name, yp[v], sizeof yp[v]);
+        /* --output=json before the verb, as -o json is */
+        CHECK_EQ(run_ctl(t, NULL, "--output=json", verbs[v][0], verbs[v][1], verbs[v][2], NULL), 0);
+        snprintf(name, sizeof name, "out%zu.json", v);
+        save_out(t, name, jp[v], sizeof jp[v]);
+    }
+    CHECK_EQ(run_ctl(t, NULL, "-ojson", "status", NULL), 0);
+    json_t *j = parse();
+    CHECK(j && jget_i(j, "schema") == 1);
+    json_decref(j);
+    CHECK_EQ(run_ctl(t, NULL, "status", "--output=yaml", NULL), 0); /* after the verb too */
+    CHECK_STR_HAS(out, "schema: 1\n");
+    CHECK_STR_HAS(out, "state: \"ready\"\n");
+    /* wide: the worker table gets the host, pid and backend columns */
+    CHECK_EQ(run_ctl(t, NULL, "status", NULL), 0);
+    CHECK(strstr(out, "BACKEND") == NULL);
+    CHECK_EQ(run_ctl(t, NULL, "-o", "wide", "status", NULL), 0);
+    CHECK_STR_HAS(out, "state        ready (4/4 workers ready)");
+    CHECK_STR_HAS(out, "BACKEND");
+    CHECK_STR_HAS(out, "HOST");
+    CHECK_EQ(run_ctl(t, NULL, "--output", "wide", "workers", NULL), 0);
+    CHECK_STR_HAS(out, "BACKEND");
+    CHECK_EQ(run_ctl(t, NULL, "-o", "xml", "status", NULL), 64);
+    CHECK_STR_HAS(err, "-o \"xml\": expected table, wide, json or yaml");
+    /* a value missing at the end */
+    CHECK_EQ(run_ctl(t, NULL, "shards", "--layer", NULL), 64);
+    CHECK_STR_HAS(err, "epmoectl shards: --layer needs a value");
+    CHECK_EQ(run_ctl(t, NULL, "status", "--wait-ready", "--wait-timeout", NULL), 64);
+    CHECK_STR_HAS(err, "epmoectl status: --wait-timeout needs a value");
+    /* last: Python takes longer than the fake workers' heartbeats may wait */
+    for (size_t v = 0; v < N_VERBS; v++) {
+        int same = same_tree(yp[v], jp[v]);
+        if (same == 77)
+            printf("  (python3-yaml missing: YAML not compared)\n");
+        else
+            CHECK_EQ(same, 0);
+    }
+    FINISH(t);
+}
+
 /* Write the forward input file: hidden_states BF16 [T, H] (and input_ids I64 [T]). */
 static int write_input(const char *path, int T, const uint16_t *hidden, const int64_t *ids)
 {
@@ -352,5 +442,6 @@ int main(int argc, char **argv)
     RUN(shards_and_config_json);
     RUN(wait_ready_and_dead_endpoint);
     RUN(forward_on_the_nccl_plane_is_refused_clearly);
+    RUN(yaml_wide_and_output_forms);
     return test_report();
 }

@@ -5,7 +5,10 @@
 # refused by inspect and by forward --local's loader with the same message, a NaN or Inf input
 # by forward naming the token and channel; a FIFO where a file should be is refused at once;
 # -o json after the command works for every offline command; diff -o json keeps tensors whose
-# difference is infinite; keygen writes a 0600 secret and a public key and never overwrites.
+# difference is infinite; keygen writes a 0600 secret and a public key and never overwrites;
+# every binary has --version; --output=json and -ojson work before the command; the
+# operations check's messages (issue 17) read right; cmake --install installs bash and zsh
+# completions, and the bash one completes commands, formats, options and values.
 #
 # usage: test_cli_offline.sh PATH/TO/epmoectl
 set -u
@@ -110,9 +113,10 @@ grep -qxF $'layers.2.ffn.shared_experts.w2.scale\tlayers.2.ffn.shared_experts.w2
     fail "map fp8: shared expert scale -> weight_scale_inv"
 
 run 0 "inspect --map -o json fp4" "$CTL" -o json inspect --model "$T/fp4" --map
-json "len(d) == 559 and {'name': 'layers.1.ffn.experts.0.w3.scale',
-      'mapped': 'layers.1.ffn.experts.0.w3.weight_scale'} in d and
-      all(set(e) == {'name', 'mapped'} for e in d)" "map fp4 json"
+json "d['schema'] == 1 and d['expert_dtype'] == 'fp4' and len(d['tensors']) == 559 and
+      {'name': 'layers.1.ffn.experts.0.w3.scale',
+       'mapped': 'layers.1.ffn.experts.0.w3.weight_scale'} in d['tensors'] and
+      all(set(e) == {'name', 'mapped'} for e in d['tensors'])" "map fp4 json (an object with schema)"
 
 # ---- fp8 experts, expert_dtype omitted: assumed fp4, the check explains -------------------------
 run 0 "mkmodel fp8 --omit-expert-dtype" "$CTL" mkmodel --out "$T/omit" --expert-dtype fp8 \
@@ -305,6 +309,80 @@ chmod 644 "$K/a0.key"
 run 64 "a secret key others can read" env EPMOE_KEY="$K/a0.key" EPMOE_SERVER_KEY="$K/op1.pub" \
     "$CTL" --coordinator "tcp://127.0.0.1:$PORT" status
 has "$T/err" "chmod 600" "the loose key file is refused"
+
+# ---- --version on every binary; global options as --option=VALUE and -oFORMAT -----------------
+BUILD=${EPMOE_BINARY_DIR:-$(dirname "$CTL")/..}
+COORD=$BUILD/coordinator/epmoe-coordinator
+WORKER=$BUILD/worker/epmoe-worker
+for b in "$CTL" "$COORD" "$WORKER"; do
+    run 0 "$(basename "$b") --version" "$b" --version
+    grep -qE "^$(basename "$b") [0-9]+\.[0-9]+\.[0-9]+ \(cpu" "$T/out" ||
+        fail "$(basename "$b") --version: \"$(cat "$T/out")\""
+done
+run 0 "--output=json before the command" "$CTL" --output=json inspect --model "$T/fp4"
+json "d['schema'] == 1 and d['expert_dtype'] == 'fp4'" "--output=json inspect"
+run 0 "-ojson before the command" "$CTL" -ojson inspect --model "$T/fp4"
+json "d['schema'] == 1" "-ojson inspect"
+run 0 "--output=json after the command" "$CTL" inspect --model "$T/fp4" --output=json
+json "d['schema'] == 1" "inspect --output=json"
+run 64 "-o yaml on an offline command" "$CTL" -o yaml inspect --model "$T/fp4"
+has "$T/err" "epmoectl inspect: -o yaml: expected table or json" "offline -o yaml refused, named"
+
+# ---- the operations check: messages that read wrong, each fixed (issue 17) ---------------------
+# EXPECTED_RC | COMMAND (words; @T@ is $T) | what stderr must say | what it must not say
+OPS=(
+    "0|$CTL --version|||option --version needs a value"
+    "64|$CTL --timeout= status|--timeout \"\": expected milliseconds|--timeout : "
+    "64|$CTL --bogus status|unknown option --bogus|needs a value"
+    "64|$CTL --coordinator=tcp://127.0.0.1:1 status --wait-timeout|--wait-timeout needs a value|unexpected argument"
+    "64|$CTL --coordinator=tcp://127.0.0.1:1 shards --layer|--layer needs a value|unexpected argument"
+    "66|$CTL diff @T@/in5.st @T@/fp4/config.json|config.json: not a safetensors file|"
+    "73|$CTL mkinput --model @T@/fp4 --tokens 2 --out @T@/nodir/x.st|@T@/nodir/x.st: cannot be written (through @T@/nodir/x.st.tmp)|"
+    "64|$WORKER --bogus|unknown option --bogus|needs a value"
+    "64|$WORKER --name w0|--coordinator is required|--coordinator and --name"
+    "64|$WORKER --coordinator tcp://127.0.0.1:1|--name is required|--coordinator and --name"
+    "64|$COORD --cluster|--cluster needs a value|unexpected argument"
+)
+for row in "${OPS[@]}"; do
+    IFS='|' read -r want cmd must mustnot <<<"${row//@T@/$T}"
+    # shellcheck disable=SC2086
+    run "$want" "ops check: $cmd" env EPMOE_COORDINATOR_LISTEN= $cmd
+    [ -z "$must" ] || has "$T/err" "$must" "ops check: $cmd"
+    if [ -n "$mustnot" ] && grep -qF -- "$mustnot" "$T/err"; then
+        fail "ops check: $cmd still says \"$mustnot\": $(head -2 "$T/err")"
+    fi
+done
+
+# ---- shell completion: installed by cmake --install, and it completes ---------------------------
+INST=$T/inst
+if cmake --install "$BUILD" --prefix "$INST" >"$T/install.log" 2>&1; then
+    BC=$INST/share/bash-completion/completions/epmoectl
+    ZC=$INST/share/zsh/site-functions/_epmoectl
+    [ -f "$BC" ] && [ -f "$ZC" ] && echo "ok   cmake --install puts the bash and zsh completions in share/" ||
+        fail "completions not installed: $(find "$INST/share" -maxdepth 3 | head)"
+    # complete_words WORD...: what the bash completion offers for the last word
+    complete_words() {
+        bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+                 _epmoectl; printf "%s\n" "${COMPREPLY[@]}"' _ "$BC" "$@"
+    }
+    PATH_CTL=$(dirname "$CTL")
+    [ "$(PATH=$PATH_CTL:$PATH complete_words epmoectl sta | tr '\n' ' ')" = "status " ] ||
+        fail "bash completion of 'sta': $(complete_words epmoectl sta | tr '\n' ' ')"
+    [ "$(complete_words epmoectl -o y)" = yaml ] || fail "bash completion of -o y"
+    got=$(complete_words "$CTL" status --wait | tr '\n' ' ')
+    [ "$got" = "--wait-ready --wait-timeout " ] ||
+        fail "bash completion of status --wait (from status --help): \"$got\""
+    got=$(complete_words "$CTL" forward --gpu-gemm "")
+    [ "$(echo $got)" = "exact fast" ] || fail "bash completion of forward --gpu-gemm: \"$got\""
+    echo "ok   bash completion: commands, -o formats, a command's options, option values"
+    if command -v zsh >/dev/null; then
+        zsh -n "$ZC" && echo "ok   zsh completion parses (zsh -n)" || fail "zsh -n $ZC"
+    else
+        echo "skip zsh completion check: zsh not installed"
+    fi
+else
+    fail "cmake --install: $(tail -3 "$T/install.log")"
+fi
 
 if [ "$failures" -ne 0 ]; then
     echo "$failures failure(s)"
