@@ -27,6 +27,9 @@ PC=$(find "$PREFIX" -name epmoe.pc | head -1)
 LIB=$(find "$PREFIX" -name 'libepmoe.so.0' | head -1)
 [ -n "$PC" ] && [ -n "$LIB" ] && ok "installed $(basename "$LIB") and epmoe.pc" ||
     { fail "no epmoe.pc or libepmoe.so.0 under $PREFIX"; exit 1; }
+# the installed epmoectl (a libepmoe client itself) finds the installed library on its own
+"$PREFIX/bin/epmoectl" --version >/dev/null 2>"$TMP/ver.err" && ok "the installed epmoectl finds libepmoe" ||
+    fail "the installed epmoectl does not start: $(cat "$TMP/ver.err")"
 export PKG_CONFIG_PATH
 PKG_CONFIG_PATH=$(dirname "$PC")
 [ "$(pkg-config --modversion epmoe)" = 0.4.0 ] && ok "pkg-config --modversion epmoe: 0.4.0" ||
