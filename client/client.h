@@ -168,6 +168,10 @@ void cl_info_free(cl_info *info);
 int cl_pick_entry(epmoe_client *c, int after, int avoid);
 /* Whether any member can take a request now. Under mu. */
 bool cl_has_entry(const epmoe_client *c);
+/* Some member is ready (cl_has_entry: some member is ready or will be: it has a client
+ * endpoint and is not dead); member i is such a member. */
+bool cl_has_ready_entry(const epmoe_client *c);
+bool cl_entry_reachable(const epmoe_client *c, int i);
 /* "a0 (no client endpoint), b0 (loading)": why no member can take a request. */
 void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap);
 

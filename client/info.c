@@ -82,20 +82,29 @@ static bool cl_usable(const epmoe_client *c, const cl_member *m)
     return m->ready && (!c->secure || m->has_key);
 }
 
-/* The preferred member (options.entry: a name or a client endpoint), or -1. */
-static int cl_preferred(const epmoe_client *c)
+/* A member that is not ready yet (loading, registering again after a coordinator restart) but
+ * has a client endpoint: it holds a request until it serves its epoch again, so it is the next
+ * best entry when no member is ready. */
+static bool cl_reachable(const epmoe_client *c, const cl_member *m)
+{
+    return m->member && m->endpoint[0] && strcmp(m->state, "dead") != 0 &&
+           (!c->secure || m->has_key);
+}
+
+/* The preferred member (options.entry: a name or a client endpoint) if ok for it, or -1. */
+static int cl_preferred(const epmoe_client *c, bool (*ok)(const epmoe_client *, const cl_member *))
 {
     if (!c->entry_pref[0])
         return -1;
     for (uint32_t i = 0; i < c->info.n_members; i++) {
         const cl_member *m = &c->info.members[i];
         if (strcmp(m->name, c->entry_pref) == 0 || strcmp(m->endpoint, c->entry_pref) == 0)
-            return cl_usable(c, m) ? (int)i : -1;
+            return ok(c, m) ? (int)i : -1;
     }
     return -1;
 }
 
-bool cl_has_entry(const epmoe_client *c)
+bool cl_has_ready_entry(const epmoe_client *c)
 {
     for (uint32_t i = 0; i < c->info.n_members; i++)
         if (cl_usable(c, &c->info.members[i]))
@@ -103,19 +112,31 @@ bool cl_has_entry(const epmoe_client *c)
     return false;
 }
 
-int cl_pick_entry(epmoe_client *c, int after, int avoid)
+bool cl_has_entry(const epmoe_client *c)
+{
+    for (uint32_t i = 0; i < c->info.n_members; i++)
+        if (cl_reachable(c, &c->info.members[i]))
+            return true;
+    return false;
+}
+
+bool cl_entry_reachable(const epmoe_client *c, int i)
+{
+    return i >= 0 && (uint32_t)i < c->info.n_members && cl_reachable(c, &c->info.members[i]);
+}
+
+static int cl_pick_among(epmoe_client *c, int after, int avoid,
+                         bool (*ok)(const epmoe_client *, const cl_member *))
 {
     uint32_t n = c->info.n_members;
-    if (n == 0)
-        return -1;
-    int pref = cl_preferred(c);
+    int pref = cl_preferred(c, ok);
     if (pref >= 0 && pref != avoid)
         return pref;
     uint32_t start = after >= 0 ? (uint32_t)after + 1 : c->rotor;
     int only = -1;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = (start + k) % n;
-        if (!cl_usable(c, &c->info.members[i]))
+        if (!ok(c, &c->info.members[i]))
             continue;
         if ((int)i == avoid) {
             only = (int)i;
@@ -126,6 +147,15 @@ int cl_pick_entry(epmoe_client *c, int after, int avoid)
         return (int)i;
     }
     return only;
+}
+
+/* A ready member first (the preferred one, else by rotation), else one that will be. */
+int cl_pick_entry(epmoe_client *c, int after, int avoid)
+{
+    if (c->info.n_members == 0)
+        return -1;
+    int i = cl_pick_among(c, after, avoid, cl_usable);
+    return i >= 0 ? i : cl_pick_among(c, after, avoid, cl_reachable);
 }
 
 void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap)

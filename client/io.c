@@ -286,8 +286,10 @@ static void cl_take_info(epmoe_client *c, cl_info *fresh, int64_t now)
     }
     for (uint32_t k = 0; k < c->max_in_flight; k++) {
         struct epmoe_request *r = &c->slots[k];
+        /* gone (dead, moved, no longer a member), or not ready while another one is */
         if (r->state == CL_FLIGHT && !r->wait_release && r->entry >= 0 &&
-            ((uint32_t)r->entry >= c->info.n_members || !c->info.members[r->entry].ready))
+            (!cl_entry_reachable(c, r->entry) ||
+             (!c->info.members[r->entry].ready && cl_has_ready_entry(c))))
             r->resend_ns = now;
     }
     cl_info_free(&old);
@@ -401,6 +403,11 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
         return; /* a late answer (another entry won), or canceled: dropped */
     const char *entry = c->info.members[i].name;
     int code = res->has_code ? (int)res->code : 0;
+    if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && cl_now_ns() < r->deadline_ns) {
+        /* the entry is stopping (not the request failing): another member takes it now */
+        r->resend_ns = cl_now_ns();
+        return;
+    }
     r->remote_code = code;
     if (code != EPMOE__ERROR_CODE__ERR_NONE) {
         r->status = cl_map_remote(code, res->message);

@@ -148,6 +148,21 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
         # with security as rank r's peer (admitted, its bytes reach the transport)
         for k in $kinds; do poke_as "w$(((r + 1) % 4))" "w$r" "${DATA[$r]}" push "$k" >/dev/null; done
     done
+    # and each worker's client endpoint (the serving path): an admitted client's malformed
+    # messages are dropped, a message of another type gets an Error; with security a stranger's
+    # key gets no answer at all (the handshake is refused)
+    for ((r = 0; r < 4; r++)); do
+        cep=$(sed -n 's/.*client endpoint \(tcp:[^ ]*\).*/\1/p' "$TMP/live.w$r.log" | tail -1)
+        [ -n "$cep" ] || { fail "worker w$r logged no client endpoint"; continue; }
+        for k in $kinds; do poke_as op1 "w$r" "$cep" dealer "$k" >/dev/null; done
+        r1=$(poke_as op1 "w$r" "$cep" dealer unknown)
+        [[ "$r1" == "reply: type 1"* ]] || fail "client endpoint of w$r, unknown type: $r1"
+        if [ -n "$SECURE" ]; then
+            r2=$(poke_as intruder "w$r" "$cep" dealer unknown)
+            [ "$r2" = "no reply" ] || fail "client endpoint of w$r answered a stranger: $r2"
+        fi
+    done
+    ok "the workers' client endpoints dropped or answered malformed messages${SECURE:+ and refused a stranger's key}"
     sleep 0.5
     for ((r = 0; r < 4; r++)); do
         kill -0 "${CPIDS[$((r + 1))]}" 2>/dev/null || fail "worker w$r died after garbage"
