@@ -162,7 +162,7 @@ if start_cluster live "$TMP/fp8" 4 fp8; then
             [ "$r2" = "no reply" ] || fail "client endpoint of w$r answered a stranger: $r2"
         fi
     done
-    ok "the workers' client endpoints dropped or answered malformed messages${SECURE:+ and refused a stranger's key}"
+    ok "the workers' client endpoints dropped or answered malformed messages${SECURE:+ and refused a stranger key}"
     sleep 0.5
     for ((r = 0; r < 4; r++)); do
         kill -0 "${CPIDS[$((r + 1))]}" 2>/dev/null || fail "worker w$r died after garbage"
