@@ -395,15 +395,24 @@ static void coord_on_ready(coord *c, const ob_event *e)
         coord_replan(c, true, false, "worker %s rejoined (rejoin: restore)", name);
 }
 
+/* A member's load failed: the cluster cannot become ready without it, so it is blocked with
+ * the reason (forwards refused at once) until a change replans. Also when no epoch is being
+ * applied: a restarted member that keeps its experts loads them again under the current epoch,
+ * and waiting for it would leave the cluster `loading` for ever, every forward timing out. The
+ * first placement (forming) refuses forwards already and names the worker. */
 static void coord_on_load_failed(coord *c, const ob_event *e)
 {
-    const plan_table *latest = plan_latest(c->pe);
-    if (plan_phase_of(c->pe) != PLAN_APPLYING || !plan_is_member(latest, e->rank))
+    plan_phase ph = plan_phase_of(c->pe);
+    const plan_table *t =
+        ph == PLAN_STABLE || ph == PLAN_STAGING ? plan_current(c->pe) : plan_latest(c->pe);
+    if (ph == PLAN_FORMING || ph == PLAN_BLOCKED || !plan_is_member(t, e->rank))
         return;
     char problem[EP_ERR_MSG_MAX];
     snprintf(problem, sizeof problem,
              "worker %s could not load its experts of epoch %" PRIu64 ": %s",
-             c->spec->workers[e->rank].name, latest->epoch, e->text);
+             c->spec->workers[e->rank].name, t->epoch, e->text);
+    if (ph == PLAN_STAGING)
+        reg_unstage(c->reg); /* plan_block drops the staged epoch */
     plan_block(c->pe, problem);
 }
 
