@@ -110,6 +110,10 @@ PY
 )
     [ -z "$missing" ] && ok "deploy/grafana/epmoe.json: every metric it draws is served" ||
         fail "the dashboard draws metrics the coordinator does not serve: $missing"
+    # slowloris: strangers trickling half-open requests do not blind the endpoint, and the
+    # server closes them at its total request deadline (10 s, common/metrics_http.c)
+    "$PY" "$(dirname "$0")/slowloris.py" "$CM" 10 && ok "/metrics serves a scrape while strangers hold connections" ||
+        fail "slowloris on the coordinator's /metrics"
     stop_cluster met
 fi
 
