@@ -26,7 +26,7 @@ struct cmx {
         *f_load_total, *f_load_ratio, *f_wexperts, *f_changes;
     mx_family *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes, *f_msgs, *f_tokens;
     mx_family *f_expert_tokens, *f_layer_balance, *f_worker_load, *f_balance, *f_window;
-    mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved;
+    mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved, *f_refused;
     /* cached series */
     mx_series *state[CMX_N_STATES], *epoch[3], *workers[CMX_N_WSTATES], *dead, *masked;
     mx_series **up, **load_bytes, **load_total, **load_ratio, **wexperts; /* [P] */
@@ -125,6 +125,25 @@ static void cmx_cache(cmx *m)
     mx_series2(m->f_steps, "ok", "ERR_NONE"); /* present from the start, at 0 */
 }
 
+/* The refusal counters, at 0 for both domains and every reason. */
+static void cmx_handshakes(cmx *m)
+{
+    m->f_refused = mx_family_s(m->reg, MX_COUNTER, "epmoe_handshakes_refused_total",
+                               "Connections a CURVE socket refused, by ZAP domain and reason",
+                               "domain,reason");
+    const char *domains[2] = {AUTH_DOMAIN_WORKERS, AUTH_DOMAIN_OPERATORS};
+    for (int d = 0; d < 2; d++)
+        for (int r = 0; r < AUTH_N_REASONS; r++)
+            mx_series2(m->f_refused, domains[d], auth_reason_name((auth_reason)r));
+}
+
+void cmx_handshake_refused(void *ctx, const char *domain, auth_reason reason)
+{
+    cmx *m = ctx;
+    if (m != NULL && m->f_refused != NULL)
+        mx_add(mx_series2(m->f_refused, domain, auth_reason_name(reason)), 1);
+}
+
 static void cmx_free_arrays(cmx *m)
 {
     free(m->up);
@@ -171,6 +190,8 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     }
     cmx_families(m);
     cmx_cache(m);
+    if (spec->secure)
+        cmx_handshakes(m);
     if (spec->metrics[0]) {
         m->http = mx_http_start(m->reg, spec->metrics, err);
         if (m->http == NULL) {

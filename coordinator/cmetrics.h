@@ -19,6 +19,7 @@
  *            epmoe_layer_balance_ratio{layer} (measured max/mean worker load in the window),
  *            epmoe_layer_worker_load_ratio{layer, worker} (load / mean: the heatmap),
  *            epmoe_balance_ratio (layer average), epmoe_stats_window_steps
+ * Security:  epmoe_handshakes_refused_total{domain, reason} (with security: only)
  * Rebalance: epmoe_rebalances_total{result=applied|unchanged|failed|abandoned},
  *            epmoe_rebalance_duration_seconds (histogram: decision to the new epoch served),
  *            epmoe_rebalance_plan_seconds (histogram), epmoe_rebalance_moved_experts_total
@@ -31,6 +32,7 @@
 
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/error.h"
 #include "common/model_config.h"
 #include "coordinator/planner.h"
@@ -59,6 +61,8 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                  const plan_table *current, int layer);
 void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved);
 void cmx_rebalance_done(cmx *m, double seconds);
+/* A handshake a CURVE socket refused (an auth_refusal_fn: ctx is the cmx). */
+void cmx_handshake_refused(void *ctx, const char *domain, auth_reason reason);
 /* The spec changed (a reload, n_workers now): per-worker series are dropped (they come back
  * with the names). */
 void cmx_respec(cmx *m, int n_workers);

@@ -911,6 +911,7 @@ static int coord_security(coord *c, ep_err *err)
         return 0;
     if (keys_load(c->spec, &c->keys, err) != 0 || (c->zap = auth_zap_start(c->zctx, err)) == NULL)
         return -1;
+    auth_zap_on_refusal(c->zap, cmx_handshake_refused, c->mx); /* zap stops before mx goes */
     auth_list *w = keys_worker_list(c->spec, &c->keys, err);
     if (w == NULL || auth_zap_allow(c->zap, AUTH_DOMAIN_WORKERS, w, err) != 0)
         return -1;

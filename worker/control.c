@@ -1013,6 +1013,10 @@ int wctl_run(const wctl_options *opt)
     w.mx = wmx_create(&err);
     if (w.mx == NULL || exec_send_metrics(w.exec, w.mx, &err) != 0)
         log_error("metrics: %s", err.msg);
+    if (w.zap != NULL && w.mx != NULL) {
+        wmx_handshakes(w.mx);
+        auth_zap_on_refusal(w.zap, wmx_handshake_refused, w.mx);
+    }
     if (wctl_connect(&w, &err) != 0)
         goto fail_connect;
     uint64_t wd = sdn_watchdog_usec();
@@ -1023,6 +1027,8 @@ int wctl_run(const wctl_options *opt)
     wctl_loop(&w);
     sdn_notify("STOPPING=1");
     exec_stop(&w.exec);
+    if (w.zap != NULL)
+        auth_zap_on_refusal(w.zap, NULL, NULL); /* the handler outlives the metrics */
     wmx_destroy(&w.mx);                         /* after the executor: it updates them */
     if (w.dealer)
         wctl_close_dealer_with(&w, w.dealer);
@@ -1038,6 +1044,8 @@ int wctl_run(const wctl_options *opt)
 
 fail_connect:
     exec_stop(&w.exec);
+    if (w.zap != NULL)
+        auth_zap_on_refusal(w.zap, NULL, NULL);
     wmx_destroy(&w.mx);
 fail_exec:
     auth_zap_stop(&w.zap);

@@ -25,7 +25,7 @@ struct wmx {
     mx_http *http;
     char addr[64];
     mx_family *f_state, *f_epoch, *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes,
-        *f_msgs, *f_tokens, *f_weight, *f_read, *f_progress, *f_loads;
+        *f_msgs, *f_tokens, *f_weight, *f_read, *f_progress, *f_loads, *f_refused;
     mx_series *state[WMX_N_STATES], *epoch, *ok, *failed, *bytes[2], *msgs[2], *weight, *read,
         *progress;
     mx_series *step_s[WMX_LAYERS], *disp_s[WMX_LAYERS], *exp_s[WMX_LAYERS], *comb_s[WMX_LAYERS];
@@ -199,4 +199,22 @@ void wmx_loaded(wmx *m, const char *kind, uint64_t bytes_read, uint64_t weight_b
     mx_add(m->read, (double)bytes_read);
     mx_set(m->weight, (double)weight_bytes);
     mx_set(m->progress, 1.0);
+}
+
+void wmx_handshakes(wmx *m)
+{
+    if (m == NULL)
+        return;
+    m->f_refused = mx_family_s(m->reg, MX_COUNTER, "epmoe_handshakes_refused_total",
+                               "Connections a CURVE socket refused, by ZAP domain and reason",
+                               "domain,reason");
+    for (int r = 0; r < AUTH_N_REASONS; r++)
+        mx_series2(m->f_refused, AUTH_DOMAIN_DATA, auth_reason_name((auth_reason)r));
+}
+
+void wmx_handshake_refused(void *ctx, const char *domain, auth_reason reason)
+{
+    wmx *m = ctx;
+    if (m != NULL && m->f_refused != NULL)
+        mx_add(mx_series2(m->f_refused, domain, auth_reason_name(reason)), 1);
 }

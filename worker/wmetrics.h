@@ -18,6 +18,7 @@
  *   epmoe_worker_load_read_bytes_total        checkpoint bytes its loads read
  *   epmoe_worker_load_progress_ratio          the load in progress, 0..1
  *   epmoe_worker_loads_total{kind}            loads: load, epoch, staged, commit
+ *   epmoe_handshakes_refused_total{domain,reason}  refused at the data endpoint (with a key)
  */
 #ifndef EPMOE_WMETRICS_H
 #define EPMOE_WMETRICS_H
@@ -25,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/auth.h"
 #include "common/error.h"
 
 typedef struct wmx wmx;
@@ -45,5 +47,9 @@ void wmx_sent(wmx *m, bool combine, uint64_t bytes);
 void wmx_expert_pairs(wmx *m, int layer, int expert, uint32_t pairs);
 void wmx_load_progress(wmx *m, uint64_t done, uint64_t total);
 void wmx_loaded(wmx *m, const char *kind, uint64_t bytes_read, uint64_t weight_bytes);
+/* With a key: epmoe_handshakes_refused_total{domain,reason} at 0 for the data endpoint; then
+ * wmx_handshake_refused counts (an auth_refusal_fn: ctx is the wmx). */
+void wmx_handshakes(wmx *m);
+void wmx_handshake_refused(void *ctx, const char *domain, auth_reason reason);
 
 #endif

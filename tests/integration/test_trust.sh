@@ -16,6 +16,8 @@
 #   - with security: a worker with an unlisted key, and one whose key is another worker's,
 #     exit 78 and never register; epmoectl without a key or with an unlisted one exits 77; a
 #     stranger's messages to a worker's data endpoint are refused (logged with the address);
+#     a client without CURVE, one with another server key and a stream that is not ZeroMQ are
+#     logged with the peer's address and reason and counted (they left no trace: issue 17, 6);
 #     the operator's key works and the cluster's forwards are bit-identical to --local.
 #
 #   test_trust.sh CTL_DIR COORDINATOR WORKER ZMQ_POKE HAVE_CUDA
@@ -260,6 +262,8 @@ SEC="security: {coordinator_key: $K/coordinator.key, worker_keys: $K/workers, op
 write_spec "$TMP/sec.yaml" "$M" 2 "tcp://*:$(free_ports 1)" cpu "$SEC"
 ADMIN_BIND=$ADMIN
 ADMIN="tcp://127.0.0.1:${ADMIN_BIND##*:}"
+SEC_METRICS=127.0.0.1:$(free_ports 1)
+sed -i "s|liveness: 10}|liveness: 10, metrics: \"$SEC_METRICS\"}|" "$TMP/sec.yaml"
 chmod 644 "$K/coordinator.key"
 "$COORD" --cluster "$TMP/sec.yaml" --check >"$TMP/check.out" 2>&1
 rc=$?
@@ -316,6 +320,42 @@ POKE_PUBLIC=$(z public-key "$K/stranger.key") POKE_SECRET=$(z secret-key "$K/str
 sleep 0.5
 grep -q "auth: refused a connection from 127.0.0.1 to epmoe-data" "$TMP/sec.w0.log" ||
     fail "w0 did not refuse (and log) a stranger at its data endpoint"
+# handshakes refused before ZAP sees a key: a client without CURVE, one holding another server
+# key, a stream that is not ZeroMQ. Each is logged with the peer's address and port and the
+# reason, and counted in epmoe_handshakes_refused_total{domain,reason} (they left no trace)
+timeout 30 "$POKE" "$LISTEN" dealer garbage >/dev/null
+POKE_PUBLIC=$(z public-key "$K/op1.key") POKE_SECRET=$(z secret-key "$K/op1.key") \
+    POKE_SERVER=$(z public-key "$K/w0.pub") timeout 30 "$POKE" "$ADMIN" dealer garbage >/dev/null
+"$PY" - "${ADMIN##*:}" <<'PY'
+import os, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+time.sleep(0.3)  # an accepted connection that then sends what no ZeroMQ peer sends
+s.sendall(b"\x16\x03\x01" + os.urandom(61))
+s.settimeout(5)
+try:
+    s.recv(100)
+except OSError:
+    pass
+PY
+sleep 0.5
+# (a client without CURVE may see the mismatch first and hang up: then the handshake broke off)
+refused0=$fails
+for want in "epmoe-workers: (it does not speak CURVE|its handshake broke off)" \
+    "epmoe-operators: its CURVE handshake does not decrypt" \
+    "epmoe-operators: the connection ended in its handshake"; do
+    grep -qE "auth: refused a connection from 127\.0\.0\.1:[0-9]+ to $want" "$TMP/sec.coord.log" ||
+        fail "no refusal logged with the peer's address: \"$want\""
+done
+if "$PY" "$(dirname "$0")/check_metrics.py" "http://$SEC_METRICS/metrics" "$TMP/sec.metrics.json" \
+    epmoe_handshakes_refused_total >/dev/null; then
+    got=$(json_get "$TMP/sec.metrics.json" "' '.join('%s=%d' % (k.replace('domain=epmoe-', '').replace(',reason=', '/'), v) for k, v in sorted(d['epmoe_handshakes_refused_total'].items()))")
+    for want in workers/key "workers/(mechanism|protocol)" operators/crypto operators/protocol; do
+        [[ " $got " =~ \ $want=[1-9] ]] || fail "epmoe_handshakes_refused_total{$want} did not count: $got"
+    done
+    [ $fails -eq $refused0 ] && ok "refused handshakes logged with address and reason, and counted: $got"
+else
+    fail "the secure coordinator's metrics: $("$PY" "$(dirname "$0")/check_metrics.py" "http://$SEC_METRICS/metrics" "$TMP/x.json")"
+fi
 EPMOE_KEY=$K/op1.key forward_ok "secure, after the strangers" "$M" &&
     ok "with security: unlisted worker and operator keys, a key speaking for another worker and a stranger on the data plane are refused"
 EPMOE_KEY=$K/op1.key "$CTL" --coordinator "$ADMIN" shutdown >/dev/null
