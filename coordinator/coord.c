@@ -676,6 +676,8 @@ static void coord_settle(coord *c)
             break;
     }
     ob_clear(&c->out);
+    /* the per-worker gauges follow each change, not the next heartbeat (set only on change) */
+    cmx_workers(c->mx, c->spec, c->reg, plan_latest(c->pe));
 }
 
 /* Begin an orderly stop (SIGTERM, admin SHUTDOWN): stop taking work, answer queued requests
@@ -754,7 +756,7 @@ static int coord_swap_world(coord *c, ep_err *err)
     rl->spec = NULL;
     c->rebalance_ms = 0;
     coord_restat(c, old_workers, old_window);
-    cmx_respec(c->mx, c->spec->n_workers);
+    cmx_respec(c->mx, c->spec);
     if (formed) {
         coord_replan(c, plan_rejoin(pe) == SPEC_REJOIN_RESTORE, true, "cluster spec reloaded");
         plan_send(pe);

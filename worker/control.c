@@ -525,6 +525,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     w->heartbeat_ms = (int)wm->heartbeat_ms;
     w->liveness = (int)wm->liveness;
     w->max_msg = mmsg_max_frame(&s->config); /* for the next connection */
+    wmx_session(w->mx, w->opt->name, s->rank, w->opt->device, s->config.num_hidden_layers);
     if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
         log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
@@ -1010,7 +1011,8 @@ int wctl_run(const wctl_options *opt)
     if (w.exec == NULL)
         goto fail_exec;
     /* metrics are best effort: a worker serves without them */
-    w.mx = wmx_create(&err);
+    w.mx = wmx_create(opt->metrics_per_layer, &err);
+    wmx_session(w.mx, opt->name, -1, opt->device, 0);
     if (w.mx == NULL || exec_send_metrics(w.exec, w.mx, &err) != 0)
         log_error("metrics: %s", err.msg);
     if (w.zap != NULL && w.mx != NULL) {
