@@ -13,8 +13,9 @@
 # and a second scrape must show: coordinator steps_total{ok} +N, expert_tokens_total +N*T*k,
 # step latency count +N, the cluster ready with its epoch; each worker's steps_total{ok} +N and
 # its data-plane messages and expert pairs up. A forward of layer mtp.0 is labelled "mtp.0". A
-# drain changes the per-worker gauges at once (not at the next heartbeat, 3 s away); a step that
-# times out (a worker stopped) is counted with code ERR_TIMEOUT. Every metric
+# drain changes the per-worker gauges at once (not at the next heartbeat, 3 s away); concurrent
+# forwards (queued behind one another) are all counted ok; a step that times out (a worker
+# stopped) is counted with code ERR_TIMEOUT. Every metric
 # deploy/grafana/epmoe.json draws is among those served. Slowloris cannot blind /metrics.
 #
 # Then the cardinality budget at V4-Flash layer count (43 layers + 1 MTP, 256 experts): after
@@ -198,6 +199,26 @@ PY
     fi
     "$CTL" --coordinator "$ADMIN" undrain w1 >/dev/null 2>&1 || fail "undrain w1"
     "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 60 >/dev/null 2>&1 || fail "not ready after undrain"
+    # steps that queue behind one another are each counted as what they were (the next step
+    # used to start, and reset the record, before the closed one was counted: every step with
+    # a request waiting behind it was counted as failed with code ERR_NONE)
+    scrape q0 "$CM"
+    qpids=()
+    for i in 1 2 3 4 5 6; do
+        "$CTL" --coordinator "$ADMIN" forward --layer 1 --input "$TMP/in.st" --output "$TMP/q$i.st" \
+            >"$TMP/q$i.log" 2>&1 &
+        qpids+=($!)
+    done
+    qbad=0
+    for p in "${qpids[@]}"; do wait "$p" || qbad=$((qbad + 1)); done
+    scrape q1 "$CM"
+    d_q=$(("$(get q1 epmoe_steps_total code=ERR_NONE,result=ok | cut -d. -f1)" -
+        "$(get q0 epmoe_steps_total code=ERR_NONE,result=ok | cut -d. -f1)"))
+    if [ $qbad -eq 0 ] && [ "$d_q" = 6 ] && [ -z "$(get q1 epmoe_steps_total code=ERR_NONE,result=failed)" ]; then
+        ok "6 concurrent forwards (queued behind one another): steps_total{ok} +6, none failed"
+    else
+        fail "6 concurrent forwards ($qbad failed): steps_total{ok} +$d_q; counted: $(json_get "$TMP/q1.json" "{k: v for k, v in d['epmoe_steps_total'].items() if v}")"
+    fi
     # a step that times out is counted with its code, not ERR_NONE
     kill -STOP "${CPIDS[2]}"
     "$CTL" --coordinator "$ADMIN" forward --layer 1 --input "$TMP/in.st" --output "$TMP/to.st" >"$TMP/to.log" 2>&1
