@@ -686,7 +686,8 @@ static void auth_watch_take(auth_zap *z)
         memset(w, 0, sizeof *w);
         w->pair = pair;
         w->failed = -1;
-        snprintf(w->domain, sizeof w->domain, "%s", z->req[i].domain);
+        memcpy(w->domain, z->req[i].domain, sizeof w->domain); /* same size, NUL-terminated */
+        w->domain[sizeof w->domain - 1] = '\0';
         z->n_watch++;
     }
     z->n_req = 0;
