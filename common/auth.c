@@ -12,7 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -26,6 +30,10 @@
 #define AUTH_ZAP_ENDPOINT "inproc://zeromq.zap.01"
 /* How often the handler thread looks at its stop flag. */
 #define AUTH_POLL_MS 100
+/* CURVE server sockets one handler watches (coordinator: listen + admin; worker: data), and
+ * connections in their handshake at once per socket (more are not named, only counted). */
+#define AUTH_MAX_WATCH 8
+#define AUTH_MAX_PEERS 128
 
 bool auth_available(void)
 {
@@ -352,6 +360,30 @@ typedef struct auth_domain {
     auth_list *list;
 } auth_domain;
 
+/* A connection of a watched socket since its ACCEPTED event. */
+typedef struct auth_peer {
+    int fd;
+    bool ok; /* its handshake succeeded */
+    char addr[64];
+} auth_peer;
+
+/* A watched server socket, from the handler thread's side: the monitor's other end, the
+ * connections it accepted, and the failure waiting for its DISCONNECTED (libzmq reports a
+ * failed handshake, then at once the end of that connection, which names the descriptor). */
+typedef struct auth_watch {
+    void *pair;
+    char domain[64];
+    auth_peer peer[AUTH_MAX_PEERS];
+    int n_peer;
+    int failed; /* -1: none; AUTH_N_REASONS: refused by ZAP (logged there); else the reason */
+    char why[160];
+} auth_watch;
+
+/* A socket auth_server asked to watch, for the thread to connect to. */
+typedef struct auth_watch_req {
+    char ep[64], domain[64];
+} auth_watch_req;
+
 struct auth_zap {
     void *zctx;
     void *rep; /* owned by the thread after start */
@@ -361,6 +393,12 @@ struct auth_zap {
     auth_domain domains[AUTH_MAX_DOMAINS];
     int n_domains;
     atomic_uint_least64_t refused;
+    auth_refusal_fn on_refusal; /* guarded by mu */
+    void *on_refusal_ctx;
+    auth_watch_req req[AUTH_MAX_WATCH]; /* guarded by mu */
+    int n_req;
+    auth_watch watch[AUTH_MAX_WATCH]; /* the thread's own */
+    int n_watch;
     time_t log_sec;
     int log_count;
     uint64_t log_suppressed;
@@ -372,6 +410,24 @@ static void auth_frame_text(zmq_msg_t *f, char *out, size_t cap)
     size_t n = zmq_msg_size(f) < cap - 1 ? zmq_msg_size(f) : cap - 1;
     memcpy(out, zmq_msg_data(f), n);
     out[n] = '\0';
+}
+
+/* The handler of this process (auth_server watches its sockets through it). */
+static pthread_mutex_t auth_current_mu = PTHREAD_MUTEX_INITIALIZER;
+static auth_zap *auth_current;
+
+const char *auth_reason_name(auth_reason r)
+{
+    static const char *const names[AUTH_N_REASONS] = {"key", "mechanism", "crypto", "protocol"};
+    return (unsigned)r < AUTH_N_REASONS ? names[r] : "?";
+}
+
+void auth_zap_on_refusal(auth_zap *z, auth_refusal_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&z->mu);
+    z->on_refusal = fn;
+    z->on_refusal_ctx = ctx;
+    pthread_mutex_unlock(&z->mu);
 }
 
 static void auth_log_refusal(auth_zap *z, const char *domain, const char *address, const char *why)
@@ -391,15 +447,30 @@ static void auth_log_refusal(auth_zap *z, const char *domain, const char *addres
         z->log_suppressed++;
 }
 
-/* Decide one request: the user id (name) or NULL with why. */
+/* One refusal: counted, logged (rate limited), told to the daemon. */
+static void auth_refused(auth_zap *z, const char *domain, const char *address, auth_reason reason,
+                         const char *why)
+{
+    atomic_fetch_add(&z->refused, 1);
+    auth_log_refusal(z, domain, address, why);
+    /* under the lock: the daemon clears the hook before it frees what ctx points to */
+    pthread_mutex_lock(&z->mu);
+    if (z->on_refusal)
+        z->on_refusal(z->on_refusal_ctx, domain, reason);
+    pthread_mutex_unlock(&z->mu);
+}
+
+/* Decide one request: the user id (name) or NULL with why and the reason. */
 static const char *auth_decide(auth_zap *z, zmq_msg_t *f, int n, char *name, size_t cap, char *why,
-                               size_t why_cap)
+                               size_t why_cap, auth_reason *reason)
 {
     char domain[64], mech[16];
     auth_frame_text(&f[2], domain, sizeof domain);
     auth_frame_text(&f[5], mech, sizeof mech);
+    *reason = AUTH_REASON_KEY;
     if (strcmp(mech, "CURVE") != 0 || n != 7 || zmq_msg_size(&f[6]) != AUTH_KEY_BYTES) {
         snprintf(why, why_cap, "mechanism %s, only CURVE is admitted", mech);
+        *reason = AUTH_REASON_MECHANISM;
         return NULL;
     }
     const uint8_t *key = zmq_msg_data(&f[6]);
@@ -455,13 +526,13 @@ static void auth_handle(auth_zap *z)
         char name[EP_MAX_NAME], why[160], domain[64], address[64];
         auth_frame_text(&f[2], domain, sizeof domain);
         auth_frame_text(&f[3], address, sizeof address);
-        if (auth_decide(z, f, n, name, sizeof name, why, sizeof why) != NULL) {
+        auth_reason reason;
+        if (auth_decide(z, f, n, name, sizeof name, why, sizeof why, &reason) != NULL) {
             log_debug(LOG_SUB_NET, "auth: %s admitted to %s as %s", address, domain, name);
             auth_reply(z->rep, &f[1], "200", "OK", name);
         } else {
-            atomic_fetch_add(&z->refused, 1);
-            auth_log_refusal(z, domain, address, why);
             auth_reply(z->rep, &f[1], "400", "not in the allow-list", "");
+            auth_refused(z, domain, address, reason, why);
         }
     } else if (n >= 2) {
         auth_reply(z->rep, &f[1], "500", "malformed ZAP request", "");
@@ -470,14 +541,223 @@ static void auth_handle(auth_zap *z)
         zmq_msg_close(&f[i]);
 }
 
+/* ---- watching server handshakes ---- */
+
+/* "ADDRESS:PORT" of the peer of fd (read at its ACCEPTED event, while it is open). */
+static void auth_peer_name(int fd, char *out, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    snprintf(out, cap, "?");
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        snprintf(out, cap, "%s:%u", ip, ntohs(a->sin_port));
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+        snprintf(out, cap, "[%s]:%u", ip, ntohs(a->sin6_port));
+    } else if (ss.ss_family == AF_UNIX) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(out, cap, "local pid %d uid %u", (int)cr.pid, (unsigned)cr.uid);
+        else
+            snprintf(out, cap, "a local process");
+    }
+}
+
+static void auth_watch_accepted(auth_watch *w, int fd)
+{
+    int i = 0;
+    while (i < w->n_peer && w->peer[i].fd != fd)
+        i++;
+    if (i == w->n_peer) {
+        if (w->n_peer == AUTH_MAX_PEERS)
+            return; /* not named: its refusal says "?" */
+        w->n_peer++;
+    }
+    w->peer[i].fd = fd;
+    w->peer[i].ok = false;
+    auth_peer_name(fd, w->peer[i].addr, sizeof w->peer[i].addr);
+}
+
+/* A handshake succeeded; the event does not say which: the oldest connection still in its
+ * handshake (they finish about in the order they came). */
+static void auth_watch_succeeded(auth_watch *w)
+{
+    for (int i = 0; i < w->n_peer; i++)
+        if (!w->peer[i].ok) {
+            w->peer[i].ok = true;
+            return;
+        }
+}
+
+static void auth_watch_failed(auth_watch *w, uint16_t event, uint32_t value)
+{
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+        w->failed = AUTH_N_REASONS; /* ZAP refused the key, and said so */
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+               value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        w->failed = AUTH_REASON_MECHANISM;
+        snprintf(w->why, sizeof w->why,
+                 "it does not speak CURVE (a client without --key, or of a cluster without "
+                 "security:)");
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+               value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+        w->failed = AUTH_REASON_CRYPTO;
+        snprintf(w->why, sizeof w->why,
+                 "its CURVE handshake does not decrypt (it holds another server key than this "
+                 "socket's, or replays a recorded handshake)");
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        w->failed = AUTH_REASON_PROTOCOL;
+        snprintf(w->why, sizeof w->why, "ZMTP protocol error %#x in its handshake", value);
+    } else {
+        w->failed = AUTH_REASON_PROTOCOL;
+        snprintf(w->why, sizeof w->why,
+                 "its handshake broke off (%s): a client that does not speak CURVE and hung up "
+                 "first, or one that gave up",
+                 strerror((int)value));
+    }
+}
+
+/* A connection ended: a refusal when its handshake failed, or when it never finished one. */
+static void auth_watch_gone(auth_zap *z, auth_watch *w, int fd)
+{
+    int i = 0;
+    while (i < w->n_peer && w->peer[i].fd != fd)
+        i++;
+    const char *addr = i < w->n_peer ? w->peer[i].addr : "?";
+    if (w->failed >= 0 && w->failed < AUTH_N_REASONS)
+        auth_refused(z, w->domain, addr, (auth_reason)w->failed, w->why);
+    else if (w->failed < 0 && i < w->n_peer && !w->peer[i].ok)
+        auth_refused(z, w->domain, addr, AUTH_REASON_PROTOCOL,
+                     "the connection ended in its handshake (not a ZeroMQ peer: garbage, or a "
+                     "peer that gave up)");
+    w->failed = -1;
+    if (i < w->n_peer)
+        w->peer[i] = w->peer[--w->n_peer];
+}
+
+/* Read a watched socket's events; false once its monitor stopped (the socket was closed). */
+static bool auth_watch_read(auth_zap *z, auth_watch *w)
+{
+    for (;;) {
+        zmq_msg_t head, addr;
+        zmq_msg_init(&head);
+        if (zmq_msg_recv(&head, w->pair, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&head);
+            return true;
+        }
+        zmq_msg_init(&addr);
+        if (zmq_msg_more(&head))
+            zmq_msg_recv(&addr, w->pair, 0);
+        zmq_msg_close(&addr);
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&head) == 6) {
+            const uint8_t *d = zmq_msg_data(&head);
+            event = (uint16_t)(d[0] | d[1] << 8);
+            value =
+                (uint32_t)d[2] | (uint32_t)d[3] << 8 | (uint32_t)d[4] << 16 | (uint32_t)d[5] << 24;
+        }
+        zmq_msg_close(&head);
+        if (event == ZMQ_EVENT_ACCEPTED)
+            auth_watch_accepted(w, (int)value);
+        else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            auth_watch_succeeded(w);
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                 event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                 event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            auth_watch_failed(w, event, value);
+        else if (event == ZMQ_EVENT_DISCONNECTED)
+            auth_watch_gone(z, w, (int)value);
+        else if (event == ZMQ_EVENT_MONITOR_STOPPED)
+            return false;
+    }
+}
+
+/* Connect to the monitors auth_server started since the last look. */
+static void auth_watch_take(auth_zap *z)
+{
+    pthread_mutex_lock(&z->mu);
+    for (int i = 0; i < z->n_req && z->n_watch < AUTH_MAX_WATCH; i++) {
+        auth_watch *w = &z->watch[z->n_watch];
+        int linger = 0;
+        void *pair = zmq_socket(z->zctx, ZMQ_PAIR);
+        if (pair == NULL || zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+            zmq_connect(pair, z->req[i].ep) != 0) {
+            log_warn("auth: cannot watch the handshakes of %s: %s", z->req[i].domain,
+                     zmq_strerror(zmq_errno()));
+            if (pair)
+                zmq_close(pair);
+            continue;
+        }
+        memset(w, 0, sizeof *w);
+        w->pair = pair;
+        w->failed = -1;
+        memcpy(w->domain, z->req[i].domain, sizeof w->domain); /* same size, NUL-terminated */
+        w->domain[sizeof w->domain - 1] = '\0';
+        z->n_watch++;
+    }
+    z->n_req = 0;
+    pthread_mutex_unlock(&z->mu);
+}
+
+static void auth_watch_close(auth_zap *z, int i)
+{
+    zmq_close(z->watch[i].pair);
+    z->watch[i] = z->watch[--z->n_watch];
+}
+
+/* Called by auth_server from the socket's thread: a monitor on sock, for the handler to read. */
+static void auth_watch_socket(void *sock, const char *domain)
+{
+    static atomic_uint seq;
+    pthread_mutex_lock(&auth_current_mu);
+    auth_zap *z = auth_current;
+    if (z != NULL) {
+        char ep[64];
+        snprintf(ep, sizeof ep, "inproc://epmoe-watch-%u", atomic_fetch_add(&seq, 1));
+        int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_MONITOR_STOPPED;
+        pthread_mutex_lock(&z->mu);
+        if (z->n_req + z->n_watch < AUTH_MAX_WATCH && zmq_socket_monitor(sock, ep, events) == 0) {
+            snprintf(z->req[z->n_req].ep, sizeof z->req[z->n_req].ep, "%s", ep);
+            snprintf(z->req[z->n_req].domain, sizeof z->req[z->n_req].domain, "%s", domain);
+            z->n_req++;
+        } else {
+            log_warn("auth: the handshakes of a %s socket are not watched (%d watched already)",
+                     domain, AUTH_MAX_WATCH);
+        }
+        pthread_mutex_unlock(&z->mu);
+    }
+    pthread_mutex_unlock(&auth_current_mu);
+}
+
 static void *auth_zap_main(void *arg)
 {
     auth_zap *z = arg;
     while (!atomic_load(&z->stop)) {
-        zmq_pollitem_t it = {.socket = z->rep, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, AUTH_POLL_MS) > 0)
+        auth_watch_take(z);
+        zmq_pollitem_t it[1 + AUTH_MAX_WATCH] = {{.socket = z->rep, .events = ZMQ_POLLIN}};
+        for (int i = 0; i < z->n_watch; i++)
+            it[1 + i] = (zmq_pollitem_t){.socket = z->watch[i].pair, .events = ZMQ_POLLIN};
+        int n = z->n_watch;
+        if (zmq_poll(it, 1 + n, AUTH_POLL_MS) <= 0)
+            continue;
+        if (it[0].revents)
             auth_handle(z);
+        for (int i = n - 1; i >= 0; i--) /* from the end: closing moves the last one to i */
+            if (it[1 + i].revents && !auth_watch_read(z, &z->watch[i]))
+                auth_watch_close(z, i);
     }
+    while (z->n_watch > 0)
+        auth_watch_close(z, z->n_watch - 1);
     zmq_close(z->rep);
     return NULL;
 }
@@ -506,6 +786,9 @@ auth_zap *auth_zap_start(void *zctx, ep_err *err)
         ep_err_set(err, "ZAP handler: cannot start its thread");
         goto fail;
     }
+    pthread_mutex_lock(&auth_current_mu);
+    auth_current = z;
+    pthread_mutex_unlock(&auth_current_mu);
     return z;
 fail:
     if (z->rep)
@@ -520,6 +803,10 @@ void auth_zap_stop(auth_zap **self_p)
     auth_zap *z = *self_p;
     if (z == NULL)
         return;
+    pthread_mutex_lock(&auth_current_mu);
+    if (auth_current == z)
+        auth_current = NULL;
+    pthread_mutex_unlock(&auth_current_mu);
     atomic_store(&z->stop, true);
     pthread_join(z->thread, NULL);
     for (int i = 0; i < z->n_domains; i++)
@@ -565,6 +852,7 @@ int auth_server(void *sock, const auth_keypair *kp, const char *domain, ep_err *
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, kp->sec, AUTH_KEY_BYTES) != 0 ||
         zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0)
         return ep_err_set(err, "CURVE server options: %s", zmq_strerror(zmq_errno()));
+    auth_watch_socket(sock, domain);
     return 0;
 }
 

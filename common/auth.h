@@ -87,8 +87,28 @@ const uint8_t *auth_list_key(const auth_list *l, int i);
 const char *auth_list_find(const auth_list *l, const uint8_t key[AUTH_KEY_BYTES]);
 
 /* ---- the ZAP handler ---- */
+/* Why a connection was refused: its key is in no allow-list (ZAP), it does not speak CURVE
+ * (a client without --key), its handshake does not decrypt (a wrong server key, a replayed or
+ * forged handshake), or it is not a ZeroMQ peer at all (garbage, a stream cut mid-handshake). */
+typedef enum auth_reason {
+    AUTH_REASON_KEY = 0,
+    AUTH_REASON_MECHANISM,
+    AUTH_REASON_CRYPTO,
+    AUTH_REASON_PROTOCOL,
+    AUTH_N_REASONS
+} auth_reason;
+const char *auth_reason_name(auth_reason r); /* key, mechanism, crypto, protocol */
+/* Told of every refusal, from the handler's thread (after it is logged). */
+typedef void (*auth_refusal_fn)(void *ctx, const char *domain, auth_reason reason);
+
 typedef struct auth_zap auth_zap;
+/* The handler of this process: it also watches the handshakes of every CURVE server socket
+ * auth_server() makes from then on (a socket monitor each, read in its thread: libzmq's ZAP
+ * sees only the keys, not the connections that fail before: no CURVE, a wrong server key,
+ * garbage). Each refusal is logged with the peer's address and the reason, rate limited like
+ * ZAP's, and counted (auth_zap_on_refusal). */
 auth_zap *auth_zap_start(void *zctx, ep_err *err);
+void auth_zap_on_refusal(auth_zap *z, auth_refusal_fn fn, void *ctx);
 /* Stop the thread and free every list. Tolerates NULL. */
 void auth_zap_stop(auth_zap **self_p);
 /* Set (or replace) the allow-list of domain; the list is taken, also on failure. */
@@ -97,7 +117,8 @@ int auth_zap_allow(auth_zap *z, const char *domain, auth_list *list, ep_err *err
 uint64_t auth_zap_refused(auth_zap *z);
 
 /* ---- sockets ---- */
-/* Make sock a CURVE server with kp whose clients the ZAP handler checks against domain. */
+/* Make sock a CURVE server with kp whose clients the ZAP handler checks against domain; the
+ * running handler watches its handshakes (call it from sock's thread, before the bind). */
 int auth_server(void *sock, const auth_keypair *kp, const char *domain, ep_err *err);
 /* Make sock a CURVE client with kp that accepts only the server whose public key is server. */
 int auth_client(void *sock, const auth_keypair *kp, const uint8_t server[AUTH_KEY_BYTES],

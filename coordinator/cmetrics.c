@@ -17,17 +17,35 @@ static const char *const cmx_wstates[] = {"absent",      "welcomed", "loading",
                                           "load-failed", "ready",    "dead"};
 #define CMX_N_WSTATES 6
 
+#ifndef EPMOE_VERSION_STRING
+#define EPMOE_VERSION_STRING "unknown"
+#endif
+
+static const char *const cmx_rebal_results[] = {"applied", "unchanged", "failed", "abandoned"};
+static const char *const cmx_change_kinds[] = {"epoch", "staged", "abandoned"};
+
+/* What the per-worker gauges last showed, so that they are set only when something changed
+ * (cmx_workers runs after every event the loop settles). */
+typedef struct cmx_wlast {
+    int state;
+    double up, done, total, ratio, experts;
+} cmx_wlast;
+
 struct cmx {
     mx_registry *reg;
     mx_http *http;
     int L, E, P;
+    int n_main; /* main layers: layer l >= n_main is "mtp.(l - n_main)" */
+    bool have_staged;
+    cmx_wlast *wlast;                              /* [EP_MAX_WORKERS] */
+    int wcount[CMX_N_WSTATES + 1], wdead, wmasked; /* last totals, -1: never set */
     /* families */
     mx_family *f_state, *f_epoch, *f_workers, *f_dead, *f_masked, *f_up, *f_load_bytes,
-        *f_load_total, *f_load_ratio, *f_wexperts, *f_changes;
+        *f_load_total, *f_load_ratio, *f_wexperts, *f_winfo, *f_changes, *f_build;
     mx_family *f_recv; /* payload bytes received, by socket: the coordinator carries no token */
     mx_family *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes, *f_msgs, *f_tokens;
     mx_family *f_expert_tokens, *f_layer_balance, *f_worker_load, *f_balance, *f_window;
-    mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved;
+    mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved, *f_refused;
     /* cached series */
     mx_series *state[CMX_N_STATES], *epoch[3], *workers[CMX_N_WSTATES], *dead, *masked;
     mx_series **up, **load_bytes, **load_total, **load_ratio, **wexperts; /* [P] */
@@ -50,16 +68,21 @@ static void cmx_families(cmx *m)
     m->f_dead = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_dead", "Workers declared dead", NULL);
     m->f_masked = mx_family_s(m->reg, MX_GAUGE, "epmoe_workers_masked",
                               "Registered workers that own no expert (drained or spare)", NULL);
-    m->f_up = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_up",
+    m->f_up = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_up",
                           "1 when the worker is ready in the latest epoch", "worker");
-    m->f_load_bytes = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_bytes",
+    m->f_load_bytes = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_load_bytes",
                                   "Checkpoint bytes the worker's load has read", "worker");
-    m->f_load_total = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_total_bytes",
+    m->f_load_total = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_load_total_bytes",
                                   "Checkpoint bytes the worker's load reads in all", "worker");
-    m->f_load_ratio = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_load_progress_ratio",
+    m->f_load_ratio = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_load_progress_ratio",
                                   "Progress of the worker's load, 0..1", "worker");
-    m->f_wexperts = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_experts",
+    m->f_wexperts = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_experts",
                                 "The most experts the worker holds in one layer", "worker");
+    m->f_winfo = mx_family_s(m->reg, MX_GAUGE, "epmoe_cluster_worker_info",
+                             "1 per worker of the spec, labelled with its rank and device",
+                             "worker,rank,device");
+    m->f_build = mx_family_s(m->reg, MX_GAUGE, "epmoe_build_info",
+                             "1, labelled with the version of this binary", "version");
     m->f_changes = mx_family_s(m->reg, MX_COUNTER, "epmoe_placement_changes_total",
                                "Placement epochs decided (epoch), staged, or abandoned", "kind");
     m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_steps_total",
@@ -114,9 +137,8 @@ static void cmx_cache(cmx *m)
 {
     for (int i = 0; i < CMX_N_STATES; i++)
         m->state[i] = mx_series1(m->f_state, cmx_states[i]);
-    const char *kinds[3] = {"current", "latest", "staged"};
-    for (int i = 0; i < 3; i++)
-        m->epoch[i] = mx_series1(m->f_epoch, kinds[i]);
+    m->epoch[0] = mx_series1(m->f_epoch, "current");
+    m->epoch[1] = mx_series1(m->f_epoch, "latest");
     for (int i = 0; i < CMX_N_WSTATES; i++)
         m->workers[i] = mx_series1(m->f_workers, cmx_wstates[i]);
     m->dead = mx_series0(m->f_dead);
@@ -128,9 +150,64 @@ static void cmx_cache(cmx *m)
     mx_series1(m->f_recv, "admin"); /* present from the start, at 0 */
     mx_series1(m->f_recv, "workers");
     m->tokens = mx_series0(m->f_tokens);
-    m->balance = mx_series0(m->f_balance);
     m->window = mx_series0(m->f_window);
-    mx_series2(m->f_steps, "ok", "ERR_NONE"); /* present from the start, at 0 */
+    /* Counters exist from the start at 0 for every label value they can take, so that rate()
+     * and increase() see the first failed step or rebalance (a series born at 1 is not an
+     * increase). epmoe_balance_ratio has no value before the first measured step: absent. */
+    mx_series2(m->f_steps, "ok", "ERR_NONE");
+    const ProtobufCEnumDescriptor *codes = &epmoe__error_code__descriptor;
+    for (unsigned i = 0; i < codes->n_values; i++)
+        if (codes->values[i].value != 0)
+            mx_series2(m->f_steps, "failed", codes->values[i].name);
+    for (size_t i = 0; i < sizeof cmx_change_kinds / sizeof *cmx_change_kinds; i++)
+        mx_series1(m->f_changes, cmx_change_kinds[i]);
+    for (size_t i = 0; i < sizeof cmx_rebal_results / sizeof *cmx_rebal_results; i++)
+        mx_series1(m->f_rebal, cmx_rebal_results[i]);
+    mx_series0(m->f_moved);
+    mx_series0(m->f_rebal_s);
+    mx_series0(m->f_rebal_plan_s);
+    mx_set(mx_series1(m->f_build, EPMOE_VERSION_STRING), 1);
+}
+
+/* One info series per worker of the spec (again after a reload changed it). */
+static void cmx_worker_info(cmx *m, const spec_cluster *spec)
+{
+    mx_clear(m->f_winfo);
+    for (int r = 0; r < spec->n_workers; r++) {
+        char rv[16];
+        snprintf(rv, sizeof rv, "%d", r);
+        const char *v[3] = {spec->workers[r].name, rv, spec->workers[r].device};
+        mx_set(mx_series_of(m->f_winfo, v), 1);
+    }
+}
+
+static void cmx_forget_workers(cmx *m)
+{
+    for (int r = 0; r < EP_MAX_WORKERS; r++)
+        m->wlast[r] =
+            (cmx_wlast){.state = -1, .up = -1, .done = -1, .total = -1, .ratio = -1, .experts = -1};
+    for (int i = 0; i <= CMX_N_WSTATES; i++)
+        m->wcount[i] = -1;
+    m->wdead = m->wmasked = -1;
+}
+
+/* The refusal counters, at 0 for both domains and every reason. */
+static void cmx_handshakes(cmx *m)
+{
+    m->f_refused = mx_family_s(m->reg, MX_COUNTER, "epmoe_handshakes_refused_total",
+                               "Connections a CURVE socket refused, by ZAP domain and reason",
+                               "domain,reason");
+    const char *domains[2] = {AUTH_DOMAIN_WORKERS, AUTH_DOMAIN_OPERATORS};
+    for (int d = 0; d < 2; d++)
+        for (int r = 0; r < AUTH_N_REASONS; r++)
+            mx_series2(m->f_refused, domains[d], auth_reason_name((auth_reason)r));
+}
+
+void cmx_handshake_refused(void *ctx, const char *domain, auth_reason reason)
+{
+    cmx *m = ctx;
+    if (m != NULL && m->f_refused != NULL)
+        mx_add(mx_series2(m->f_refused, domain, auth_reason_name(reason)), 1);
 }
 
 static void cmx_free_arrays(cmx *m)
@@ -147,6 +224,7 @@ static void cmx_free_arrays(cmx *m)
     free(m->expert_tokens);
     free(m->worker_load);
     free(m->balance_by_layer);
+    free(m->wlast);
 }
 
 cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
@@ -171,7 +249,9 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     m->expert_tokens = calloc(L * E, sizeof *m->expert_tokens);
     m->worker_load = calloc(L * P, sizeof *m->worker_load);
     m->balance_by_layer = calloc(L, sizeof *m->balance_by_layer);
-    if (!m->up || !m->load_bytes || !m->load_total || !m->load_ratio || !m->wexperts ||
+    m->wlast = calloc(P, sizeof *m->wlast);
+    m->n_main = cfg->num_hidden_layers;
+    if (!m->wlast || !m->up || !m->load_bytes || !m->load_total || !m->load_ratio || !m->wexperts ||
         !m->disp_s || !m->exp_s || !m->comb_s || !m->layer_balance || !m->expert_tokens ||
         !m->worker_load || !m->balance_by_layer) {
         ep_err_set(err, "metrics: out of memory");
@@ -179,6 +259,10 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     }
     cmx_families(m);
     cmx_cache(m);
+    cmx_forget_workers(m);
+    cmx_worker_info(m, spec);
+    if (spec->secure)
+        cmx_handshakes(m);
     if (spec->metrics[0]) {
         m->http = mx_http_start(m->reg, spec->metrics, err);
         if (m->http == NULL) {
@@ -225,6 +309,16 @@ void cmx_epochs(cmx *m, uint64_t current, uint64_t latest, uint64_t staged)
         return;
     mx_set(m->epoch[0], (double)current);
     mx_set(m->epoch[1], (double)latest);
+    bool have = staged != 0; /* no staged epoch: no series, not a 0 */
+    if (have != m->have_staged) {
+        mx_clear(m->f_epoch);
+        m->epoch[0] = mx_series1(m->f_epoch, "current");
+        m->epoch[1] = mx_series1(m->f_epoch, "latest");
+        m->epoch[2] = have ? mx_series1(m->f_epoch, "staged") : NULL;
+        mx_set(m->epoch[0], (double)current);
+        mx_set(m->epoch[1], (double)latest);
+        m->have_staged = have;
+    }
     mx_set(m->epoch[2], (double)staged);
 }
 
@@ -234,11 +328,11 @@ void cmx_change(cmx *m, const char *kind)
         mx_add(mx_series1(m->f_changes, kind), 1);
 }
 
-void cmx_respec(cmx *m, int n_workers)
+void cmx_respec(cmx *m, const spec_cluster *spec)
 {
     if (m == NULL)
         return;
-    m->P = n_workers;
+    m->P = spec->n_workers;
     mx_clear(m->f_up);
     mx_clear(m->f_load_bytes);
     mx_clear(m->f_load_total);
@@ -253,6 +347,8 @@ void cmx_respec(cmx *m, int n_workers)
     memset(m->wexperts, 0, P * sizeof *m->wexperts);
     memset(m->worker_load, 0, (size_t)m->L * P * sizeof *m->worker_load);
     memset(m->balance_by_layer, 0, (size_t)m->L * sizeof *m->balance_by_layer);
+    cmx_forget_workers(m);
+    cmx_worker_info(m, spec);
 }
 
 static mx_series *cmx_worker_series(mx_family *f, mx_series **cache, int r, const char *name)
@@ -260,6 +356,16 @@ static mx_series *cmx_worker_series(mx_family *f, mx_series **cache, int r, cons
     if (cache[r] == NULL)
         cache[r] = mx_series1(f, name);
     return cache[r];
+}
+
+/* Set g to v when it differs from what it last showed (*last). */
+static void cmx_set_changed(mx_family *f, mx_series **cache, int r, const char *name, double *last,
+                            double v)
+{
+    if (*last == v)
+        return;
+    *last = v;
+    mx_set(cmx_worker_series(f, cache, r, name), v);
 }
 
 void cmx_workers(cmx *m, const spec_cluster *spec, reg_registry *reg, const plan_table *latest)
@@ -270,25 +376,29 @@ void cmx_workers(cmx *m, const spec_cluster *spec, reg_registry *reg, const plan
     for (int r = 0; r < m->P; r++) {
         const reg_worker *w = reg_worker_at(reg, r);
         const char *name = spec->workers[r].name;
+        cmx_wlast *k = &m->wlast[r];
         if ((unsigned)w->state < CMX_N_WSTATES)
             by_state[w->state]++;
         bool member = plan_is_member(latest, r);
         masked += reg_registered(w) && !member;
-        mx_set(cmx_worker_series(m->f_up, m->up, r, name),
-               w->state == REG_READY && w->acked == latest->epoch);
-        mx_set(cmx_worker_series(m->f_load_bytes, m->load_bytes, r, name), (double)w->bytes_done);
-        mx_set(cmx_worker_series(m->f_load_total, m->load_total, r, name), (double)w->bytes_total);
         double ratio = w->bytes_total          ? (double)w->bytes_done / (double)w->bytes_total
                        : w->state == REG_READY ? 1.0
                                                : 0.0;
-        mx_set(cmx_worker_series(m->f_load_ratio, m->load_ratio, r, name), ratio > 1 ? 1 : ratio);
-        mx_set(cmx_worker_series(m->f_wexperts, m->wexperts, r, name),
-               member ? plan_rank_max(latest, r) : 0);
+        cmx_set_changed(m->f_up, m->up, r, name, &k->up,
+                        w->state == REG_READY && w->acked == latest->epoch);
+        cmx_set_changed(m->f_load_bytes, m->load_bytes, r, name, &k->done, (double)w->bytes_done);
+        cmx_set_changed(m->f_load_total, m->load_total, r, name, &k->total, (double)w->bytes_total);
+        cmx_set_changed(m->f_load_ratio, m->load_ratio, r, name, &k->ratio, ratio > 1 ? 1 : ratio);
+        cmx_set_changed(m->f_wexperts, m->wexperts, r, name, &k->experts,
+                        member ? plan_rank_max(latest, r) : 0);
     }
     for (int i = 0; i < CMX_N_WSTATES; i++)
-        mx_set(m->workers[i], by_state[i]);
-    mx_set(m->dead, by_state[REG_DEAD]);
-    mx_set(m->masked, masked);
+        if (m->wcount[i] != by_state[i])
+            mx_set(m->workers[i], m->wcount[i] = by_state[i]);
+    if (m->wdead != by_state[REG_DEAD])
+        mx_set(m->dead, m->wdead = by_state[REG_DEAD]);
+    if (m->wmasked != masked)
+        mx_set(m->masked, m->wmasked = masked);
 }
 
 static const char *cmx_code_name(int code)
@@ -298,11 +408,20 @@ static const char *cmx_code_name(int code)
     return v ? v->name : "ERR_UNKNOWN";
 }
 
-static mx_series *cmx_layer_series(mx_family *f, mx_series **cache, int l)
+/* A layer as epmoectl names it: "3", or "mtp.0" past the main layers. */
+static void cmx_layer_label(const cmx *m, int l, char *v, size_t cap)
+{
+    if (l < m->n_main)
+        snprintf(v, cap, "%d", l);
+    else
+        snprintf(v, cap, "mtp.%d", l - m->n_main);
+}
+
+static mx_series *cmx_layer_series(const cmx *m, mx_family *f, mx_series **cache, int l)
 {
     if (cache[l] == NULL) {
         char v[16];
-        snprintf(v, sizeof v, "%d", l);
+        cmx_layer_label(m, l, v, sizeof v);
         cache[l] = mx_series1(f, v);
     }
     return cache[l];
@@ -318,9 +437,9 @@ void cmx_step(cmx *m, const mc_config *cfg, const spec_cluster *spec, const seq_
     if (!r->ok || r->layer < 0 || r->layer >= m->L)
         return;
     mx_observe(m->step_s, r->seconds);
-    mx_observe(cmx_layer_series(m->f_disp_s, m->disp_s, r->layer), r->dispatch_s);
-    mx_observe(cmx_layer_series(m->f_exp_s, m->exp_s, r->layer), r->expert_s);
-    mx_observe(cmx_layer_series(m->f_comb_s, m->comb_s, r->layer), r->combine_s);
+    mx_observe(cmx_layer_series(m, m->f_disp_s, m->disp_s, r->layer), r->dispatch_s);
+    mx_observe(cmx_layer_series(m, m->f_exp_s, m->exp_s, r->layer), r->expert_s);
+    mx_observe(cmx_layer_series(m, m->f_comb_s, m->comb_s, r->layer), r->combine_s);
     mx_add(m->bytes[0], (double)r->dispatch_bytes);
     mx_add(m->bytes[1], (double)r->combine_bytes);
     mx_add(m->msgs, (double)r->messages);
@@ -331,7 +450,7 @@ void cmx_step(cmx *m, const mc_config *cfg, const spec_cluster *spec, const seq_
         mx_series **c = &m->expert_tokens[(size_t)r->layer * m->E + e];
         if (*c == NULL) {
             char lv[16], ev[16];
-            snprintf(lv, sizeof lv, "%d", r->layer);
+            cmx_layer_label(m, r->layer, lv, sizeof lv);
             snprintf(ev, sizeof ev, "%d", e);
             *c = mx_series2(m->f_expert_tokens, lv, ev);
         }
@@ -356,7 +475,7 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
     }
     double b = stats_measured_balance(st, layer, holds);
     if (b > 0) {
-        mx_set(cmx_layer_series(m->f_layer_balance, m->layer_balance, layer), b);
+        mx_set(cmx_layer_series(m, m->f_layer_balance, m->layer_balance, layer), b);
         m->balance_by_layer[layer] = b;
         const uint64_t *rc = stats_rank_counts(st, layer);
         double total = 0;
@@ -372,7 +491,7 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                 continue;
             if (*c == NULL) {
                 char lv[16];
-                snprintf(lv, sizeof lv, "%d", layer);
+                cmx_layer_label(m, layer, lv, sizeof lv);
                 *c = mx_series2(m->f_worker_load, lv, spec->workers[r].name);
             }
             mx_set(*c, holds[r] ? (double)rc[r] / (total / n) : 0);
@@ -385,6 +504,8 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
             sum += m->balance_by_layer[l];
             loaded++;
         }
+    if (loaded && m->balance == NULL) /* absent until a layer has a measured balance */
+        m->balance = mx_series0(m->f_balance);
     if (loaded)
         mx_set(m->balance, sum / loaded);
     mx_set(m->window, stats_steps(st));
@@ -415,7 +536,7 @@ void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
         mx_series **c = &m->expert_tokens[(size_t)layer * m->E + e];
         if (*c == NULL) {
             char lv[16], ev[16];
-            snprintf(lv, sizeof lv, "%d", layer);
+            cmx_layer_label(m, layer, lv, sizeof lv);
             snprintf(ev, sizeof ev, "%d", e);
             *c = mx_series2(m->f_expert_tokens, lv, ev);
         }

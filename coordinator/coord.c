@@ -397,15 +397,24 @@ static void coord_on_ready(coord *c, const ob_event *e)
         coord_replan(c, true, false, "worker %s rejoined (rejoin: restore)", name);
 }
 
+/* A member's load failed: the cluster cannot become ready without it, so it is blocked with
+ * the reason (forwards refused at once) until a change replans. Also when no epoch is being
+ * applied: a restarted member that keeps its experts loads them again under the current epoch,
+ * and waiting for it would leave the cluster `loading` for ever, every forward timing out. The
+ * first placement (forming) refuses forwards already and names the worker. */
 static void coord_on_load_failed(coord *c, const ob_event *e)
 {
-    const plan_table *latest = plan_latest(c->pe);
-    if (plan_phase_of(c->pe) != PLAN_APPLYING || !plan_is_member(latest, e->rank))
+    plan_phase ph = plan_phase_of(c->pe);
+    const plan_table *t =
+        ph == PLAN_STABLE || ph == PLAN_STAGING ? plan_current(c->pe) : plan_latest(c->pe);
+    if (ph == PLAN_FORMING || ph == PLAN_BLOCKED || !plan_is_member(t, e->rank))
         return;
     char problem[EP_ERR_MSG_MAX];
     snprintf(problem, sizeof problem,
              "worker %s could not load its experts of epoch %" PRIu64 ": %s",
-             c->spec->workers[e->rank].name, latest->epoch, e->text);
+             c->spec->workers[e->rank].name, t->epoch, e->text);
+    if (ph == PLAN_STAGING)
+        reg_unstage(c->reg); /* plan_block drops the staged epoch */
     plan_block(c->pe, problem);
 }
 
@@ -709,6 +718,8 @@ static void coord_settle(coord *c)
             break;
     }
     ob_clear(&c->out);
+    /* the per-worker gauges follow each change, not the next heartbeat (set only on change) */
+    cmx_workers(c->mx, c->spec, c->reg, plan_latest(c->pe));
 }
 
 /* Begin an orderly stop (SIGTERM, admin SHUTDOWN): stop taking work, answer queued requests
@@ -787,7 +798,7 @@ static int coord_swap_world(coord *c, ep_err *err)
     rl->spec = NULL;
     c->rebalance_ms = 0;
     coord_restat(c, old_workers, old_window);
-    cmx_respec(c->mx, c->spec->n_workers);
+    cmx_respec(c->mx, c->spec);
     if (formed) {
         coord_replan(c, plan_rejoin(pe) == SPEC_REJOIN_RESTORE, true, "cluster spec reloaded");
         plan_send(pe);
@@ -944,6 +955,7 @@ static int coord_security(coord *c, ep_err *err)
         return 0;
     if (keys_load(c->spec, &c->keys, err) != 0 || (c->zap = auth_zap_start(c->zctx, err)) == NULL)
         return -1;
+    auth_zap_on_refusal(c->zap, cmx_handshake_refused, c->mx); /* zap stops before mx goes */
     auth_list *w = keys_worker_list(c->spec, &c->keys, err);
     if (w == NULL || auth_zap_allow(c->zap, AUTH_DOMAIN_WORKERS, w, err) != 0)
         return -1;

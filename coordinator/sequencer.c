@@ -64,8 +64,12 @@ struct seq_sequencer {
     seq_step step;
     uint64_t last_step_id;
     uint64_t steps_done, steps_failed;
-    seq_record rec; /* the step in flight's, then the last closed step's */
+    seq_record rec; /* the step in flight's */
     int rec_E, rec_P;
+    /* The last closed step's (seq_last_record): seq_pump may start the next step, and begin
+     * its record, before the loop routes the closed one's OB_EV_STEP_END; the two swap. */
+    seq_record closed;
+    int closed_E, closed_P;
 };
 
 seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_bytes, ep_err *err)
@@ -130,13 +134,28 @@ void seq_destroy(seq_sequencer **self_p)
     free(s->step.count);
     free(s->rec.expert_tokens);
     free(s->rec.rank_pairs);
+    free(s->closed.expert_tokens);
+    free(s->closed.rank_pairs);
     free(s);
     *self_p = NULL;
 }
 
 const seq_record *seq_last_record(const seq_sequencer *s)
 {
-    return &s->rec;
+    return &s->closed;
+}
+
+/* The step closed: its record becomes the closed one (the buffers swap, nothing is copied). */
+static void seq_record_close(seq_sequencer *s)
+{
+    seq_record t = s->closed;
+    s->closed = s->rec;
+    s->rec = t;
+    int e = s->closed_E, p = s->closed_P;
+    s->closed_E = s->rec_E;
+    s->closed_P = s->rec_P;
+    s->rec_E = e;
+    s->rec_P = p;
 }
 
 /* A fresh record for the step starting (arrays sized for E experts and P ranks). */
@@ -484,6 +503,7 @@ static void seq_finish(seq_sequencer *s, ob_box *out)
         seq_answer_ok(s, out);
     seq_step_release(st);
     st->active = false;
+    seq_record_close(s);
     ob_event_add(out, OB_EV_STEP_END, -1, "step %" PRIu64, st->step_id);
 }
 

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +41,16 @@ typedef enum wctl_state {
 static const char *const wctl_state_names[] = {"registering", "welcomed",    "loading",
                                                "ready",       "load-failed", "backoff"};
 
+/* reconnect_at when the coordinator answered again during a backoff: reconnect now */
+#define WCTL_RECONNECT_NOW INT64_MIN
+
 typedef struct wctl {
     const wctl_options *opt;
     void *zctx;
     void *dealer;          /* NULL while backing off */
     void *retired;         /* the DEALER given up at the last backoff, closed at the reconnect */
+    void *retired_mon;     /* its handshake monitor: a handshake there ends the backoff */
+    void *lingering;       /* a retired DEALER that just reconnected, closed a backoff later */
     void *mon;             /* the DEALER's handshake monitor */
     auth_zap *zap;         /* security: admits the peers WELCOME names to the data endpoint */
     int64_t max_msg;       /* ZMQ_MAXMSGSIZE for the next DEALER */
@@ -179,13 +185,31 @@ static void wctl_close_dealer_with(wctl *w, void *d)
     zmq_close(d);
 }
 
+/* Stop watching the retired DEALER (its monitor first: it watches that socket). */
+static void wctl_stop_retired_monitor(wctl *w)
+{
+    if (w->retired_mon) {
+        zmq_socket_monitor(w->retired, NULL, 0);
+        zmq_close(w->retired_mon);
+        w->retired_mon = NULL;
+    }
+}
+
 static int wctl_connect(wctl *w, ep_err *err)
 {
     /* The DEALER of the last backoff is closed only now, a backoff later: a worker that was
      * frozen (SIGSTOP) or cut off sees its connections fail the moment it runs again, and
      * closing a socket in that same instant can make libzmq 4.3 abort on a half-sent multipart
-     * message (session_base_t::clean_pipes); by now its I/O thread has cleaned up. */
-    if (w->retired)
+     * message (session_base_t::clean_pipes); by now its I/O thread has cleaned up. One that
+     * has just reconnected (the coordinator is back: wctl_read_retired) is in that instant
+     * again, so it lingers until the next connect. */
+    wctl_stop_retired_monitor(w);
+    if (w->lingering)
+        zmq_close(w->lingering);
+    w->lingering = NULL;
+    if (w->retired && w->reconnect_at == WCTL_RECONNECT_NOW)
+        w->lingering = w->retired;
+    else if (w->retired)
         zmq_close(w->retired);
     w->retired = NULL;
     void *d = zmq_socket(w->zctx, ZMQ_DEALER);
@@ -249,11 +273,14 @@ static void wctl_backoff_keep(wctl *w, const char *why, bool keep_serving)
                  why, w->backoff_ms);
         wctl_exec_reset(w);
     }
-    /* Not closed now: see wctl_connect. Its monitor goes now (it watches this connection). */
+    /* Not closed now: see wctl_connect. Its monitor stays: the handshake of its automatic
+     * reconnect is the first sign that the coordinator is back (wctl_read_retired). */
+    wctl_stop_retired_monitor(w);
     if (w->retired)
         zmq_close(w->retired);
-    wctl_stop_monitor(w, w->dealer);
     w->retired = w->dealer;
+    w->retired_mon = w->mon;
+    w->mon = NULL;
     w->dealer = NULL;
     w->reconnect_at = wctl_now_ms() + w->backoff_ms;
     w->backoff_ms =
@@ -367,6 +394,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     w->heartbeat_ms = (int)wm->heartbeat_ms;
     w->liveness = (int)wm->liveness;
     w->max_msg = mmsg_max_frame(&s->config); /* for the next connection */
+    wmx_session(w->mx, w->opt->name, s->rank, w->opt->device, s->config.num_hidden_layers);
     if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
         log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
@@ -606,6 +634,25 @@ static void wctl_read_monitor(wctl *w)
     }
 }
 
+/* The retired DEALER reconnected (libzmq keeps reconnecting it): the coordinator answers
+ * again, so the backoff ends now instead of up to WCTL_BACKOFF_MAX_MS later. Without this a
+ * long outage cost the rest of a grown backoff, and the REGISTER the retired connection still
+ * held was welcomed by the returning coordinator and declared dead `liveness` heartbeats later
+ * (nothing ever answered it). The new connection's REGISTER follows at once; the coordinator
+ * takes it for the same process (NAME/random) and replaces the stale registration. */
+static void wctl_read_retired(wctl *w)
+{
+    char why[512];
+    auth_event ev;
+    while (w->retired_mon &&
+           (ev = auth_monitor_read(w->retired_mon, why, sizeof why)) != AUTH_EV_NOTHING)
+        if (ev == AUTH_EV_OK && w->state == WCTL_BACKOFF && w->reconnect_at != WCTL_RECONNECT_NOW) {
+            log_info("the coordinator at %s answers again: registering now, not in %lld ms",
+                     w->opt->coordinator, (long long)(w->reconnect_at - wctl_now_ms()));
+            w->reconnect_at = WCTL_RECONNECT_NOW;
+        }
+}
+
 /* ---- executor messages ------------------------------------------------------------------------
  */
 
@@ -758,11 +805,15 @@ static long wctl_poll_timeout(const wctl *w)
 static void wctl_loop(wctl *w)
 {
     while (!w->done) {
-        zmq_pollitem_t it[4] = {{.fd = w->sigfd, .events = ZMQ_POLLIN},
-                                {.socket = exec_pipe(w->exec), .events = ZMQ_POLLIN},
-                                {.socket = w->dealer, .events = ZMQ_POLLIN},
-                                {.socket = w->mon, .events = ZMQ_POLLIN}};
-        int n = zmq_poll(it, w->dealer ? (w->mon ? 4 : 3) : 2, wctl_poll_timeout(w));
+        /* the DEALER and its monitor while connected, the retired one's monitor while backing
+         * off */
+        zmq_pollitem_t it[4] = {
+            {.fd = w->sigfd, .events = ZMQ_POLLIN},
+            {.socket = exec_pipe(w->exec), .events = ZMQ_POLLIN},
+            {.socket = w->dealer ? w->dealer : w->retired_mon, .events = ZMQ_POLLIN},
+            {.socket = w->mon, .events = ZMQ_POLLIN}};
+        int n_items = w->dealer ? (w->mon ? 4 : 3) : w->retired_mon ? 3 : 2;
+        int n = zmq_poll(it, n_items, wctl_poll_timeout(w));
         if (n < 0 && zmq_errno() != EINTR) {
             log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             w->exit_code = WCTL_EXIT_SOFTWARE;
@@ -772,8 +823,8 @@ static void wctl_loop(wctl *w)
             wctl_read_signals(w);
         if (n > 0 && it[1].revents)
             wctl_read_exec(w);
-        if (n > 0 && w->dealer && it[2].revents)
-            wctl_read_dealer(w);
+        if (n > 0 && n_items > 2 && it[2].revents)
+            w->dealer ? wctl_read_dealer(w) : wctl_read_retired(w);
         if (n > 0 && w->dealer && w->mon && it[3].revents)
             wctl_read_monitor(w);
         if (!w->done)
@@ -833,9 +884,14 @@ int wctl_run(const wctl_options *opt)
     if (w.exec == NULL)
         goto fail_exec;
     /* metrics are best effort: a worker serves without them */
-    w.mx = wmx_create(&err);
+    w.mx = wmx_create(opt->metrics_per_layer, &err);
+    wmx_session(w.mx, opt->name, -1, opt->device, 0);
     if (w.mx == NULL || exec_send_metrics(w.exec, w.mx, &err) != 0)
         log_error("metrics: %s", err.msg);
+    if (w.zap != NULL && w.mx != NULL) {
+        wmx_handshakes(w.mx);
+        auth_zap_on_refusal(w.zap, wmx_handshake_refused, w.mx);
+    }
     if (wctl_connect(&w, &err) != 0)
         goto fail_connect;
     uint64_t wd = sdn_watchdog_usec();
@@ -846,11 +902,16 @@ int wctl_run(const wctl_options *opt)
     wctl_loop(&w);
     sdn_notify("STOPPING=1");
     exec_stop(&w.exec);
-    wmx_destroy(&w.mx); /* after the executor: it updates them */
+    if (w.zap != NULL)
+        auth_zap_on_refusal(w.zap, NULL, NULL); /* the handler outlives the metrics */
+    wmx_destroy(&w.mx);                         /* after the executor: it updates them */
     if (w.dealer)
         wctl_close_dealer_with(&w, w.dealer);
+    wctl_stop_retired_monitor(&w);
     if (w.retired)
         zmq_close(w.retired);
+    if (w.lingering)
+        zmq_close(w.lingering);
     auth_zap_stop(&w.zap);
     zmq_ctx_term(w.zctx);
     close(w.sigfd);
@@ -858,6 +919,8 @@ int wctl_run(const wctl_options *opt)
 
 fail_connect:
     exec_stop(&w.exec);
+    if (w.zap != NULL)
+        auth_zap_on_refusal(w.zap, NULL, NULL);
     wmx_destroy(&w.mx);
 fail_exec:
     auth_zap_stop(&w.zap);

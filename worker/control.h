@@ -74,6 +74,9 @@ typedef struct wctl_options {
      * use CURVE, and the data endpoint admits only the peers WELCOME names, each by its key. */
     const auth_keypair *key;
     const uint8_t *coordinator_key;
+    /* EPMOE_METRICS_PER_LAYER=1: the step histograms by layer and the pairs by (layer, expert)
+     * (thousands of series at V4-Flash size; off: about 110) */
+    bool metrics_per_layer;
 } wctl_options;
 
 /* Run the worker until it is told to stop; returns the process exit code (above). */

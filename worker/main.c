@@ -158,6 +158,12 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
         fprintf(stderr, "epmoe-worker: EPMOE_ISA=%s: expected ref, avx2 or avx512\n", isa);
         return WORKER_EXIT_USAGE;
     }
+    const char *per_layer = getenv("EPMOE_METRICS_PER_LAYER");
+    if (per_layer && strcmp(per_layer, "0") != 0 && strcmp(per_layer, "1") != 0) {
+        fprintf(stderr, "epmoe-worker: EPMOE_METRICS_PER_LAYER=%s: expected 0 or 1\n", per_layer);
+        return WORKER_EXIT_USAGE;
+    }
+    o->metrics_per_layer = per_layer && strcmp(per_layer, "1") == 0;
     if ((a->key_path == NULL) != (a->coordinator_key_path == NULL)) {
         fprintf(stderr, "epmoe-worker: --key and --coordinator-key go together\n");
         return WORKER_EXIT_USAGE;

@@ -1,10 +1,12 @@
 /*
- * wmetrics.c — a worker's metrics (see wmetrics.h). Per-layer series are cached by index (up to
- * the model's layers: MC_MAX_LAYERS + MC_MAX_MTP), per-(layer, expert) series in a table grown
- * on first use.
+ * wmetrics.c — a worker's metrics (see wmetrics.h). Without per_layer every step histogram is
+ * one series (the coordinator has the per-layer view of the cluster); with it, per-layer series
+ * are cached by index (up to MC_MAX_LAYERS + MC_MAX_MTP) and per-(layer, expert) series live in
+ * a table grown on first use.
  */
 #include "worker/wmetrics.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,47 +18,62 @@
 
 #define WMX_LAYERS (MC_MAX_LAYERS + MC_MAX_MTP)
 
+#ifndef EPMOE_VERSION_STRING
+#define EPMOE_VERSION_STRING "unknown"
+#endif
+
 static const char *const wmx_states[] = {"registering", "welcomed",    "loading",
                                          "ready",       "load-failed", "backoff"};
 #define WMX_N_STATES 6
+static const char *const wmx_load_kinds[] = {"load", "epoch", "staged", "commit"};
+#define WMX_N_LOAD_KINDS 4
 
 struct wmx {
     mx_registry *reg;
     mx_http *http;
     char addr[64];
+    bool per_layer;    /* the step histograms by layer, and pairs by (layer, expert) */
+    atomic_int n_main; /* main layers of the session's model: the rest are mtp.I */
     mx_family *f_state, *f_epoch, *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes,
-        *f_msgs, *f_tokens, *f_weight, *f_read, *f_progress, *f_loads;
+        *f_msgs, *f_tokens, *f_pairs, *f_weight, *f_read, *f_progress, *f_loads, *f_refused,
+        *f_build, *f_info;
     mx_series *state[WMX_N_STATES], *epoch, *ok, *failed, *bytes[2], *msgs[2], *weight, *read,
-        *progress;
+        *progress, *pairs, *loads[WMX_N_LOAD_KINDS];
+    /* [0] is the only series without per_layer */
     mx_series *step_s[WMX_LAYERS], *disp_s[WMX_LAYERS], *exp_s[WMX_LAYERS], *comb_s[WMX_LAYERS];
-    mx_series **tokens[WMX_LAYERS]; /* [MC_MAX_EXPERTS] per layer, allocated on first use */
+    mx_series **tokens[WMX_LAYERS]; /* per_layer: [MC_MAX_EXPERTS] per layer, on first use */
 };
 
-wmx *wmx_create(ep_err *err)
+static mx_family *wmx_hist(wmx *m, const char *name, const char *help)
 {
-    wmx *m = calloc(1, sizeof *m);
-    if (m == NULL || (m->reg = mx_create(err)) == NULL)
-        goto fail;
+    return mx_family_s(m->reg, MX_HISTOGRAM, name, help, m->per_layer ? "layer" : NULL);
+}
+
+static void wmx_families(wmx *m)
+{
     m->f_state =
         mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_state", "1 for the worker's state", "state");
     m->f_epoch =
         mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_epoch", "The placement epoch served", NULL);
     m->f_steps = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_steps_total",
                              "Steps answered, by result", "result");
-    m->f_step_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_step_duration_seconds",
-                              "The worker's own part of a step, to its STEP_DONE", "layer");
-    m->f_disp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_dispatch_seconds",
-                              "From the end of routing to the last DISPATCH sent", "layer");
-    m->f_exp_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_expert_seconds",
-                             "Routed-expert kernels of a step (own and served pairs)", "layer");
-    m->f_comb_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_worker_combine_seconds",
-                              "Waiting for the step's COMBINEs", "layer");
+    m->f_step_s = wmx_hist(m, "epmoe_worker_step_duration_seconds",
+                           "The worker's own part of a step, to its STEP_DONE");
+    m->f_disp_s = wmx_hist(m, "epmoe_worker_dispatch_seconds",
+                           "From the end of routing to the last DISPATCH sent");
+    m->f_exp_s = wmx_hist(m, "epmoe_worker_expert_seconds",
+                          "Routed-expert kernels of a step (own and served pairs)");
+    m->f_comb_s = wmx_hist(m, "epmoe_worker_combine_seconds", "Waiting for the step's COMBINEs");
     m->f_bytes = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_bytes_total",
                              "Data-plane payload bytes sent", "kind");
     m->f_msgs = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_dataplane_messages_total",
                             "Data-plane messages sent", "kind");
-    m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_tokens_total",
-                              "(token, expert) pairs this worker computed", "layer,expert");
+    m->f_pairs = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_pairs_total",
+                             "(token, expert) pairs this worker computed", NULL);
+    if (m->per_layer)
+        m->f_tokens = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_tokens_total",
+                                  "(token, expert) pairs this worker computed, by layer and expert",
+                                  "layer,expert");
     m->f_weight = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_weight_bytes",
                               "Backend memory the loaded layers hold", NULL);
     m->f_read = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_load_read_bytes_total",
@@ -65,6 +82,21 @@ wmx *wmx_create(ep_err *err)
                                 "Progress of the load in progress, 0..1 (1 when none)", NULL);
     m->f_loads = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_loads_total",
                              "Loads: load, epoch, staged, commit", "kind");
+    m->f_build = mx_family_s(m->reg, MX_GAUGE, "epmoe_build_info",
+                             "1, labelled with the version of this binary", "version");
+    m->f_info = mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_info",
+                            "1, labelled with the worker's name, rank and device (rank -1 until "
+                            "a coordinator welcomed it)",
+                            "worker,rank,device");
+}
+
+wmx *wmx_create(bool per_layer, ep_err *err)
+{
+    wmx *m = calloc(1, sizeof *m);
+    if (m == NULL || (m->reg = mx_create(err)) == NULL)
+        goto fail;
+    m->per_layer = per_layer;
+    wmx_families(m);
     for (int i = 0; i < WMX_N_STATES; i++)
         m->state[i] = mx_series1(m->f_state, wmx_states[i]);
     m->epoch = mx_series0(m->f_epoch);
@@ -74,9 +106,20 @@ wmx *wmx_create(ep_err *err)
     m->bytes[1] = mx_series1(m->f_bytes, "combine");
     m->msgs[0] = mx_series1(m->f_msgs, "dispatch");
     m->msgs[1] = mx_series1(m->f_msgs, "combine");
+    m->pairs = mx_series0(m->f_pairs);
     m->weight = mx_series0(m->f_weight);
     m->read = mx_series0(m->f_read);
     m->progress = mx_series0(m->f_progress);
+    for (int i = 0; i < WMX_N_LOAD_KINDS; i++) /* at 0 from the start: rate() sees the first */
+        m->loads[i] = mx_series1(m->f_loads, wmx_load_kinds[i]);
+    mx_set(mx_series1(m->f_build, EPMOE_VERSION_STRING), 1);
+    if (!per_layer) {
+        m->step_s[0] = mx_series0(m->f_step_s);
+        m->disp_s[0] = mx_series0(m->f_disp_s);
+        m->exp_s[0] = mx_series0(m->f_exp_s);
+        m->comb_s[0] = mx_series0(m->f_comb_s);
+    }
+    atomic_store(&m->n_main, WMX_LAYERS);
     return m;
 fail:
     if (m != NULL && m->reg == NULL)
@@ -137,13 +180,25 @@ void wmx_step_result(wmx *m, bool ok)
         mx_add(ok ? m->ok : m->failed, 1);
 }
 
-static mx_series *wmx_layer(mx_family *f, mx_series **cache, int l)
+/* A layer as epmoectl names it: "3", or "mtp.0" past the main layers. */
+static void wmx_layer_label(const wmx *m, int l, char *v, size_t cap)
 {
+    int n_main = atomic_load(&m->n_main);
+    if (l < n_main)
+        snprintf(v, cap, "%d", l);
+    else
+        snprintf(v, cap, "mtp.%d", l - n_main);
+}
+
+static mx_series *wmx_layer(const wmx *m, mx_family *f, mx_series **cache, int l)
+{
+    if (!m->per_layer)
+        return cache[0];
     if (l < 0 || l >= WMX_LAYERS)
         return NULL;
     if (cache[l] == NULL) {
         char v[16];
-        snprintf(v, sizeof v, "%d", l);
+        wmx_layer_label(m, l, v, sizeof v);
         cache[l] = mx_series1(f, v);
     }
     return cache[l];
@@ -154,10 +209,10 @@ void wmx_step(wmx *m, int layer, double total_s, double dispatch_s, double exper
 {
     if (m == NULL)
         return;
-    mx_observe(wmx_layer(m->f_step_s, m->step_s, layer), total_s);
-    mx_observe(wmx_layer(m->f_disp_s, m->disp_s, layer), dispatch_s);
-    mx_observe(wmx_layer(m->f_exp_s, m->exp_s, layer), expert_s);
-    mx_observe(wmx_layer(m->f_comb_s, m->comb_s, layer), combine_s);
+    mx_observe(wmx_layer(m, m->f_step_s, m->step_s, layer), total_s);
+    mx_observe(wmx_layer(m, m->f_disp_s, m->disp_s, layer), dispatch_s);
+    mx_observe(wmx_layer(m, m->f_exp_s, m->exp_s, layer), expert_s);
+    mx_observe(wmx_layer(m, m->f_comb_s, m->comb_s, layer), combine_s);
 }
 
 void wmx_sent(wmx *m, bool combine, uint64_t bytes)
@@ -172,13 +227,16 @@ void wmx_expert_pairs(wmx *m, int layer, int expert, uint32_t pairs)
 {
     if (m == NULL || layer < 0 || layer >= WMX_LAYERS || expert < 0 || expert >= MC_MAX_EXPERTS)
         return;
+    mx_add(m->pairs, pairs);
+    if (!m->per_layer)
+        return;
     if (m->tokens[layer] == NULL &&
         (m->tokens[layer] = calloc(MC_MAX_EXPERTS, sizeof *m->tokens[layer])) == NULL)
         return;
     mx_series **c = &m->tokens[layer][expert];
     if (*c == NULL) {
         char lv[16], ev[16];
-        snprintf(lv, sizeof lv, "%d", layer);
+        wmx_layer_label(m, layer, lv, sizeof lv);
         snprintf(ev, sizeof ev, "%d", expert);
         *c = mx_series2(m->f_tokens, lv, ev);
     }
@@ -195,8 +253,43 @@ void wmx_loaded(wmx *m, const char *kind, uint64_t bytes_read, uint64_t weight_b
 {
     if (m == NULL)
         return;
-    mx_add(mx_series1(m->f_loads, kind), 1);
+    int k = 0;
+    while (k < WMX_N_LOAD_KINDS && strcmp(kind, wmx_load_kinds[k]) != 0)
+        k++;
+    mx_add(k < WMX_N_LOAD_KINDS ? m->loads[k] : mx_series1(m->f_loads, kind), 1);
     mx_add(m->read, (double)bytes_read);
     mx_set(m->weight, (double)weight_bytes);
     mx_set(m->progress, 1.0);
+}
+
+void wmx_handshakes(wmx *m)
+{
+    if (m == NULL)
+        return;
+    m->f_refused = mx_family_s(m->reg, MX_COUNTER, "epmoe_handshakes_refused_total",
+                               "Connections a CURVE socket refused, by ZAP domain and reason",
+                               "domain,reason");
+    for (int r = 0; r < AUTH_N_REASONS; r++)
+        mx_series2(m->f_refused, AUTH_DOMAIN_DATA, auth_reason_name((auth_reason)r));
+}
+
+void wmx_handshake_refused(void *ctx, const char *domain, auth_reason reason)
+{
+    wmx *m = ctx;
+    if (m != NULL && m->f_refused != NULL)
+        mx_add(mx_series2(m->f_refused, domain, auth_reason_name(reason)), 1);
+}
+
+void wmx_session(wmx *m, const char *name, int rank, const char *device, int n_main_layers)
+{
+    if (m == NULL)
+        return;
+    /* the layer labels are fixed once a series exists: set before the session's first step */
+    if (n_main_layers > 0)
+        atomic_store(&m->n_main, n_main_layers);
+    char rv[16];
+    snprintf(rv, sizeof rv, "%d", rank);
+    mx_clear(m->f_info); /* one series: the rank may change with each WELCOME */
+    const char *v[3] = {name, rv, device};
+    mx_set(mx_series_of(m->f_info, v), 1);
 }

@@ -19,6 +19,8 @@
 #   drain             drain a worker under load (no step fails), stop it, start it, undrain it
 #   kill9_coordinator kill -9 the coordinator and start it again: the workers register again and
 #                     keep their shards (no expert is read again)
+#   coordinator_60s   the coordinator down for 60 s (300 heartbeats; clients paused): ready
+#                     within 10 heartbeats of its return, no worker declared dead afterwards
 #   reload_broken     epmoectl reload and SIGHUP with a spec that fails: the old spec serves on,
 #                     the error names file:line:column (exit 78)
 #   duplicate_name    a second worker process under a live worker's name, from another host: it
@@ -187,6 +189,37 @@ else
     bad "the restarted coordinator did not become ready within 60 s"
 fi
 case_end "$ttr" "-" "workers registered again; ${kept:-0}/$FL_P kept their shards (no expert read)"
+
+# A long coordinator outage: 60 s (300 heartbeats), the workers' backoff grown to 32 s. They
+# must register the moment it is back, not at the end of their backoff, and the stale REGISTER
+# a retired connection still held must not get them declared dead. The clients pause: a
+# minute without a coordinator is requests lost by definition.
+OUTAGE_S=60
+OUTAGE_BOUND_MS=$((10 * FL_HB))
+case_begin coordinator_60s
+ready_epoch 1 30 >/dev/null
+fl_stop_clients
+L0=$(($(wc -l <"$TMP/coord.log") + 1))
+ep0=$(fl_state | cut -d' ' -f2)
+kill -9 "$FL_COORD_PID"
+wait "$FL_COORD_PID" 2>/dev/null
+sleep "$OUTAGE_S"
+t0=$(fl_now)
+fl_start_coord
+ttr=-
+if ep1=$(ready_epoch $((ep0 + 1)) 60); then
+    ttr=$(($(fl_now) - t0))
+    [ "$ttr" -le "$OUTAGE_BOUND_MS" ] ||
+        bad "ready $ttr ms after the coordinator's return (bound $OUTAGE_BOUND_MS ms)"
+    sleep $((3 * LIVE_MS / 1000 + 1))
+    ! tail -n +"$L0" "$TMP/coord.log" | grep -q " is dead" ||
+        bad "workers declared dead after the return: $(tail -n +"$L0" "$TMP/coord.log" | grep " is dead" | head -2)"
+    [ "$(fl_state | cut -d' ' -f1)" = ready ] || bad "not ready $((3 * LIVE_MS)) ms later"
+else
+    bad "not ready within 60 s of the coordinator's return"
+fi
+fl_start_clients
+case_end "$ttr" "$OUTAGE_BOUND_MS" "a ${OUTAGE_S} s outage ($((OUTAGE_S * 1000 / FL_HB)) heartbeats): ready again, nobody declared dead"
 
 # a broken spec: reload and SIGHUP; the old spec serves on
 case_begin reload_broken

@@ -65,7 +65,8 @@ worker_keys() {
 # $TMP/NAME.yaml, starts the daemons, waits for ready. EP_EXTRA goes into the expert_parallel
 # mapping ("placement: eplb, redundant_experts: 4"), COORD_EXTRA into coordinator's; with
 # WORKER_METRICS=1 every worker serves /metrics on a free port (METRICS[r]). Sets ADMIN, LISTEN,
-# DATA (array), CPIDS (coordinator then workers), SPEC.
+# DATA (array), CPIDS (coordinator then workers), SPEC. CL_HEARTBEAT_MS and CL_LIVENESS, when
+# set, replace the heartbeat (200 ms) and liveness (10).
 start_cluster() {
     local name=$1 model=$2 p=$3 dispatch=$4 ep=${5:-placement: contiguous} cx=${6:-} wm=${7:-0}
     read -r -a ports <<<"$(free_ports $((2 * p + 2)))"
@@ -76,7 +77,7 @@ start_cluster() {
     SPEC=$TMP/$name.yaml
     {
         echo "cluster: {name: $name}"
-        echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: 200, liveness: 10${cx:+, $cx}}"
+        echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: ${CL_HEARTBEAT_MS:-200}, liveness: ${CL_LIVENESS:-10}${cx:+, $cx}}"
         echo "model: {path: $model}"
         echo "expert_parallel: {$ep, dispatch: $dispatch}"
         echo "nodes:"

@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
 # test_metrics.sh — both daemons serve Prometheus metrics that a real parser accepts, and the
-# counters move with traffic (issue 9).
+# counters move with traffic (issue 9), by the conventions operators expect (issue 17, point 10).
 #
-# A 2-worker cluster with coordinator.metrics and a metrics address per worker (free ports).
-# Each endpoint is scraped and validated by check_metrics.py (prometheus_client's parser plus
-# naming and histogram rules); then N forwards of T tokens run (the serving path: each at an
-# entry worker) and a second scrape must show: coordinator steps_total{ok} +N and
-# expert_tokens_total +N*T*k (from the entries' load reports, at most a second late), the
-# cluster ready with its epoch; the workers' steps_total{ok} +N in all (each request counts at
-# its entry), their data-plane messages and expert pairs up. Every metric
-# deploy/grafana/epmoe.json draws is among those served.
+# A 2-worker cluster with coordinator.metrics and a metrics address per worker (free ports),
+# heartbeat 3 s. Each endpoint is scraped and validated by check_metrics.py (prometheus_client's
+# parser plus naming and histogram rules) and by `promtool check metrics` (Debian's prometheus
+# package; skipped where it is not installed). Before any step: every counter exists at 0 for
+# every label value (steps_total{failed} for each error code, rebalances_total, loads_total,
+# placement_changes_total), "no data yet" is no series (epmoe_balance_ratio, a staged epoch),
+# epmoe_build_info and the info series name worker, rank and device, and the coordinator's
+# view of workers shares no name with a worker's own metrics. Then N forwards of T tokens run
+# (the serving path: each at an entry worker, which reports its requests' load to the
+# coordinator at most once a second) and a second scrape must show: coordinator
+# steps_total{ok} +N and expert_tokens_total +N*T*k, the cluster ready with its epoch; the
+# workers' steps_total{ok} +N in all (a request counts at its entry), their data-plane messages
+# and expert pairs up. A forward of layer mtp.0 is labelled "mtp.0". A drain changes the
+# per-worker gauges at once (not at the next heartbeat, 3 s away); concurrent forwards are all
+# counted ok; a request that times out (a worker stopped) is counted failed at its entry and
+# the client names ERR_TIMEOUT. Every metric
+# deploy/grafana/epmoe.json draws is among those served. Slowloris cannot blind /metrics.
+#
+# Then the cardinality budget at V4-Flash layer count (43 layers + 1 MTP, 256 experts): after
+# forwards through a hash layer, a middle layer, the last layer and mtp.0, each worker serves at
+# most 300 series (docs/operations.md "Metrics"), and the coordinator's series that grow with the
+# workers stay within its stated budget per worker.
 #
 #   test_metrics.sh CTL_DIR COORDINATOR WORKER
 set -u
@@ -34,34 +48,106 @@ CHECK=$(dirname "$0")/check_metrics.py
 read -r cport <<<"$(free_ports 1)"
 CM=127.0.0.1:$cport
 
-COORD_FAMS="epmoe_cluster_state epmoe_placement_epoch epmoe_workers epmoe_workers_dead
-epmoe_workers_masked epmoe_worker_up epmoe_worker_load_progress_ratio epmoe_steps_total
+COORD_FAMS="epmoe_build_info epmoe_cluster_state epmoe_placement_epoch epmoe_workers
+epmoe_workers_dead epmoe_workers_masked epmoe_cluster_worker_info epmoe_cluster_worker_up
+epmoe_cluster_worker_load_progress_ratio epmoe_cluster_worker_experts epmoe_steps_total
 epmoe_step_duration_seconds epmoe_layer_dispatch_seconds epmoe_layer_expert_seconds
 epmoe_layer_combine_seconds epmoe_dataplane_bytes_total epmoe_expert_tokens_total
 epmoe_layer_balance_ratio epmoe_layer_worker_load_ratio epmoe_rebalances_total
 epmoe_rebalance_duration_seconds"
-WORKER_FAMS="epmoe_worker_state epmoe_worker_epoch epmoe_worker_steps_total
-epmoe_worker_step_duration_seconds epmoe_worker_dispatch_seconds epmoe_worker_expert_seconds
-epmoe_worker_combine_seconds epmoe_worker_dataplane_messages_total
-epmoe_worker_expert_tokens_total epmoe_worker_weight_bytes epmoe_worker_load_read_bytes_total"
+WORKER_FAMS="epmoe_build_info epmoe_worker_info epmoe_worker_state epmoe_worker_epoch
+epmoe_worker_steps_total epmoe_worker_step_duration_seconds epmoe_worker_dispatch_seconds
+epmoe_worker_expert_seconds epmoe_worker_combine_seconds epmoe_worker_dataplane_messages_total
+epmoe_worker_expert_pairs_total epmoe_worker_weight_bytes epmoe_worker_load_read_bytes_total
+epmoe_worker_loads_total"
 
-# scrape TAG ADDR FAMILIES...: validate, keep $TMP/TAG.json
+PROMTOOL=$(command -v promtool)
+[ -n "$PROMTOOL" ] || echo "note: promtool not found (apt install prometheus): its check is skipped"
+
+# scrape TAG ADDR FAMILIES...: validate (check_metrics.py, promtool), keep $TMP/TAG.json and the
+# exposition in $TMP/TAG.txt
 scrape() {
     local tag=$1 addr=$2
     shift 2
     # shellcheck disable=SC2086
     "$PY" "$CHECK" "http://$addr/metrics" "$TMP/$tag.json" "$@" || fail "scrape $tag"
+    "$PY" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" \
+        "http://$addr/metrics" >"$TMP/$tag.txt" || fail "scrape $tag: fetch"
+    if [ -n "$PROMTOOL" ] && ! "$PROMTOOL" check metrics <"$TMP/$tag.txt" >"$TMP/$tag.promtool" 2>&1; then
+        fail "promtool check metrics $tag ($addr): $(head -5 "$TMP/$tag.promtool")"
+    fi
 }
+
+# has TAG FAMILY LABELS: the series is in the scrape
+has() { [ "$(json_get "$TMP/$1.json" "'$3' in d.get('$2', {})")" = True ]; }
+# series TAG: the samples of a scrape (exposition lines that are not comments)
+series() { grep -vc '^#' "$TMP/$1.txt"; }
 
 # get TAG FAMILY LABELS: a value of a scrape ("" when absent)
 get() { json_get "$TMP/$1.json" "d.get('$2', {}).get('$3', '')"; }
 total() { json_get "$TMP/$1.json" "sum(d.get('$2', {}).values())"; }
 
+# conventions before any step (scrapes c0, w0_0, w1_0)
+check_conventions() {
+    local bad=$fails code
+    for code in $(json_get "$TMP/c0.json" "' '.join(sorted(k.split(',')[0][5:] for k in d['epmoe_steps_total'] if 'result=failed' in k))"); do
+        [ "$(get c0 epmoe_steps_total "code=$code,result=failed")" = 0.0 ] || fail "steps_total{failed,$code} is not 0"
+    done
+    for code in ERR_TIMEOUT ERR_WORKER_LOST ERR_STEP_FAILED ERR_NOT_READY; do
+        has c0 epmoe_steps_total "code=$code,result=failed" || fail "epmoe_steps_total{result=failed,code=$code} is not there at 0"
+    done
+    for r in applied unchanged failed abandoned; do
+        [ "$(get c0 epmoe_rebalances_total "result=$r")" = 0.0 ] || fail "epmoe_rebalances_total{result=$r} is not there at 0"
+    done
+    for k in epoch staged abandoned; do
+        has c0 epmoe_placement_changes_total "kind=$k" || fail "epmoe_placement_changes_total{kind=$k} is not there"
+    done
+    [ "$(get c0 epmoe_rebalance_moved_experts_total '')" = 0.0 ] || fail "epmoe_rebalance_moved_experts_total is not there at 0"
+    has c0 epmoe_balance_ratio '' && fail "epmoe_balance_ratio is there before any step (no data must be no series)"
+    has c0 epmoe_placement_epoch kind=staged && fail "epmoe_placement_epoch{kind=staged} is there with nothing staged"
+    [ "$(json_get "$TMP/c0.json" "len(d.get('epmoe_build_info', {}))")" = 1 ] || fail "coordinator: no epmoe_build_info{version}"
+    for r in 0 1; do
+        has c0 epmoe_cluster_worker_info "device=cpu,rank=$r,worker=w$r" || fail "no epmoe_cluster_worker_info for w$r"
+        has "w${r}_0" epmoe_worker_info "device=cpu,rank=$r,worker=w$r" || fail "w$r: no epmoe_worker_info{worker,rank,device}"
+        [ "$(json_get "$TMP/w${r}_0.json" "len(d.get('epmoe_build_info', {}))")" = 1 ] || fail "w$r: no epmoe_build_info{version}"
+        for k in load epoch staged commit; do
+            has "w${r}_0" epmoe_worker_loads_total "kind=$k" || fail "w$r: epmoe_worker_loads_total{kind=$k} is not there"
+        done
+    done
+    # the coordinator's view of workers and a worker's own metrics share no name (only the
+    # per-process families do)
+    shared=$("$PY" - "$TMP/c0.json" "$TMP/w0_0.json" <<'PY'
+import json, sys
+c, w = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(" ".join(sorted(set(c) & set(w) - {"epmoe_build_info", "epmoe_handshakes_refused_total"})))
+PY
+)
+    [ -z "$shared" ] || fail "names served by both the coordinator and a worker: $shared"
+    [ $fails -eq "$bad" ] && ok "before any step: every counter at 0 for every label value, no series for no data, build and worker info, no shared names"
+}
+
 N=5
 T=32
-if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1; then
+export CL_HEARTBEAT_MS=3000 # per-worker gauges must not wait for a heartbeat
+# wait_steps BEFORE AFTER N: scrape the coordinator into AFTER until steps_total{ok} has grown
+# by N over BEFORE (the entries report at most once a second; 6 s at most); d_ok is the growth
+wait_steps() {
+    for _ in $(seq 30); do
+        sleep 0.2
+        scrape "$2" "$CM" >/dev/null
+        d_ok=$(("$(get "$2" epmoe_steps_total 'code=ERR_NONE,result=ok' | cut -d. -f1)" -
+            "$(get "$1" epmoe_steps_total 'code=ERR_NONE,result=ok' | cut -d. -f1)"))
+        [ "$d_ok" -ge "$3" ] && return
+    done
+}
+
+if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\", step_timeout_ms: 1500" 1; then
+    # shellcheck disable=SC2086
+    scrape c0 "$CM" $COORD_FAMS
+    # shellcheck disable=SC2086
+    for r in 0 1; do scrape "w${r}_0" "${METRICS[$r]}" $WORKER_FAMS; done
+    check_conventions
     forward_check warm "$TMP/m" 1 "$TMP/in.st" || fail "first forward"
-    sleep 0.5 # the worker gauges refresh every heartbeat
     # shellcheck disable=SC2086
     scrape c1 "$CM" $COORD_FAMS
     # shellcheck disable=SC2086
@@ -70,15 +156,7 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1
         forward_check "f$i" "$TMP/m" 1 "$TMP/in.st" || fail "forward $i"
     done
     k=$(json_get "$TMP/m/config.json" "d['num_experts_per_tok']")
-    # the entries report their requests' load at most once a second
-    for _ in $(seq 30); do
-        sleep 0.2
-        scrape c2 "$CM" >/dev/null
-        d_ok=$(("$(get c2 epmoe_steps_total 'code=ERR_NONE,result=ok' | cut -d. -f1)" -
-            "$(get c1 epmoe_steps_total 'code=ERR_NONE,result=ok' | cut -d. -f1)"))
-        [ "$d_ok" -ge $N ] && break
-    done
-    scrape c2 "$CM"
+    wait_steps c1 c2 $N
     for r in 0 1; do scrape "w${r}_2" "${METRICS[$r]}"; done
     d_tok=$(json_get "$TMP/c2.json" "int(sum(d['epmoe_expert_tokens_total'].values()) - sum(json.load(open('$TMP/c1.json'))['epmoe_expert_tokens_total'].values()))")
     if [ "$d_ok" = $N ] && [ "$d_tok" = $((N * T * k)) ]; then
@@ -99,7 +177,7 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1
         ws=$(("$(get "w${r}_2" epmoe_worker_steps_total result=ok | cut -d. -f1)" -
             "$(get "w${r}_1" epmoe_worker_steps_total result=ok | cut -d. -f1)"))
         ws_all=$((ws_all + ws))
-        wp=$(json_get "$TMP/w${r}_2.json" "int(sum(d['epmoe_worker_expert_tokens_total'].values()) - sum(json.load(open('$TMP/w${r}_1.json'))['epmoe_worker_expert_tokens_total'].values()))")
+        wp=$(json_get "$TMP/w${r}_2.json" "int(d['epmoe_worker_expert_pairs_total'][''] - json.load(open('$TMP/w${r}_1.json'))['epmoe_worker_expert_pairs_total'][''])")
         [ "$wp" -gt 0 ] || fail "worker w$r: expert pairs +$wp (it holds experts the tokens go to)"
         [ "$(get "w${r}_2" epmoe_worker_state state=ready)" = 1.0 ] || fail "worker w$r not ready in its metrics"
         msgs=$((msgs + $(json_get "$TMP/w${r}_2.json" "int(sum(d['epmoe_worker_dataplane_messages_total'].values()))")))
@@ -121,7 +199,88 @@ PY
 )
     [ -z "$missing" ] && ok "deploy/grafana/epmoe.json: every metric it draws is served" ||
         fail "the dashboard draws metrics the coordinator does not serve: $missing"
+    # layers are labelled as epmoectl names them
+    scrape c2b "$CM"
+    forward_check mtp "$TMP/m" mtp.0 "$TMP/in.st" || fail "forward of mtp.0"
+    wait_steps c2b c3 1
+    mtp=$(json_get "$TMP/c3.json" "sum(1 for k in d['epmoe_expert_tokens_total'] if 'layer=mtp.0' in k)")
+    one=$(json_get "$TMP/c3.json" "sum(1 for k in d['epmoe_expert_tokens_total'] if 'layer=1,' in k or k.endswith('layer=1'))")
+    [ "$mtp" -gt 0 ] && [ "$one" -gt 0 ] &&
+        ok "layers labelled as the CLI names them: layer=\"1\", layer=\"mtp.0\"" ||
+        fail "no epmoe_expert_tokens_total{layer=\"mtp.0\"}: $(json_get "$TMP/c3.json" "list(d['epmoe_expert_tokens_total'])[:8]")"
+    # a drain changes the per-worker gauges at once (the next heartbeat is up to 3 s away)
+    "$CTL" --coordinator "$ADMIN" drain w1 >"$TMP/drain.log" 2>&1 || fail "drain w1: $(cat "$TMP/drain.log")"
+    scrape c4 "$CM"
+    if [ "$(get c4 epmoe_cluster_worker_experts worker=w1)" = 0.0 ] && [ "$(get c4 epmoe_workers_masked '')" = 1.0 ]; then
+        ok "drain w1: epmoe_cluster_worker_experts{w1} 0 and epmoe_workers_masked 1 at once"
+    else
+        fail "drain w1: experts{w1} $(get c4 epmoe_cluster_worker_experts worker=w1), masked $(get c4 epmoe_workers_masked '') right after the drain (heartbeat 3 s)"
+    fi
+    "$CTL" --coordinator "$ADMIN" undrain w1 >/dev/null 2>&1 || fail "undrain w1"
+    "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 60 >/dev/null 2>&1 || fail "not ready after undrain"
+    # steps that queue behind one another are each counted as what they were (the next step
+    # used to start, and reset the record, before the closed one was counted: every step with
+    # a request waiting behind it was counted as failed with code ERR_NONE)
+    scrape q0 "$CM"
+    qpids=()
+    for i in 1 2 3 4 5 6; do
+        "$CTL" --coordinator "$ADMIN" forward --layer 1 --input "$TMP/in.st" --output "$TMP/q$i.st" \
+            >"$TMP/q$i.log" 2>&1 &
+        qpids+=($!)
+    done
+    qbad=0
+    for p in "${qpids[@]}"; do wait "$p" || qbad=$((qbad + 1)); done
+    wait_steps q0 q1 6
+    d_q=$d_ok
+    if [ $qbad -eq 0 ] && [ "$d_q" = 6 ] && [ -z "$(get q1 epmoe_steps_total code=ERR_NONE,result=failed)" ]; then
+        ok "6 concurrent forwards: steps_total{ok} +6, none failed"
+    else
+        fail "6 concurrent forwards ($qbad failed): steps_total{ok} +$d_q; counted: $(json_get "$TMP/q1.json" "{k: v for k, v in d['epmoe_steps_total'].items() if v}")"
+    fi
+    # a request that times out (w1 stopped) fails with its code at the client and is counted
+    # failed at its entry (w0), not ok
+    scrape w0_5a "${METRICS[0]}"
+    kill -STOP "${CPIDS[2]}"
+    "$CTL" --coordinator "$ADMIN" --timeout 1500 forward --entry w0 --layer 1 --input "$TMP/in.st" \
+        --output "$TMP/to.st" >"$TMP/to.log" 2>&1
+    kill -CONT "${CPIDS[2]}"
+    grep -q ERR_TIMEOUT "$TMP/to.log" || fail "a forward with w1 stopped: $(cat "$TMP/to.log")"
+    scrape w0_5 "${METRICS[0]}"
+    d_f=$(("$(get w0_5 epmoe_worker_steps_total result=failed | cut -d. -f1)" -
+        "$(get w0_5a epmoe_worker_steps_total result=failed | cut -d. -f1)"))
+    if [ "$d_f" = 1 ]; then
+        ok "a request that timed out is counted as epmoe_worker_steps_total{result=failed} at its entry"
+    else
+        fail "after a timeout: the entry counted $d_f failed requests (want 1)"
+    fi
+    "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 60 >/dev/null 2>&1 || fail "not ready after the timeout"
+    # slowloris: strangers trickling half-open requests do not blind the endpoint, and the
+    # server closes them at its total request deadline (10 s, common/metrics_http.c)
+    "$PY" "$(dirname "$0")/slowloris.py" "$CM" 10 && ok "/metrics serves a scrape while strangers hold connections" ||
+        fail "slowloris on the coordinator's /metrics"
     stop_cluster met
+fi
+
+# ---- the cardinality budget at V4-Flash layer count ----
+unset CL_HEARTBEAT_MS
+"$CTL" mkmodel --out "$TMP/v4" --expert-dtype fp4 --hidden 128 --inter 128 --experts 256 --topk 8 \
+    --layers 43 --hash-layers 3 --mtp 1 --shards 4 --seed 3 >/dev/null || { echo "FAIL: mkmodel v4"; exit 1; }
+"$CTL" mkinput --model "$TMP/v4" --tokens 32 --seed 1 --out "$TMP/in4.st" >/dev/null ||
+    { echo "FAIL: mkinput v4"; exit 1; }
+read -r cport <<<"$(free_ports 1)"
+CM=127.0.0.1:$cport
+if start_cluster v4 "$TMP/v4" 2 fp8 "placement: contiguous" "metrics: \"$CM\"" 1; then
+    for l in 0 21 42 mtp.0; do
+        forward_check "v4_$l" "$TMP/v4" $l "$TMP/in4.st" || fail "v4: forward of layer $l"
+    done
+    scrape v4c "$CM"
+    for r in 0 1; do scrape "v4w$r" "${METRICS[$r]}"; done
+    n0=$(series v4w0) n1=$(series v4w1) nc=$(series v4c)
+    per=$(($(grep -v '^#' "$TMP/v4c.txt" | grep -c 'worker="') / 2))
+    echo "series at 43 layers + MTP, 256 experts: worker w0 $n0, w1 $n1; coordinator $nc, of which $per per worker"
+    [ "$n0" -le 300 ] && [ "$n1" -le 300 ] || fail "a worker serves more than 300 series: w0 $n0, w1 $n1"
+    [ "$per" -le 50 ] || fail "the coordinator serves $per series per worker (budget 50)"
+    stop_cluster v4
 fi
 
 if [ $fails -ne 0 ]; then
