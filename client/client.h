@@ -71,6 +71,7 @@ typedef struct cl_info {
     epmoe_info shape; /* members/n_members unused here */
     char cluster[64];
     char state[32];
+    char problem[256]; /* why the cluster is blocked ("" otherwise) */
     uint32_t n_members;
     cl_member *members; /* [n_members] */
 } cl_info;

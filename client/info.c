@@ -68,6 +68,7 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
     out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
     snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
     snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
+    snprintf(out->problem, sizeof out->problem, "%s", r->problem ? r->problem : "");
     out->members = calloc(r->n_workers + 1, sizeof *out->members);
     if (out->members == NULL)
         return cl_fail(err, EPMOE_ENOMEM, 0, "out of memory");

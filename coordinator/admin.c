@@ -198,6 +198,8 @@ void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const ad
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.cluster = (char *)f->spec->name;
     rep.state = (char *)f->state;
+    if (f->problem[0]) /* blocked: clients refuse requests at once, saying why */
+        rep.problem = (char *)f->problem;
     rep.config = &mc;
     rep.has_config_hash = 1;
     rep.config_hash = f->config_hash;

@@ -148,6 +148,7 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\", s
     for r in 0 1; do scrape "w${r}_0" "${METRICS[$r]}" $WORKER_FAMS; done
     check_conventions
     forward_check warm "$TMP/m" 1 "$TMP/in.st" || fail "first forward"
+    wait_steps c0 c1 1 # its load report is in before the counting starts
     # shellcheck disable=SC2086
     scrape c1 "$CM" $COORD_FAMS
     # shellcheck disable=SC2086
