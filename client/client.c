@@ -184,7 +184,7 @@ static int cl_options(epmoe_client *c, const epmoe_options *o, epmoe_error *err)
     c->timeout_ms = o->timeout_ms ? o->timeout_ms : CL_DEFAULT_TIMEOUT_MS;
     c->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : CL_DEFAULT_CONNECT_MS;
     bool has_resend = o->size >= offsetof(epmoe_options, resend_ms) + sizeof(uint32_t);
-    c->resend_ms = has_resend ? o->resend_ms : 0; /* 0: per request, min(timeout/3, 2 s) */
+    c->resend_ms = has_resend ? o->resend_ms : 0; /* 0: per request, timeout / 2 */
     if (o->client_secret_key == NULL)
         return 0;
     c->secure = true;

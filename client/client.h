@@ -33,7 +33,6 @@
 #define CL_MAX_IN_FLIGHT      4096
 #define CL_DEFAULT_TIMEOUT_MS 30000
 #define CL_DEFAULT_CONNECT_MS 5000
-#define CL_MAX_RESEND_MS      2000
 /* CLIENT_INFO is asked again this often while requests are in flight, and otherwise. */
 #define CL_REFRESH_BUSY_MS 500
 #define CL_REFRESH_IDLE_MS 2000

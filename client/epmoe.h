@@ -88,7 +88,8 @@ typedef struct epmoe_options {
     uint32_t timeout_ms;           /* default deadline of a request (default 30000) */
     uint32_t connect_timeout_ms;   /* epmoe_open's wait for the coordinator (default 5000) */
     uint32_t resend_ms;            /* send a request again to another member when its entry has
-                                    * not answered in this long (default min(timeout/3, 2000)) */
+                                    * not answered in this long and nobody said it died (default
+                                    * timeout / 2; a dead entry is replaced at once) */
 } epmoe_options;
 
 typedef struct epmoe_client epmoe_client;

@@ -111,14 +111,13 @@ static void *cl_entry_socket(epmoe_client *c, int i)
 
 static int64_t cl_resend_ns(const epmoe_client *c, const struct epmoe_request *r)
 {
+    /* A backstop for an entry that went silent while nobody said so (a coordinator that is
+     * down too): an entry the coordinator declares dead is replaced at the next CLIENT_INFO
+     * (cl_take_info). Half the deadline, so a long prefill is not computed twice because it
+     * takes a while. */
     uint32_t ms = c->resend_ms;
-    if (ms == 0) {
-        ms = r->timeout_ms / 3;
-        if (ms > CL_MAX_RESEND_MS)
-            ms = CL_MAX_RESEND_MS;
-        if (ms == 0)
-            ms = 1;
-    }
+    if (ms == 0)
+        ms = r->timeout_ms / 2 ? r->timeout_ms / 2 : 1;
     return (int64_t)ms * 1000000;
 }
 

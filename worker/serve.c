@@ -143,6 +143,7 @@ static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, ui
     r.code = code;
     r.message = text;
     srv_send_result(s, ident, ident_len, &r, NULL, 0);
+    wmx_step_result(s->mx, false); /* a request that failed (or was refused) at its entry */
     if (code == EPMOE__ERROR_CODE__ERR_BUSY)
         s->stats.busy++;
     else
@@ -321,7 +322,11 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
     for (int i = 0; i < q->n_parts; i++)
         if (srv_send_part(s, env, q, i, err) != 0)
             return -1;
-    if (mb_step_shared(q->ms, err) != 0)
+    /* The shared expert: a GPU backend starts it now (it overlaps the exchange); the CPU
+     * computes it synchronously, so it runs at the combine (mb_step_finish), after this turn has
+     * served the peers' DISPATCHes that wait for this worker, never before them. */
+    mb_device_info dev;
+    if (mb_device(env->be, &dev) == 0 && dev.kind != MB_DEV_CPU && mb_step_shared(q->ms, err) != 0)
         return ep_err_prefix(err, "shared expert");
     q->t_sent = srv_now();
     return 0;
@@ -511,6 +516,7 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
 
 void srv_on_client(srv_server *s, const srv_env *env)
 {
+    s->mx = env->mx;
     for (int n = 0; n < 1024; n++) {
         wire_msg m;
         ep_err err;
@@ -692,6 +698,7 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double n
 
 void srv_run(srv_server *s, const srv_env *env)
 {
+    s->mx = env->mx;
     if (env->session == NULL || srv_shape(s, env) != 0) {
         double now = srv_now();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)

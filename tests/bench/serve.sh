@@ -29,7 +29,7 @@ if [ ! -f "$MODEL/config.json" ]; then
         --topk 6 --layers 2 --hash-layers 0 --mtp 0 --shards 2 --vocab 1000 --seed 3 >/dev/null ||
         exit 1
 fi
-"$CTL" mkmodel --out "$TMP/tiny" --expert-dtype fp4 --experts 16 --layers 1 --hash-layers 0 \
+"$CTL" mkmodel --out "$TMP/tiny" --expert-dtype fp4 --experts 16 --layers 1 --hash-layers 0 --shards 1 \
     --mtp 0 >/dev/null || exit 1
 
 run() { echo "\$ bench_serve $*"; "$BENCH" --coordinator "$ADMIN" "$@"; echo; }
