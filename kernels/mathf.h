@@ -13,7 +13,8 @@
  *
  * How: a fast evaluation in double with a proven relative error bound, then a rounding test —
  * if both ends of the error interval round to the same float, that float is the answer; else
- * (about one input in 10^7) an evaluation in double-double with an error below 2^-100 decides.
+ * (2 of the 2^32 inputs for exp, 35 for log1p) an evaluation in double-double with an error
+ * below about 2^-100 decides.
  * tests/unit/test_mathf.c and the exhaustive tests/bench/mathf_exhaustive.c check both against
  * MPFR.
  */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ab_layer.sh OLD_BENCH_LAYER NEW_BENCH_LAYER [ROUNDS] [bench_layer args...] — two builds of
 # bench_layer run alternately in one script (ROUNDS rounds, default 3), so both see the same
-# machine; prints each run's ms/layer per (dtype, T) and, per row, the best new / best old
-# ratio (docs/performance.md). Default args: --threads 1 --cpu-time 1 --runs 3 --tokens 1,8,64.
+# machine; prints per (dtype, T) the best old and new ms/layer, their ratio and the route and
+# SwiGLU shares (docs/performance.md). Default args: --threads 1 --cpu-time 1 --runs 3
+# --tokens 1,8,64.
 set -euo pipefail
 old=$1 new=$2 rounds=${3:-3}
 shift $(($# < 3 ? $# : 3))
@@ -23,14 +24,15 @@ for which in ("old", "new"):
             c = [x.strip() for x in line.split("|")]
             if len(c) > 6 and c[1] in ("fp4", "fp8"):
                 key = (c[1], int(c[2]))
-                ms, swi = float(c[5]), float(c[-3])
+                ms, route, swi = float(c[5]), float(c[6]), float(c[-3])
                 prev = best[key].get(which)
                 if prev is None or ms < prev[0]:
-                    best[key][which] = (ms, swi)
-print("| dtype | T | old ms/layer | new ms/layer | new / old | SwiGLU % old / new |")
-print("|---|---|---|---|---|---|")
+                    best[key][which] = (ms, route, swi)
+print("| dtype | T | old ms/layer | new ms/layer | new / old | route % old / new | SwiGLU % old / new |")
+print("|---|---|---|---|---|---|---|")
 for key in sorted(best):
     o, n = best[key]["old"], best[key]["new"]
-    print(f"| {key[0]} | {key[1]} | {o[0]:.2f} | {n[0]:.2f} | {n[0] / o[0]:.3f} | {o[1]:.1f} / {n[1]:.1f} |")
+    print(f"| {key[0]} | {key[1]} | {o[0]:.2f} | {n[0]:.2f} | {n[0] / o[0]:.3f} | "
+          f"{o[1]:.1f} / {n[1]:.1f} | {o[2]:.1f} / {n[2]:.1f} |")
 PY
 rm -rf "$out"
