@@ -7,6 +7,7 @@
  * input; test_mathf checks the two against each other.
  */
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/mathf.h"
@@ -52,13 +53,15 @@ static inline int exp4(__m128 xf, __m128 *out)
 
 void mf_expf8_avx2(const float *x, float *y)
 {
+    float xs[8]; /* y may be x: keep the inputs for the lanes that fall back */
+    memcpy(xs, x, sizeof xs);
     for (int h = 0; h < 8; h += 4) {
         __m128 r;
-        int ok = exp4(_mm_loadu_ps(x + h), &r);
+        int ok = exp4(_mm_loadu_ps(xs + h), &r);
         _mm_storeu_ps(y + h, r);
         if (ok != 15)
             for (int i = 0; i < 4; i++)
                 if (!(ok >> i & 1))
-                    y[h + i] = mf_expf(x[h + i]);
+                    y[h + i] = mf_expf(xs[h + i]);
     }
 }
