@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/route_internal.h"
 #include "kernels/formats.h"
+#include "kernels/mathf.h"
 
 /* ---- implementation choice ---- */
 
@@ -205,7 +206,7 @@ void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const
 
 float route_score(float logit)
 {
-    float sp = logit > 20.0f ? logit : log1pf(expf(logit));
+    float sp = logit > 20.0f ? logit : mf_log1pf(mf_expf(logit));
     return sqrtf(sp);
 }
 

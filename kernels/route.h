@@ -51,8 +51,9 @@ void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
 void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
                   float *logits, gemm_pool *pool);
 
-/* score = sqrtf(softplus(l)), softplus(l) = l > 20 ? l : log1pf(expf(l)), fp32 with the C
- * library's expf/log1pf (glibc). One implementation: the libm calls define the bits. */
+/* score = sqrtf(softplus(l)), softplus(l) = l > 20 ? l : log1p(exp(l)), fp32 with exp and
+ * log1p correctly rounded (mf_expf, mf_log1pf: kernels/mathf.h), so no host's libm is part of
+ * the bits. */
 float route_score(float logit);
 void route_scores(int n, const float *logits, float *scores);
 

@@ -10,6 +10,7 @@
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/formats.h"
+#include "kernels/mathf.h"
 #include "kernels/quant.h"
 
 static float bf16_round(float x)
@@ -28,7 +29,7 @@ static void ref_row(const float *acc1, const float *acc3, int I, float wrow, flo
             g = g > limit ? limit : g;
             u = u < -limit ? -limit : u;
             u = u > limit ? limit : u;
-            float silu = g / (1.0f + expf(-g));
+            float silu = g / (1.0f + mf_expf(-g));
             float hv = silu * u;
             hv = wrow * hv;
             h[i] = bf16_round(hv);

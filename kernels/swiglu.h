@@ -8,7 +8,7 @@
  *   g  = bf16(acc1), u = bf16(acc3)                  round to nearest even, widened back
  *   g' = min(g, limit)                               gate clamped from above only
  *   u' = min(max(u, -limit), limit)
- *   h  = (g' / (1 + expf(-g'))) * u'                 glibc expf
+ *   h  = (g' / (1 + exp(-g'))) * u'                  exp: mf_expf, correctly rounded
  *   h  = w_row[m] * h                                routing weight; w_row NULL means 1.0f
  *                                                    (shared expert) and is still multiplied
  *   h_bf = bf16(h)
@@ -20,9 +20,10 @@
  * (g > limit ? limit : g), so a NaN passes through them, the block's scale becomes NaN and
  * its codes 0x7F; g' = -inf gives silu = -inf / inf = NaN as well.
  *
- * The fast path vectorises everything except expf, which it calls per element so that it is
- * the very same libm function as the reference's (a vector exp would have to match glibc's
- * expf on every input). Both paths give the same bits; tests prove it.
+ * The fast path vectorises everything, the exp too (mf_expf8_avx2: mf_expf's fast path on 8
+ * lanes, the scalar mf_expf for the lanes it cannot decide; kernels/mathf.h is correctly
+ * rounded, so any host and the GPU's table give the same bits). Both paths give the same bits;
+ * tests prove it.
  */
 #ifndef EPMOE_SWIGLU_H
 #define EPMOE_SWIGLU_H

@@ -88,6 +88,7 @@
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/gemm_simd.h"
 #include "kernels/formats.h"
+#include "kernels/fp_exact.h" /* last: no contraction below (docs/numerics.md §0) */
 
 /* ---- packing ---- */
 

@@ -61,6 +61,7 @@
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/gemm_simd.h"
 #include "kernels/formats.h"
+#include "kernels/fp_exact.h" /* last: no contraction below (docs/numerics.md §0) */
 
 /* Tokens per MXFP4 micro-tile; FP8 token counts up to which the double path runs, tokens per
  * double micro-tile, and tokens per integer micro-tile. */

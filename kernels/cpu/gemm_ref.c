@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/formats.h"
+#include "kernels/fp_exact.h" /* last: no contraction below (docs/numerics.md §0) */
 
 static int e4m3_is_nan(uint8_t c)
 {

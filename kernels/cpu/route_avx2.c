@@ -18,6 +18,7 @@
 #include "kernels/cpu/bf16_avx2.h"
 #include "kernels/cpu/route_internal.h"
 #include "kernels/formats.h"
+#include "kernels/fp_exact.h" /* last: no contraction below (docs/numerics.md §0) */
 
 /* Four bf16 -> four doubles (exact). */
 static inline __m256d bf16x4_to_pd(const uint16_t *p)

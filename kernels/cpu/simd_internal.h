@@ -1,7 +1,8 @@
 /*
- * simd_internal.h — the AVX2 entry points of the quantizer and the SwiGLU epilogue
- * (kernels/cpu/quant_avx2.c, swiglu_avx2.c; compiled with -mavx2 -mfma). Only quant.c and
- * swiglu.c call them, and only after gemm_impl_best() / the caller chose GEMM_IMPL_AVX2.
+ * simd_internal.h — the AVX2 entry points of the quantizer, the SwiGLU epilogue and its exp
+ * (kernels/cpu/quant_avx2.c, swiglu_avx2.c, mathf_avx2.c; compiled with -mavx2 -mfma). Only
+ * quant.c and swiglu.c call them (and the tests), and only after gemm_impl_best() / the caller
+ * chose GEMM_IMPL_AVX2.
  */
 #ifndef EPMOE_SIMD_INTERNAL_H
 #define EPMOE_SIMD_INTERNAL_H
@@ -25,6 +26,9 @@ void qt_avx2_sum_bf16_rows(const uint16_t *const *rows, int n, const uint16_t *l
 /* One row of swiglu_rows (see swiglu.h). */
 void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, float limit,
                      bool pow2, uint8_t *q, float *scale);
+
+/* y[i] = mf_expf(x[i]) for 8 floats (kernels/cpu/mathf_avx2.c); x and y may be the same. */
+void mf_expf8_avx2(const float *x, float *y);
 #else
 /* Builds without the AVX2 files: gemm_avx2_supported() is 0, so these are never reached. */
 static inline void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *s) {}
@@ -39,6 +43,7 @@ static inline void swiglu_avx2_row(const float *acc1, const float *acc3, int I, 
                                    float limit, bool pow2, uint8_t *q, float *scale)
 {
 }
+static inline void mf_expf8_avx2(const float *x, float *y) {}
 #endif
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * swiglu_avx2.c — the AVX2 SwiGLU epilogue (swiglu.h), bit-identical to swiglu.c's reference:
  * the same fp32 operations lane-wise, bf16 rounding in integer arithmetic as
- * fmt_f32_to_bf16 does it, and glibc expf called per element.
+ * fmt_f32_to_bf16 does it, and mf_expf (kernels/mathf.h) 8 lanes at a time (mathf_avx2.c).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -38,8 +38,7 @@ void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, fl
             u = _mm256_blendv_ps(u, lim, _mm256_cmp_ps(u, lim, _CMP_GT_OQ));
             _Alignas(32) float e[8];
             _mm256_store_ps(e, _mm256_xor_ps(g, signbit));
-            for (int j = 0; j < 8; j++)
-                e[j] = expf(e[j]);
+            mf_expf8_avx2(e, e);
             __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, _mm256_load_ps(e)));
             __m256 hv = _mm256_mul_ps(wv, _mm256_mul_ps(silu, u));
             _mm256_store_ps(h + i, bf16_round8(hv));

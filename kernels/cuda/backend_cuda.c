@@ -37,6 +37,7 @@
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_step.h"
 #include "kernels/formats.h"
+#include "kernels/mathf.h"
 #include "kernels/route.h"
 
 /* Tokens per route/combine pass and expert rows per MLP pass: bound the step buffers (about
@@ -674,7 +675,7 @@ static mb_layer *cuda_layer_load(mb_backend *be, const mc_config *c, const mb_la
     l->E = c->n_routed_experts;
     l->k = c->num_experts_per_tok;
     l->fmt = c->expert_dtype == MC_FP4 ? MB_W_MXFP4 : MB_W_FP8;
-    l->exp_neg_limit = expf(-c->swiglu_limit);
+    l->exp_neg_limit = mf_expf(-c->swiglu_limit);
     snprintf(l->name, sizeof l->name, "%s", src->name ? src->name : "layer");
     l->owned = calloc((size_t)l->E, 1);
     l->experts = calloc((size_t)l->E, sizeof *l->experts);
@@ -1551,7 +1552,7 @@ static const mb_vtable CUDA_VT = {
     .forward = cuda_forward,
 };
 
-/* expf(-g) for every bf16 bit pattern g, with the C library's expf: SiLU's only
+/* mf_expf(-g) for every bf16 bit pattern g (kernels/mathf.h, correctly rounded): SiLU's only
  * transcendental, looked up on the device so its bits are the CPU backend's. */
 static int build_exp_table(cuda_backend *b, ep_err *err)
 {
@@ -1559,7 +1560,7 @@ static int build_exp_table(cuda_backend *b, ep_err *err)
     if (!b->h_exp_table)
         return ep_err_set(err, "out of memory");
     for (uint32_t h = 0; h < 65536; h++)
-        b->h_exp_table[h] = expf(-fmt_bf16_to_f32((uint16_t)h));
+        b->h_exp_table[h] = mf_expf(-fmt_bf16_to_f32((uint16_t)h));
     if (b->ops->alloc(b->d, (void **)&b->exp_table, 65536 * sizeof(float), err) < 0 ||
         b->ops->h2d(b->d, b->exp_table, b->h_exp_table, 65536 * sizeof(float), err) < 0 ||
         cu_wait(b, err) < 0)

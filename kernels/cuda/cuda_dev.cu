@@ -12,7 +12,7 @@
  *     chain runs in block order in one thread per output;
  *   - __nv_cvt_float_to_fp8(.., __NV_SATFINITE, __NV_E4M3) is the encoder fmt_f32_to_e4m3 was
  *     proven equal to over all 2^32 inputs (test_formats_cuda);
- *   - SiLU's expf comes from a host-built table over all bf16 inputs (backend_cuda.c).
+ *   - SiLU's exp comes from a host-built table over all bf16 inputs (backend_cuda.c, mf_expf).
  */
 #include <cublasLt.h>
 #include <cuda_fp8.h>
@@ -352,7 +352,7 @@ __global__ static void k_swiglu(int I, const float *acc1, const float *acc3, int
     g = clamped ? limit : g;
     u = u < -limit ? -limit : u;
     u = u > limit ? limit : u;
-    /* expf(-g): g is bf16 (or the limit), so the host's table has it */
+    /* exp(-g): g is bf16 (or the limit), so the host's mf_expf table has it */
     float e = clamped ? exp_neg_limit : exp_table[cuk_f32_to_bf16(g)];
     float silu = __fdiv_rn(g, __fadd_rn(1.0f, e));
     float hv = __fmul_rn(silu, u);

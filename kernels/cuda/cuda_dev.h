@@ -99,9 +99,9 @@ typedef struct cudev_ops {
     int (*e8m0_to_f32)(cudev *d, size_t n, const uint8_t *in, float *out, ep_err *err);
     int (*gemm)(cudev *d, const cudev_gemm *g, ep_err *err);
     /* swiglu_rows: acc1, acc3 f32 [M, I] (rows ld floats apart) -> hq e4m3 [M, I], hqs f32
-     * [M, I/128]; w_row [M] (NULL: 1.0f). exp_table [65536]: expf(-g) for every bf16 bit pattern
-     * g (built on the host with the C library's expf, so the device needs no expf of its own);
-     * exp_neg_limit = expf(-limit). */
+     * [M, I/128]; w_row [M] (NULL: 1.0f). exp_table [65536]: exp(-g) for every bf16 bit pattern
+     * g (built on the host with mf_expf, kernels/mathf.h, so the device needs no exp of its own);
+     * exp_neg_limit = mf_expf(-limit). */
     int (*swiglu)(cudev *d, int M, int I, const float *acc1, const float *acc3, int ld,
                   const float *w_row, float limit, bool pow2, const float *exp_table,
                   float exp_neg_limit, uint8_t *hq, float *hqs, ep_err *err);

@@ -7,8 +7,8 @@
  * e8m0 written out from spec §3), computes every block sum exactly in double, and performs each
  * fp32 operation as (float)(a op b) in double — exact for + - * / of two floats, since double
  * carries more than 2 x 24 + 2 bits — so every rounding point of the definition is explicit.
- * It shares no code with kernels/ besides the C library's expf/log1pf, which the definition
- * names.
+ * It shares no code with kernels/; exp and log1p are MPFR's correct roundings (mathf_mpfr.c),
+ * which the definition names.
  */
 #include <math.h>
 #include <pthread.h>
@@ -24,6 +24,7 @@
 #include "kernels/moe_backend.h"
 #include "worker/shard.h"
 #include "moe_gen.h"
+#include "mathf_mpfr.h"
 #include "test.h"
 
 /* ---- independent number formats ---- */
@@ -235,7 +236,7 @@ static void t_mlp(const t_layer *t, const t_linear *l, const double *qd, const f
         float g = rbf(a1[i]), u = rbf(a3[i]);
         g = g > lim ? lim : g;
         u = u < -lim ? -lim : u > lim ? lim : u;
-        float silu = f_div(g, f_add(1.0f, expf(-g)));
+        float silu = f_div(g, f_add(1.0f, mpfr_ref_expf(-g)));
         h[i] = rbf(f_mul(wrow, f_mul(silu, u)));
     }
     t_quant(h, I, c->act_ue8m0, hd, hs);
@@ -275,7 +276,7 @@ static void t_token(const t_layer *t, const uint16_t *x, int64_t tok, uint16_t *
         for (int i = 0; i < H; i++)
             s += (double)xn[i] * (double)bf(g->gate[(size_t)e * H + i]);
         float l = (float)s;
-        sc[e] = (float)sqrt((double)(l > 20.0f ? l : log1pf(expf(l))));
+        sc[e] = (float)sqrt((double)(l > 20.0f ? l : mpfr_ref_log1pf(mpfr_ref_expf(l))));
     }
     if (g->hash) {
         for (int j = 0; j < k; j++)
