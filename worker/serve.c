@@ -816,6 +816,13 @@ void srv_destroy(srv_server **self_p)
     srv_server *s = *self_p;
     if (s == NULL)
         return;
+    /* how the serving went (docs/performance.md "Serving path" reads it) */
+    log_info("serving: %llu requests submitted, %llu answered, %llu failed, %llu busy; %llu "
+             "replays; %llu expert batches of %.2f jobs on average",
+             (unsigned long long)s->stats.submitted, (unsigned long long)s->stats.completed,
+             (unsigned long long)s->stats.failed, (unsigned long long)s->stats.busy,
+             (unsigned long long)s->stats.replays, (unsigned long long)s->stats.batches,
+             s->stats.batches ? (double)s->stats.batched_jobs / (double)s->stats.batches : 0.0);
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,

@@ -11,12 +11,16 @@
 # layer without ids, a wrong config hash, a NaN) get explicit errors and the cluster goes on
 # answering right.
 #
-#   test_serve.sh CTL_DIR COORDINATOR WORKER SERVE_POKE
+# Then the same through libepmoe (serve_lib): 3 client processes x 4 requests in flight on
+# every layer, each answer bit-identical to forward --local.
+#
+#   test_serve.sh CTL_DIR COORDINATOR WORKER SERVE_POKE SERVE_LIB
 set -u
 CTL=$1/epmoectl
 COORD=$2
 WORKER=$3
 SPOKE=$4
+SLIB=$5
 TMP=$(mktemp -d /tmp/epmoe_serve_XXXXXX)
 PIDS=()
 fails=0
@@ -99,11 +103,32 @@ for dt in fp4 fp8; do
         fi
     done
     [ $bad -eq 0 ] && ok "$name: 3 clients x 4 in flight x 16 requests, every answer bit-identical"
+    # the same through libepmoe: 3 client processes x 4 in flight, every layer
+    bad=0
+    for lname in 0 1 mtp.0; do
+        lref=$(local_ref "$TMP/$dt" "$lname" "$TMP/in_7.st")
+        lpids=()
+        for c in 0 1 2; do
+            "$SLIB" "$ADMIN" "$lname" "$TMP/in_7.st" "$TMP/$name.l$c.st" 4 12 \
+                >"$TMP/$name.l$c.log" 2>&1 &
+            lpids+=($!)
+        done
+        for c in 0 1 2; do
+            if ! wait "${lpids[$c]}"; then
+                fail "$name: libepmoe client $c, layer $lname: $(cat "$TMP/$name.l$c.log")"
+                bad=1
+            elif ! cmp -s "$TMP/$name.l$c.st" "$lref"; then
+                fail "$name: libepmoe client $c, layer $lname differs from forward --local"
+                bad=1
+            fi
+        done
+    done
+    [ $bad -eq 0 ] && ok "$name: libepmoe, 3 clients x 4 in flight x 12 requests on every layer, bit-identical"
     # the coordinator carried none of those tokens (its payload counter is live: see below)
     a1=$(payload_bytes admin)
     w1=$(payload_bytes workers)
     if [ -n "$a0" ] && [ "$a0" = "$a1" ] && [ "$w0" = "$w1" ] && [ "${a1%.*}" = 0 ] && [ "${w1%.*}" = 0 ]; then
-        ok "$name: the coordinator received 0 payload bytes during $((9 * 4 + 48)) client requests"
+        ok "$name: the coordinator received 0 payload bytes during $((9 * 4 + 48 + 108)) client requests"
     else
         fail "$name: coordinator payload bytes admin $a0 -> $a1, workers $w0 -> $w1 (expected 0)"
     fi
