@@ -314,20 +314,6 @@ out:
 
 /* ---- the cluster path (libepmoe: the serving path, docs/client.md) ---- */
 
-/* The config the input is checked against, from what the client library was told. */
-static mc_config fwd_info_config(const epmoe_info *i)
-{
-    mc_config c = {0};
-    c.hidden_size = (int)i->hidden_size;
-    c.num_hidden_layers = (int)i->n_main_layers;
-    c.num_hash_layers = (int)i->n_hash_layers;
-    c.num_nextn_predict_layers = (int)(i->n_layers - i->n_main_layers);
-    c.num_experts_per_tok = (int)i->topk;
-    c.n_routed_experts = (int)i->n_experts;
-    c.vocab_size = (int)i->vocab_size;
-    return c;
-}
-
 /* epmoectl's exit code for a library status; the message names the cluster's error code. */
 static int fwd_status(const epmoe_error *e)
 {
@@ -422,7 +408,7 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
         epmoe_close(&cl);
         return fwd_status(&e);
     }
-    mc_config c = fwd_info_config(&info);
+    mc_config c = fwdio_config_of(&info);
     int layer;
     char name[EP_MAX_NAME];
     fwdio_input in;

@@ -4,6 +4,7 @@
  */
 #include "ctl/fwd_io.h"
 
+#include <epmoe.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -167,4 +168,17 @@ int fwdio_write(const char *path, int T, int H, int k, const uint16_t *out, cons
         rc = CMD_CANTCREAT;
     st_writer_destroy(&w);
     return rc;
+}
+
+mc_config fwdio_config_of(const epmoe_info *i)
+{
+    mc_config c = {0};
+    c.hidden_size = (int)i->hidden_size;
+    c.num_hidden_layers = (int)i->n_main_layers;
+    c.num_hash_layers = (int)i->n_hash_layers;
+    c.num_nextn_predict_layers = (int)(i->n_layers - i->n_main_layers);
+    c.num_experts_per_tok = (int)i->topk;
+    c.n_routed_experts = (int)i->n_experts;
+    c.vocab_size = (int)i->vocab_size;
+    return c;
 }

@@ -41,6 +41,11 @@ typedef struct fwdio_input {
 int fwdio_read(const char *path, const mc_config *c, int layer, fwdio_input *in, ep_err *err);
 void fwdio_input_free(fwdio_input *in);
 
+/* The config an input is checked against, from what a libepmoe client was told (the fields
+ * fwdio_read and the layer names use; the rest zero). */
+struct epmoe_info;
+mc_config fwdio_config_of(const struct epmoe_info *info);
+
 int fwdio_write(const char *path, int T, int H, int k, const uint16_t *out, const int32_t *topk_ids,
                 const float *topk_w, ep_err *err);
 

@@ -22,19 +22,6 @@ typedef struct slot {
     float *w;
 } slot;
 
-static mc_config lib_config(const epmoe_info *i)
-{
-    mc_config c = {0};
-    c.hidden_size = (int)i->hidden_size;
-    c.num_hidden_layers = (int)i->n_main_layers;
-    c.num_hash_layers = (int)i->n_hash_layers;
-    c.num_nextn_predict_layers = (int)(i->n_layers - i->n_main_layers);
-    c.num_experts_per_tok = (int)i->topk;
-    c.n_routed_experts = (int)i->n_experts;
-    c.vocab_size = (int)i->vocab_size;
-    return c;
-}
-
 /* One finished request: compared with the first (kept in *first). */
 static int lib_check(slot *s, int T, int H, int k, slot *first, int *n_first)
 {
@@ -81,7 +68,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "serve_lib: %s\n", e.message);
         return 1;
     }
-    mc_config c = lib_config(&info);
+    mc_config c = fwdio_config_of(&info);
     uint32_t layer;
     fwdio_input in;
     ep_err err;
