@@ -73,6 +73,7 @@ typedef struct srv_load {
 } srv_load;
 
 struct srv_server {
+    struct wmx *mx; /* the worker's metrics, as the executor last lent them */
     void *sock;
     char endpoint[EP_MAX_PATH];
     srv_req req[SRV_MAX_REQUESTS];
