@@ -39,7 +39,10 @@ inc=$(pkg-config --variable=includedir epmoe)
 [ "$(realpath "$inc")" = "$(realpath "$PREFIX/include")" ] &&
     ok "pkg-config's includedir is the prefix's" || fail "pkg-config includedir: $inc"
 # shellcheck disable=SC2046
-if cc -std=c11 -Wall -Wextra -Werror "$SRC/examples/client_example.c" \
+# a sanitizer build's library needs a program built the same way (ASan's runtime comes first)
+SAN=
+readelf -d "$LIB" | grep -q 'NEEDED.*libasan' && SAN="-fsanitize=address,undefined"
+if cc -std=c11 -Wall -Wextra -Werror $SAN "$SRC/examples/client_example.c" \
     $(pkg-config --cflags --libs epmoe) -o "$TMP/client_example" 2>"$TMP/cc.log"; then
     ok "client_example builds with pkg-config --cflags --libs epmoe"
 else
