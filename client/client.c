@@ -232,6 +232,9 @@ static int cl_alloc(epmoe_client *c, epmoe_error *err)
     pthread_mutex_init(&c->mu, NULL);
     if (getrandom(&c->id, sizeof c->id, 0) != (ssize_t)sizeof c->id)
         return cl_fail(err, EPMOE_ENOMEM, 0, "getrandom: %s", strerror(errno));
+    /* clients start their rotation at different members, so that many short-lived clients
+     * (one epmoectl forward each) spread over the entries rather than all taking the first */
+    c->rotor = (uint32_t)(c->id >> 32);
     c->next_seq = 1;
     return 0;
 }

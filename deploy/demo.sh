@@ -86,8 +86,8 @@ run_dtype() {
     layers=$("$CTL" --coordinator "$ADMIN" -o json config |
         json "' '.join([str(i) for i in range(d['config']['num_hidden_layers'])] + ['mtp.%d' % i for i in range(d['config']['num_nextn_predict_layers'])])")
     echo
-    printf '%-9s %-6s %7s %10s %14s %14s %10s\n' LAYER KIND TOKENS "TIME (s)" "DISPATCH (B)" \
-        "COMBINE (B)" "MAX DIFF"
+    printf '%-9s %-6s %7s %10s %8s %9s %10s\n' LAYER KIND TOKENS "TIME (s)" ENTRY REPLAYED \
+        "MAX DIFF"
     local bad=0
     for layer in $layers; do
         "$CTL" mkinput --model "$MODEL" --tokens "$T" --seed 7 --out out/demo-in.st >/dev/null
@@ -101,7 +101,7 @@ run_dtype() {
         [ $? -eq 0 ] || bad=1
         maxd=$(echo "$diff" | json "max(t['max_abs'] for t in d['tensors'])")
         case $layer in mtp.*) kind=mtp ;; 0) kind=hash ;; *) kind=score ;; esac
-        echo "$info" | json "'%-9s %-6s %7d %10.4f %14d %14d %10s' % ('$layer', '$kind', d['tokens'], d['forward_seconds'], d['dispatch_bytes'], d['combine_bytes'], '$maxd')"
+        echo "$info" | json "'%-9s %-6s %7d %10.4f %8s %9s %10s' % ('$layer', '$kind', d['tokens'], d['forward_seconds'], d['entry'], 'yes' if d['replayed'] else 'no', '$maxd')"
     done
     "$CTL" --coordinator "$ADMIN" shutdown >/dev/null
     local rc=0
