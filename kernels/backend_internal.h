@@ -33,6 +33,7 @@ typedef struct mb_vtable {
                            const int64_t *ids, int32_t *topk_ids, float *topk_w, uint8_t *q,
                            float *qs, uint16_t *xn, ep_err *err);
     int (*step_shared)(mb_step *s, ep_err *err);
+    int (*steps_shared)(mb_step *const *s, int n, ep_err *err); /* NULL: step_shared each */
     int (*step_finish)(mb_step *s, const uint16_t *eo, uint16_t *out, ep_err *err);
     void (*step_free)(mb_step *s);
     int (*experts)(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *q, const float *qs,

@@ -146,6 +146,19 @@ int mb_step_shared(mb_step *s, ep_err *err)
     return s->be->vt->step_shared(s, err);
 }
 
+int mb_steps_shared(mb_step *const *steps, int n, ep_err *err)
+{
+    if (n <= 0)
+        return 0;
+    const mb_vtable *vt = steps[0]->be->vt;
+    if (vt->steps_shared != NULL && n > 1)
+        return vt->steps_shared(steps, n, err);
+    for (int i = 0; i < n; i++)
+        if (steps[i]->be->vt->step_shared(steps[i], err) != 0)
+            return -1;
+    return 0;
+}
+
 int mb_step_finish(mb_step *s, const uint16_t *eo, uint16_t *out, ep_err *err)
 {
     return s->be->vt->step_finish(s, eo, out, err);

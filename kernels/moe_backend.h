@@ -160,6 +160,11 @@ mb_step *mb_step_begin(mb_backend *be, const mb_layer *l, int T, const uint16_t 
                        uint16_t *xn, ep_err *err);
 /* Start (CUDA) or run (CPU) the shared expert on the step's q/qs. */
 int mb_step_shared(mb_step *s, ep_err *err);
+/* The shared expert of n open steps of one layer (steps whose shared expert ran already are
+ * skipped): the CPU runs their rows as one GEMM, so concurrent requests read the shared
+ * expert's weights once, with the same bits as one step at a time (the exact kernels' rows
+ * are independent); a backend without a batched form runs them one by one. */
+int mb_steps_shared(mb_step *const *steps, int n, ep_err *err);
 /* out bf16 [T, H] = combine of eo bf16 [T, k, H] (the expert output of slot (t, j) at row
  * t*k + j; slots with topk_ids -1 are skipped) with the shared expert (run here if
  * mb_step_shared was not called). */

@@ -323,11 +323,16 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
         if (srv_send_part(s, env, q, i, err) != 0)
             return -1;
     /* The shared expert: a GPU backend starts it now (it overlaps the exchange); the CPU
-     * computes it synchronously, so it runs at the combine (mb_step_finish), after this turn has
-     * served the peers' DISPATCHes that wait for this worker, never before them. */
+     * computes it synchronously, so it runs when this worker has nothing else to do or at the
+     * combine (srv_shared), after the turn has served the peers' DISPATCHes that wait for this
+     * worker, never before them, and batched over the requests of the layer. */
     mb_device_info dev;
-    if (mb_device(env->be, &dev) == 0 && dev.kind != MB_DEV_CPU && mb_step_shared(q->ms, err) != 0)
-        return ep_err_prefix(err, "shared expert");
+    q->shared = false;
+    if (mb_device(env->be, &dev) == 0 && dev.kind != MB_DEV_CPU) {
+        if (mb_step_shared(q->ms, err) != 0)
+            return ep_err_prefix(err, "shared expert");
+        q->shared = true;
+    }
     q->t_sent = srv_now();
     return 0;
 }
@@ -696,6 +701,51 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double n
     }
 }
 
+/* The shared expert of the running requests that want (complete ones only, or all), one
+ * mb_steps_shared call per layer: concurrent requests read its weights once. */
+static void srv_shared(srv_server *s, bool complete_only)
+{
+    mb_step *steps[SRV_MAX_REQUESTS];
+    srv_req *reqs[SRV_MAX_REQUESTS];
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        srv_req *q0 = &s->req[i];
+        if (q0->phase != SRV_RUNNING || q0->shared || (complete_only && !srv_complete(q0)))
+            continue;
+        int n = 0;
+        for (int j = i; j < SRV_MAX_REQUESTS; j++) {
+            srv_req *q = &s->req[j];
+            if (q->phase == SRV_RUNNING && !q->shared && q->layer == q0->layer &&
+                (!complete_only || srv_complete(q))) {
+                reqs[n] = q;
+                steps[n++] = q->ms;
+            }
+        }
+        ep_err err = {{0}};
+        if (mb_steps_shared(steps, n, &err) != 0) /* mb_step_finish runs what is left */
+            log_warn("serving: shared expert of %d requests of layer %d: %s", n, q0->layer,
+                     err.msg);
+        s->stats.shared_batches++;
+        s->stats.shared_requests += (uint64_t)n;
+        for (int j = 0; j < n; j++)
+            reqs[j]->shared = true;
+    }
+}
+
+/* Nothing waits for this worker: no job queued, no SUBMIT or data-plane message pending. */
+static bool srv_idle(const srv_server *s, const srv_env *env)
+{
+    int ev = 0;
+    size_t len = sizeof ev;
+    if (s->n_jobs > 0)
+        return false;
+    if (zmq_getsockopt(s->sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN))
+        return false;
+    len = sizeof ev;
+    ev = 0;
+    return env->tp == NULL ||
+           !(zmq_getsockopt(tp_socket(env->tp), ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN));
+}
+
 void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
@@ -714,11 +764,15 @@ void srv_run(srv_server *s, const srv_env *env)
         if (s->req[i].phase != SRV_FREE)
             srv_step_req(s, env, &s->req[i], now);
     srv_serve(s, env);
+    srv_shared(s, true);
     for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
         srv_req *q = &s->req[i];
         if (q->phase == SRV_RUNNING && srv_complete(q))
             srv_answer(s, env, q);
     }
+    /* waiting for peers with nothing to serve: the shared expert of what is in flight now */
+    if (srv_idle(s, env))
+        srv_shared(s, false);
 }
 
 double srv_idle_timeout(const srv_server *s)
@@ -818,11 +872,16 @@ void srv_destroy(srv_server **self_p)
         return;
     /* how the serving went (docs/performance.md "Serving path" reads it) */
     log_info("serving: %llu requests submitted, %llu answered, %llu failed, %llu busy; %llu "
-             "replays; %llu expert batches of %.2f jobs on average",
+             "replays; %llu expert batches of %.2f jobs, %llu shared-expert batches of %.2f "
+             "requests on average",
              (unsigned long long)s->stats.submitted, (unsigned long long)s->stats.completed,
              (unsigned long long)s->stats.failed, (unsigned long long)s->stats.busy,
              (unsigned long long)s->stats.replays, (unsigned long long)s->stats.batches,
-             s->stats.batches ? (double)s->stats.batched_jobs / (double)s->stats.batches : 0.0);
+             s->stats.batches ? (double)s->stats.batched_jobs / (double)s->stats.batches : 0.0,
+             (unsigned long long)s->stats.shared_batches,
+             s->stats.shared_batches
+                 ? (double)s->stats.shared_requests / (double)s->stats.shared_batches
+                 : 0.0);
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,

@@ -51,6 +51,7 @@ typedef struct srv_req {
     int n_parts, cap_parts;
     uint32_t attempt;
     bool replayed, started_once;
+    bool shared; /* the shared expert ran (or, on a device, was started) for this attempt */
     double t_arrive, t_routed, t_sent, t_experts, deadline, retry_at, backoff;
     uint64_t epoch;
 } srv_req;

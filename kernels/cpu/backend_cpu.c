@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/limits.h"
 #include "kernels/backend_internal.h"
 #include "kernels/moe.h"
 #include "kernels/route.h"
@@ -153,6 +154,53 @@ static int cpu_step_shared(mb_step *ms, ep_err *err)
     return moe_shared(s->l, s->T, s->q, s->qs, s->shared, cpu_of(ms->be)->pool, err);
 }
 
+/* The pending steps' rows gathered, one moe_shared call, the rows handed back. */
+static int cpu_steps_shared(mb_step *const *ms, int n, ep_err *err)
+{
+    const moe_layer *l = ((cpu_step *)ms[0])->l;
+    size_t H = (size_t)moe_layer_config(l)->hidden_size, SC = H / EP_FP8_BLOCK, T = 0;
+    for (int i = 0; i < n; i++) {
+        cpu_step *s = (cpu_step *)ms[i];
+        if (s->l != l || ms[i]->be != ms[0]->be)
+            return ep_err_set(err, "mb_steps_shared: steps of different layers or backends");
+        if (!s->shared)
+            T += (size_t)s->T;
+    }
+    if (T > EP_MAX_TOKENS) /* one call bounds its tokens: run them one by one */
+        T = 0;
+    uint8_t *q = T ? malloc(T * H) : NULL;
+    float *qs = T ? malloc(T * SC * sizeof *qs) : NULL;
+    uint16_t *out = T ? malloc(T * H * 2) : NULL;
+    int rc = 0;
+    if (q && qs && out) {
+        size_t t0 = 0;
+        for (int i = 0; i < n; i++) {
+            cpu_step *s = (cpu_step *)ms[i];
+            if (s->shared)
+                continue;
+            memcpy(q + t0 * H, s->q, (size_t)s->T * H);
+            memcpy(qs + t0 * SC, s->qs, (size_t)s->T * SC * sizeof *qs);
+            t0 += (size_t)s->T;
+        }
+        rc = moe_shared(l, (int)T, q, qs, out, cpu_of(ms[0]->be)->pool, err);
+        for (int i = 0, t = 0; rc == 0 && i < n; i++) {
+            cpu_step *s = (cpu_step *)ms[i];
+            if (s->shared || s->T == 0)
+                continue;
+            s->shared = malloc((size_t)s->T * H * 2);
+            if (s->shared)
+                memcpy(s->shared, out + (size_t)t * H, (size_t)s->T * H * 2);
+            t += s->T;
+        }
+    }
+    free(q);
+    free(qs);
+    free(out);
+    for (int i = 0; rc == 0 && i < n; i++) /* what is left: too many tokens or no memory */
+        rc = cpu_step_shared(ms[i], err);
+    return rc;
+}
+
 static int cpu_step_finish(mb_step *ms, const uint16_t *eo, uint16_t *out, ep_err *err)
 {
     cpu_step *s = (cpu_step *)ms;
@@ -205,6 +253,7 @@ static const mb_vtable CPU_VT = {
     .layer_bytes = cpu_layer_bytes,
     .step_begin = cpu_step_begin,
     .step_shared = cpu_step_shared,
+    .steps_shared = cpu_steps_shared,
     .step_finish = cpu_step_finish,
     .step_free = cpu_step_free,
     .experts = cpu_experts,

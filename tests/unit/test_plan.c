@@ -5,7 +5,9 @@
  * i-th pair of expert e in a set, counted in slot order, goes to replica (origin + i) mod n),
  * independently of pl_pick; skipping ranks that may not compute takes the next replica in
  * order. Batching: the serving path runs DISPATCHes of several origins for one layer as one
- * mb_experts call; that must give every pair the bits it gets alone, whatever the mix.
+ * mb_experts call, and the shared expert of the requests of a layer as one mb_steps_shared
+ * call; that must give every pair and every token the bits it gets alone (mb_forward of its
+ * request), whatever the mix.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -221,10 +223,76 @@ TEST(experts_of_several_jobs_in_one_call_give_each_pair_its_own_bits)
     gen_model_free(&g);
 }
 
+/* Steps of random sizes, their routed pairs by mb_experts, their shared expert batched (one
+ * step's done alone first, as srv_shared meets it): each step's output is mb_forward's. */
+TEST(shared_expert_of_several_steps_in_one_call_gives_each_step_its_own_bits)
+{
+    mc_config c = gen_config(MC_FP8, 256, 256, 12, 4, 1000);
+    ep_err err = {{0}};
+    CHECK_EQ(mc_validate(&c, &err), 0);
+    gen_opts o = {.seed = 23};
+    gen_model *g = gen_model_create(&c, &o);
+    char dir[] = "/tmp/epmoe_test_plan_XXXXXX";
+    st_model *m = NULL;
+    if (!mkdtemp(dir) || gen_model_write(g, dir, &err) < 0 || !(m = st_model_open(dir, &err))) {
+        TEST_FAIL_AT("checkpoint: %s", err.msg);
+        gen_model_free(&g);
+        return;
+    }
+    mb_options bo = {.device = "cpu", .threads = 2};
+    mb_backend *be = mb_create(&bo, &err);
+    mb_layer *l = be ? shard_load_layer(be, m, &c, 1, NULL, NULL, NULL, NULL, &err) : NULL;
+    CHECK(l != NULL);
+    enum { NS = 5 };
+    size_t H = (size_t)c.hidden_size, SC = H / 128, k = (size_t)c.num_experts_per_tok;
+    uint64_t rs = 91;
+    mb_step *st[NS] = {0};
+    uint16_t *x[NS], *want[NS], *eo[NS];
+    uint8_t *q[NS];
+    float *qs[NS], *tw[NS];
+    int32_t *ti[NS];
+    int T[NS];
+    for (int j = 0; l && j < NS; j++) {
+        T[j] = 1 + (int)(gen_rand(&rs) % 9);
+        size_t n = (size_t)T[j];
+        x[j] = malloc(n * H * 2), want[j] = malloc(n * H * 2), eo[j] = malloc(n * k * H * 2);
+        q[j] = malloc(n * H), qs[j] = malloc(n * SC * 4);
+        tw[j] = malloc(n * k * 4), ti[j] = malloc(n * k * 4);
+        for (size_t i = 0; i < n * H; i++)
+            x[j][i] = fmt_f32_to_bf16((float)(gen_unit(&rs) * (i % 89 == 3 ? 30 : 1)));
+        CHECK_EQ(mb_forward(be, l, T[j], x[j], NULL, want[j], ti[j], tw[j], &err), 0);
+        st[j] = mb_step_begin(be, l, T[j], x[j], NULL, ti[j], tw[j], q[j], qs[j], NULL, &err);
+        CHECK(st[j] != NULL);
+        uint32_t row[9 * MC_MAX_TOPK], ex[9 * MC_MAX_TOPK];
+        for (size_t p = 0; p < n * k; p++)
+            row[p] = (uint32_t)(p / k), ex[p] = (uint32_t)ti[j][p];
+        CHECK_EQ(mb_experts(be, l, T[j], q[j], qs[j], (int)(n * k), row, ex, tw[j], eo[j], &err),
+                 0);
+    }
+    if (l) {
+        CHECK_EQ(mb_step_shared(st[2], &err), 0);
+        CHECK_EQ(mb_steps_shared(st, NS, &err), 0);
+    }
+    for (int j = 0; l && j < NS; j++) {
+        uint16_t *out = malloc((size_t)T[j] * H * 2);
+        CHECK_EQ(mb_step_finish(st[j], eo[j], out, &err), 0);
+        CHECK(memcmp(out, want[j], (size_t)T[j] * H * 2) == 0);
+        free(out);
+        mb_step_free(&st[j]);
+        free(x[j]), free(want[j]), free(eo[j]), free(q[j]), free(qs[j]), free(tw[j]), free(ti[j]);
+    }
+    mb_layer_free(&l);
+    mb_destroy(&be);
+    st_model_close(&m);
+    gen_model_remove(dir);
+    gen_model_free(&g);
+}
+
 int main(void)
 {
     RUN(route_follows_the_replica_rule_and_skips_ranks_that_may_not_compute);
     RUN(group_lists_each_slot_once_in_wire_order);
     RUN(experts_of_several_jobs_in_one_call_give_each_pair_its_own_bits);
+    RUN(shared_expert_of_several_steps_in_one_call_gives_each_step_its_own_bits);
     return test_report();
 }
