@@ -24,6 +24,18 @@ fail() {
 
 ok() { echo "ok   $*"; }
 
+# wait_grep SECONDS FILE ERE: whether FILE gets a line matching ERE within SECONDS (a daemon
+# logs what its threads saw a little later, much later on a loaded machine: never a fixed sleep)
+wait_grep() {
+    local n=0
+    while [ $n -lt $(($1 * 10)) ]; do
+        grep -qE "$3" "$2" 2>/dev/null && return 0
+        sleep 0.1
+        n=$((n + 1))
+    done
+    grep -qE "$3" "$2" 2>/dev/null
+}
+
 # The Python with the Debian packages (prometheus_client), not a user's pyenv shim.
 PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3

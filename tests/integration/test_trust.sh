@@ -187,7 +187,7 @@ fi
 # the failed load blocks the cluster with the reason (it stayed `loading` for ever, every
 # forward waiting out step_timeout_ms), and a forward is refused at once naming it
 st=""
-for _ in $(seq 1 50); do
+for _ in $(seq 1 200); do
     st=$("$CTL" --coordinator "$ADMIN" -o json status 2>/dev/null | json "d['state'] + ' ' + (d['problem'] or '')")
     [[ "$st" == blocked* ]] && break
     sleep 0.1
@@ -318,8 +318,7 @@ DATA0=$(grep -o 'name: w0, device: cpu, data: "[^"]*' "$TMP/sec.yaml" | sed 's/.
 z() { sed -n "s/.*$1 = \"\(.*\)\"/\1/p" "$2"; }
 POKE_PUBLIC=$(z public-key "$K/stranger.key") POKE_SECRET=$(z secret-key "$K/stranger.key") \
     POKE_SERVER=$(z public-key "$K/w0.pub") timeout 30 "$POKE" "$DATA0" push garbage >/dev/null
-sleep 0.5
-grep -q "auth: refused a connection from 127.0.0.1 to epmoe-data" "$TMP/sec.w0.log" ||
+wait_grep 10 "$TMP/sec.w0.log" "auth: refused a connection from 127\.0\.0\.1 to epmoe-data" ||
     fail "w0 did not refuse (and log) a stranger at its data endpoint"
 # handshakes refused before ZAP sees a key: a client without CURVE, one holding another server
 # key, a stream that is not ZeroMQ. Each is logged with the peer's address and port and the
@@ -338,13 +337,12 @@ try:
 except OSError:
     pass
 PY
-sleep 0.5
 # (a client without CURVE may see the mismatch first and hang up: then the handshake broke off)
 refused0=$fails
 for want in "epmoe-workers: (it does not speak CURVE|its handshake broke off)" \
     "epmoe-operators: its CURVE handshake does not decrypt" \
     "epmoe-operators: the connection ended in its handshake"; do
-    grep -qE "auth: refused a connection from 127\.0\.0\.1:[0-9]+ to $want" "$TMP/sec.coord.log" ||
+    wait_grep 10 "$TMP/sec.coord.log" "auth: refused a connection from 127\.0\.0\.1:[0-9]+ to $want" ||
         fail "no refusal logged with the peer's address: \"$want\""
 done
 if "$PY" "$(dirname "$0")/check_metrics.py" "http://$SEC_METRICS/metrics" "$TMP/sec.metrics.json" \
