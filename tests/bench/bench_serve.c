@@ -114,6 +114,7 @@ typedef struct client_out {
     double seconds, tokens;
     int n_lat, failed;
     double lat[8192];
+    double phase[4][8192]; /* at the entry: queued, dispatch, experts (the wait), combine */
 } client_out;
 
 static void run_client(const args *a, int id, client_out *o)
@@ -172,8 +173,13 @@ static void run_client(const args *a, int id, client_out *o)
             epmoe_request_status(fin[i], &ri);
             if (ri.status != EPMOE_OK)
                 o->failed++;
-            if (o->n_lat < 8192)
+            if (o->n_lat < 8192) {
+                o->phase[0][o->n_lat] = ri.queued_s;
+                o->phase[1][o->n_lat] = ri.dispatch_s;
+                o->phase[2][o->n_lat] = ri.experts_s;
+                o->phase[3][o->n_lat] = ri.combine_s;
                 o->lat[o->n_lat++] = now_s() - t_sub[s];
+            }
             epmoe_request_free(&fin[i]);
             req[s] = NULL;
             done++;
@@ -324,6 +330,9 @@ int main(int argc, char **argv)
         close(fds[i][1]);
     }
     double tok = 0, secs = 0, *lat = malloc((size_t)a.clients * 8192 * sizeof *lat);
+    double *ph[4];
+    for (int p = 0; p < 4; p++)
+        ph[p] = malloc((size_t)a.clients * 8192 * sizeof *ph[p]);
     int nl = 0, failed = 0;
     for (int i = 0; i < a.clients; i++) {
         size_t got = 0;
@@ -338,8 +347,11 @@ int main(int argc, char **argv)
         tok += outs[i].tokens;
         secs = outs[i].seconds > secs ? outs[i].seconds : secs;
         failed += outs[i].failed;
-        for (int j = 0; j < outs[i].n_lat; j++)
+        for (int j = 0; j < outs[i].n_lat; j++) {
+            for (int p = 0; p < 4; p++)
+                ph[p][nl] = outs[i].phase[p][j];
             lat[nl++] = outs[i].lat[j];
+        }
     }
     qsort(lat, (size_t)nl, sizeof *lat, cmp_d);
     double p50 = nl ? lat[nl / 2] : 0, p99 = nl ? lat[(nl * 99) / 100] : 0;
@@ -353,6 +365,16 @@ int main(int argc, char **argv)
            p99 * 1e3);
     printf("local   %10.1f tokens/s  (%d tokens a call, %.3f ms a call, %d threads)\n", local_tps,
            a.batch_local, local_call * 1e3, a.threads);
+    double med[4] = {0};
+    for (int p = 0; p < 4; p++) {
+        if (nl > 0) {
+            qsort(ph[p], (size_t)nl, sizeof *ph[p], cmp_d);
+            med[p] = ph[p][nl / 2];
+        }
+        free(ph[p]);
+    }
+    printf("entry   p50 queued %.3f ms, dispatch %.3f ms, experts %.3f ms, combine %.3f ms\n",
+           med[0] * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3);
     printf("ratio   throughput %.3f of local; p50 - local call = %+.3f ms\n",
            local_tps > 0 ? serve_tps / local_tps : 0, (p50 - local_call) * 1e3);
     if (a.rtt) {

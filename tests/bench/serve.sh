@@ -10,10 +10,11 @@
 # threads (the same threads in total). V4-Flash shapes: H 4096, I 2048, 256 experts, top-6, two
 # MoE layers (generated once into $MODEL, 6.9 GB; reused when present).
 #
-#   tests/bench/serve.sh BUILD_DIR [P]
+#   tests/bench/serve.sh BUILD_DIR [P] [GOALS]     GOALS: the goals to run, default abcd
 set -u
 B=$(cd "$1" && pwd)
 P=${2:-2}
+GOALS=${3:-abcd}
 CTL=$B/ctl/epmoectl COORD=$B/coordinator/epmoe-coordinator WORKER=$B/worker/epmoe-worker
 BENCH=$B/tests/bench/bench_serve
 MODEL=${MODEL:-/tmp/epmoe_v4flash_2l}
@@ -34,20 +35,32 @@ fi
 
 run() { echo "\$ bench_serve $*"; "$BENCH" --coordinator "$ADMIN" "$@"; echo; }
 
+want() { [[ $GOALS == *$1* ]]; }
+if [[ $GOALS == *[abc]* ]]; then
 start_cluster v4f "$MODEL" "$P" fp8 || exit 1
+want a && {
 echo "== (a) decode: 64 single-token requests in flight (4 clients x 16)"
 run --model "$MODEL" --layers 0-1 --clients 4 --inflight 16 --tokens 1 --calls 256 \
     --threads "$P" --batch-local 64
 echo "== (a') the same requests one at a time"
 run --model "$MODEL" --layers 0-1 --clients 1 --inflight 1 --tokens 1 --calls 64 \
     --threads "$P" --batch-local 64
+}
+want b && {
 echo "== (b) prefill: 2 clients x 2 in flight x 256 tokens"
 run --model "$MODEL" --layers 0-1 --clients 2 --inflight 2 --tokens 256 --calls 8 \
     --threads "$P" --batch-local 1024
+}
+want c && {
 echo "== (c) one single-token call at a time vs forward --local of that token"
 run --model "$MODEL" --layers 0-1 --clients 1 --inflight 1 --tokens 1 --calls 64 \
     --threads "$P" --batch-local 1
+}
 stop_cluster v4f
+# how the workers batched (over the goals run on this cluster: run one goal for its own)
+grep -h "serving:" "$TMP"/v4f.w*.log | sed 's/^.*serving:/worker serving:/'
+fi
+want d || exit 0
 start_cluster tiny "$TMP/tiny" "$P" fp8 || exit 1
 echo "== (d) round trip on a tiny model vs raw ZeroMQ"
 run --model "$TMP/tiny" --layers 0-0 --clients 1 --inflight 1 --tokens 1 --calls 2000 \
