@@ -9,6 +9,7 @@
  * call; that must give every pair and every token the bits it gets alone (mb_forward of its
  * request), whatever the mix.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,6 +134,46 @@ TEST(group_lists_each_slot_once_in_wire_order)
     dp_plan_free(&p);
 }
 
+/* A generated model of config c on disk, its layer 1 loaded whole on a 2-thread CPU backend. */
+typedef struct fixture {
+    mc_config c;
+    char dir[64];
+    gen_model *g;
+    st_model *m;
+    mb_backend *be;
+    mb_layer *l;
+} fixture;
+
+static bool fixture_open(fixture *f, mc_config c, uint64_t seed)
+{
+    ep_err err = {{0}};
+    *f = (fixture){.c = c};
+    snprintf(f->dir, sizeof f->dir, "/tmp/epmoe_test_plan_XXXXXX");
+    CHECK_EQ(mc_validate(&f->c, &err), 0);
+    gen_opts o = {.seed = seed};
+    f->g = gen_model_create(&f->c, &o);
+    if (!mkdtemp(f->dir) || gen_model_write(f->g, f->dir, &err) < 0 ||
+        !(f->m = st_model_open(f->dir, &err))) {
+        TEST_FAIL_AT("checkpoint: %s", err.msg);
+        return false;
+    }
+    mb_options bo = {.device = "cpu", .threads = 2};
+    f->be = mb_create(&bo, &err);
+    f->l = f->be ? shard_load_layer(f->be, f->m, &f->c, 1, NULL, NULL, NULL, NULL, &err) : NULL;
+    CHECK(f->l != NULL);
+    return f->l != NULL;
+}
+
+static void fixture_close(fixture *f)
+{
+    mb_layer_free(&f->l);
+    mb_destroy(&f->be);
+    st_model_close(&f->m);
+    if (f->g)
+        gen_model_remove(f->dir);
+    gen_model_free(&f->g);
+}
+
 /* Rows, pairs and outputs of one job. */
 typedef struct job {
     int R, n;
@@ -145,22 +186,15 @@ typedef struct job {
 
 TEST(experts_of_several_jobs_in_one_call_give_each_pair_its_own_bits)
 {
-    mc_config c = gen_config(MC_FP4, 256, 256, 12, 6, 1000);
-    ep_err err = {{0}};
-    CHECK_EQ(mc_validate(&c, &err), 0);
-    gen_opts o = {.seed = 21};
-    gen_model *g = gen_model_create(&c, &o);
-    char dir[] = "/tmp/epmoe_test_plan_XXXXXX";
-    st_model *m = NULL;
-    if (!mkdtemp(dir) || gen_model_write(g, dir, &err) < 0 || !(m = st_model_open(dir, &err))) {
-        TEST_FAIL_AT("checkpoint: %s", err.msg);
-        gen_model_free(&g);
+    fixture f;
+    if (!fixture_open(&f, gen_config(MC_FP4, 256, 256, 12, 6, 1000), 21)) {
+        fixture_close(&f);
         return;
     }
-    mb_options bo = {.device = "cpu", .threads = 2};
-    mb_backend *be = mb_create(&bo, &err);
-    mb_layer *l = be ? shard_load_layer(be, m, &c, 1, NULL, NULL, NULL, NULL, &err) : NULL;
-    CHECK(l != NULL);
+    mc_config c = f.c;
+    mb_backend *be = f.be;
+    mb_layer *l = f.l;
+    ep_err err = {{0}};
     int H = c.hidden_size, SC = H / 128;
     uint64_t rs = 77;
     job jobs[5];
@@ -216,33 +250,22 @@ TEST(experts_of_several_jobs_in_one_call_give_each_pair_its_own_bits)
     for (int j = 0; l && j < 5; j++)
         free(jobs[j].q), free(jobs[j].qs), free(jobs[j].out);
     free(q), free(qs), free(row), free(ex), free(w), free(out);
-    mb_layer_free(&l);
-    mb_destroy(&be);
-    st_model_close(&m);
-    gen_model_remove(dir);
-    gen_model_free(&g);
+    fixture_close(&f);
 }
 
 /* Steps of random sizes, their routed pairs by mb_experts, their shared expert batched (one
  * step's done alone first, as srv_shared meets it): each step's output is mb_forward's. */
 TEST(shared_expert_of_several_steps_in_one_call_gives_each_step_its_own_bits)
 {
-    mc_config c = gen_config(MC_FP8, 256, 256, 12, 4, 1000);
-    ep_err err = {{0}};
-    CHECK_EQ(mc_validate(&c, &err), 0);
-    gen_opts o = {.seed = 23};
-    gen_model *g = gen_model_create(&c, &o);
-    char dir[] = "/tmp/epmoe_test_plan_XXXXXX";
-    st_model *m = NULL;
-    if (!mkdtemp(dir) || gen_model_write(g, dir, &err) < 0 || !(m = st_model_open(dir, &err))) {
-        TEST_FAIL_AT("checkpoint: %s", err.msg);
-        gen_model_free(&g);
+    fixture f;
+    if (!fixture_open(&f, gen_config(MC_FP8, 256, 256, 12, 4, 1000), 23)) {
+        fixture_close(&f);
         return;
     }
-    mb_options bo = {.device = "cpu", .threads = 2};
-    mb_backend *be = mb_create(&bo, &err);
-    mb_layer *l = be ? shard_load_layer(be, m, &c, 1, NULL, NULL, NULL, NULL, &err) : NULL;
-    CHECK(l != NULL);
+    mc_config c = f.c;
+    mb_backend *be = f.be;
+    mb_layer *l = f.l;
+    ep_err err = {{0}};
     enum { NS = 5 };
     size_t H = (size_t)c.hidden_size, SC = H / 128, k = (size_t)c.num_experts_per_tok;
     uint64_t rs = 91;
@@ -281,11 +304,7 @@ TEST(shared_expert_of_several_steps_in_one_call_gives_each_step_its_own_bits)
         mb_step_free(&st[j]);
         free(x[j]), free(want[j]), free(eo[j]), free(q[j]), free(qs[j]), free(tw[j]), free(ti[j]);
     }
-    mb_layer_free(&l);
-    mb_destroy(&be);
-    st_model_close(&m);
-    gen_model_remove(dir);
-    gen_model_free(&g);
+    fixture_close(&f);
 }
 
 int main(void)
