@@ -5,8 +5,10 @@
  *
  * Origin half: SUBMIT -> route + quantize (mb_step_begin) -> the dispatch plan (plan.h) -> one
  * DISPATCH per rank its pairs go to (at most TP_SERVE_CREDITS without their COMBINE per rank;
- * more wait) and its own pairs into the serving queue -> the shared expert -> the COMBINEs
- * scattered into [T, k, H] -> mb_step_finish -> RESULT. A refused part (the receiver's
+ * more wait) and its own pairs into the serving queue -> the COMBINEs scattered into [T, k, H]
+ * -> mb_step_finish -> RESULT. The shared expert runs in between, for every request of a layer
+ * in flight at once (mb_steps_shared), when nothing waits for this worker, or else at the
+ * combine (a GPU starts it at the start). A refused part (the receiver's
  * placement moved) is dispatched again under the current placement after a short backoff; a
  * placement change (srv_epoch_begin/end around the executor's epoch switch) restarts every
  * request in flight in the new epoch, so a request is computed with one epoch's layers and
