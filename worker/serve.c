@@ -311,6 +311,7 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
     q->epoch = env->session->epoch;
     q->attempt++;
     memset(q->eo, 0, (size_t)q->T * (size_t)q->k * (size_t)q->H * 2);
+    q->t_own = q->t_shared = q->t_back = 0;
     if (srv_plan(s, env, q, NULL, q->T * q->k, !q->started_once, err) != 0)
         return -1;
     if (!q->started_once && s->load) {
@@ -332,6 +333,7 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
         if (mb_step_shared(q->ms, err) != 0)
             return ep_err_prefix(err, "shared expert");
         q->shared = true;
+        q->t_shared = srv_now();
     }
     q->t_sent = srv_now();
     return 0;
@@ -576,6 +578,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     for (int j = 0; j < p->n; j++)
         memcpy(q->eo + (size_t)p->slot[j] * H, c->out + (size_t)j * H, H * 2);
     p->done = true;
+    q->t_back = srv_now();
     (void)env;
 }
 
@@ -639,6 +642,14 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
     q->topk_ids = NULL; /* the message's now */
     q->topk_w = NULL;
     srv_send_result(s, q->ident, q->ident_len, &r, pl, 3);
+    /* where a request's time went (docs/performance.md "Serving path" reads these) */
+    log_debug(LOG_SUB_STEP,
+              "request %016llx layer %d, %d tokens: routed %+.3f ms, sent %+.3f, own pairs done "
+              "%+.3f, shared expert done %+.3f, last COMBINE %+.3f, answered %+.3f",
+              (unsigned long long)q->id, q->layer, q->T, (q->t_routed - q->t_arrive) * 1e3,
+              (q->t_sent - q->t_arrive) * 1e3, q->t_own ? (q->t_own - q->t_arrive) * 1e3 : 0,
+              q->t_shared ? (q->t_shared - q->t_arrive) * 1e3 : 0,
+              q->t_back ? (q->t_back - q->t_arrive) * 1e3 : 0, (srv_now() - q->t_arrive) * 1e3);
     wmx_step(env->mx, q->layer, t1 - q->t_arrive, r.dispatch_seconds, r.experts_seconds,
              r.combine_seconds);
     wmx_step_result(env->mx, true);
@@ -726,8 +737,11 @@ static void srv_shared(srv_server *s, bool complete_only)
                      err.msg);
         s->stats.shared_batches++;
         s->stats.shared_requests += (uint64_t)n;
-        for (int j = 0; j < n; j++)
+        double now = srv_now();
+        for (int j = 0; j < n; j++) {
             reqs[j]->shared = true;
+            reqs[j]->t_shared = now;
+        }
     }
 }
 

@@ -165,6 +165,7 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
         for (int i = 0; i < p->n; i++)
             memcpy(q->eo + (size_t)p->slot[i] * H, out + (size_t)i * H, H * 2);
         p->done = true;
+        q->t_own = srv_now();
         return;
     }
     if (j->msg.kind != TP_DISPATCH || env->tp == NULL)

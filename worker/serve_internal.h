@@ -53,6 +53,7 @@ typedef struct srv_req {
     bool replayed, started_once;
     bool shared; /* the shared expert ran (or, on a device, was started) for this attempt */
     double t_arrive, t_routed, t_sent, t_experts, deadline, retry_at, backoff;
+    double t_own, t_shared, t_back; /* own pairs done, shared expert done, last COMBINE in */
     uint64_t epoch;
 } srv_req;
 

@@ -59,6 +59,19 @@ run --model "$MODEL" --layers 0-1 --clients 1 --inflight 1 --tokens 1 --calls 64
 stop_cluster v4f
 # how the workers batched (over the goals run on this cluster: run one goal for its own)
 grep -h "serving:" "$TMP"/v4f.w*.log | sed 's/^.*serving:/worker serving:/'
+# with EPMOE_DEBUG=step, each entry's timeline of a request (medians over its requests)
+cat "$TMP"/v4f.w*.log | python3 -c '
+import re, statistics, sys
+rows = [re.findall(r"([a-zA-Z ]+?) ([+-][0-9.]+)", l.split("tokens:", 1)[-1]) for l in sys.stdin
+        if "own pairs done" in l]
+if rows:
+    cols = {}
+    for r in rows:
+        for k, v in r:
+            cols.setdefault(k.strip(" ,"), []).append(float(v))
+    print("entry timeline, medians of %d requests (ms after the SUBMIT): " % len(rows) +
+          ", ".join("%s %+.3f" % (k, statistics.median(v)) for k, v in cols.items()))
+'
 fi
 want d || exit 0
 start_cluster tiny "$TMP/tiny" "$P" fp8 || exit 1
