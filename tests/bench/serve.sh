@@ -69,6 +69,8 @@ if rows:
     for r in rows:
         for k, v in r:
             cols.setdefault(k.strip(" ,"), []).append(float(v))
+    for r in rows[len(rows) // 2:len(rows) // 2 + 4]:
+        print("  a request: " + ", ".join("%s %s" % (k.strip(" ,"), v) for k, v in r))
     print("entry timeline, medians of %d requests (ms after the SUBMIT): " % len(rows) +
           ", ".join("%s %+.3f" % (k, statistics.median(v)) for k, v in cols.items()))
 '
