@@ -31,8 +31,9 @@
  *   - a COMBINE only when granted: tp_grant(step, peer, n_pairs) before the DISPATCH it answers
  *     goes out; a COMBINE that was not granted, or whose n_pairs differs, is dropped on arrival,
  *     and one kept under an earlier grant and never taken gives way to the newer grant's.
- * Messages of finished steps (tp_finish) are dropped, and so are DISPATCHes more than
- * TP_STEP_WINDOW steps beyond the last finished one.
+ * Messages of finished steps (tp_finish) are dropped. A DISPATCH of any later step is kept
+ * (in its peer's one slot), however far ahead: a worker away for thousands of steps (drained,
+ * stopped) gets its peers' DISPATCHes of its first step back before its own STEP.
  *
  * Step ids must increase within one transport's life (one placement epoch of one coordinator
  * session): "finished" means step_id <= the highest id passed to tp_finish.
@@ -60,9 +61,6 @@
 #include "common/wire.h"
 #include "epmoe.pb-c.h"
 
-/* DISPATCH step ids accepted beyond the last finished step: the coordinator's ids may skip a
- * step this worker never received, never thousands. */
-#define TP_STEP_WINDOW 1024
 /* Serving-path messages (docs/protocol.md "Serving path") one peer may have kept here at once,
  * per kind: an origin sends a peer at most this many DISPATCHes whose COMBINE is not back (its
  * credits), so an honest peer never meets the bound; more is dropped. */
