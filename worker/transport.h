@@ -46,6 +46,12 @@
  * What the transport does not know is checked by its owner: the layer matches the step's, one
  * DISPATCH per (step, peer).
  *
+ * Without security a forged message with the right session and ids cannot be told from the
+ * peer's (a PULL names no sender; docs/operations.md "Not protected"): on the STEP path a
+ * forged DISPATCH that comes first makes the real one a duplicate (the step fails explicitly);
+ * the serving path has no duplicate rule (every DISPATCH within the credits is kept, and the
+ * origin takes only the COMBINE with its part's pair count), so a forged empty one is harmless.
+ *
  * Arrays in a received tp_msg are aligned for their type (misaligned frames are copied), so the
  * owner can hand them to kernels directly. Not thread-safe: one owner thread.
  */

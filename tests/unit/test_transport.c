@@ -779,6 +779,50 @@ TEST(garbage_and_malformed_messages_are_dropped)
 #undef EXPECT_DROP
 }
 
+/* The serving path (docs/operations.md "Not protected"): a stranger that sniffed the session
+ * and a request's (request, attempt) sends an empty DISPATCH "from rank 0" before rank 0's real
+ * one. Both are kept, in arrival order, and the real one arrives whole: there is no duplicate
+ * rule to win (the origin takes only the COMBINE with its part's pair count, so the forgery's
+ * empty answer is dropped there, and the real request completes). */
+TEST(a_forged_request_dispatch_does_not_displace_the_real_one)
+{
+    tp_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    const uint64_t request = 0x1234000500000007ull;
+    void *raw = zmq_socket(zctx, ZMQ_PUSH);
+    CHECK(zmq_connect(raw, tp_endpoint(tp[1])) == 0);
+    Epmoe__Dispatch d = good_body(0, 0, 0);
+    d.has_step_id = 0;
+    d.has_request = d.has_attempt = 1;
+    d.request = request;
+    d.attempt = 2;
+    size_t len[5] = {0, 0, 0, 0, 0};
+    send_dispatch(raw, &d, len, 5, NULL, NULL);
+    wait_pending(tp[1], 1);
+    CHECK_EQ(tp_pending(tp[1]), 1);
+    tp_msg m, got;
+    CHECK(make_dispatch(&m, 0, 0, 1, 2) == 0); /* step 0's generator: the contents to check */
+    CHECK(m.n_pairs > 0);
+    m.is_request = true;
+    m.request = request;
+    m.attempt = 2;
+    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    wait_pending(tp[1], 2);
+    CHECK_EQ(tp_pending(tp[1]), 2);
+    CHECK_EQ(tp_dropped(tp[1]), 0);
+    CHECK(tp_take_request(tp[1], &got) == 1); /* the forgery, first */
+    CHECK(got.is_request && got.request == request && got.n_pairs == 0);
+    tp_msg_release(&got);
+    CHECK(tp_take_request(tp[1], &got) == 1); /* the real one, whole */
+    CHECK(got.is_request && got.request == request && got.attempt == 2 && got.src_rank == 0);
+    CHECK(dispatch_matches(&got, 1, 2));
+    tp_msg_release(&got);
+    CHECK_EQ(tp_pending(tp[1]), 0);
+    zmq_close(raw);
+    world_close(tp, 2);
+}
+
 TEST(send_to_self_or_unknown_rank_fails)
 {
     tp_transport *tp[2] = {0};
@@ -898,6 +942,7 @@ int main(void)
     RUN(a_peer_holds_one_dispatch_and_only_granted_combines);
     RUN(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch);
     RUN(garbage_and_malformed_messages_are_dropped);
+    RUN(a_forged_request_dispatch_does_not_displace_the_real_one);
     RUN(send_to_self_or_unknown_rank_fails);
     RUN(bind_failure_names_the_endpoint);
     RUN(with_security_only_each_ranks_own_key_gets_through);
