@@ -43,6 +43,11 @@
  * client sends: 64 forwards of the largest size were 32 GiB for one turn. */
 #define COORD_ADMIN_TURN_BYTES (64u << 20)
 #define COORD_ADMIN_TURN_MS    10
+/* Admin messages libzmq may queue per connection before the loop reads them (ZMQ_RCVHWM; the
+ * default is 1000): a client sending faster than the loop reads waits in TCP instead of in the
+ * coordinator's memory, whatever the loop is busy with. A client has one request in flight
+ * (epmoectl) or a few; the forward queue itself holds EP_MAX_QUEUED_STEPS. */
+#define COORD_ADMIN_RCVHWM 8
 /* How long the last messages (SHUTDOWN to workers, the SHUTDOWN reply) may take to leave when
  * the daemon stops; LINGER is 0 the rest of the time. */
 #define COORD_STOP_LINGER_MS 1000
@@ -1075,6 +1080,11 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     }
     if (coord_security(c, err) != 0 || coord_fingerprint(c, err) != 0)
         goto fail;
+    int hwm = COORD_ADMIN_RCVHWM;
+    if (zmq_setsockopt(c->asock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0) {
+        ep_err_set(err, "zmq_setsockopt(RCVHWM): %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if (coord_bind(c, c->wsock, spec->listen, spec->listen_pos, "coordinator.listen",
                    AUTH_DOMAIN_WORKERS, mmsg_max_frame(cfg), err) != 0 ||
         coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin",

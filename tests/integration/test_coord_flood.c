@@ -3,7 +3,7 @@
  * a real epmoe-coordinator process and fake workers (itest.h).
  *
  * Proves: while a client sends large FORWARDs as fast as it can, every worker still gets the
- * coordinator's heartbeats on time (no gap of 3 heartbeats; liveness is 5), and the
+ * coordinator's heartbeats on time (no gap of 4 heartbeats; liveness is 5), and the
  * coordinator's memory stays bounded:
  *   - data_plane nccl, the cluster waiting for a communicator: 64 requests of 2 MiB queue, the
  *     rest are refused as busy, and the coordinator holds no more than the queue (that a refusal
@@ -30,8 +30,9 @@ static const char *coord_bin;
 
 #define FINISH(t) CHECK_EQ(it_finish(&(t), test_cur_failed), 0)
 
-/* A gap of this many heartbeats fails the test (the workers' liveness is 5). */
-#define FLOOD_MAX_GAP_BEATS 3
+/* A gap of this many heartbeats fails the test (the workers' liveness is 5; the old loop
+ * left 4.6 in the nccl case, ~1 when idle; ctest runs this test alone, RUN_SERIAL). */
+#define FLOOD_MAX_GAP_BEATS 4
 
 /* The payload stays the child's: every request sends the same buffer, zero-copy. */
 static void flood_keep(void *data, void *hint)
