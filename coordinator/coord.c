@@ -896,8 +896,9 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
  * twice under one id stopped the cluster. Without it a second connection under a used id is
  * never routed to (libzmq ignores it), and workers need no handover: each connection has a
  * routing id of its own (NAME/random/N), and the registry knows a reconnect of the same process
- * by the NAME/random part (registry.h). MAXMSGSIZE is the largest frame this model can carry (a
- * [EP_MAX_TOKENS, H] bf16 payload), so a peer cannot make the daemon buffer more per frame; with
+ * by the NAME/random part (registry.h). MAXMSGSIZE is max_msg, the largest frame a peer of the
+ * socket may legitimately send (workers: the model's largest, a [EP_MAX_TOKENS, H] bf16 payload;
+ * operators: coord_admin_max_frame), so a peer cannot make the daemon buffer more per frame; with
  * security the socket is a CURVE server whose ZAP domain names its allow-list. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       const char *domain, int64_t max_msg, ep_err *err)
