@@ -37,6 +37,17 @@
 
 /* Worker messages handled per loop iteration before the admin socket gets its turn. */
 #define COORD_BATCH 64
+/* What one loop turn takes from the admin socket before the timers run: at most COORD_BATCH
+ * messages, and no more once COORD_ADMIN_TURN_BYTES were taken or COORD_ADMIN_TURN_MS passed
+ * (the first message is always taken). Heartbeats and liveness must run on time whatever a
+ * client sends: 64 forwards of the largest size were 32 GiB for one turn. */
+#define COORD_ADMIN_TURN_BYTES (64u << 20)
+#define COORD_ADMIN_TURN_MS    10
+/* Admin messages libzmq may queue per connection before the loop reads them (ZMQ_RCVHWM; the
+ * default is 1000): a client sending faster than the loop reads waits in TCP instead of in the
+ * coordinator's memory, whatever the loop is busy with. A client has one request in flight
+ * (epmoectl) or a few; the forward queue itself holds EP_MAX_QUEUED_STEPS. */
+#define COORD_ADMIN_RCVHWM 8
 /* How long the last messages (SHUTDOWN to workers, the SHUTDOWN reply) may take to leave when
  * the daemon stops; LINGER is 0 the rest of the time. */
 #define COORD_STOP_LINGER_MS 1000
@@ -885,16 +896,17 @@ static int coord_reload(coord *c, char *summary, size_t cap, ep_err *err)
  * twice under one id stopped the cluster. Without it a second connection under a used id is
  * never routed to (libzmq ignores it), and workers need no handover: each connection has a
  * routing id of its own (NAME/random/N), and the registry knows a reconnect of the same process
- * by the NAME/random part (registry.h). MAXMSGSIZE is the largest frame this model can carry (a
- * [EP_MAX_TOKENS, H] bf16 payload), so a peer cannot make the daemon buffer more per frame; with
+ * by the NAME/random part (registry.h). MAXMSGSIZE is max_msg, the largest frame a peer of the
+ * socket may legitimately send (workers: the model's largest, a [EP_MAX_TOKENS, H] bf16 payload;
+ * operators: coord_admin_max_frame), so a peer cannot make the daemon buffer more per frame; with
  * security the socket is a CURVE server whose ZAP domain names its allow-list. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
-                      const char *domain, ep_err *err)
+                      const char *domain, int64_t max_msg, ep_err *err)
 {
     int one = 1;
     int ivl = c->spec->heartbeat_ms;
     int timeout = c->spec->heartbeat_ms * c->spec->liveness;
-    if (wire_socket_defaults(sock, mmsg_max_frame(&c->cfg), err) != 0 ||
+    if (wire_socket_defaults(sock, max_msg, err) != 0 ||
         (c->spec->secure && auth_server(sock, &c->keys.coordinator, domain, err) != 0) ||
         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
         zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
@@ -907,6 +919,15 @@ static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const 
         return ep_err_set(err, "%s:%d:%d: %s: cannot bind %s: %s", c->spec->file, pos.line, pos.col,
                           key, ep, zmq_strerror(zmq_errno()));
     return 0;
+}
+
+/* The admin socket's MAXMSGSIZE: the largest frame of a legal request. On data_plane zmq no
+ * admin request carries a payload (FORWARD is refused: clients submit to the workers), so a
+ * frame is at most a body; libzmq then drops a peer that announces a larger frame before it
+ * buffers a byte of it. On nccl a FORWARD's hidden payload is the model's largest frame. */
+static int64_t coord_admin_max_frame(const coord *c)
+{
+    return c->nb == NULL ? (int64_t)EP_MAX_CTRL_MSG : mmsg_max_frame(&c->cfg);
 }
 
 static int coord_signals(coord *c, ep_err *err)
@@ -1060,10 +1081,15 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
     }
     if (coord_security(c, err) != 0 || coord_fingerprint(c, err) != 0)
         goto fail;
+    int hwm = COORD_ADMIN_RCVHWM;
+    if (zmq_setsockopt(c->asock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0) {
+        ep_err_set(err, "zmq_setsockopt(RCVHWM): %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if (coord_bind(c, c->wsock, spec->listen, spec->listen_pos, "coordinator.listen",
-                   AUTH_DOMAIN_WORKERS, err) != 0 ||
+                   AUTH_DOMAIN_WORKERS, mmsg_max_frame(cfg), err) != 0 ||
         coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin",
-                   AUTH_DOMAIN_OPERATORS, err) != 0)
+                   AUTH_DOMAIN_OPERATORS, coord_admin_max_frame(c), err) != 0)
         goto fail;
     c->now_ms = coord_clock_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
@@ -1501,9 +1527,25 @@ done:
     free(m);
 }
 
+/* The bytes a received message holds (its frames). */
+static size_t coord_msg_bytes(const wire_msg *m)
+{
+    size_t n = m->body_len;
+    for (int i = 0; i < m->n_payloads; i++)
+        n += m->payload_len[i];
+    return n;
+}
+
+/* Admin requests until the turn's share is used up (COORD_ADMIN_TURN_*): what is left waits in
+ * libzmq for the next turn, after the timers. */
 static void coord_read_admin(coord *c)
 {
+    int64_t t0 = coord_clock_ms();
+    size_t taken = 0;
     for (int i = 0; i < COORD_BATCH && !c->stop; i++) {
+        if (i > 0 &&
+            (taken >= COORD_ADMIN_TURN_BYTES || coord_clock_ms() - t0 >= COORD_ADMIN_TURN_MS))
+            return;
         wire_msg *m = malloc(sizeof *m);
         if (m == NULL) {
             log_error("admin socket: out of memory");
@@ -1523,6 +1565,7 @@ static void coord_read_admin(coord *c)
                          EPMOE__ERROR_CODE__ERR_MALFORMED, 0, "%s", err.msg);
             free(m);
         } else {
+            taken += coord_msg_bytes(m);
             cmx_received(c->mx, "admin", m);
             coord_on_admin(c, m);
         }
@@ -1635,6 +1678,7 @@ int coord_run(coord *c, ep_err *err)
             coord_read_workers(c);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
             coord_read_admin(c);
+        c->now_ms = coord_clock_ms(); /* the timers see the time they run at */
         if (!c->stop)
             coord_timers(c);
     }

@@ -262,7 +262,8 @@ static int seq_check_ids(const mc_config *cfg, const uint8_t *p, int T, ep_err *
     return 0;
 }
 
-/* Validate a FORWARD request against the model; fills layer and T. */
+/* Validate a FORWARD request's fields and frame sizes against the model; fills layer and T.
+ * O(1) in the payload: the values are seq_check_values's, after every cheaper refusal. */
 static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__AdminRequest *rq,
                         int *layer, int *T, ep_err *err)
 {
@@ -288,8 +289,6 @@ static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__Ad
                           "hidden payload has %zu bytes, expected %zu (bf16 [n_tokens %d, "
                           "hidden_size %zu] x 2 bytes)",
                           m->payload_len[0], want, *T, H);
-    if (ck_check_input(m->payload[0], *T, (int)H, 0, err) != 0)
-        return -1;
     if (hash) {
         if (!(rq->has_has_ids && rq->has_ids) || m->n_payloads < 2)
             return ep_err_set(err,
@@ -302,7 +301,7 @@ static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__Ad
         if (m->n_payloads > 2)
             return ep_err_set(err, "%d payloads, expected 2 (hidden bf16 [T, H], ids int64 [T])",
                               m->n_payloads);
-        return seq_check_ids(cfg, m->payload[1], *T, err);
+        return 0;
     }
     if ((rq->has_has_ids && rq->has_ids) || m->n_payloads > 1)
         return ep_err_set(err,
@@ -310,6 +309,15 @@ static int seq_validate(const mc_config *cfg, const wire_msg *m, const Epmoe__Ad
                           "bf16 [T, H])",
                           lname, m->n_payloads > 1 ? "payloads" : "has_ids");
     return 0;
+}
+
+/* The values of a request seq_validate passed: finite hidden states, ids in the vocabulary.
+ * The only O(payload) admission work, so it runs last, on a request that will be queued. */
+static int seq_check_values(const mc_config *cfg, const wire_msg *m, int layer, int T, ep_err *err)
+{
+    if (ck_check_input(m->payload[0], T, cfg->hidden_size, 0, err) != 0)
+        return -1;
+    return mc_layer_is_hash(cfg, layer) ? seq_check_ids(cfg, m->payload[1], T, err) : 0;
 }
 
 /* A refusal of request id with the cluster's state: ERR_SHUTTING_DOWN or ERR_NOT_READY. */
@@ -359,6 +367,11 @@ void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminR
                   "the bound of %llu (EP_MAX_QUEUED_BYTES); retry later",
                   s->n_queued, (unsigned long long)s->queued_bytes, (unsigned long long)bytes,
                   (unsigned long long)s->max_queued_bytes);
+        goto reject;
+    }
+    if (seq_check_values(env->cfg, m, layer, T, &err) != 0) {
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                  "FORWARD: %s", err.msg);
         goto reject;
     }
     r = calloc(1, sizeof *r);

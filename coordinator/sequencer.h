@@ -82,7 +82,10 @@ seq_sequencer *seq_create(int n_ranks, uint64_t first_step, uint64_t max_queued_
 void seq_destroy(seq_sequencer **self_p);
 
 /* A FORWARD request from the admin socket. Takes ownership of m (heap-allocated, from
- * wire_recv) and req; replies at once on a validation or admission error. */
+ * wire_recv) and req; replies at once on a validation or admission error. Every refusal that
+ * needs no look at the values (stopping, fields and sizes, not ready, busy) comes before the
+ * value scan, so a request that is refused costs O(1) whatever its size (a flood of large
+ * requests must not hold up the loop's heartbeats). */
 void seq_submit(seq_sequencer *s, const seq_env *env, wire_msg *m, Epmoe__AdminRequest *req,
                 ob_box *out);
 /* STEP_DONE or STEP_FAILED from the worker of rank. */

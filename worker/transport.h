@@ -31,8 +31,9 @@
  *   - a COMBINE only when granted: tp_grant(step, peer, n_pairs) before the DISPATCH it answers
  *     goes out; a COMBINE that was not granted, or whose n_pairs differs, is dropped on arrival,
  *     and one kept under an earlier grant and never taken gives way to the newer grant's.
- * Messages of finished steps (tp_finish) are dropped, and so are DISPATCHes more than
- * TP_STEP_WINDOW steps beyond the last finished one.
+ * Messages of finished steps (tp_finish) are dropped. A DISPATCH of any later step is kept
+ * (in its peer's one slot), however far ahead: a worker away for thousands of steps (drained,
+ * stopped) gets its peers' DISPATCHes of its first step back before its own STEP.
  *
  * Step ids must increase within one transport's life (one placement epoch of one coordinator
  * session): "finished" means step_id <= the highest id passed to tp_finish.
@@ -44,6 +45,12 @@
  *
  * What the transport does not know is checked by its owner: the layer matches the step's, one
  * DISPATCH per (step, peer).
+ *
+ * Without security a forged message with the right session and ids cannot be told from the
+ * peer's (a PULL names no sender; docs/operations.md "Not protected"): on the STEP path a
+ * forged DISPATCH that comes first makes the real one a duplicate (the step fails explicitly);
+ * the serving path has no duplicate rule (every DISPATCH within the credits is kept, and the
+ * origin takes only the COMBINE with its part's pair count), so a forged empty one is harmless.
  *
  * Arrays in a received tp_msg are aligned for their type (misaligned frames are copied), so the
  * owner can hand them to kernels directly. Not thread-safe: one owner thread.
@@ -60,9 +67,6 @@
 #include "common/wire.h"
 #include "epmoe.pb-c.h"
 
-/* DISPATCH step ids accepted beyond the last finished step: the coordinator's ids may skip a
- * step this worker never received, never thousands. */
-#define TP_STEP_WINDOW 1024
 /* Serving-path messages (docs/protocol.md "Serving path") one peer may have kept here at once,
  * per kind: an origin sends a peer at most this many DISPATCHes whose COMBINE is not back (its
  * credits), so an honest peer never meets the bound; more is dropped. */

@@ -732,12 +732,10 @@ static bool tp_keep(tp_transport *tp, tp_msg *m)
         p->combine = *m;
         p->has_combine = true;
     } else {
-        if (tp->have_finished && m->step_id - tp->finished_upto > TP_STEP_WINDOW) {
-            snprintf(why, sizeof why, "more than %d steps beyond the last finished one (%llu)",
-                     TP_STEP_WINDOW, (unsigned long long)tp->finished_upto);
-            tp_reject(tp, m, why);
-            return false;
-        }
+        /* No window of step ids beyond the last finished one: a worker that was away (a
+         * drain, SIGSTOP, a rejoin: stay spare) finished nothing for thousands of steps, and
+         * its peers' DISPATCHes of its first step back come before its STEP. The slot bounds
+         * what a peer holds, whatever the id. */
         if (p->has_dispatch && p->dispatch.step_id == m->step_id) {
             tp_reject(tp, m, "a duplicate (one DISPATCH per step and peer)");
             return false;

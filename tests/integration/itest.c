@@ -570,9 +570,14 @@ static void it_ack_welcome(it_worker *w)
 static bool it_worker_handle(it_worker *w, wire_msg *m)
 {
     switch (m->type) {
-    case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
+    case EPMOE__MSG_TYPE__MSG_HEARTBEAT: {
+        int64_t now = it_now_ms();
+        if (w->last_hb_ms > 0 && now - w->last_hb_ms > w->max_hb_gap_ms)
+            w->max_hb_gap_ms = now - w->last_hb_ms;
+        w->last_hb_ms = now;
         w->n_heartbeats++;
         break;
+    }
     case EPMOE__MSG_TYPE__MSG_WELCOME: {
         Epmoe__Welcome *wl = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, NULL);
         if (wl == NULL)

@@ -67,6 +67,9 @@ typedef struct it_worker {
     uint64_t epoch, config_hash;
     Epmoe__Welcome *welcome; /* the last WELCOME, decoded */
     int n_heartbeats, n_steps, n_aborts, n_shutdowns, n_errors;
+    /* the coordinator's heartbeats as they came: the last one, and the longest gap between
+     * two (what a real worker's liveness counts); a test resets both to start measuring */
+    int64_t last_hb_ms, max_hb_gap_ms;
     uint64_t held_step; /* IT_HOLD: the step it is sitting on (0: none) */
     int last_error_code;
     char last_error[1024];

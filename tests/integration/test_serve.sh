@@ -12,7 +12,8 @@
 # answering right.
 #
 # Then the same through libepmoe (serve_lib): 3 client processes x 4 requests in flight on
-# every layer, each answer bit-identical to forward --local.
+# every layer, each answer bit-identical to forward --local. A worker drained while 3000
+# requests run, then undrained, answers its first requests back at once (as entry and as owner).
 #
 #   test_serve.sh CTL_DIR COORDINATOR WORKER SERVE_POKE SERVE_LIB
 set -u
@@ -143,6 +144,35 @@ for dt in fp4 fp8; do
         *) fail "$name: bad request '$k' got: $got" ;;
         esac
     done
+    # a worker away for thousands of requests (a maintenance drain) serves its first request
+    # back at once, as entry and as owner of experts (no window of ids left behind while it
+    # was out; each request is answered in well under its deadline)
+    if [ "$dt" = fp4 ]; then
+        away_ok=1
+        "$CTL" --coordinator "$ADMIN" drain w3 --wait-timeout 30 >"$TMP/$name.drain.log" 2>&1 ||
+            { fail "$name: drain w3: $(cat "$TMP/$name.drain.log")"; away_ok=0; }
+        "$SPOKE" "${EP[0]}" "$TMP/$dt" 1 "$TMP/in_1.st" "$TMP/$name.away.st" 8 3000 \
+            >"$TMP/$name.away.log" 2>&1 ||
+            { fail "$name: 3000 requests with w3 drained: $(cat "$TMP/$name.away.log")"; away_ok=0; }
+        "$CTL" --coordinator "$ADMIN" undrain w3 >/dev/null 2>&1 || { fail "$name: undrain w3"; away_ok=0; }
+        for _ in $(seq 150); do
+            "$CTL" --coordinator "$ADMIN" shards 2>/dev/null | grep -qE "^3 +w3 +[1-9]" && break
+            sleep 0.2
+        done
+        "$CTL" --coordinator "$ADMIN" shards 2>/dev/null | grep -qE "^3 +w3 +[1-9]" ||
+            { fail "$name: w3 owns no experts 30 s after undrain"; away_ok=0; }
+        for r in 3 0; do
+            t0=$(date +%s%N)
+            "$SPOKE" "${EP[$r]}" "$TMP/$dt" 1 "$TMP/in_7.st" "$TMP/$name.back$r.st" \
+                >"$TMP/$name.back$r.log" 2>&1
+            rc=$? ms=$((($(date +%s%N) - t0) / 1000000))
+            if [ $rc -ne 0 ] || ! cmp -s "$TMP/$name.back$r.st" "$ref" || [ $ms -ge 2000 ]; then
+                fail "$name: first request at w$r after w3's drain: rc $rc, $ms ms: $(cat "$TMP/$name.back$r.log")"
+                away_ok=0
+            fi
+        done
+        [ $away_ok -eq 1 ] && ok "$name: w3 drained for 3000 requests, undrained: the first requests back (at w3, at w0) answered at once, bit-identical"
+    fi
     # the coordinator down for longer than liveness x heartbeat: the workers serve on in their
     # epoch (requests need no coordinator), and register again when it is back
     if [ "$dt" = fp4 ]; then

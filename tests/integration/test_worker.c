@@ -25,7 +25,9 @@
  *  - a forged COMBINE for the next step (with or without the session id) never changes a
  *    result; 64 stray DISPATCHes for future steps never block a later step; a worker killed and
  *    restarted while its peer queued DISPATCHes of 20 aborted steps for it runs its first step
- *    at once and exactly (each of these failed before the session, slots and grants);
+ *    at once and exactly (each of these failed before the session, slots and grants); a worker
+ *    away for 10,000 steps, whose peer's DISPATCH comes before its own STEP, runs its first
+ *    step back at once (before, the DISPATCH was dropped beyond a window of 1,024 steps);
  *  - with the real epmoe-coordinator (cluster spec; requests through libepmoe at the workers'
  *    client endpoints): 2 and 3 workers, both
  *    dispatch formats, every layer kind, answers bit-identical to moe_forward; admin SHUTDOWN
@@ -395,6 +397,7 @@ typedef struct cluster {
     uint64_t epoch;
     uint64_t step_id;
     uint64_t session;
+    int stagger_ms; /* run_step: the pause between the STEPs of consecutive ranks */
 } cluster;
 
 typedef struct welcome_opts {
@@ -685,8 +688,11 @@ static int run_step(cluster *cl, const fixture *fx, int layer, int T, outs *got)
     int H = c->hidden_size, k = c->num_experts_per_tok;
     bool with_ids = mc_layer_is_hash(c, layer) || T % 2 == 1;
     cl->step_id++;
-    for (int r = 0; r < cl->P; r++)
+    for (int r = 0; r < cl->P; r++) {
+        if (r > 0 && cl->stagger_ms > 0)
+            usleep((useconds_t)cl->stagger_ms * 1000);
         send_step(cl, r, fx, layer, T, with_ids);
+    }
     int done = 0, rc = 0;
     uint64_t pairs = 0;
     bool seen[MAXP] = {false};
@@ -1359,6 +1365,30 @@ TEST(stray_future_dispatches_do_not_block_later_steps)
     kill_children();
 }
 
+TEST(a_worker_away_for_10000_steps_serves_its_first_step_back)
+{
+    if (!fx4_ok)
+        SKIP("no fixture");
+    cluster cl;
+    /* a long step timeout: a dropped DISPATCH would stall the step for all of it */
+    welcome_opts o = {.dispatch = TP_FMT_FP8, .step_timeout_ms = 20000};
+    if (!cluster_up(&cl, 2, &fx4, &o))
+        return;
+    check_step(&cl, &fx4, 1, 64, "before w1 is away");
+    /* 10,000 steps run without w1 (a maintenance drain, a SIGSTOP, a rejoin: stay spare); then
+     * w0's STEP comes first and its DISPATCH reaches w1 before w1's own STEP, as it does when
+     * the coordinator's STEPs leave one after the other */
+    cl.step_id += 10000;
+    cl.stagger_ms = 300;
+    double t0 = now_s();
+    check_step(&cl, &fx4, 1, 64, "first step after 10,000 steps away");
+    CHECK(now_s() - t0 < 10.0); /* well under step_timeout_ms (20 s) */
+    cl.stagger_ms = 0;
+    check_step(&cl, &fx4, 0, 300, "second step after 10,000 steps away");
+    cluster_shutdown(&cl);
+    kill_children();
+}
+
 /* WELCOME (the cluster's current epoch) and LOAD for rank r alone, until READY. */
 static int rewelcome_one(cluster *cl, int r, const fixture *fx, const welcome_opts *o)
 {
@@ -1638,6 +1668,7 @@ int main(void)
     RUN(forged_combines_never_change_a_result);
     RUN(stray_future_dispatches_do_not_block_later_steps);
     RUN(a_restarted_worker_ignores_what_peers_sent_while_it_was_gone);
+    RUN(a_worker_away_for_10000_steps_serves_its_first_step_back);
     RUN(real_coordinator_cluster_is_bit_exact);
     kill_children();
     fixture_free(&fx4);

@@ -6,6 +6,10 @@
  * frames, three are queued and the fourth is refused with ERR_BUSY naming the bytes and the
  * bound, and once the queue drains (a stop) the room is back; a FORWARD whose hidden states
  * hold a NaN or an Inf is refused with ERR_BAD_REQUEST naming the token and the channel.
+ * A request that will be refused costs no look at its values: with the queue full, or the
+ * cluster not ready, a request holding a NaN is refused as busy or not ready (the value scan,
+ * O(payload), comes after every cheaper refusal; a flood of large refused forwards once held up
+ * the coordinator's heartbeats).
  */
 #include <string.h>
 
@@ -124,8 +128,53 @@ TEST(the_queue_is_bounded_in_bytes)
     spec_free(&spec);
 }
 
+TEST(a_refused_request_costs_no_value_scan)
+{
+    ep_err err = {{0}};
+    mc_config cfg;
+    CHECK(mc_parse(CONFIG, strlen(CONFIG), "cfg.json", &cfg, &err) == 0);
+    spec_cluster *spec = spec_parse(SPEC, strlen(SPEC), "s.yaml", &err);
+    plan_table *plan = spec ? plan_for_spec(spec, &cfg, 5, &err) : NULL;
+    CHECK(spec && plan);
+    if (!spec || !plan)
+        return;
+    uint64_t one = sizeof hidden + 16;
+    seq_sequencer *s = seq_create(1, 1000, one, &err);
+    seq_env env = {.spec = spec,
+                   .cfg = &cfg,
+                   .plan = plan,
+                   .state = "loading",
+                   .wait = true,
+                   .not_ready = "w0 (loading)"};
+    ob_box out = {0};
+    char text[1024];
+    submit(s, &env, 1, &out); /* the queue is full with this one */
+    CHECK_EQ(seq_queued(s), 1);
+    hidden[9 * H + 3] = 0x7FC1; /* a NaN: only a value scan would see it */
+    submit(s, &env, 2, &out);
+    CHECK_EQ(last_error(&out, text, sizeof text), EPMOE__ERROR_CODE__ERR_BUSY);
+    CHECK_STR_HAS(text, "EP_MAX_QUEUED_BYTES");
+    env.wait = false; /* not ready, and no epoch on its way */
+    submit(s, &env, 3, &out);
+    CHECK_EQ(last_error(&out, text, sizeof text), EPMOE__ERROR_CODE__ERR_NOT_READY);
+    CHECK_STR_HAS(text, "w0 (loading)");
+    /* the sizes are checked before readiness: a wrong request is told what is wrong */
+    env.wait = true;
+    seq_stop(s, &out);
+    submit(s, &env, 4, &out);
+    CHECK_EQ(last_error(&out, text, sizeof text), EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_STR_HAS(text, "the hidden state is NaN");
+    hidden[9 * H + 3] = 0;
+    CHECK_EQ(seq_queued(s), 0);
+    seq_destroy(&s);
+    ob_free(&out);
+    plan_free(&plan);
+    spec_free(&spec);
+}
+
 int main(void)
 {
     RUN(the_queue_is_bounded_in_bytes);
+    RUN(a_refused_request_costs_no_value_scan);
     return test_report();
 }
