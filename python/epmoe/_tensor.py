@@ -22,6 +22,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from . import _lib
+from .errors import BadRequestError
+
 try:  # pragma: no cover - depends on the machine
     import ml_dtypes
 
@@ -30,6 +33,11 @@ try:  # pragma: no cover - depends on the machine
 except ImportError:
     BF16 = np.dtype(np.uint16)
     HAVE_ML_DTYPES = False
+
+
+def _bad(message: str) -> BadRequestError:
+    """A tensor the library cannot take: BadRequestError (EPMOE_EINVAL), a ValueError."""
+    return BadRequestError(_lib.EINVAL, message)
 
 
 def float32_to_bf16(x: Any) -> np.ndarray:
@@ -132,10 +140,10 @@ def _from_dlpack(obj: Any) -> Tuple[np.ndarray, bool]:
     if dev is not None:
         dtype, _ = dev()
         if int(dtype) not in (_KDL_CPU, _KDL_CUDA_HOST):
-            raise ValueError(f"a DLPack tensor on device type {int(dtype)}: epmoe needs host memory")
+            raise _bad(f"a DLPack tensor on device type {int(dtype)}: epmoe needs host memory")
     cap = obj.__dlpack__()
     if not _capi.PyCapsule_IsValid(cap, b"dltensor"):
-        raise ValueError("__dlpack__ did not return an unconsumed 'dltensor' capsule")
+        raise _bad("__dlpack__ did not return an unconsumed 'dltensor' capsule")
     ptr = _capi.PyCapsule_GetPointer(cap, b"dltensor")
     managed = ctypes.cast(ptr, ctypes.POINTER(_DLManagedTensor))
     # consumed: the capsule's destructor now leaves the tensor to us (the DLPack protocol)
@@ -146,7 +154,7 @@ def _from_dlpack(obj: Any) -> Tuple[np.ndarray, bool]:
     if not ok_dev or t.dtype.lanes != 1 or key not in _DL_TYPES:
         view = _DLPackView(managed, {"version": 3, "shape": (0,), "typestr": "|u1", "data": (0, True)})
         del view  # runs the deleter
-        raise ValueError(
+        raise _bad(
             f"a DLPack tensor of device type {t.device.device_type}, dtype code {t.dtype.code} "
             f"bits {t.dtype.bits} lanes {t.dtype.lanes}: not a host tensor epmoe can read"
         )
@@ -181,13 +189,13 @@ def bf16_input(obj: Any, what: str) -> np.ndarray:
     if a.ndim == 1:
         a = a.reshape(1, -1)
     if a.ndim != 2:
-        raise ValueError(f"{what}: expected [tokens, hidden], got shape {a.shape}")
+        raise _bad(f"{what}: expected [tokens, hidden], got shape {a.shape}")
     if is_bf16 or a.dtype.kind in "ui" and a.dtype.itemsize == 2:
         a = np.ascontiguousarray(a)
         return a.view(np.uint16)
     if a.dtype.kind == "f":
         return float32_to_bf16(a).view(np.uint16)
-    raise ValueError(f"{what}: dtype {a.dtype} is not bf16, uint16 bits or float")
+    raise _bad(f"{what}: dtype {a.dtype} is not bf16, uint16 bits or float")
 
 
 def ids_input(obj: Optional[Any], n: int) -> Optional[np.ndarray]:
@@ -197,7 +205,7 @@ def ids_input(obj: Optional[Any], n: int) -> Optional[np.ndarray]:
     a, _ = as_array(obj)
     a = np.ascontiguousarray(a.reshape(-1), dtype=np.int64)
     if a.shape[0] != n:
-        raise ValueError(f"token_ids: {a.shape[0]} ids for {n} tokens")
+        raise _bad(f"token_ids: {a.shape[0]} ids for {n} tokens")
     return a
 
 
@@ -207,7 +215,7 @@ def output(obj: Optional[Any], shape: Tuple[int, ...], dtype: np.dtype, what: st
         return np.empty(shape, dtype)
     a, _ = as_array(obj)
     if not (a.flags.c_contiguous and a.flags.writeable):
-        raise ValueError(f"{what}: must be a C-contiguous writable array")
+        raise _bad(f"{what}: must be a C-contiguous writable array")
     if a.size != int(np.prod(shape)) or a.dtype.itemsize != dtype.itemsize:
-        raise ValueError(f"{what}: expected {shape} of {dtype}, got {a.shape} of {a.dtype}")
+        raise _bad(f"{what}: expected {shape} of {dtype}, got {a.shape} of {a.dtype}")
     return a

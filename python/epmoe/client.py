@@ -401,12 +401,17 @@ class Client:
         li = self.layer_index(layer)
         h = _tensor.bf16_input(hidden, "hidden")
         T = h.shape[0]
+        H = self._info_cache.hidden_size
+        if h.shape[1] != H:  # the library reads T x H values from the pointer: check here
+            raise from_status(
+                _lib.EINVAL, f"layer {li}: hidden is [{T}, {h.shape[1]}], the model's H is {H}"
+            )
         ids = _tensor.ids_input(token_ids, T)
         k = self._info_cache.topk
         r = Request(self, li)
         r.hidden = h
         r.token_ids = ids
-        r.out = _tensor.output(out, (T, h.shape[1]), _tensor.BF16, "out")
+        r.out = _tensor.output(out, (T, H), _tensor.BF16, "out")
         r.topk_ids = _tensor.output(topk_ids, (T, k), np.dtype(np.int32), "topk_ids")
         r.topk_weights = _tensor.output(topk_weights, (T, k), np.dtype(np.float32), "topk_weights")
         rid = next(self._ids)
