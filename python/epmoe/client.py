@@ -20,7 +20,6 @@ import itertools
 import os
 import re
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -33,6 +32,9 @@ Layer = Union[int, str]
 Result = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 _L = _lib.lib
+_BF16 = _tensor.BF16
+_BITS16 = (np.dtype(np.uint16), np.dtype(np.int16), _tensor.BF16)
+_I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 _POLL_MAX = 64
 
 
@@ -133,7 +135,7 @@ class Request:
         "_status",
         "_remote",
         "_message",
-        "_info",
+        "_raw",
         "layer",
         "hidden",
         "token_ids",
@@ -151,7 +153,7 @@ class Request:
         self._status: Optional[int] = None
         self._remote = 0
         self._message = ""
-        self._info: Optional[RequestInfo] = None
+        self._raw: Optional[_lib.RequestInfo] = None
         self.layer = layer
 
     def _finish(self) -> None:
@@ -160,30 +162,17 @@ class Request:
         _L.epmoe_request_status(self._h, ctypes.byref(ri))
         self._status = ri.status
         self._remote = ri.remote_code
-        self._message = (ri.message or b"").decode(errors="replace")
-        self._info = RequestInfo(
-            ri.status,
-            ri.remote_code,
-            self._message,
-            ri.epoch,
-            ri.entry_rank,
-            ri.entry.decode(errors="replace"),
-            bool(ri.replayed),
-            bool(ri.resent),
-            ri.queued_s,
-            ri.dispatch_s,
-            ri.experts_s,
-            ri.combine_s,
-            ri.total_s,
-        )
+        self._message = ri.message.decode(errors="replace") if ri.message else ""
+        self._raw = ri  # RequestInfo is built on demand: the hot path only needs the status
         _L.epmoe_request_free(ctypes.byref(self._h))
-        self._client._forget(self._id)
 
     def done(self) -> bool:
         """Whether the request has finished (answered, failed or canceled)."""
         if self._status is not None:
             return True
         with self._lock:
+            if self._status is None and not self._client._handle:
+                self._closed()
             if self._status is None and self._h:
                 ri = _lib.RequestInfo()
                 _L.epmoe_request_status(self._h, ctypes.byref(ri))
@@ -206,6 +195,8 @@ class Request:
         passes first, epmoe.TimeoutError is raised and the request stays in flight."""
         if self._status is None:
             with self._lock:
+                if self._status is None and not self._client._handle:
+                    self._closed()
                 if self._status is None:
                     ms = -1 if timeout is None else max(0, int(timeout * 1000))
                     err = _lib.Error()
@@ -220,6 +211,8 @@ class Request:
     def cancel(self) -> None:
         """Give the request up (its buffers are released when this returns)."""
         with self._lock:
+            if self._status is None and not self._client._handle:
+                self._closed()
             if self._status is None and self._h:
                 _L.epmoe_cancel(self._h)
                 self._finish()
@@ -227,13 +220,35 @@ class Request:
     @property
     def info(self) -> Optional[RequestInfo]:
         """The finished request's status, entry worker and times (None while in flight)."""
-        return self._info if self.done() else None
+        if not self.done() or self._raw is None:
+            return None
+        ri = self._raw
+        return RequestInfo(
+            ri.status,
+            ri.remote_code,
+            self._message,
+            ri.epoch,
+            ri.entry_rank,
+            ri.entry.decode(errors="replace"),
+            bool(ri.replayed),
+            bool(ri.resent),
+            ri.queued_s,
+            ri.dispatch_s,
+            ri.experts_s,
+            ri.combine_s,
+            ri.total_s,
+        )
+
+    def _closed(self) -> None:
+        """The client was closed with this request in flight: epmoe_close canceled it."""
+        self._status = _lib.ECANCELED
+        self._message = f"layer {self.layer}: the client was closed"
+        self._h = ctypes.c_void_p()
 
     def __del__(self) -> None:
         # a request dropped in flight: cancel it (the library lets go of its buffers first)
         if self._status is None and self._h and self._client._handle:
             _L.epmoe_request_free(ctypes.byref(self._h))
-            self._client._forget(self._id)
 
 
 class Client:
@@ -259,7 +274,6 @@ class Client:
         self._handle = ctypes.c_void_p()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._live: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
         self._async: Dict[int, Tuple[Request, "asyncio.Future[Result]"]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._slot_waiters: List["asyncio.Future[None]"] = []
@@ -295,8 +309,6 @@ class Client:
                 self._loop.remove_reader(self._fd)
             except (RuntimeError, ValueError):  # pragma: no cover - loop gone
                 pass
-        for req in list(self._live.values()):
-            req.cancel()
         for req, fut in list(self._async.values()):
             req.cancel()
             if not fut.done():
@@ -313,9 +325,6 @@ class Client:
     def __del__(self) -> None:
         if getattr(self, "_handle", None):
             self.close()
-
-    def _forget(self, rid: int) -> None:
-        self._live.pop(rid, None)
 
     def _check_open(self) -> None:
         if not self._handle:
@@ -397,41 +406,68 @@ class Client:
         topk_weights: caller arrays the answer is written into (else new ones). timeout:
         this request's deadline in seconds (None: the client's). Raises BadRequestError for
         a bad argument, InFlightLimitError when every slot is held."""
-        self._check_open()
-        li = self.layer_index(layer)
-        h = _tensor.bf16_input(hidden, "hidden")
-        T = h.shape[0]
-        H = self._info_cache.hidden_size
-        if h.shape[1] != H:  # the library reads T x H values from the pointer: check here
-            raise from_status(
-                _lib.EINVAL, f"layer {li}: hidden is [{T}, {h.shape[1]}], the model's H is {H}"
-            )
-        ids = _tensor.ids_input(token_ids, T)
-        k = self._info_cache.topk
+        if not self._handle:
+            self._check_open()
+        li = layer if type(layer) is int else self.layer_index(layer)
+        # the common case (a C-contiguous [T, H] array of bf16 bits) without any conversion
+        if (
+            type(hidden) is np.ndarray
+            and hidden.ndim == 2
+            and hidden.dtype in _BITS16
+            and hidden.flags.c_contiguous
+        ):
+            h = hidden
+        else:
+            h = _tensor.bf16_input(hidden, "hidden")
+        T, Hx = h.shape
+        info = self._info_cache
+        H, k = info.hidden_size, info.topk
+        if Hx != H:  # the library reads T x H values from the pointer: check here
+            raise from_status(_lib.EINVAL, f"layer {li}: hidden is [{T}, {Hx}], the model's H is {H}")
+        if token_ids is None:
+            ids = None
+        elif (
+            type(token_ids) is np.ndarray
+            and token_ids.dtype == _I64
+            and token_ids.ndim == 1
+            and token_ids.flags.c_contiguous
+        ):
+            ids = token_ids
+            if ids.shape[0] != T:
+                raise from_status(_lib.EINVAL, f"token_ids: {ids.shape[0]} ids for {T} tokens")
+        else:
+            ids = _tensor.ids_input(token_ids, T)
         r = Request(self, li)
         r.hidden = h
         r.token_ids = ids
-        r.out = _tensor.output(out, (T, H), _tensor.BF16, "out")
-        r.topk_ids = _tensor.output(topk_ids, (T, k), np.dtype(np.int32), "topk_ids")
-        r.topk_weights = _tensor.output(topk_weights, (T, k), np.dtype(np.float32), "topk_weights")
+        r.out = o = np.empty((T, H), _BF16) if out is None else _tensor.output(out, (T, H), _BF16, "out")
+        r.topk_ids = ti = (
+            np.empty((T, k), _I32) if topk_ids is None else _tensor.output(topk_ids, (T, k), _I32, "topk_ids")
+        )
+        r.topk_weights = tw = (
+            np.empty((T, k), _F32)
+            if topk_weights is None
+            else _tensor.output(topk_weights, (T, k), _F32, "topk_weights")
+        )
         rid = next(self._ids)
         r._id = rid
-        a = _lib.SubmitArgs()
-        a.layer = li
-        a.n_tokens = T
-        a.hidden = h.ctypes.data
-        a.token_ids = ids.ctypes.data if ids is not None else None
-        a.out = r.out.ctypes.data
-        a.topk_ids = r.topk_ids.ctypes.data
-        a.topk_weights = r.topk_weights.ctypes.data
-        a.timeout_ms = _ms(timeout)
-        a.user = rid
+        addr = _tensor.address
+        a = _lib.SubmitArgs(
+            li,
+            T,
+            addr(h),
+            addr(ids) if ids is not None else None,
+            addr(o),
+            addr(ti),
+            addr(tw),
+            _ms(timeout),
+            rid,
+        )
         err = _lib.Error()
         rc = _L.epmoe_submit(self._handle, ctypes.byref(a), ctypes.byref(r._h), ctypes.byref(err))
         if rc != _lib.OK:
             r._status = rc  # never in flight: nothing to free
             raise from_status(rc, err.message.decode(errors="replace"), err.remote_code)
-        self._live[rid] = r
         return r
 
     def forward_sync(self, layer: Layer, hidden: Any, token_ids: Optional[Any] = None, **kw: Any) -> Result:
