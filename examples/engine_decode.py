@@ -191,7 +191,8 @@ def main() -> int:
         t0 = time.monotonic()
         for p in procs:
             p.start()
-        total, done, got = args.ranks * args.steps, 0, []
+        total, done = args.ranks * args.steps, 0
+        got: List[Any] = []
         tty = sys.stdout.isatty()
         while len(got) < args.ranks:
             while not progress.empty():

@@ -27,7 +27,7 @@ from . import _lib
 from .errors import BadRequestError
 
 try:  # pragma: no cover - depends on the machine
-    import ml_dtypes
+    import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
 
     BF16: np.dtype = np.dtype(ml_dtypes.bfloat16)
     HAVE_ML_DTYPES = True
@@ -49,7 +49,7 @@ def address(a: np.ndarray) -> int:
     """The address of a C-contiguous array's first element (c_char.from_buffer is 2-3x faster
     than ndarray.ctypes.data; it needs a writable buffer, so read-only arrays take the latter)."""
     try:
-        return _addressof(_c_char.from_buffer(a))
+        return _addressof(_c_char.from_buffer(a))  # type: ignore[arg-type, unused-ignore]
     except (TypeError, ValueError, BufferError):
         return int(a.ctypes.data)
 

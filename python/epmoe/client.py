@@ -111,7 +111,7 @@ def read_key(key: Optional[str], which: str) -> Optional[bytes]:
         text = f.read()
     for kind, z85 in _Z85_LINE.findall(text):
         if kind == which:
-            return z85.encode()
+            return str(z85).encode()
     line = text.strip().splitlines()[0] if text.strip() else ""
     if which == "public" and len(line) == 40:
         return line.encode()
@@ -144,6 +144,12 @@ class Request:
         "topk_weights",
         "__weakref__",
     )
+
+    hidden: np.ndarray
+    token_ids: Optional[np.ndarray]
+    out: np.ndarray
+    topk_ids: np.ndarray
+    topk_weights: np.ndarray
 
     def __init__(self, client: "Client", layer: int) -> None:
         self._client = client
@@ -183,8 +189,6 @@ class Request:
     def _outcome(self) -> Result:
         if self._status != _lib.OK:
             raise from_status(self._status or _lib.EFAILED, self._message, self._remote)
-        assert self.out is not None and self.topk_ids is not None
-        assert self.topk_weights is not None
         return self.out, self.topk_ids, self.topk_weights
 
     def result(self, timeout: Optional[float] = None) -> Result:
@@ -543,6 +547,8 @@ class Client:
                 await w
         fut: "asyncio.Future[Result]" = loop.create_future()
         self._async[req._id] = (req, fut)
+        if self._loop is not None and self._loop.is_closed():
+            self._loop = None  # an earlier asyncio.run() ended with requests given up
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self._fd, self._on_readable)
@@ -555,4 +561,7 @@ class Client:
         except asyncio.CancelledError:
             self._async.pop(req._id, None)
             req.cancel()
+            if not self._async and self._loop is loop:
+                loop.remove_reader(self._fd)
+                self._loop = None
             raise

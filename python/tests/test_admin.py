@@ -14,7 +14,8 @@ from epmoe import local
 def _ctl_json(cl: local.LocalCluster, *args: str) -> dict:
     p = subprocess.run([cl.bin.ctl, "-o", "json", "--coordinator", cl.admin, *args],
                        capture_output=True, text=True, check=True)
-    return json.loads(p.stdout)
+    out: dict = json.loads(p.stdout)
+    return out
 
 
 def _stable(d: object) -> object:

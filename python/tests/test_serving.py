@@ -147,7 +147,7 @@ def test_buffer_protocol_and_float32_inputs(client: epmoe.Client, cluster: local
     inp = models.input(7)
     ref = models.ref(dtype_of(cluster), "1", 7)
     h = np.ascontiguousarray(inp["hidden_states"])
-    assert_same(client.submit(1, memoryview(h)).result(), ref, "memoryview input")
+    assert_same(client.submit(1, memoryview(h)).result(), ref, "memoryview input")  # type: ignore[arg-type, unused-ignore]
     # bf16 -> float32 is exact, float32 -> bf16 (nearest even) gives the same bits back
     assert_same(client.submit(1, epmoe.bf16_to_float32(h).reshape(7, -1)).result(), ref, "float32 input")
     # a strided view is copied into a contiguous one, same answer
@@ -203,3 +203,41 @@ def test_torch_cpu_tensors(client: epmoe.Client, cluster: local.LocalCluster, mo
     h = torch.from_numpy(inp["hidden_states"].astype(np.int16)).view(torch.bfloat16)
     ids = torch.from_numpy(inp["input_ids"].copy())
     assert_same(client.submit(0, h, ids).result(), models.ref(dtype_of(cluster), "0", 7), "torch input")
+
+
+def test_bf16_dtype(client: epmoe.Client, cluster: local.LocalCluster, models: Models) -> None:
+    """Outputs are ml_dtypes.bfloat16 when it is importable, uint16 bit patterns otherwise;
+    bfloat16 inputs are taken as they are."""
+    inp = models.input(7)
+    out, _, _ = client.submit(1, inp["hidden_states"]).result()
+    try:
+        import ml_dtypes
+    except ImportError:
+        assert not epmoe.HAVE_ML_DTYPES and out.dtype == np.uint16
+        return
+    assert epmoe.HAVE_ML_DTYPES and out.dtype == np.dtype(ml_dtypes.bfloat16)
+    h = inp["hidden_states"].view(ml_dtypes.bfloat16)
+    r = client.submit(1, h)
+    assert np.shares_memory(r.hidden, h)
+    assert_same(r.result(), models.ref(dtype_of(cluster), "1", 7), "ml_dtypes.bfloat16 input")
+
+
+def test_asyncio_cancel(lone_cluster: local.LocalCluster, models: Models) -> None:
+    """A cancelled task cancels its request; the client serves the next event loop."""
+    inp = models.input(7)
+    with epmoe.Client(lone_cluster.admin) as c:
+
+        async def cancel_one() -> None:
+            lone_cluster.pause_workers()
+            try:
+                t = asyncio.create_task(c.forward(1, inp["hidden_states"]))
+                await asyncio.sleep(0.05)
+                t.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await t
+            finally:
+                lone_cluster.resume_workers()
+
+        asyncio.run(cancel_one())
+        res = asyncio.run(c.forward(1, inp["hidden_states"]))
+        assert_same(res, models.ref("fp4", "1", 7), "after a cancelled task, in a new loop")
