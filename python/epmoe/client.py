@@ -207,7 +207,9 @@ class Request:
                     rc = _L.epmoe_wait(self._h, ms, ctypes.byref(err))
                     if rc == _lib.EAGAIN:
                         raise TimeoutError(
-                            _lib.EAGAIN, f"layer {self.layer}: still in flight after {ms} ms"
+                            _lib.EAGAIN,
+                            f"layer {self.layer}: still in flight after {ms} ms (it goes on)",
+                            summary="EPMOE_EAGAIN: result(timeout) passed first",
                         )
                     self._finish()
         return self._outcome()

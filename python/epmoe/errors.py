@@ -28,7 +28,7 @@ also an UnavailableError, 77 a RefusedError, 64 a BadRequestError.
 from __future__ import annotations
 
 import builtins
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 from . import _lib
 
@@ -40,11 +40,12 @@ class EpmoeError(Exception):
     remote_code: int
     message: str
 
-    def __init__(self, code: int, message: str, remote_code: int = 0) -> None:
+    def __init__(self, code: int, message: str, remote_code: int = 0, summary: Optional[str] = None) -> None:
         self.code = code
         self.remote_code = remote_code
         self.message = message
-        super().__init__(f"{_lib.strerror(code)}: {message}" if message else _lib.strerror(code))
+        head = summary or _lib.strerror(code)  # "EPMOE_ETIMEDOUT: the deadline passed ..."
+        super().__init__(f"{head}: {message}" if message else head)
 
     @property
     def name(self) -> str:

@@ -76,6 +76,17 @@ def free_ports(n: int) -> List[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies (Linux
+    PR_SET_PDEATHSIG), so that a test runner killed at its timeout leaves no daemon behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: the finally blocks still stop them
+        pass
+
+
 class Binaries:
     """Where epmoectl, epmoe-coordinator and epmoe-worker are."""
 
@@ -202,7 +213,10 @@ class LocalCluster:
 
     def _spawn(self, cmd: List[str], tag: str) -> None:
         log = open(os.path.join(self.dir, f"{tag}.log"), "wb")
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             preexec_fn=_die_with_parent)
+        )
         log.close()
 
     def ctl(self, *args: str) -> str:

@@ -130,3 +130,34 @@ def test_keys(secure_cluster: local.LocalCluster, models: Models) -> None:
     with pytest.raises(epmoe.RefusedError) as ea:
         epmoe.Admin(cl.admin, key=cl.key("stranger"), server_key=coord, timeout=2).status()
     assert ea.value.exit_code == 77  # type: ignore[attr-defined]
+
+
+def test_the_gil_is_released_while_waiting(lone_cluster: local.LocalCluster, models: Models) -> None:
+    """A thread blocked in result() (workers stopped) lets another Python thread run."""
+    import threading
+
+    inp = models.input(1)
+    with epmoe.Client(lone_cluster.admin) as c:
+        lone_cluster.pause_workers()
+        try:
+            r = c.submit(1, inp["hidden_states"], timeout=5)
+            errs: list = []
+
+            def wait() -> None:
+                try:
+                    r.result(timeout=0.5)
+                except epmoe.TimeoutError as e:
+                    errs.append(e)
+
+            t = threading.Thread(target=wait)
+            t0 = time.monotonic()
+            t.start()
+            spins = 0
+            while t.is_alive() and time.monotonic() - t0 < 0.4:
+                spins += 1  # pure Python: runs only while the waiter does not hold the GIL
+            assert t.is_alive() and spins > 10000, spins
+            t.join()
+            assert len(errs) == 1 and errs[0].code == -2 and "result(timeout)" in str(errs[0])
+        finally:
+            lone_cluster.resume_workers()
+        r.result(timeout=30)
