@@ -760,6 +760,17 @@ static bool srv_idle(const srv_server *s, const srv_env *env)
            !(zmq_getsockopt(tp_socket(env->tp), ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN));
 }
 
+/* Answer every complete request, their shared experts batched first. */
+static void srv_finish(srv_server *s, const srv_env *env)
+{
+    srv_shared(s, true);
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
+        srv_req *q = &s->req[i];
+        if (q->phase == SRV_RUNNING && srv_complete(q))
+            srv_answer(s, env, q);
+    }
+}
+
 void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
@@ -777,13 +788,9 @@ void srv_run(srv_server *s, const srv_env *env)
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_step_req(s, env, &s->req[i], now);
+    srv_finish(s, env); /* what the COMBINEs just completed: not behind this turn's batch */
     srv_serve(s, env);
-    srv_shared(s, true);
-    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
-        srv_req *q = &s->req[i];
-        if (q->phase == SRV_RUNNING && srv_complete(q))
-            srv_answer(s, env, q);
-    }
+    srv_finish(s, env); /* what this turn's own pairs completed */
     /* waiting for peers with nothing to serve: the shared expert of what is in flight now */
     if (srv_idle(s, env))
         srv_shared(s, false);
@@ -886,12 +893,13 @@ void srv_destroy(srv_server **self_p)
         return;
     /* how the serving went (docs/performance.md "Serving path" reads it) */
     log_info("serving: %llu requests submitted, %llu answered, %llu failed, %llu busy; %llu "
-             "replays; %llu expert batches of %.2f jobs, %llu shared-expert batches of %.2f "
-             "requests on average",
+             "replays; %llu expert batches of %.2f jobs, %.2f pairs per expert read; %llu "
+             "shared-expert batches of %.2f requests on average",
              (unsigned long long)s->stats.submitted, (unsigned long long)s->stats.completed,
              (unsigned long long)s->stats.failed, (unsigned long long)s->stats.busy,
              (unsigned long long)s->stats.replays, (unsigned long long)s->stats.batches,
              s->stats.batches ? (double)s->stats.batched_jobs / (double)s->stats.batches : 0.0,
+             s->stats.expert_reads ? (double)s->stats.pairs / (double)s->stats.expert_reads : 0.0,
              (unsigned long long)s->stats.shared_batches,
              s->stats.shared_batches
                  ? (double)s->stats.shared_requests / (double)s->stats.shared_batches

@@ -99,6 +99,7 @@ void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx);
 typedef struct srv_stats {
     uint64_t submitted, completed, failed, busy, replays, batches, batched_jobs;
     uint64_t shared_batches, shared_requests; /* shared-expert calls and the requests in them */
+    uint64_t pairs, expert_reads; /* routed pairs served; experts each batch read (distinct) */
 } srv_stats;
 void srv_get_stats(const srv_server *s, srv_stats *out);
 
