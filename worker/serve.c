@@ -21,7 +21,7 @@
 #include "common/wire.h"
 #include "kernels/formats.h"
 #include "worker/plan.h"
-#include "worker/serve_internal.h"
+#include "worker/serve_experts.h"
 #include "worker/wmetrics.h"
 
 /* ---- the server ---------------------------------------------------------------------------- */

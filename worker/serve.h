@@ -31,32 +31,7 @@
 
 #include "common/auth.h"
 #include "common/error.h"
-#include "kernels/moe_backend.h"
-#include "worker/exec.h"
-#include "worker/transport.h"
-
-/* Requests one entry worker holds in flight at most, and one client (client id) of them;
- * beyond, a SUBMIT is answered ERR_BUSY at once. */
-#define SRV_MAX_REQUESTS        256
-#define SRV_MAX_CLIENT_REQUESTS 64
-/* A refused part is dispatched again after this long, doubling up to SRV_RETRY_MAX_S. */
-#define SRV_RETRY_S     0.002
-#define SRV_RETRY_MAX_S 0.1
-
-typedef struct srv_server srv_server;
-struct wmx;
-
-/* What the executor lends the server at each call. ready: the layers and the data plane serve
- * the session's epoch. */
-typedef struct srv_env {
-    mb_backend *be;
-    mb_layer *const *layers;
-    int n_layers;
-    const exec_session *session;
-    tp_transport *tp;
-    struct wmx *mx;
-    bool ready;
-} srv_env;
+#include "worker/serve_state.h"
 
 /* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). With key, a
  * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys
@@ -95,12 +70,6 @@ void srv_epoch_end(srv_server *s, const srv_env *env);
 typedef void (*srv_report_fn)(void *ctx, const Epmoe__LoadReport *r);
 void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx);
 
-/* Counters for tests and metrics. */
-typedef struct srv_stats {
-    uint64_t submitted, completed, failed, busy, replays, batches, batched_jobs;
-    uint64_t shared_batches, shared_requests; /* shared-expert calls and the requests in them */
-    uint64_t pairs, expert_reads; /* routed pairs served; experts each batch read (distinct) */
-} srv_stats;
 void srv_get_stats(const srv_server *s, srv_stats *out);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * serve_experts.c — the serving half of the serving path (serve.h, serve_internal.h): the
+ * serve_experts.c — the serving half of the serving path (serve_experts.h, serve_state.h): the
  * DISPATCHes of every origin (this worker's own parts included) wait in one queue, and each
  * turn runs each layer's as one mb_experts call, rows concatenated and pairs re-indexed, so an
  * expert's rows from several requests form one GEMM. The exact kernels give every pair the
@@ -13,7 +13,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "kernels/formats.h"
-#include "worker/serve_internal.h"
+#include "worker/serve_experts.h"
 #include "worker/wmetrics.h"
 
 int srv_push_job(srv_server *s, srv_job j)

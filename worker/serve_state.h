@@ -1,19 +1,53 @@
 /*
- * serve_internal.h — what the two halves of the serving path share (serve.h): a request and its
- * parts, a job of the serving queue, the server. Only worker/serve*.c include it.
+ * serve_state.h — the state both halves of the serving path work on (serve.h, serve_experts.h):
+ * a request and its parts, a job of the serving queue, the server, and what the executor lends
+ * them at each call. Only worker/serve*.c and the executor's srv_env include it.
  *
  *   serve.c          the server and the origin half: SUBMIT, plan, DISPATCH, COMBINE, RESULT
  *   serve_experts.c  the serving half: the queue of DISPATCHes, one mb_experts call a layer
  */
-#ifndef EPMOE_SERVE_INTERNAL_H
-#define EPMOE_SERVE_INTERNAL_H
+#ifndef EPMOE_SERVE_STATE_H
+#define EPMOE_SERVE_STATE_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "common/wire.h"
-#include "worker/serve.h"
+#include "kernels/moe_backend.h"
+#include "worker/exec.h"
+#include "worker/transport.h"
 
+/* Requests one entry worker holds in flight at most, and one client (client id) of them;
+ * beyond, a SUBMIT is answered ERR_BUSY at once. */
+#define SRV_MAX_REQUESTS        256
+#define SRV_MAX_CLIENT_REQUESTS 64
+/* A refused part is dispatched again after this long, doubling up to SRV_RETRY_MAX_S. */
+#define SRV_RETRY_S     0.002
+#define SRV_RETRY_MAX_S 0.1
+
+typedef struct srv_server srv_server;
+struct wmx;
+
+/* What the executor lends the server at each call. ready: the layers and the data plane serve
+ * the session's epoch. */
+typedef struct srv_env {
+    mb_backend *be;
+    mb_layer *const *layers;
+    int n_layers;
+    const exec_session *session;
+    tp_transport *tp;
+    struct wmx *mx;
+    bool ready;
+} srv_env;
+
+/* Counters for tests and metrics. */
+typedef struct srv_stats {
+    uint64_t submitted, completed, failed, busy, replays, batches, batched_jobs;
+    uint64_t shared_batches, shared_requests; /* shared-expert calls and the requests in them */
+    uint64_t pairs, expert_reads; /* routed pairs served; experts each batch read (distinct) */
+} srv_stats;
 #define SRV_MAX_BODY 1024
 
 typedef struct srv_part {
@@ -99,12 +133,5 @@ static inline void *srv_alloc(size_t n)
 {
     return aligned_alloc(64, n ? (n + 63) / 64 * 64 : 64);
 }
-
-/* serve_experts.c */
-int srv_push_job(srv_server *s, srv_job j);
-/* A peer's DISPATCH into the queue (d's storage taken). */
-void srv_on_dispatch(srv_server *s, tp_msg *d);
-/* Every queued job, one mb_experts call per layer; outputs to their requests and origins. */
-void srv_serve(srv_server *s, const srv_env *env);
 
 #endif
