@@ -35,97 +35,10 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
-#include "worker/exec_internal.h"
+#include "worker/exec_state.h"
 #include "worker/plan.h"
 #include "worker/shard.h"
 #include "worker/wmetrics.h"
-
-/* ---- replies ----------------------------------------------------------------------------------
- */
-
-void exec_send(exec_state *st, uint16_t type, const ProtobufCMessage *body, const wire_payload *pl,
-               int n)
-{
-    ep_err err;
-    if (wire_send(st->pipe, NULL, 0, type, body, pl, n, false, &err) != 0)
-        log_error("executor: %s", err.msg);
-}
-
-void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
-{
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    Epmoe__Error e = EPMOE__ERROR__INIT;
-    e.has_code = e.has_in_reply_to = 1;
-    e.code = code;
-    e.in_reply_to = in_reply_to;
-    e.message = text;
-    exec_send(st, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
-}
-
-void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
-                      const char *fmt, ...)
-{
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    log_warn("step %llu failed: %s", (unsigned long long)step_id, text);
-    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
-    f.has_step_id = has_id;
-    f.step_id = step_id;
-    f.has_code = 1;
-    f.code = code;
-    f.message = text;
-    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
-}
-
-/* ---- state ------------------------------------------------------------------------------------
- */
-
-void exec_free_layers(mb_layer **layers, int n)
-{
-    for (int i = 0; layers && i < n; i++)
-        mb_layer_free(&layers[i]);
-    free(layers);
-}
-
-void exec_free_shard(exec_state *st)
-{
-    exec_free_layers(st->layers, st->n_layers);
-    st->layers = NULL;
-    st->n_layers = 0;
-}
-
-void exec_drop_staged(exec_state *st)
-{
-    exec_free_layers(st->staged_layers, st->n_layers);
-    st->staged_layers = NULL;
-    exec_session_free(&st->staged);
-}
-
-/* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
-void exec_close_plane(exec_state *st)
-{
-    exec_close_open(st);
-    tp_destroy(&st->tp);
-    for (int r = 0; st->tp_peers && r < st->tp_world; r++)
-        free(st->tp_peers[r]);
-    free(st->tp_peers);
-    st->tp_peers = NULL;
-    st->ready = false;
-    st->have_last = false;
-}
 
 /* The session goes; the data plane stays open (unused) until the next LOAD or EPOCH replaces
  * it or the thread ends. Closing it here, in the same instant a frozen or cut-off worker's
@@ -311,7 +224,10 @@ static void exec_loop(exec_state *st)
 static void *exec_main(void *arg)
 {
     exec_actor *a = arg;
-    exec_state st = {.actor = a, .be = a->be, .pipe = a->thread_pipe};
+    exec_state st = {.actor = a,
+                     .be = a->be,
+                     .pipe = a->thread_pipe,
+                     .between_layers = exec_serve_between_layers};
     exec_loop(&st);
     srv_destroy(&st.srv);
     exec_drop_session(&st);

@@ -1,5 +1,5 @@
 /*
- * exec_load.c — loading (exec_internal.h): the data plane of an epoch, the layers a rank holds
+ * exec_load.c — loading (exec_state.h): the data plane of an epoch, the layers a rank holds
  * (only what it gains is read), EPOCH, a staged epoch beside the serving one, EPOCH_COMMIT.
  */
 #include "worker/exec.h"
@@ -15,13 +15,26 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
-#include "worker/exec_internal.h"
+#include "worker/exec_state.h"
 #include "worker/plan.h"
 #include "worker/shard.h"
 #include "worker/wmetrics.h"
 
 /* ---- loading ----------------------------------------------------------------------------------
  */
+
+/* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
+void exec_close_plane(exec_state *st)
+{
+    exec_close_open(st);
+    tp_destroy(&st->tp);
+    for (int r = 0; st->tp_peers && r < st->tp_world; r++)
+        free(st->tp_peers[r]);
+    free(st->tp_peers);
+    st->tp_peers = NULL;
+    st->ready = false;
+    st->have_last = false;
+}
 
 static void exec_send_loading(exec_progress *p, uint64_t done)
 {
@@ -56,7 +69,7 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
         exec_send_loading(p, done); /* a staged load says nothing until it is prepared */
     if (p->serve && boundary) {
         p->served_at = layers_done;
-        if (!exec_serve_between_layers(p))
+        if (!p->st->between_layers(p))
             return 1;
     }
     return atomic_load(&p->st->actor->cancel) > 0;

@@ -1,6 +1,6 @@
 /*
  * exec_session.c — the session an executor works under: the validated WELCOME and its
- * placements (exec.h, exec_internal.h).
+ * placements (exec.h, exec_state.h).
  */
 #include "worker/exec.h"
 
@@ -15,7 +15,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
-#include "worker/exec_internal.h"
+#include "worker/exec_state.h"
 #include "worker/plan.h"
 #include "worker/shard.h"
 #include "worker/wmetrics.h"

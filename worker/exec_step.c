@@ -1,5 +1,5 @@
 /*
- * exec_step.c — the coordinator's STEP (exec_internal.h; docs/protocol.md "Forward steps"):
+ * exec_step.c — the coordinator's STEP (exec_state.h; docs/protocol.md "Forward steps"):
  * route, dispatch to every rank its pairs go to, compute the own pairs, answer the peers'
  * DISPATCHes, combine, STEP_DONE; on the NCCL plane the collective step of step_nccl.h.
  */
@@ -16,7 +16,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
-#include "worker/exec_internal.h"
+#include "worker/exec_state.h"
 #include "worker/plan.h"
 #include "worker/shard.h"
 #include "worker/wmetrics.h"

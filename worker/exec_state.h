@@ -1,8 +1,9 @@
 /*
- * exec_internal.h — what the files of the executor share (exec.h is its public face): the
+ * exec_state.h — what the files of the executor share (exec.h is its public face): the
  * thread's state and the functions one file calls in another. Only worker/exec*.c include it.
  *
- *   exec.c          the actor: the thread, its pipe and loop, replies, the session's state
+ *   exec.c          the actor: the thread, its pipe and loop, the session's state
+ *   exec_core.c     what all of them use: replies on the pipe, freeing layers and staged loads
  *   exec_session.c  the validated WELCOME (exec_session) and its placements
  *   exec_load.c     loading: the data plane of an epoch, the layers, EPOCH, staged, COMMIT
  *   exec_step.c     the coordinator's STEP on the ZeroMQ plane and on the NCCL plane
@@ -43,6 +44,8 @@ typedef struct exec_slots {
     int max_per_layer, slots, kept;
 } exec_slots;
 
+struct exec_progress;
+
 typedef struct exec_state {
     exec_actor *actor;
     void *pipe; /* the thread's end */
@@ -81,6 +84,9 @@ typedef struct exec_state {
      * at the first READY, kept for the thread's life), and when load was last reported */
     srv_server *srv;
     double reported_at;
+    /* a staged load's turn between layers (exec.c's exec_serve_between_layers): the loader
+     * calls the actor back through it rather than by name, so exec_load.c stands below exec.c */
+    bool (*between_layers)(struct exec_progress *p);
 } exec_state;
 
 typedef struct exec_progress {
@@ -112,7 +118,7 @@ static inline double exec_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* exec.c */
+/* exec_core.c */
 void exec_send(exec_state *st, uint16_t type, const ProtobufCMessage *body, const wire_payload *pl,
                int n);
 void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
@@ -122,9 +128,8 @@ void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__Erro
 void exec_free_layers(mb_layer **layers, int n);
 void exec_free_shard(exec_state *st);
 void exec_drop_staged(exec_state *st);
-void exec_close_plane(exec_state *st);
+/* exec.c */
 void exec_drop_session(exec_state *st);
-void exec_stash(exec_state *st, wire_msg *m);
 /* The serving path's turn (serve.h), and a staged load's turn between layers. */
 void exec_serve(exec_state *st, bool client_readable);
 bool exec_serve_between_layers(exec_progress *p);
@@ -134,10 +139,13 @@ exec_session *exec_session_dup(const exec_session *s);
 void exec_load(exec_state *st, uint16_t in_reply_to);
 void exec_epoch(exec_state *st, const wire_msg *m);
 void exec_commit(exec_state *st, const wire_msg *m);
+/* The data plane belongs to one session and epoch; the loaded layers may outlive both. */
+void exec_close_plane(exec_state *st);
 /* exec_step.c */
 void exec_step(exec_state *st, wire_msg *m);
 void exec_comm_init(exec_state *st, const wire_msg *m);
 void exec_close_open(exec_state *st);
+void exec_stash(exec_state *st, wire_msg *m);
 /* STEP_ABORT between steps: closes the open step it names. */
 void exec_abort_open(exec_state *st, const wire_msg *m);
 void exec_serve_open(exec_state *st);
