@@ -1,7 +1,7 @@
 /*
  * client.c — libepmoe's public API (client/epmoe.h): options, the slot pool, submit, wait,
  * poll, cancel, status. The sockets live in io.c; this file only touches the shared state
- * under c->mu (client.h).
+ * under c->mu (client_state.h).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,27 +16,7 @@
 
 #include <zmq.h>
 
-#include "client/client.h"
-
-int64_t cl_now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
-{
-    if (err != NULL) {
-        err->code = code;
-        err->remote_code = remote;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#include "client/client_state.h"
 
 static void cl_ok(epmoe_error *err)
 {
@@ -44,29 +24,6 @@ static void cl_ok(epmoe_error *err)
         err->code = EPMOE_OK;
         err->remote_code = 0;
         err->message[0] = '\0';
-    }
-}
-
-int cl_map_remote(int remote_code, const char *message)
-{
-    switch (remote_code) {
-    case EPMOE__ERROR_CODE__ERR_NONE:
-        return EPMOE_OK;
-    case EPMOE__ERROR_CODE__ERR_BUSY:
-        return EPMOE_EBUSY;
-    case EPMOE__ERROR_CODE__ERR_NOT_READY:
-        return EPMOE_ENOTREADY;
-    case EPMOE__ERROR_CODE__ERR_CONFIG_HASH:
-        return EPMOE_ESTALE;
-    case EPMOE__ERROR_CODE__ERR_TIMEOUT:
-        return EPMOE_ETIMEDOUT;
-    case EPMOE__ERROR_CODE__ERR_BAD_REQUEST:
-        /* the one refusal that is about the cluster, not the request */
-        return message && strstr(message, "not on this data plane") ? EPMOE_ENOTSUP : EPMOE_EINVAL;
-    case EPMOE__ERROR_CODE__ERR_REFUSED:
-        return EPMOE_EREFUSED;
-    default:
-        return EPMOE_EFAILED;
     }
 }
 
@@ -112,33 +69,6 @@ const char *epmoe_version(void)
 #define CL_STR(x)  CL_STR2(x)
     return CL_STR(EPMOE_VERSION_MAJOR) "." CL_STR(EPMOE_VERSION_MINOR) "." CL_STR(
         EPMOE_VERSION_PATCH);
-}
-
-/* ---- lists (under mu) ---- */
-
-void cl_list_push(struct epmoe_request **head, struct epmoe_request **tail, struct epmoe_request *r)
-{
-    r->next = NULL;
-    r->prev = *tail;
-    if (*tail)
-        (*tail)->next = r;
-    else
-        *head = r;
-    *tail = r;
-}
-
-void cl_list_remove(struct epmoe_request **head, struct epmoe_request **tail,
-                    struct epmoe_request *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        *head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        *tail = r->prev;
-    r->prev = r->next = NULL;
 }
 
 /* The done list lost an entry: epmoe_fd stops being readable when it is empty. */

@@ -1,12 +1,12 @@
 /*
  * info.c — the coordinator's CLIENT_INFO answer as libepmoe keeps it (cl_info), and which
- * member a request goes to (client.h).
+ * member a request goes to (client_state.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/client.h"
+#include "client/client_state.h"
 
 void cl_info_free(cl_info *info)
 {

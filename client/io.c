@@ -1,5 +1,5 @@
 /*
- * io.c — libepmoe's I/O thread (client.h): the only user of the client's ZeroMQ sockets. It
+ * io.c — libepmoe's I/O thread (client_state.h): the only user of the client's ZeroMQ sockets. It
  * sends what epmoe_submit queued, reads RESULTs into the callers' buffers, resends a request
  * whose entry is silent (or no longer a ready member) to the next member, fails it at its
  * deadline, and asks the coordinator for CLIENT_INFO in the background
@@ -18,7 +18,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <zmq.h>
 
-#include "client/client.h"
+#include "client/client_state.h"
 #include "common/wire.h"
 
 /* ---- wake-ups and releases ---- */

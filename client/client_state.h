@@ -1,6 +1,7 @@
 /*
- * client.h — libepmoe's insides (prefix cl_), shared by the API (client.c), the I/O thread
- * (io.c) and the coordinator's answer (info.c). Nothing here is exported (docs/client.md).
+ * client_state.h — libepmoe's insides (prefix cl_), shared by the API (client.c), the I/O thread
+ * (io.c), the coordinator's answer (info.c) and what all of them use (base.c: errors, the clock,
+ * the request lists). Nothing here is exported (docs/client.md).
  *
  * Ownership: one mutex (mu) guards every request slot, both lists and the info; the I/O thread
  * is the only user of the ZeroMQ sockets. A request moves
@@ -16,8 +17,8 @@
  * caller may reuse its buffers the moment it has the request back; a send stuck in a pipe
  * for CL_RELEASE_MS makes the I/O thread close that entry's socket (libzmq then drops it).
  */
-#ifndef EPMOE_CLIENT_H
-#define EPMOE_CLIENT_H
+#ifndef EPMOE_CLIENT_STATE_H
+#define EPMOE_CLIENT_STATE_H
 
 #include <pthread.h>
 #include <stdatomic.h>

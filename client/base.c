@@ -1,0 +1,81 @@
+/*
+ * base.c — what every file of libepmoe uses (client_state.h): the clock, an error and the
+ * mapping of a cluster's ErrorCode to an epmoe_status, the request lists. It calls nothing of
+ * client.c, io.c or info.c, so those stand above it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_state.h"
+
+int64_t cl_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
+{
+    if (err != NULL) {
+        err->code = code;
+        err->remote_code = remote;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+int cl_map_remote(int remote_code, const char *message)
+{
+    switch (remote_code) {
+    case EPMOE__ERROR_CODE__ERR_NONE:
+        return EPMOE_OK;
+    case EPMOE__ERROR_CODE__ERR_BUSY:
+        return EPMOE_EBUSY;
+    case EPMOE__ERROR_CODE__ERR_NOT_READY:
+        return EPMOE_ENOTREADY;
+    case EPMOE__ERROR_CODE__ERR_CONFIG_HASH:
+        return EPMOE_ESTALE;
+    case EPMOE__ERROR_CODE__ERR_TIMEOUT:
+        return EPMOE_ETIMEDOUT;
+    case EPMOE__ERROR_CODE__ERR_BAD_REQUEST:
+        /* the one refusal that is about the cluster, not the request */
+        return message && strstr(message, "not on this data plane") ? EPMOE_ENOTSUP : EPMOE_EINVAL;
+    case EPMOE__ERROR_CODE__ERR_REFUSED:
+        return EPMOE_EREFUSED;
+    default:
+        return EPMOE_EFAILED;
+    }
+}
+
+/* ---- lists (under mu) ---- */
+
+void cl_list_push(struct epmoe_request **head, struct epmoe_request **tail, struct epmoe_request *r)
+{
+    r->next = NULL;
+    r->prev = *tail;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+void cl_list_remove(struct epmoe_request **head, struct epmoe_request **tail,
+                    struct epmoe_request *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        *head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        *tail = r->prev;
+    r->prev = r->next = NULL;
+}
