@@ -43,7 +43,7 @@
 #include "ctl/show.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_backend.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 typedef struct fwd_args {
     bool local;

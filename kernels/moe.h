@@ -37,7 +37,7 @@
 typedef struct moe_layer moe_layer;
 
 /* Build layer src->layer from its checkpoint tensors (kernels/moe_backend.h's mb_layer_src,
- * host pointers, already checked against the expert-dtype contract — worker/shard.h): ffn_norm,
+ * host pointers, already checked against the expert-dtype contract — shard/shard.h): ffn_norm,
  * gate weight, bias or tid2eid, the shared expert, and routed expert e when want[e] (want NULL:
  * every expert whose src->experts[3e].w is set). Weights are copied and packed for impl, so
  * src may go away afterwards. With reuse (an older layer of the same index and config), the

@@ -15,7 +15,7 @@
  * combine stay exact).
  *
  * Weights enter as the checkpoint holds them (host pointers, possibly unaligned views of a
- * mapping, already checked against the expert-dtype contract by the caller — worker/shard.h);
+ * mapping, already checked against the expert-dtype contract by the caller — shard/shard.h);
  * the backend copies, packs or uploads them, so the source may be unmapped afterwards.
  *
  * A step at the tokens' origin:

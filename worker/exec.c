@@ -37,7 +37,7 @@
 #include "kernels/formats.h"
 #include "worker/exec_state.h"
 #include "worker/plan.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 #include "worker/wmetrics.h"
 
 /* The session goes; the data plane stays open (unused) until the next LOAD or EPOCH replaces

@@ -17,7 +17,7 @@
 #include "kernels/formats.h"
 #include "worker/exec_state.h"
 #include "worker/plan.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 #include "worker/wmetrics.h"
 
 /* ---- sessions ---------------------------------------------------------------------------------

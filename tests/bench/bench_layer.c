@@ -40,7 +40,7 @@
 #include "kernels/moe.h"
 #include "kernels/swiglu.h"
 #include "moe_gen.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 #define MAX_RUNS 32
 #define MAX_T    4096

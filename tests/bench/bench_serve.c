@@ -30,7 +30,7 @@
 #include "common/safetensors.h"
 #include "kernels/formats.h"
 #include "kernels/moe_backend.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 typedef struct args {
     const char *coordinator, *model;

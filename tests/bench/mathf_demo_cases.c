@@ -19,7 +19,7 @@
 #include "kernels/moe.h"
 #include "kernels/route.h"
 #include "mathf_mpfr.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 static uint32_t bits_of(float f)
 {

@@ -40,7 +40,7 @@
 #include "ggml.h"
 #include "kernels/formats.h"
 #include "kernels/moe_backend.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 #define MAX_T    16
 #define MAX_RUNS 32

@@ -29,7 +29,7 @@
 #include "common/safetensors.h"
 #include "kernels/formats.h"
 #include "kernels/moe.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 #include "moe_gen.h"
 
 enum { T = 5, H = 256, K = 4, VOCAB = 500 };

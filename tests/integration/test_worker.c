@@ -52,7 +52,7 @@
 #include "common/safetensors.h"
 #include "common/wire.h"
 #include "kernels/moe.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 #include "worker/transport.h"
 #include "moe_gen.h"
 #include "test.h"

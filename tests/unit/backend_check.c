@@ -11,7 +11,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "kernels/formats.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 double bchk_calc_diff_bf16(const uint16_t *x, const uint16_t *y, size_t n)
 {

@@ -20,7 +20,7 @@
 #include "kernels/route.h"
 #include "kernels/swiglu.h"
 #include "moe_gen.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 typedef struct {
     uint64_t h;

@@ -38,7 +38,7 @@
 #include "kernels/route.h"
 #include "moe_gen.h"
 #include "test.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 /* ---- the fake device ---------------------------------------------------------------------- */
 

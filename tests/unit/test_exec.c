@@ -33,7 +33,7 @@
 #include "moe_gen.h"
 #include "test.h"
 #include "worker/exec.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 #define SESSION 0xABCDEF0123456789ull
 #define WAIT_MS 30000

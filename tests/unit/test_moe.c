@@ -22,7 +22,7 @@
 #include "kernels/formats.h"
 #include "kernels/moe.h"
 #include "kernels/moe_backend.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 #include "moe_gen.h"
 #include "mathf_mpfr.h"
 #include "test.h"

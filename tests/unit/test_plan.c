@@ -21,7 +21,7 @@
 #include "moe_gen.h"
 #include "test.h"
 #include "worker/plan.h"
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 /* A 2-layer table of E experts over P ranks: layer 0 one owner each, layer 1 with replicas. */
 static pl_table *make_table(int E, int P, uint64_t *rs)

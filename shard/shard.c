@@ -1,7 +1,7 @@
 /*
  * shard.c — the shard loader (shard.h).
  */
-#include "worker/shard.h"
+#include "shard/shard.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
- * shard.h — the worker's shard loader: from a safetensors checkpoint to layers on a backend
- * (prefix shard_).
+ * shard.h — the shard loader: from a safetensors checkpoint to layers on a backend, for a worker
+ * and for epmoectl forward --local alike (prefix shard_).
  *
  * This is where checkpoint reading lives (the kernels never open a file): for one MoE layer and
  * the experts a worker wants, it checks the tensors against the expert-dtype contract
