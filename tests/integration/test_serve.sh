@@ -198,6 +198,14 @@ for dt in fp4 fp8; do
         fail "$name: after the bad requests the answer is wrong or missing"
     fi
     stop_cluster "$name"
+    # the answers above were bit-identical with the shared expert batched over requests: say
+    # that it was (a worker's exit line counts its shared-expert batches and their requests)
+    b=$(grep -ho "shared-expert batches of [0-9.]*" "$TMP/$name".w*.log | awk '$4 > m { m = $4 } END { print m + 0 }')
+    if awk -v b="$b" 'BEGIN { exit !(b > 1) }'; then
+        ok "$name: the shared expert ran batched over requests (up to $b requests a batch on average at a worker)"
+    else
+        fail "$name: no worker batched its requests' shared expert (\"$b\"): the bit-identity above did not cover it"
+    fi
 done
 
 echo "$((fails == 0 ? 1 : 0)) passed, $((fails == 0 ? 0 : 1)) failed"
