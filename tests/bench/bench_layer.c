@@ -96,6 +96,21 @@ static void bench_setup(bench *b, mc_expert_dtype dt, int made)
             t1 - t0, moe_layer_bytes(b->l) >> 20, t2 - t1);
 }
 
+/* Evict the caches before a timed run: read FLUSH_MIB of other memory (more than any last-level
+ * cache), so T = 1 reads its weights from DRAM, as a layer does between the others. */
+#define FLUSH_MIB 512
+static void flush_caches(void)
+{
+    static uint8_t *buf;
+    size_t n = (size_t)FLUSH_MIB << 20;
+    if (buf == NULL && (buf = malloc(n)) != NULL)
+        memset(buf, 1, n);
+    uint64_t acc = 0;
+    for (size_t i = 0; buf && i < n; i += 64)
+        acc += buf[i];
+    __asm__ volatile("" : : "r"(acc)); /* the reads happen: acc is used */
+}
+
 /* --model DIR: layer 0 of an existing checkpoint with every expert loaded (a full layer; the
  * routing is the checkpoint's own). */
 static void bench_open(bench *b, const char *dir)
@@ -240,6 +255,7 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
         for (int j = 0; j < T * k; j++)
             distinct += count[u.ids[j]]++ == 0;
         for (int r = 0; r < runs; r++) {
+            flush_caches();
             run_layer(&b, T, &u, pool, t);
             tot[r] = 0;
             for (int p = 0; p < PH_N; p++) {
@@ -331,9 +347,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         return 1;
     }
-    printf("bench_layer: H 4096, I 2048, 256 experts (%d loaded), top-6, %d threads, %s, "
-           "best of %d runs\n\n",
-           made, gemm_pool_size(pool), gemm_impl_name(gemm_impl_best()), runs);
+    char loaded[64];
+    mc_config mc;
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", model ? model : "");
+    if (model && mc_load(cfg, &mc, &err) == 0)
+        snprintf(loaded, sizeof loaded, "all %d loaded", mc.n_routed_experts);
+    else
+        snprintf(loaded, sizeof loaded, "%d loaded", made);
+    printf("bench_layer: H 4096, I 2048, 256 experts (%s), top-6, %d threads, %s, best of %d "
+           "runs, each after reading %d MiB of other memory (the weights come from DRAM, as in a "
+           "forward pass after the other layers, not from a cache warm from the last run)\n\n",
+           loaded, gemm_pool_size(pool), gemm_impl_name(gemm_impl_best()), runs, FLUSH_MIB);
     printf("| dtype | T | experts hit | tokens/s | ms/layer |");
     for (int p = 0; p < PH_N; p++)
         printf(" %s %% |", PH_NAME[p]);
