@@ -76,7 +76,21 @@ fi
 # the load is measured from the page cache: read the checkpoint once first
 cat "$MODEL"/*.safetensors >/dev/null
 
-ggml_rev=$(git -C "$GGML_DIR" rev-parse --short HEAD 2>/dev/null || echo "unknown revision")
+# the ggml revision: git's, or for a tree without .git (a snapshot, a tarball) its version from
+# CMakeLists.txt and a hash of its sources, so a run names what it measured either way
+ggml_revision() {
+    local rev ver sum
+    if rev=$(git -C "$GGML_DIR" rev-parse --short HEAD 2>/dev/null); then
+        echo "git $rev"
+        return
+    fi
+    ver=$(sed -n 's/.*GGML_VERSION_\(MAJOR\|MINOR\|PATCH\)[ ]*\([0-9][0-9]*\).*/\2/p' \
+        "$GGML_DIR/CMakeLists.txt" 2>/dev/null | head -3 | paste -sd. -)
+    sum=$(cd "$GGML_DIR" && find src include -type f \( -name '*.c' -o -name '*.cpp' -o -name '*.h' \) \
+        2>/dev/null | LC_ALL=C sort | xargs cat 2>/dev/null | sha256sum | cut -c1-12)
+    echo "no .git: version ${ver:-?}, sources sha256 $sum"
+}
+ggml_rev=$(ggml_revision)
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs," \
     "$(grep -m1 -o 'avx512_vnni' /proc/cpuinfo || echo 'no avx512_vnni'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
