@@ -384,6 +384,17 @@ typedef struct auth_watch_req {
     char ep[64], domain[64];
 } auth_watch_req;
 
+/* The log's rate limit, one budget per (domain, reason): a flood of one kind of refusal (a
+ * worker retrying with an unlisted key) never hides the first line of another kind. */
+#define AUTH_LOG_BUCKETS 16
+typedef struct auth_log_bucket {
+    char domain[32];
+    auth_reason reason;
+    time_t sec;
+    int count;
+    uint64_t suppressed;
+} auth_log_bucket;
+
 struct auth_zap {
     void *zctx;
     void *rep; /* owned by the thread after start */
@@ -399,9 +410,7 @@ struct auth_zap {
     int n_req;
     auth_watch watch[AUTH_MAX_WATCH]; /* the thread's own */
     int n_watch;
-    time_t log_sec;
-    int log_count;
-    uint64_t log_suppressed;
+    auth_log_bucket log[AUTH_LOG_BUCKETS]; /* the thread's own */
 };
 
 /* Frame i of a ZAP request as a string (cut to cap). */
@@ -430,21 +439,40 @@ void auth_zap_on_refusal(auth_zap *z, auth_refusal_fn fn, void *ctx)
     pthread_mutex_unlock(&z->mu);
 }
 
-static void auth_log_refusal(auth_zap *z, const char *domain, const char *address, const char *why)
+/* The budget of (domain, reason): its bucket, a free one, or the first (shared) when all 16
+ * are taken. */
+static auth_log_bucket *auth_log_bucket_of(auth_zap *z, const char *domain, auth_reason reason)
 {
-    time_t now = time(NULL);
-    if (now != z->log_sec) {
-        if (z->log_suppressed)
-            log_warn("auth: %llu more connections refused", (unsigned long long)z->log_suppressed);
-        z->log_sec = now;
-        z->log_count = 0;
-        z->log_suppressed = 0;
+    for (int i = 0; i < AUTH_LOG_BUCKETS; i++) {
+        auth_log_bucket *b = &z->log[i];
+        if (b->domain[0] == '\0') { /* the first free one: this pair is new */
+            snprintf(b->domain, sizeof b->domain, "%s", domain);
+            b->reason = reason;
+        }
+        if (b->reason == reason && strncmp(b->domain, domain, sizeof b->domain - 1) == 0)
+            return b;
     }
-    if (z->log_count++ < AUTH_LOG_PER_SEC)
+    return &z->log[0];
+}
+
+static void auth_log_refusal(auth_zap *z, const char *domain, const char *address,
+                             auth_reason reason, const char *why)
+{
+    auth_log_bucket *b = auth_log_bucket_of(z, domain, reason);
+    time_t now = time(NULL);
+    if (now != b->sec) {
+        if (b->suppressed)
+            log_warn("auth: %llu more connections to %s refused (%s)",
+                     (unsigned long long)b->suppressed, b->domain, auth_reason_name(b->reason));
+        b->sec = now;
+        b->count = 0;
+        b->suppressed = 0;
+    }
+    if (b->count++ < AUTH_LOG_PER_SEC)
         log_warn("auth: refused a connection from %s to %s: %s", address[0] ? address : "?", domain,
                  why);
     else
-        z->log_suppressed++;
+        b->suppressed++;
 }
 
 /* One refusal: counted, logged (rate limited), told to the daemon. */
@@ -452,7 +480,7 @@ static void auth_refused(auth_zap *z, const char *domain, const char *address, a
                          const char *why)
 {
     atomic_fetch_add(&z->refused, 1);
-    auth_log_refusal(z, domain, address, why);
+    auth_log_refusal(z, domain, address, reason, why);
     /* under the lock: the daemon clears the hook before it frees what ctx points to */
     pthread_mutex_lock(&z->mu);
     if (z->on_refusal)

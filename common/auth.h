@@ -18,7 +18,8 @@
  * ZeroMQ context; every CURVE server socket names its allow-list by ZAP domain. A key in the
  * domain's list is admitted with user id = its name (wire_user_id() on every message from that
  * connection); any other key, or another mechanism, is refused with 400 and logged with the
- * peer's address (at most AUTH_LOG_PER_SEC lines a second, then a count). Lists may be replaced
+ * peer's address (at most AUTH_LOG_PER_SEC lines a second for each domain and reason, then a
+ * count). Lists may be replaced
  * while the handler runs (a worker learns its peers' keys from WELCOME).
  *
  * The handler must be running before a CURVE server socket binds: libzmq admits everyone when
@@ -36,7 +37,7 @@
 
 #define AUTH_KEY_BYTES 32
 #define AUTH_Z85_LEN   40
-/* Refusals logged per second at most; the rest are counted. */
+/* Refusals logged per second at most, for each (domain, reason); the rest are counted. */
 #define AUTH_LOG_PER_SEC 5
 /* Keys in one allow-list: every worker of the largest cluster plus as many operators. */
 #define AUTH_MAX_KEYS (2 * EP_MAX_WORKERS)
