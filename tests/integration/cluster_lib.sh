@@ -40,14 +40,26 @@ wait_grep() {
 PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
-# N free tcp ports on 127.0.0.1 (bound to port 0 and released; the race is harmless here)
+# N free tcp ports on 127.0.0.1 (bound to port 0 and released; another program taking one in
+# between is the race every test of this kind accepts). Ports this test was given before (kept in
+# $TMP/ports.used) are never given again: the kernel may hand a released port out again at once,
+# and two endpoints of one spec on the same port make its daemon fail to bind.
 free_ports() {
-    "$PY" - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
+    "$PY" - "$1" "$TMP/ports.used" <<'PY'
+import os, socket, sys
+used = set()
+if os.path.exists(sys.argv[2]):
+    used = set(open(sys.argv[2]).read().split())
+socks, ports = [], []
+while len(ports) < int(sys.argv[1]):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
+    p = str(s.getsockname()[1])
+    if p not in used:
+        ports.append(p)
+        used.add(p)
+with open(sys.argv[2], "a") as f:
+    f.write(" ".join(ports) + "\n")
+print(" ".join(ports))
 PY
 }
 
