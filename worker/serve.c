@@ -716,25 +716,27 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double n
  * mb_steps_shared call per layer: concurrent requests read its weights once. */
 static void srv_shared(srv_server *s, bool complete_only)
 {
+    srv_req *cand[SRV_MAX_REQUESTS], *reqs[SRV_MAX_REQUESTS];
     mb_step *steps[SRV_MAX_REQUESTS];
-    srv_req *reqs[SRV_MAX_REQUESTS];
-    for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
-        srv_req *q0 = &s->req[i];
-        if (q0->phase != SRV_RUNNING || q0->shared || (complete_only && !srv_complete(q0)))
+    int nc = 0;
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++) { /* one pass over the slots */
+        srv_req *q = &s->req[i];
+        if (q->phase == SRV_RUNNING && !q->shared && (!complete_only || srv_complete(q)))
+            cand[nc++] = q;
+    }
+    for (int i = 0; i < nc; i++) {
+        if (cand[i] == NULL)
             continue;
-        int n = 0;
-        for (int j = i; j < SRV_MAX_REQUESTS; j++) {
-            srv_req *q = &s->req[j];
-            if (q->phase == SRV_RUNNING && !q->shared && q->layer == q0->layer &&
-                (!complete_only || srv_complete(q))) {
-                reqs[n] = q;
-                steps[n++] = q->ms;
+        int layer = cand[i]->layer, n = 0;
+        for (int j = i; j < nc; j++)
+            if (cand[j] != NULL && cand[j]->layer == layer) {
+                reqs[n] = cand[j];
+                steps[n++] = cand[j]->ms;
+                cand[j] = NULL;
             }
-        }
         ep_err err = {{0}};
         if (mb_steps_shared(steps, n, &err) != 0) /* mb_step_finish runs what is left */
-            log_warn("serving: shared expert of %d requests of layer %d: %s", n, q0->layer,
-                     err.msg);
+            log_warn("serving: shared expert of %d requests of layer %d: %s", n, layer, err.msg);
         s->stats.shared_batches++;
         s->stats.shared_requests += (uint64_t)n;
         double now = srv_now();
