@@ -325,6 +325,9 @@ typedef struct tp_comm tp_comm;
  * the thread's current device before a communicator is created, or NULL to use the current
  * device. */
 const tp_comm_ops *tp_nccl_ops(void);
+/* The file tp_nccl_ops opens (EPMOE_NCCL_LIBRARY, which main reads); NULL: libnccl.so.2. It
+ * counts only before the first tp_nccl_ops or tp_nccl_why: the library is opened once. */
+void tp_nccl_set_library(const char *file);
 /* Why tp_nccl_ops() is NULL (the library and dlerror, or "this build has no NCCL"); NULL when
  * it is not. */
 const char *tp_nccl_why(void);

@@ -9,8 +9,8 @@
  * libnccl is opened at run time (dlopen, as vLLM's pynccl does), not linked: one worker binary
  * serves CPU and ZeroMQ-plane GPU workers on hosts without NCCL, and a host asked for
  * data_plane nccl without it gets an error naming the library instead of a binary that does not
- * start. EPMOE_NCCL_LIBRARY names another file. Built only with NCCL's header
- * (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and tp_nccl_why() says so.
+ * start. EPMOE_NCCL_LIBRARY names another file (main hands it to tp_nccl_set_library). Built only
+ * with NCCL's header (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and tp_nccl_why() says so.
  */
 #include "worker/transport.h"
 
@@ -43,22 +43,25 @@ static struct {
 } nl;
 static pthread_once_t tpn_once = PTHREAD_ONCE_INIT;
 static char tpn_why[512]; /* empty once loaded */
+static char tpn_file[512] = "libnccl.so.2";
+
+void tp_nccl_set_library(const char *file)
+{
+    snprintf(tpn_file, sizeof tpn_file, "%s", file && file[0] ? file : "libnccl.so.2");
+}
 
 static void *tpn_sym(void *lib, const char *name)
 {
     void *f = dlsym(lib, name);
     if (f == NULL && tpn_why[0] == '\0')
         snprintf(tpn_why, sizeof tpn_why, "%s has no %s (NCCL older than this build's %d.%d)",
-                 getenv("EPMOE_NCCL_LIBRARY") ? getenv("EPMOE_NCCL_LIBRARY") : "libnccl.so.2", name,
-                 NCCL_MAJOR, NCCL_MINOR);
+                 tpn_file, name, NCCL_MAJOR, NCCL_MINOR);
     return f;
 }
 
 static void tpn_load(void)
 {
-    const char *file = getenv("EPMOE_NCCL_LIBRARY");
-    if (file == NULL || file[0] == '\0')
-        file = "libnccl.so.2";
+    const char *file = tpn_file;
     void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
         const char *e = dlerror();
@@ -260,6 +263,11 @@ const char *tp_nccl_why(void)
 }
 
 #else
+
+void tp_nccl_set_library(const char *file)
+{
+    (void)file; /* no NCCL in this build: nothing to open */
+}
 
 const tp_comm_ops *tp_nccl_ops(void)
 {

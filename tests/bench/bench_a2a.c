@@ -23,6 +23,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "common/knobs.h"
 #include "common/log.h"
 #include "worker/transport.h"
 
@@ -369,7 +370,13 @@ int main(int argc, char **argv)
     }
     if (runs < 1 || runs > MAXR)
         runs = runs < 1 ? 1 : MAXR;
-    log_init("bench_a2a");
+    knob_values kv;
+    ep_err kerr;
+    if (knob_load(&kv, KNOB_WORKER, &kerr) < 0) { /* EPMOE_DEBUG=data, as for a worker */
+        fprintf(stderr, "bench_a2a: %s\n", kerr.msg);
+        return 64;
+    }
+    log_init("bench_a2a", kv.debug, false);
     void *zctx = zmq_ctx_new();
     zmq_ctx_set(zctx, ZMQ_IO_THREADS, io_threads);
     printf("P=%d ranks, H=%d, E=%d, top-%d, fp8 dispatch + e8m0 scales, bf16 combine, tcp "

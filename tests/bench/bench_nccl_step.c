@@ -250,6 +250,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_nccl_step [H (multiple of 128) [k]]\n");
         return 64;
     }
+    tp_nccl_set_library(getenv("EPMOE_NCCL_LIBRARY")); /* as the worker's main does */
     cudaSetDevice(0);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);

@@ -523,13 +523,13 @@ TEST(a_slow_peer_inside_the_deadline_is_waited_for)
 
 #ifdef EPMOE_HAVE_NCCL
 /* tp_nccl_ops() opens libnccl once per process, so each case runs in a child: 0 when the
- * library given in EPMOE_NCCL_LIBRARY loaded (want_ok) or was refused with its name in the
- * error (!want_ok). */
+ * library given to tp_nccl_set_library (EPMOE_NCCL_LIBRARY) loaded (want_ok) or was refused
+ * with its name in the error (!want_ok). */
 static int nccl_load_child(const char *file, bool want_ok)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        setenv("EPMOE_NCCL_LIBRARY", file, 1);
+        tp_nccl_set_library(file);
         const tp_comm_ops *ops = tp_nccl_ops();
         ep_err e;
         tp_comm *c = tp_comm_create(ops, NULL, &e);
