@@ -14,7 +14,7 @@
 
 static const knob_def knob_rows[] = {
     {"EPMOE_DEBUG", KNOB_SUBSYS, NULL, NULL, 0, 0, KNOB_ALL, KV(debug),
-     "debug lines of these subsystems (log.h) on top of the log; unset: none"},
+     "adds the debug lines of these subsystems to the log; unset: none"},
     {"EPMOE_ISA", KNOB_CHOICE, NULL, "ref|avx2|avx512", 0, 0, KNOB_KERNELS, KV(isa),
      "caps the CPU kernels' instruction set (same bits, only speed differs; a cap above the "
      "CPU's runs the widest it has); unset: the widest the CPU has"},
@@ -127,21 +127,27 @@ static void knob_choices_text(const char *choices, const char *quote, char *buf,
     }
 }
 
-/* log.h's subsystems: "net, plan, ... or all" (the one list, from log.c). */
-static void knob_subsys_text(const char *quote, char *buf, size_t cap)
+/* log.h's subsystems: "net, plan, ... or all" (the one list, from log.c); in markdown (md)
+ * quoted, each with what its lines are about. */
+static void knob_subsys_text(bool md, char *buf, size_t cap)
 {
+    const char *q = md ? "`" : "";
     size_t len = 0;
     buf[0] = '\0';
-    for (int i = 0; log_sub_name(i) != NULL && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%s%s%s", i ? ", " : "", quote,
-                                log_sub_name(i), quote);
+    for (int i = 0; log_sub_name(i) != NULL && len < cap; i++) {
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s%s%s", i ? ", " : "", q, log_sub_name(i),
+                                q);
+        if (md && len < cap)
+            len += (size_t)snprintf(buf + len, cap - len, " (%s)", log_sub_what(i));
+    }
     if (len < cap)
-        snprintf(buf + len, cap - len, " or %sall%s", quote, quote);
+        snprintf(buf + len, cap - len, " or %sall%s", q, q);
 }
 
-/* What a row takes, for a usage error and the docs ("an integer in 1..16"). */
-static void knob_expected(const knob_def *k, const char *quote, char *buf, size_t cap)
+/* What a row takes ("an integer in 1..16"), for a usage error or (md) the docs' markdown. */
+static void knob_expected(const knob_def *k, bool md, char *buf, size_t cap)
 {
+    const char *quote = md ? "`" : "";
     switch (k->type) {
     case KNOB_CHOICE:
         knob_choices_text(k->what, quote, buf, cap);
@@ -156,8 +162,8 @@ static void knob_expected(const knob_def *k, const char *quote, char *buf, size_
         snprintf(buf, cap, "a number in %g..%g", k->lo, k->hi);
         break;
     case KNOB_SUBSYS: {
-        char list[256];
-        knob_subsys_text(quote, list, sizeof list);
+        char list[400];
+        knob_subsys_text(md, list, sizeof list);
         snprintf(buf, cap, "a comma list of %s", list);
         break;
     }
@@ -169,7 +175,7 @@ static void knob_expected(const knob_def *k, const char *quote, char *buf, size_
 static int knob_bad(const knob_def *k, const char *text, ep_err *err)
 {
     char want[512];
-    knob_expected(k, "", want, sizeof want);
+    knob_expected(k, false, want, sizeof want);
     return ep_err_set(err, "%s=%s: expected %s", k->name, text, want);
 }
 
@@ -250,7 +256,7 @@ static void knob_progs_text(unsigned progs, char *buf, size_t cap)
 void knob_doc_row(const knob_def *k, char *buf, size_t cap)
 {
     char want[512], progs[128], def[128];
-    knob_expected(k, "`", want, sizeof want);
+    knob_expected(k, true, want, sizeof want);
     knob_progs_text(k->progs, progs, sizeof progs);
     if (k->def != NULL)
         snprintf(def, sizeof def, "`%s`", k->def);
@@ -267,7 +273,7 @@ void knob_usage(FILE *out, unsigned prog)
         if (!(k->progs & prog) || strncmp(k->name, "EPMOE_", 6) != 0) /* not systemd's */
             continue;
         char want[512];
-        knob_expected(k, "", want, sizeof want);
+        knob_expected(k, false, want, sizeof want);
         fprintf(out, "  %s: %s%s%s\n", k->name, want, k->def ? ", default " : "",
                 k->def ? k->def : "");
     }

@@ -11,18 +11,26 @@ static log_level log_min = LOG_INFO;
 static unsigned log_subs;
 static bool log_journal;
 
+/* The one list of subsystems: EPMOE_DEBUG's values, --help and docs/operations.md. */
 static const struct {
     const char *name;
     log_sub sub;
+    const char *what;
 } log_sub_names[] = {
-    {"net", LOG_SUB_NET},   {"plan", LOG_SUB_PLAN}, {"load", LOG_SUB_LOAD},
-    {"step", LOG_SUB_STEP}, {"data", LOG_SUB_DATA}, {"kernel", LOG_SUB_KERNEL},
+    {"net", LOG_SUB_NET, "control-plane messages"}, {"plan", LOG_SUB_PLAN, "placement"},
+    {"load", LOG_SUB_LOAD, "checkpoint loading"},   {"step", LOG_SUB_STEP, "forward steps"},
+    {"data", LOG_SUB_DATA, "data-plane transfers"}, {"kernel", LOG_SUB_KERNEL, "kernel selection"},
 };
 
 const char *log_sub_name(int i)
 {
     int n = (int)(sizeof log_sub_names / sizeof log_sub_names[0]);
     return i >= 0 && i < n ? log_sub_names[i].name : NULL;
+}
+
+const char *log_sub_what(int i)
+{
+    return log_sub_name(i) ? log_sub_names[i].what : NULL;
 }
 
 static int log_sub_bit(const char *name, unsigned *mask)

@@ -33,6 +33,8 @@ int log_sub_parse(const char *spec, unsigned *mask);
 
 /* The i-th subsystem's name as EPMOE_DEBUG spells it, NULL past the last (the one list). */
 const char *log_sub_name(int i);
+/* What the i-th subsystem's lines are about ("control-plane messages"), NULL past the last. */
+const char *log_sub_what(int i);
 
 /* Lowest level printed (default LOG_INFO; LOG_WARN with log_set_quiet). */
 void log_set_level(log_level level);
