@@ -54,7 +54,7 @@ void exec_drop_session(exec_state *st)
     st->have_last = false;
     exec_drop_staged(st);
     sn_destroy(&st->sn); /* an NCCL communicator belongs to its session */
-    tp_comm_destroy(&st->comm);
+    tpc_destroy(&st->comm);
     exec_session_free(&st->session);
 }
 
@@ -121,7 +121,7 @@ bool exec_serve_between_layers(exec_progress *p)
     exec_state *st = p->st;
     for (;;) {
         if (st->tp) {
-            tp_pump(st->tp);
+            tpz_pump(st->tp);
             exec_serve_open(st);
         }
         exec_serve(st, true);
@@ -186,7 +186,7 @@ static void exec_loop(exec_state *st)
         zmq_pollitem_t it[3] = {
             {.socket = st->pipe, .events = ZMQ_POLLIN},
             {.socket = st->srv ? srv_socket(st->srv) : NULL, .events = ZMQ_POLLIN},
-            {.socket = st->tp ? tp_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
+            {.socket = st->tp ? tpz_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
         /* the client socket is polled only with a server, the data plane's only with one */
         zmq_pollitem_t *items = it;
         int n = 1;
@@ -202,7 +202,7 @@ static void exec_loop(exec_state *st)
         bool client_in = st->srv && rc_poll > 0 && it[1].revents;
         bool data_in = st->tp && rc_poll > 0 && it[n - 1].revents;
         if (data_in) {
-            tp_pump(st->tp);
+            tpz_pump(st->tp);
             exec_serve_open(st);
         }
         exec_serve(st, client_in);

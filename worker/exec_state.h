@@ -19,6 +19,8 @@
 #include "worker/exec.h"
 #include "worker/serve.h"
 #include "worker/step_nccl.h"
+#include "worker/transport_comm.h"
+#include "worker/transport_zmq.h"
 
 /* LOADING messages per second at most. */
 #define EXEC_PROGRESS_INTERVAL_S 0.1
@@ -56,14 +58,14 @@ typedef struct exec_state {
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
     uint64_t shard_files;          /* exec_files_hash of the files they were read from */
-    tp_transport *tp;              /* data_plane zmq */
+    tpz_transport *tp;             /* data_plane zmq */
     /* what tp was built for: a later session or epoch with the same world reuses it */
     int tp_rank, tp_world, tp_hidden, tp_experts;
     char tp_bind[EP_MAX_PATH];
     char **tp_peers;  /* [tp_world] */
-    tp_comm *comm;    /* data_plane nccl: kept across the epochs of one session */
+    tpc_comm *comm;   /* data_plane nccl: kept across the epochs of one session */
     sn_driver *sn;    /* for the communicator of the last COMM_INIT */
-    int cuda_ordinal; /* N of cuda:N, for the communicator (tp_nccl_ops' ctx) */
+    int cuda_ordinal; /* N of cuda:N, for the communicator (tpc_nccl_ops' ctx) */
     bool ready;
     bool have_last;
     uint64_t last_step;
