@@ -45,7 +45,7 @@
  * sockets see their connections fail (SIGCONT after SIGSTOP, a link back up), lets libzmq 4.3
  * abort in session_base_t::clean_pipes on a half-sent multipart message; a second later its
  * I/O threads have cleaned up and the close is harmless. */
-void exec_drop_session(exec_state *st)
+static void exec_drop_session(exec_state *st)
 {
     if (st->srv)
         srv_epoch_begin(st->srv); /* its requests wait for the next session's epoch */
@@ -114,9 +114,32 @@ static void exec_handle(exec_state *st, wire_msg *m)
     }
 }
 
+/* LOAD_REPORT to the coordinator (relayed by the control thread). */
+static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
+{
+    exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
+}
+
+/* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
+static void exec_serve(exec_state *st, bool client_readable)
+{
+    if (st->srv == NULL)
+        return;
+    srv_env env = exec_env(st);
+    if (client_readable)
+        srv_on_client(st->srv, &env);
+    srv_on_data(st->srv, &env);
+    srv_run(st->srv, &env);
+    double now = exec_now();
+    if (now - st->reported_at >= 1.0 && env.ready) {
+        st->reported_at = now;
+        srv_report(st->srv, &env, exec_send_report, st);
+    }
+}
+
 /* A staged load at a layer boundary: serve the steps that came and the open step's peers;
  * false when a command that supersedes the staged load came (stashed for the loop). */
-bool exec_serve_between_layers(exec_progress *p)
+static bool exec_serve_between_layers(exec_progress *p)
 {
     exec_state *st = p->st;
     for (;;) {
@@ -144,29 +167,6 @@ bool exec_serve_between_layers(exec_progress *p)
         }
         exec_handle(st, &m);
         wire_msg_close(&m);
-    }
-}
-
-/* LOAD_REPORT to the coordinator (relayed by the control thread). */
-static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
-{
-    exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
-}
-
-/* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
-void exec_serve(exec_state *st, bool client_readable)
-{
-    if (st->srv == NULL)
-        return;
-    srv_env env = exec_env(st);
-    if (client_readable)
-        srv_on_client(st->srv, &env);
-    srv_on_data(st->srv, &env);
-    srv_run(st->srv, &env);
-    double now = exec_now();
-    if (now - st->reported_at >= 1.0 && env.ready) {
-        st->reported_at = now;
-        srv_report(st->srv, &env, exec_send_report, st);
     }
 }
 
@@ -345,4 +345,9 @@ void exec_stop(exec_actor **self_p)
     explicit_bzero(&a->key, sizeof a->key);
     free(a);
     *self_p = NULL;
+}
+
+const char *exec_backend_name(const exec_actor *a)
+{
+    return mb_name(a->be);
 }

@@ -2,8 +2,6 @@
  * exec_load.c — loading (exec_state.h): the data plane of an epoch, the layers a rank holds
  * (only what it gains is read), EPOCH, a staged epoch beside the serving one, EPOCH_COMMIT.
  */
-#include "worker/exec.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

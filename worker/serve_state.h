@@ -16,7 +16,7 @@
 
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
-#include "worker/exec.h"
+#include "worker/exec_session.h"
 #include "worker/transport_zmq.h"
 
 /* Requests one entry worker holds in flight at most, and one client (client id) of them;
