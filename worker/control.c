@@ -23,7 +23,9 @@
 #include "common/model_msg.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
+#include "worker/exec.h"
 #include "worker/transport_comm_lib.h"
+#include "worker/welcome.h"
 #include "worker/wmetrics.h"
 
 #ifndef EPMOE_VERSION_STRING
