@@ -23,6 +23,9 @@
 #include "common/model_msg.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
+#include "worker/exec.h"
+#include "worker/transport_comm_lib.h"
+#include "worker/welcome.h"
 #include "worker/wmetrics.h"
 
 #ifndef EPMOE_VERSION_STRING
@@ -141,7 +144,7 @@ static void wctl_send_register(wctl *w)
     if (w->dev.kind == MB_DEV_CUDA) {
         caps[n_caps++] = "cuda";
         caps[n_caps++] = sm;
-        if (tp_nccl_ops() != NULL)
+        if (tpc_nccl_ops() != NULL)
             caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
     }
     Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;

@@ -23,7 +23,7 @@
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
-#include "worker/transport.h"
+#include "worker/transport_comm_lib.h"
 
 #define WORKER_EXIT_USAGE 64
 
@@ -178,7 +178,7 @@ static int load_knobs(knob_values *kv)
     }
     log_init("epmoe-worker", kv->debug, kv->journal_stream != NULL);
     sdn_init(&(sdn_env){kv->notify_socket, kv->watchdog_usec, kv->watchdog_pid});
-    tp_nccl_set_library(kv->nccl_library);
+    tpc_nccl_set_library(kv->nccl_library);
     return -1;
 }
 

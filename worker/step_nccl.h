@@ -7,7 +7,7 @@
  *
  *   route + quantize own tokens (q/qs stay on the device)      dev->step_begin, step_shared
  *   counts:   one DISPATCH body to every rank (a 128-byte slot: u32 LE length + the packed
- *             Epmoe__Dispatch), validated on receipt by tp_check_dispatch  tp_comm_exchange
+ *             Epmoe__Dispatch), validated on receipt by tp_check_dispatch  tpc_exchange
  *   payloads: one block to every rank, laid out by tp_msg_layout exactly as the ZeroMQ plane's
  *             DISPATCH (fp8 codes, scales e8m0 or f32, pair_row, pair_expert, pair_weight);
  *             codes and scales gathered on the device, pairs planned on the host
@@ -37,6 +37,7 @@
 
 #include "common/error.h"
 #include "worker/transport.h"
+#include "worker/transport_comm.h"
 
 /* Bytes of one rank's counts message to another: a u32 length and the packed Dispatch. */
 #define SN_COUNTS_SLOT 128
@@ -93,7 +94,7 @@ typedef struct sn_config {
 typedef struct sn_driver sn_driver;
 
 /* The driver of one session: comm is borrowed (the executor owns it), dev/dev_ctx too. */
-sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx, tp_comm *comm,
+sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx, tpc_comm *comm,
                      ep_err *err);
 void sn_destroy(sn_driver **self_p);
 
@@ -111,8 +112,8 @@ typedef struct sn_step {
     uint32_t *expert_tokens; /* [n_experts]: pairs computed per expert, added to */
     uint64_t dispatch_bytes; /* out: payload bytes sent to other ranks */
     uint64_t combine_bytes;
-    double deadline; /* CLOCK_MONOTONIC seconds (tp_now) */
-    tp_idle_fn idle; /* called while waiting; may be NULL */
+    double deadline;  /* CLOCK_MONOTONIC seconds (tpc_now) */
+    tpc_idle_fn idle; /* called while waiting; may be NULL */
     void *idle_ctx;
 } sn_step;
 
