@@ -29,7 +29,6 @@
 
 #include "common/limits.h"
 #include "worker/transport_comm.h"
-#include "worker/transport_comm_lib.h"
 #include "worker/transport_zmq.h"
 
 #define E_BENCH 16

@@ -15,6 +15,7 @@
  * watchdog turns that into a failure instead of a stuck test.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
