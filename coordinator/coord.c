@@ -22,7 +22,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/model_msg.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
 #include "coordinator/admin.h"

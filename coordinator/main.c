@@ -20,7 +20,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/version.h"
 #include "coordinator/coord.h"
 #include "coordinator/keys.h"

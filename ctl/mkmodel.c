@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
-#include "common/safetensors.h"
+#include "common/safetensors_writer.h"
 #include "kernels/formats.h"
 
 #define MK_INDEX_NAME  "model.safetensors.index.json"

@@ -54,7 +54,7 @@
 #include "common/error.h"
 #include "common/limits.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/wire.h"
 #include "common/placement.h"
 #include "epmoe.pb-c.h"
