@@ -1,8 +1,8 @@
 /*
  * coord.c — the coordinator's poll loop and the order of events (see coord.h): it reads the
  * worker socket, the admin socket and the signals, runs the timers, and after each input settles
- * (sends what the handlers returned, routes their events one at a time). The other files of the
- * module (coord_internal.h) hold what the loop calls.
+ * (sends what the handlers returned, routes their events one at a time). What the loop calls
+ * lives in the module's other files (coord_state.h maps them).
  */
 #include "coordinator/coord.h"
 

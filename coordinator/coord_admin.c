@@ -3,6 +3,8 @@
  * verbs report the facts gathered here; DRAIN, UNDRAIN, RELOAD and REBALANCE change the cluster
  * through the state, reload and rebalance files; FORWARD goes to the sequencer.
  */
+#include "coordinator/coord_admin.h"
+
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,7 +12,6 @@
 
 #include "common/limits.h"
 #include "coordinator/admin.h"
-#include "coordinator/coord_admin.h"
 #include "coordinator/coord_state.h"
 #include "coordinator/coord_rebalance.h"
 #include "coordinator/coord_reload.h"

@@ -4,6 +4,8 @@
  * epoch while steps go on in the current one, and commit it at a step boundary once every member
  * has prepared it. An automatic rebalance is staged only when it is at least 3 % better.
  */
+#include "coordinator/coord_rebalance.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,6 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "coordinator/coord_rebalance.h"
 #include "coordinator/coord_state.h"
 
 /* Measured max/mean worker load averaged over the layers with load in the current epoch

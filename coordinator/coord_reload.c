@@ -4,11 +4,12 @@
  * no step is in flight, then coord_swap_reload puts it in place (a new world, or new placement
  * rules in the same one) and the reload's keys take over. On any failure the old state serves.
  */
+#include "coordinator/coord_reload.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "coordinator/coord_reload.h"
 #include "coordinator/coord_state.h"
 
 /* Drains carried over by name into a new planner. */

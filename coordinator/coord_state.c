@@ -1,8 +1,10 @@
 /*
  * coord_state.c — the cluster's state (forming .. ready .. stopping), the facts each passive
  * module gets from the daemon (reg_env, seq_env, nb_env), replanning after a change, and the
- * beginning of an orderly stop (see coord.h, coord_internal.h).
+ * beginning of an orderly stop (see coord.h, coord_state.h).
  */
+#include "coordinator/coord_state.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -12,7 +14,6 @@
 
 #include "common/log.h"
 #include "common/sdnotify.h"
-#include "coordinator/coord_state.h"
 
 int64_t coord_clock_ms(void)
 {
