@@ -104,6 +104,12 @@ static int spec_device_index(const char *s)
     return v <= 255 ? v : -2;
 }
 
+/* ---- the schema tables -------------------------------------------------------------------- */
+
+/* Where a field's value and its position go in the struct being filled. */
+#define SPEC_POS(type, member) .has_pos = true, .pos_off = offsetof(type, member)
+#define SPEC_STR(type, member) .off = offsetof(type, member), .cap = sizeof(((type *)0)->member)
+
 static int spec_put_str(spec_ctx *c, const ynode *val, const spec_field *f, const char *path,
                         void *obj, const char *s)
 {

@@ -42,6 +42,8 @@ typedef struct spec_ctx {
     int cur_node; /* index of the node whose workers are being read */
 } spec_ctx;
 
+/* A section is the table of one mapping's keys; a field is one key: the handler that reads its
+ * value into obj, whether it is required, where the value goes and in what range. */
 typedef struct spec_field spec_field;
 typedef int (*spec_handler)(spec_ctx *c, const ynode *key, const ynode *val, const spec_field *f,
                             const char *path, void *obj);
@@ -65,9 +67,6 @@ struct spec_field {
 
 /* The most keys one section has; spec_walk tracks them in a fixed array. */
 #define SPEC_MAX_FIELDS 12
-
-#define SPEC_POS(type, member) .has_pos = true, .pos_off = offsetof(type, member)
-#define SPEC_STR(type, member) .off = offsetof(type, member), .cap = sizeof(((type *)0)->member)
 
 /* A section over a field table, checked against spec_walk's fixed array. */
 #define SPEC_SECTION(name, fields)                                                                 \
