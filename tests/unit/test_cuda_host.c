@@ -28,7 +28,7 @@
 
 #include "backend_check.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_step.h"
 #include "kernels/formats.h"
