@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "ctl/cmds.h"
+#include "kernels/isa.h"
 
 #define CTL_DEFAULT_COORDINATOR "tcp://127.0.0.1:7401"
 #define CTL_DEFAULT_TIMEOUT_MS  10000
@@ -207,9 +208,17 @@ static int ctl_parse_global(int argc, char **argv, cmd_ctx *ctx, int *rc)
     return i;
 }
 
+/* The kernels' EPMOE_ISA / EPMOE_GEMM knobs (docs/operations.md), read here and handed to
+ * the kernels once, before any of them runs: they read no environment (kernels/isa.h). */
+static void isa_cap_from_env(void)
+{
+    gemm_impl_set_cap(gemm_impl_cap_parse(getenv("EPMOE_ISA"), getenv("EPMOE_GEMM")));
+}
+
 int main(int argc, char **argv)
 {
     log_init("epmoectl");
+    isa_cap_from_env();
     cmd_ctx ctx = {.output = CMD_OUT_TABLE,
                    .coordinator = getenv("EPMOE_COORDINATOR"),
                    .timeout_ms = CTL_DEFAULT_TIMEOUT_MS,

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "common/wire.h"
+#include "kernels/isa.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
 
@@ -180,9 +181,17 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
     return -1;
 }
 
+/* The kernels' EPMOE_ISA / EPMOE_GEMM knobs (docs/operations.md), read here and handed to
+ * the kernels once, before any of them runs: they read no environment (kernels/isa.h). */
+static void isa_cap_from_env(void)
+{
+    gemm_impl_set_cap(gemm_impl_cap_parse(getenv("EPMOE_ISA"), getenv("EPMOE_GEMM")));
+}
+
 int main(int argc, char **argv)
 {
     log_init("epmoe-worker");
+    isa_cap_from_env();
     worker_args a = {.opt = {.coordinator = getenv("EPMOE_COORDINATOR_LISTEN"), .device = "cpu"}};
     auth_keypair kp;
     uint8_t server[AUTH_KEY_BYTES];
