@@ -35,7 +35,8 @@ struct gemm_weight {
     gemm_impl impl;
     int N, K;
     /* REF: w [N, K] e4m3 (FP8) or [N, K/2] packed nibbles (MXFP4), as given.
-     * AVX2 / AVX512: see the layout comments at the top of gemm_avx2.c / gemm_avx512.c. */
+     * AVX2 / AVX512: see the layout comments at the top of gemm_avx2_pack.c /
+     * gemm_avx512_pack.c. */
     uint8_t *data;
     size_t data_bytes;
     /* FP8: w_scale [N/128, K/128] fp32 (every impl). */
@@ -73,6 +74,10 @@ int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
 int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
+/* The FP8 tables both SIMD layouts carry beside the weights (w->nanrows, lo_off, lo_ent,
+ * int_safe; gemm_avx2_pack.c), from the [N, K] codes src. Returns 0, or -1 on allocation
+ * failure (err filled). */
+int gemm_f8_pack_tables(gemm_weight *w, const uint8_t *src, ep_err *err);
 
 /* The packed weights' memory (gemm_pack.c): w->data of `data` bytes, 64-byte aligned (huge
  * pages from 2 MiB on), and w->bscale of `scale` bytes when scale > 0. */
