@@ -33,7 +33,7 @@
 
 #include "common/limits.h"
 #include "kernels/backend_internal.h"
-#include "kernels/cpu/gemm_internal.h"
+#include "kernels/pool.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_step.h"
 #include "kernels/formats.h"
@@ -94,7 +94,7 @@ typedef struct cuda_backend {
     cudev *d;
     mb_device_info info;
     mb_gemm_mode gemm;
-    gemm_pool *pool;  /* host threads: scores */
+    tpool *pool;      /* host threads: scores */
     cu_arena *arena;  /* where the next layers are carved from */
     float *exp_table; /* device [65536] */
     float *h_exp_table;
@@ -758,7 +758,7 @@ static int host_select(cuda_backend *b, const cuda_layer *l, int T, float *logit
                        int32_t *topk_ids, float *topk_w)
 {
     score_job j = {.logits = logits, .scores = logits, .n = (size_t)T * (size_t)l->E};
-    gemm_pool_run(j.n >= 4096 ? b->pool : NULL, score_task, &j);
+    tpool_run(j.n >= 4096 ? b->pool : NULL, score_task, &j);
     if (!l->hash)
         route_topk(GEMM_IMPL_AUTO, T, l->E, l->k, logits, l->h_bias, topk_ids);
     route_weights(T, l->E, l->k, logits, topk_ids, l->cfg.norm_topk_prob,
@@ -1528,7 +1528,7 @@ static void cuda_destroy(mb_backend *be)
         b->ops->close(b->d);
     }
     free(b->h_exp_table);
-    gemm_pool_destroy(&b->pool);
+    tpool_destroy(&b->pool);
     free(b);
 }
 
@@ -1605,7 +1605,7 @@ mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_op
     }
     b->info.kind = MB_DEV_CUDA;
     b->info.ordinal = ordinal;
-    if (!(b->pool = gemm_pool_create(o->threads, err)))
+    if (!(b->pool = tpool_create(o->threads, err)))
         goto fail;
     for (int i = 0; i < 2; i++)
         if (ops->alloc_host(b->d, &b->stage[i], b->stage_bytes, err) < 0)
