@@ -167,7 +167,7 @@ static int fwd_config(const char *dir, mc_config *c)
 {
     char path[EP_MAX_PATH];
     struct stat sb;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (stat(dir, &sb) != 0) {
         fprintf(stderr, "epmoectl forward: model directory %s: %s\n", dir, strerror(errno));
         return CMD_NOINPUT;
@@ -229,7 +229,7 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
 static int fwd_prepare(const mc_config *c, const fwd_args *a, int *layer, char *name, size_t cap,
                        fwdio_input *in)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (ck_layer_parse(c, a->layer, layer, &err) < 0) {
         fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
         return CMD_USAGE;
@@ -249,7 +249,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     int rc = fwd_config(a->model, &c);
     if (rc != CMD_OK)
         return rc;
-    ep_err err = {{0}};
+    ep_err err = {0};
     int layer;
     char name[EP_MAX_NAME];
     fwdio_input in;
@@ -349,7 +349,7 @@ static int fwd_keys(const cmd_ctx *ctx, char *pub, char *sec, char *server, epmo
         return CMD_OK;
     auth_keypair kp;
     uint8_t srv[AUTH_KEY_BYTES];
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (auth_load_secret(ctx->key_path, &kp, &err) != 0 ||
         (ctx->server_key_path && auth_load_public(ctx->server_key_path, srv, &err) != 0)) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
@@ -428,7 +428,7 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
                             .out = out,
                             .topk_ids = ids,
                             .topk_weights = w};
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (!out || !ids || !w) {
         fprintf(stderr, "epmoectl forward: out of memory for %zu tokens\n", T);
         rc = CMD_SOFTWARE;

@@ -367,7 +367,7 @@ static int wctl_admit_clients(wctl *w, const Epmoe__Welcome *wm, ep_err *err)
 
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
     if (s != NULL && w->zap != NULL &&
@@ -762,7 +762,7 @@ static void wctl_timers(wctl *w)
 {
     int64_t now = wctl_now_ms();
     if (w->state == WCTL_BACKOFF) {
-        ep_err err = {{0}};
+        ep_err err = {0};
         if (now >= w->reconnect_at && wctl_connect(w, &err) != 0) {
             log_error("%s", err.msg);
             wctl_backoff(w, "reconnect failed");
@@ -841,7 +841,7 @@ int wctl_run(const wctl_options *opt)
               .liveness = WCTL_DEFAULT_LIVENESS,
               .backoff_ms = WCTL_BACKOFF_INIT_MS,
               .exit_code = WCTL_EXIT_OK};
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (wctl_signals(&w, &err) != 0)
         goto fail_signals;
     w.zctx = zmq_ctx_new();

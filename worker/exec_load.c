@@ -272,7 +272,7 @@ static void exec_open_client(exec_state *st)
             snprintf(ep, sizeof ep, "%s", s->client_endpoint);
         else
             srv_default_endpoint(s->data_endpoint, ep, sizeof ep);
-        ep_err err = {{0}};
+        ep_err err = {0};
         st->srv = srv_create(st->actor->zctx, ep, st->actor->secure ? &st->actor->key : NULL, &err);
         if (st->srv == NULL)
             log_error("no client endpoint (the serving path is off): %s", err.msg);
@@ -336,7 +336,7 @@ void exec_load(exec_state *st, uint16_t in_reply_to)
         (st->shard_hash != s->config_hash || strcmp(st->shard_model, s->model_path) != 0))
         exec_free_shard(st); /* another model or config: nothing to keep */
     double t0 = exec_now();
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_progress p = {.st = st, .s = s, .served_at = -1};
     int L = mc_num_layers(&s->config);
     exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
@@ -390,7 +390,7 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
     mb_layer **layers = calloc((size_t)L, sizeof *layers);
     exec_progress p = {.st = st, .s = s, .serve = true, .served_at = -1};
-    ep_err err = {{0}};
+    ep_err err = {0};
     double t0 = exec_now();
     uint64_t files = 0;
     int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err)

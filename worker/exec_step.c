@@ -756,7 +756,7 @@ static int exec_nccl_step(exec_step_s *s)
                   .idle_ctx = s};
     double t0 = exec_now();
     int code = 0;
-    ep_err err = {{0}};
+    ep_err err = {0};
     int rc = sn_run(st->sn, &io, &code, &err);
     s->compute_s += exec_now() - t0; /* on the GPU the exchange overlaps the kernels */
     s->dispatch_bytes = io.dispatch_bytes;
@@ -869,7 +869,7 @@ static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *er
 
 void exec_comm_init(exec_state *st, const wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, &err);
     if (ci == NULL) {
         exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s", err.msg);

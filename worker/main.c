@@ -126,7 +126,7 @@ static int parse_args(int argc, char **argv, worker_args *a)
 /* The options that need more than presence; an exit code or -1. */
 static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     wctl_options *o = &a->opt;
     if (o->coordinator == NULL || o->coordinator[0] == '\0') {
         fprintf(stderr, "epmoe-worker: --coordinator is required (or $EPMOE_COORDINATOR_LISTEN; "

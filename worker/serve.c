@@ -476,7 +476,7 @@ static int srv_req_alloc(srv_req *q, const wire_msg *m, bool has_ids)
 
 static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Submit *r = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, &err);
     if (r == NULL) {
         srv_refuse(s, m->ident, m->ident_len, 0, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "SUBMIT: %s",
@@ -680,7 +680,7 @@ static void srv_missing(const srv_req *q, const srv_env *env, char *buf, size_t 
 
 static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double now)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (now >= q->deadline) {
         char who[EP_ERR_MSG_MAX / 2];
         srv_missing(q, env, who, sizeof who);
@@ -734,7 +734,7 @@ static void srv_shared(srv_server *s, bool complete_only)
                 steps[n++] = cand[j]->ms;
                 cand[j] = NULL;
             }
-        ep_err err = {{0}};
+        ep_err err = {0};
         if (mb_steps_shared(steps, n, &err) != 0) /* mb_step_finish runs what is left */
             log_warn("serving: shared expert of %d requests of layer %d: %s", n, layer, err.msg);
         s->stats.shared_batches++;

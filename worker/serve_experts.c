@@ -223,7 +223,7 @@ static void srv_run_layer(srv_server *s, const srv_env *env, int layer, srv_job 
     size_t H = (size_t)env->session->config.hidden_size, SC = H / EP_FP8_BLOCK;
     srv_rows *rows = calloc((size_t)n, sizeof *rows);
     bool *ok = calloc((size_t)n, sizeof *ok);
-    ep_err err = {{0}};
+    ep_err err = {0};
     size_t R = 0, Pn = 0;
     for (int i = 0; rows && ok && i < n; i++) {
         srv_job *j = jobs[i];

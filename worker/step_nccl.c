@@ -495,7 +495,7 @@ static int sn_counts(sn_ctx *c)
     if (sn_wait(c, "counts download") != 0)
         return -1;
     for (int s_ = 0; s_ < c->P; s_++) {
-        ep_err e = {{0}};
+        ep_err e = {0};
         char who[EP_MAX_NAME + 32];
         if (sn_parse_counts(c, s_, &e) != 0)
             return sn_fail(
@@ -630,7 +630,7 @@ static int sn_validate(sn_ctx *c)
 {
     for (int s = 0; s < c->P; s++) {
         sn_peer *p = &c->peer[s];
-        ep_err e = {{0}};
+        ep_err e = {0};
         char who[EP_MAX_NAME + 32];
         if (tp_check_pairs(&c->d->check, p->recv.n_rows, p->recv.n_pairs, p->pair_row,
                            p->pair_expert, &e) != 0)

@@ -174,7 +174,7 @@ int tp_comm_begin_init(tp_comm *c, uint64_t epoch, uint32_t generation, int rank
         return -1;
     tp_comm_release(c);
     tp_comm_begun(c, epoch, generation, rank, size);
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->init(c->ctx, size, id, rank, &c->h, &e) != 0) {
         c->h = NULL;
         return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "init: %s", e.msg);
@@ -229,7 +229,7 @@ int tp_comm_begin_shrink(tp_comm *c, uint64_t epoch, uint32_t generation, uint64
     c->h = NULL;
     c->parent = parent;
     tp_comm_begun(c, epoch, generation, rank, size);
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->shrink(c->ctx, parent, ex, n_exclude, &c->h, &e) != 0) {
         c->h = NULL;
         return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "shrink: %s", e.msg);
@@ -252,7 +252,7 @@ static int tp_comm_wait(tp_comm *c, const char *what, void *stream, double deadl
 {
     double t0 = tp_now();
     for (int polls = 0;; polls++) {
-        ep_err e = {{0}};
+        ep_err e = {0};
         int rc = tp_comm_progress(c, stream, &e);
         if (rc == 0)
             return 0;
@@ -296,7 +296,7 @@ int tp_comm_exchange(tp_comm *c, const char *what, const tp_xfer *sends, int n_s
                           tp_comm_state_name(c->state), c->last_error[0] ? " after: " : "",
                           c->last_error);
     }
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->exchange(c->h, sends, n_sends, recvs, n_recvs, stream, &e) != 0)
         return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
     return tp_comm_wait(c, what, stream, deadline, idle, idle_ctx, err);

@@ -255,7 +255,7 @@ int main(int argc, char **argv)
     cudaGetDeviceProperties(&prop, 0);
     void *zctx = zmq_ctx_new();
     zmq_ctx_set(zctx, ZMQ_IO_THREADS, 2);
-    ep_err err = {{0}};
+    ep_err err = {0};
     planes p = {0};
     int rc = 0;
     if (open_planes(&p, zctx, H, &err) != 0) {

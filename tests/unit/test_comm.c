@@ -97,7 +97,7 @@ static void note_state(rank_ctx *r)
 /* Create the communicator, share rank 0's id, begin init of (epoch, gen). */
 static int begin(rank_ctx *r, uint64_t epoch, uint32_t gen)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (r->c == NULL)
         r->c = tp_comm_create(fc_ops(), r->sh->w, &err);
     if (r->rank == 0)

@@ -384,7 +384,7 @@ static void *rank_main(void *p)
 {
     rank_ctx *r = p;
     world *wd = r->wd;
-    ep_err err = {{0}};
+    ep_err err = {0};
     r->dev = (fd_dev){
         .stream = fc_stream_new(wd->w), .rank = (int)wd->member[r->rank], .owner = wd->owner};
     if (r->rank == wd->fail_rank)
