@@ -10,6 +10,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/error.h"
+
 int sdn_notify(const char *state)
 {
     const char *path = getenv("NOTIFY_SOCKET");
@@ -36,10 +38,7 @@ int sdn_notify(const char *state)
 int sdn_notifyf(const char *fmt, ...)
 {
     char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(buf, sizeof buf, fmt);
     return sdn_notify(buf);
 }
 

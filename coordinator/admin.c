@@ -32,10 +32,7 @@ void adm_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
                Epmoe__ErrorCode code, const char *fmt, ...)
 {
     char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(text, sizeof text, fmt);
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.has_ok = 1;
     rep.ok = 0;

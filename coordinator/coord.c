@@ -287,10 +287,7 @@ static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, .
 static int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
 {
     char why[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(why, sizeof why, fmt);
     uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
     if (eligible == NULL) {
         log_error("placement: out of memory (%s)", why);

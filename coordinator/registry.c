@@ -168,10 +168,7 @@ void reg_not_ready_text(const reg_registry *r, char *buf, size_t cap)
 
 void reg_set_error(reg_worker *w, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(w->error, sizeof w->error, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(w->error, sizeof w->error, fmt);
 }
 
 /* ---- sending ---- */
@@ -414,13 +411,10 @@ static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, con
 /* Error to the sender of m, also logged (these are worker bugs or misconfigurations). */
 static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    log_warn("worker socket: %s", text);
-    ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len, code, m->type, "%s", text);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    log_warn("worker socket: %s", err.msg);
+    ob_reply_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len, &err, m->type);
 }
 
 /* ---- lifecycle ---- */

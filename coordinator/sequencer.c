@@ -453,10 +453,7 @@ static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__E
     if (!st->active || st->failed)
         return;
     char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(text, sizeof text, fmt);
     log_info("step %" PRIu64 " failed: %s", st->step_id, text);
     seq_answer_error(s, code, text, out);
     st->abort_deadline_ms = env->now_ms + env->spec->step_timeout_ms;

@@ -125,6 +125,8 @@ void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, con
     __attribute__((format(printf, 4, 5)));
 void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same for an error that carries its code (ep_err). */
+void exec_step_failed_err(exec_state *st, bool has_id, uint64_t step_id, const ep_err *err);
 void exec_free_layers(mb_layer **layers, int n);
 void exec_free_shard(exec_state *st);
 void exec_drop_staged(exec_state *st);

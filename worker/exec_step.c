@@ -52,8 +52,7 @@ typedef struct exec_step_s {
     uint32_t messages;                          /* data-plane messages sent */
     bool aborted;                               /* by STEP_ABORT (answered) */
     bool abandoned;                             /* by RESET or TERM (not answered) */
-    ep_err err;
-    Epmoe__ErrorCode code;
+    ep_err err; /* with its code: what the step's StepFailed reports */
 } exec_step_s;
 
 static void exec_step_free(exec_step_s *s)
@@ -83,13 +82,7 @@ static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...
 
 static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX]; /* the arguments may include s->err.msg itself */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    memcpy(s->err.msg, text, sizeof text);
-    s->code = code;
+    EP_ERR_FROM_ARGS(&s->err, (ep_err_code)code, fmt);
     return -1;
 }
 
@@ -771,7 +764,7 @@ static void exec_nccl_failed(exec_step_s *s)
     Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
     f.has_step_id = f.has_code = f.has_comm_aborted = 1;
     f.step_id = s->step_id;
-    f.code = s->code;
+    f.code = wire_code(&s->err);
     f.message = s->err.msg;
     f.comm_aborted = st->comm != NULL && tp_comm_get_state(st->comm) != TP_COMM_READY;
     exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
@@ -917,7 +910,7 @@ void exec_step(exec_state *st, wire_msg *m)
         wire_free_unpacked(&req->base);
         return;
     }
-    *s = (exec_step_s){.st = st, .step_id = req->step_id, .code = EPMOE__ERROR_CODE__ERR_NONE};
+    *s = (exec_step_s){.st = st, .step_id = req->step_id};
     if (!st->ready) {
         exec_step_failed(st, true, s->step_id, EPMOE__ERROR_CODE__ERR_NOT_READY,
                          "STEP %llu: the shard is not loaded", (unsigned long long)s->step_id);
@@ -942,7 +935,7 @@ void exec_step(exec_state *st, wire_msg *m)
     int rc = exec_step_parse(s, req, m);
     wire_free_unpacked(&req->base);
     if (rc != 0) {
-        exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+        exec_step_failed_err(st, true, s->step_id, &s->err);
         wmx_step_result(st->mx, false);
         exec_step_free(s);
         free(s);
@@ -968,7 +961,7 @@ void exec_step(exec_state *st, wire_msg *m)
         if (nccl)
             exec_nccl_failed(s);
         else
-            exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+            exec_step_failed_err(st, true, s->step_id, &s->err);
         wmx_step_result(st->mx, false);
     }
     if (st->tp)

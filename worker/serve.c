@@ -128,26 +128,30 @@ static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, ui
                        uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
-static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
-                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+/* A Result {code, message} for request (client, seq), counted busy or failed. */
+static void srv_refuse_err(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                           uint64_t seq, const ep_err *err)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     Epmoe__Result r = EPMOE__RESULT__INIT;
     r.has_client = r.has_seq = r.has_code = 1;
     r.client = client;
     r.seq = seq;
-    r.code = code;
-    r.message = text;
+    r.code = wire_code(err);
+    r.message = (char *)err->msg; /* borrowed for the packing */
     srv_send_result(s, ident, ident_len, &r, NULL, 0);
     wmx_step_result(s->mx, false); /* a request that failed (or was refused) at its entry */
-    if (code == EPMOE__ERROR_CODE__ERR_BUSY)
+    if (err->code == EP_ERR_BUSY)
         s->stats.busy++;
     else
         s->stats.failed++;
+}
+
+static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    srv_refuse_err(s, ident, ident_len, client, seq, &err);
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
@@ -189,12 +193,9 @@ static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const cha
 
 static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    srv_refuse(s, q->ident, q->ident_len, q->client, q->seq, code, "%s", text);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    srv_refuse_err(s, q->ident, q->ident_len, q->client, q->seq, &err);
     srv_req_free(s, q);
 }
 

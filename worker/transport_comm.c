@@ -130,10 +130,7 @@ static int tp_comm_fail(tp_comm *c, tp_comm_fault fault, ep_err *err, const char
 static int tp_comm_fail(tp_comm *c, tp_comm_fault fault, ep_err *err, const char *fmt, ...)
 {
     char why[EP_ERR_MSG_MAX], name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(why, sizeof why, fmt);
     tp_comm_name(c, name, sizeof name);
     c->fault = fault;
     tp_comm_abort(c, why);

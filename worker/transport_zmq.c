@@ -461,10 +461,7 @@ static void tp_drop(tp_transport *tp, const char *fmt, ...) __attribute__((forma
 
 static void tp_drop(tp_transport *tp, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tp->last_drop, sizeof tp->last_drop, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(tp->last_drop, sizeof tp->last_drop, fmt);
     tp->dropped++;
     time_t now = time(NULL);
     if (now != tp->log_sec) {

@@ -190,7 +190,7 @@ TEST(a_complete_welcome_becomes_a_session)
         bool secure_ = false;                                                                      \
         (void)w;                                                                                   \
         mutation;                                                                                  \
-        ep_err err_ = {0};                                                                       \
+        ep_err err_ = {0};                                                                         \
         exec_session *s_ = wctl_welcome_parse(&f_.w, secure_, &err_);                              \
         CHECK(s_ == NULL);                                                                         \
         CHECK_STR_HAS(err_.msg, needle);                                                           \
