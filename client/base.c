@@ -7,13 +7,6 @@
 
 #include "client/client_state.h"
 
-int64_t cl_now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
 {
     if (err != NULL) {

@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/model_msg.h"
@@ -89,13 +90,6 @@ struct coord {
     int64_t rebalance_ms;     /* when the rebalance in progress was decided (0: none) */
     uint64_t rebalance_epoch; /* its epoch */
 };
-
-int64_t coord_clock_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 const char *coord_state_name(coord_state s)
 {
@@ -476,13 +470,9 @@ static int coord_plan_rebalance(coord *c, plan_table **t_p, plan_report *rep, do
     }
     stats_weights(c->stats, w);
     coord_eligible(c, eligible);
-    int64_t t0 = coord_clock_ms();
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double t0 = clk_mono_s();
     *t_p = plan_rebalance(latest, w, eligible, plan_max_per_rank(c->pe), 0, rep, err);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    *secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-    (void)t0;
+    *secs = clk_mono_s() - t0;
     free(w);
     free(eligible);
     if (*t_p == NULL)
@@ -961,8 +951,7 @@ static int coord_random_session(uint64_t *out, ep_err *err)
  * to reach the next run's start). */
 static uint64_t coord_first_id(uint64_t per)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    struct timespec t = clk_wall();
     return (uint64_t)t.tv_sec * per + (uint64_t)t.tv_nsec / (1000000000u / per);
 }
 
@@ -1088,7 +1077,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
         coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin",
                    AUTH_DOMAIN_OPERATORS, coord_admin_max_frame(c), err) != 0)
         goto fail;
-    c->now_ms = coord_clock_ms();
+    c->now_ms = clk_mono_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
     c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
     c->watchdog_ms = sdn_watchdog_usec() / 2000;
@@ -1537,11 +1526,10 @@ static size_t coord_msg_bytes(const wire_msg *m)
  * libzmq for the next turn, after the timers. */
 static void coord_read_admin(coord *c)
 {
-    int64_t t0 = coord_clock_ms();
+    int64_t t0 = clk_mono_ms();
     size_t taken = 0;
     for (int i = 0; i < COORD_BATCH && !c->stop; i++) {
-        if (i > 0 &&
-            (taken >= COORD_ADMIN_TURN_BYTES || coord_clock_ms() - t0 >= COORD_ADMIN_TURN_MS))
+        if (i > 0 && (taken >= COORD_ADMIN_TURN_BYTES || clk_mono_ms() - t0 >= COORD_ADMIN_TURN_MS))
             return;
         wire_msg *m = malloc(sizeof *m);
         if (m == NULL) {
@@ -1629,7 +1617,7 @@ static long coord_poll_timeout(coord *c)
         next = nb_next_deadline(c->nb);
     if (c->watchdog_ms > 0 && c->next_watchdog_ms < next)
         next = c->next_watchdog_ms;
-    int64_t wait = next - coord_clock_ms();
+    int64_t wait = next - clk_mono_ms();
     return wait < 0 ? 0 : wait > 1000 ? 1000 : (long)wait;
 }
 
@@ -1668,14 +1656,14 @@ int coord_run(coord *c, ep_err *err)
         int n = zmq_poll(items, 3, coord_poll_timeout(c));
         if (n < 0 && zmq_errno() != EINTR)
             return ep_err_set(err, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-        c->now_ms = coord_clock_ms();
+        c->now_ms = clk_mono_ms();
         if (n > 0 && (items[2].revents & ZMQ_POLLIN))
             coord_read_signals(c);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN))
             coord_read_workers(c);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
             coord_read_admin(c);
-        c->now_ms = coord_clock_ms(); /* the timers see the time they run at */
+        c->now_ms = clk_mono_ms(); /* the timers see the time they run at */
         if (!c->stop)
             coord_timers(c);
     }

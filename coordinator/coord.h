@@ -62,6 +62,5 @@ void coord_destroy(coord **self_p);
 
 /* "forming", "loading", "ready", "stopping", "blocked" */
 const char *coord_state_name(coord_state s);
-int64_t coord_clock_ms(void); /* CLOCK_MONOTONIC in ms */
 
 #endif

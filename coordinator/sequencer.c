@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "common/checkpoint.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "coordinator/admin.h"
@@ -42,7 +43,7 @@ typedef struct seq_step {
     uint64_t step_id;
     uint64_t epoch; /* the placement epoch it runs in */
     int layer, n_tokens, hidden, topk;
-    struct timespec t0;
+    double t0;                 /* clk_mono_s when the step began */
     int64_t deadline_ms;       /* step_timeout_ms after the start */
     bool failed;               /* the client got an error; the ranks are settling */
     int64_t abort_deadline_ms; /* step_timeout_ms after the abort */
@@ -460,13 +461,6 @@ static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__E
     seq_send_abort(s, out);
 }
 
-static double seq_seconds_since(const struct timespec *t0)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 static void seq_answer_ok(seq_sequencer *s, ob_box *out)
 {
     seq_step *st = &s->step;
@@ -482,7 +476,7 @@ static void seq_answer_ok(seq_sequencer *s, ob_box *out)
     fi.has_hidden_size = 1;
     fi.hidden_size = (uint32_t)st->hidden;
     fi.has_seconds = 1;
-    fi.seconds = seq_seconds_since(&st->t0);
+    fi.seconds = clk_mono_s() - st->t0;
     fi.has_dispatch_bytes = 1;
     fi.dispatch_bytes = st->dispatch_bytes;
     fi.has_combine_bytes = 1;
@@ -508,7 +502,7 @@ static void seq_finish(seq_sequencer *s, ob_box *out)
 {
     seq_step *st = &s->step;
     s->rec.ok = !st->failed;
-    s->rec.seconds = seq_seconds_since(&st->t0);
+    s->rec.seconds = clk_mono_s() - st->t0;
     if (!st->failed)
         seq_answer_ok(s, out);
     seq_step_release(st);
@@ -572,7 +566,7 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
     st->n_tokens = T;
     st->hidden = env->cfg->hidden_size;
     st->topk = env->cfg->num_experts_per_tok;
-    clock_gettime(CLOCK_MONOTONIC, &st->t0);
+    st->t0 = clk_mono_s();
     st->deadline_ms = env->now_ms + env->spec->step_timeout_ms;
     if (seq_record_begin(s, env->cfg->n_routed_experts, st->step_id, env->plan->epoch, st->layer,
                          T) != 0)

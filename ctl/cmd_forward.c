@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
@@ -201,13 +202,6 @@ static void fwd_progress(void *ctx, uint64_t done)
         fprintf(stderr, "\n");
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T, int k,
                        double load_s, uint64_t load_bytes, double run_s)
 {
@@ -276,7 +270,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         rc = CMD_UNAVAILABLE;
         goto out;
     }
-    double t0 = now_s();
+    double t0 = clk_mono_s();
     fwd_load prog = {.name = name};
     if ((m = st_model_open(a->model, &err)) != NULL) {
         prog.total = shard_layer_bytes(m, &c, layer, NULL, NULL, false);
@@ -288,14 +282,14 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         rc = CMD_DATAERR;
         goto out;
     }
-    double t1 = now_s();
+    double t1 = clk_mono_s();
     if (mb_forward(be, l, in.T, in.x, in.ids, out, ids, w, &err) < 0) {
         /* the input was validated; what is left is bad checkpoint data (a tid2eid entry) */
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_DATAERR;
         goto out;
     }
-    double t2 = now_s();
+    double t2 = clk_mono_s();
     if ((rc = fwdio_write(a->output, in.T, c.hidden_size, k, out, ids, w, &err)) != CMD_OK) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         goto out;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/model_msg.h"
@@ -77,13 +78,6 @@ typedef struct wctl {
     uint64_t staged; /* a staged epoch the executor prepares (0: none) */
     wmx *mx;         /* metrics, served when WELCOME names an address */
 } wctl;
-
-static int64_t wctl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *wctl_code_name(int code)
 {
@@ -243,7 +237,7 @@ static int wctl_connect(wctl *w, ep_err *err)
         return -1;
     }
     w->dealer = d;
-    w->last_heard = wctl_now_ms();
+    w->last_heard = clk_mono_ms();
     wctl_send_register(w);
     char detail[EP_MAX_PATH + 32];
     snprintf(detail, sizeof detail, "registering with %s", w->opt->coordinator);
@@ -282,7 +276,7 @@ static void wctl_backoff_keep(wctl *w, const char *why, bool keep_serving)
     w->retired_mon = w->mon;
     w->mon = NULL;
     w->dealer = NULL;
-    w->reconnect_at = wctl_now_ms() + w->backoff_ms;
+    w->reconnect_at = clk_mono_ms() + w->backoff_ms;
     w->backoff_ms =
         w->backoff_ms * 2 > WCTL_BACKOFF_MAX_MS ? WCTL_BACKOFF_MAX_MS : w->backoff_ms * 2;
     wctl_set_state(w, WCTL_BACKOFF, why);
@@ -406,7 +400,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     ack.config_hash = hash;
     ack.epoch = w->epoch;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &ack.base);
-    w->next_heartbeat = wctl_now_ms() + w->heartbeat_ms;
+    w->next_heartbeat = clk_mono_ms() + w->heartbeat_ms;
     char detail[128];
     snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
              (unsigned long long)w->epoch);
@@ -598,7 +592,7 @@ static void wctl_read_dealer(wctl *w)
             wire_recv(w->dealer, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
         if (rc == WIRE_AGAIN)
             return;
-        w->last_heard = wctl_now_ms(); /* any message is a sign of life */
+        w->last_heard = clk_mono_ms(); /* any message is a sign of life */
         w->backoff_ms = WCTL_BACKOFF_INIT_MS;
         if (rc == WIRE_ERR) {
             log_warn("from the coordinator: %s", err.msg);
@@ -648,7 +642,7 @@ static void wctl_read_retired(wctl *w)
            (ev = auth_monitor_read(w->retired_mon, why, sizeof why)) != AUTH_EV_NOTHING)
         if (ev == AUTH_EV_OK && w->state == WCTL_BACKOFF && w->reconnect_at != WCTL_RECONNECT_NOW) {
             log_info("the coordinator at %s answers again: registering now, not in %lld ms",
-                     w->opt->coordinator, (long long)(w->reconnect_at - wctl_now_ms()));
+                     w->opt->coordinator, (long long)(w->reconnect_at - clk_mono_ms()));
             w->reconnect_at = WCTL_RECONNECT_NOW;
         }
 }
@@ -760,7 +754,7 @@ static bool wctl_welcomed(const wctl *w)
 
 static void wctl_timers(wctl *w)
 {
-    int64_t now = wctl_now_ms();
+    int64_t now = clk_mono_ms();
     if (w->state == WCTL_BACKOFF) {
         ep_err err = {0};
         if (now >= w->reconnect_at && wctl_connect(w, &err) != 0) {
@@ -787,7 +781,7 @@ static void wctl_timers(wctl *w)
 
 static long wctl_poll_timeout(const wctl *w)
 {
-    int64_t now = wctl_now_ms(), next = now + 1000;
+    int64_t now = clk_mono_ms(), next = now + 1000;
     if (w->state == WCTL_BACKOFF && w->reconnect_at < next)
         next = w->reconnect_at;
     if (w->state != WCTL_BACKOFF) {
@@ -871,8 +865,7 @@ int wctl_run(const wctl_options *opt)
      * never share a routing id: the coordinator's ROUTER has no ROUTER_HANDOVER (libzmq 4.3
      * can abort in a handover). The name part is cut to fit ZeroMQ's 255 bytes; the name
      * that counts is REGISTER's. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    struct timespec ts = clk_wall();
     snprintf(w.ident, sizeof w.ident, "%.63s/%08x", opt->name,
              (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
@@ -896,7 +889,7 @@ int wctl_run(const wctl_options *opt)
         goto fail_connect;
     uint64_t wd = sdn_watchdog_usec();
     w.watchdog_ms = (int64_t)(wd / 2000);
-    w.next_watchdog = wctl_now_ms();
+    w.next_watchdog = clk_mono_ms();
     log_info("worker %s (%s: %s, %s) registering with %s", opt->name, opt->device, w.dev.name,
              w.backend, opt->coordinator);
     wctl_loop(&w);

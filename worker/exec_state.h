@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "worker/exec.h"
 #include "worker/serve.h"
 #include "worker/step_nccl.h"
@@ -109,13 +110,6 @@ static inline srv_env exec_env(const exec_state *st)
                      .tp = st->tp,
                      .mx = st->mx,
                      .ready = st->ready && st->session != NULL && !st->session->nccl};
-}
-
-static inline double exec_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* exec_core.c */

@@ -207,7 +207,7 @@ static int exec_plan_pairs(exec_step_s *s)
 
 static void exec_tick(exec_step_s *s, double t0)
 {
-    s->compute_s += exec_now() - t0;
+    s->compute_s += clk_mono_s() - t0;
 }
 
 static int exec_send_dispatches(exec_step_s *s)
@@ -287,7 +287,7 @@ static int exec_local(exec_step_s *s)
         ex[p] = (uint32_t)s->topk_ids[slot];
         w[p] = s->topk_w[slot];
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     /* the shared expert first: a GPU backend runs it while the host plans the local pairs */
     if (mb_step_shared(s->ms, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "shared expert: %s", s->err.msg);
@@ -299,7 +299,7 @@ static int exec_local(exec_step_s *s)
     }
     exec_scatter(s, s->slot_to[s->rank], n, out);
     exec_tick(s, t0);
-    s->expert_s += exec_now() - t0;
+    s->expert_s += clk_mono_s() - t0;
     exec_count_pairs(s, ex, n);
 done:
     free(row);
@@ -342,7 +342,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
         goto done;
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     if (d->format == TP_FMT_BF16 && rows &&
         mb_quant(s->st->be, s->layer, d->n_rows, d->hidden, q, qs, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "quantizing rank %d's rows: %s", src,
@@ -358,7 +358,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         goto done;
     }
     exec_tick(s, t0);
-    s->expert_s += exec_now() - t0;
+    s->expert_s += clk_mono_s() - t0;
     exec_count_pairs(s, d->pair_expert, d->n_pairs);
     size_t bytes = tp_msg_bytes(&c, s->H);
     s->combine_bytes += bytes;
@@ -492,7 +492,7 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
             return -1;
         if (s->need_c == 0)
             break;
-        double left = deadline - exec_now();
+        double left = deadline - clk_mono_s();
         if (left <= 0) {
             char who[EP_ERR_MSG_MAX / 2];
             exec_missing(s, who, sizeof who);
@@ -536,7 +536,7 @@ static int exec_send_done(exec_step_s *s)
                          "out of memory for the output");
         return -1;
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     if (s->ms != NULL && mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
         free(out);
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
@@ -563,7 +563,7 @@ static int exec_send_done(exec_step_s *s)
         d.pair_count = buf + 3 * cap;
         d.n_pair_rank = d.n_pair_count = exec_sparse(pairs, s->P, d.pair_rank, d.pair_count);
     }
-    double total = exec_now() - s->t0;
+    double total = clk_mono_s() - s->t0;
     d.has_step_id = d.has_n_tokens = d.has_dispatch_bytes = d.has_combine_bytes = 1;
     d.has_compute_seconds = d.has_dispatch_seconds = d.has_expert_seconds = 1;
     d.has_combine_seconds = d.has_messages_sent = 1;
@@ -595,8 +595,8 @@ static int exec_send_done(exec_step_s *s)
 static int exec_step_run(exec_step_s *s)
 {
     exec_state *st = s->st;
-    double deadline = exec_now() + st->session->step_timeout_ms / 1000.0;
-    double t0 = exec_now();
+    double deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0;
+    double t0 = clk_mono_s();
     s->t0 = t0;
     s->ms = mb_step_begin(st->be, s->layer, s->T, s->x, s->ids, s->topk_ids, s->topk_w, s->q, s->qs,
                           s->xn, &s->err);
@@ -604,15 +604,15 @@ static int exec_step_run(exec_step_s *s)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
                          (unsigned long long)s->step_id, s->err.msg);
     exec_tick(s, t0);
-    double routed = exec_now();
+    double routed = clk_mono_s();
     if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0)
         return -1;
-    s->dispatch_s = exec_now() - routed;
+    s->dispatch_s = clk_mono_s() - routed;
     if (exec_local(s) != 0)
         return -1;
-    double waiting = exec_now();
+    double waiting = clk_mono_s();
     int rc = exec_wait_peers(s, deadline);
-    s->combine_s = exec_now() - waiting;
+    s->combine_s = clk_mono_s() - waiting;
     return rc;
 }
 
@@ -744,14 +744,14 @@ static int exec_nccl_step(exec_step_s *s)
                   .topk_w = s->topk_w,
                   .out = s->out,
                   .expert_tokens = s->expert_tokens,
-                  .deadline = exec_now() + st->session->step_timeout_ms / 1000.0,
+                  .deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0,
                   .idle = exec_nccl_idle,
                   .idle_ctx = s};
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     int code = 0;
     ep_err err = {0};
     int rc = sn_run(st->sn, &io, &code, &err);
-    s->compute_s += exec_now() - t0; /* on the GPU the exchange overlaps the kernels */
+    s->compute_s += clk_mono_s() - t0; /* on the GPU the exchange overlaps the kernels */
     s->dispatch_bytes = io.dispatch_bytes;
     s->combine_bytes = io.combine_bytes;
     return rc == 0 ? 0 : exec_fail(s, (Epmoe__ErrorCode)code, "%s", err.msg);
@@ -880,8 +880,8 @@ void exec_comm_init(exec_state *st, const wire_msg *m)
     if (rc == 0)
         rc = exec_comm_begin(st, ci, &err);
     if (rc == 0)
-        rc = tp_comm_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
-                                &err);
+        rc = tp_comm_wait_ready(st->comm, clk_mono_s() + ci->timeout_ms / 1000.0, exec_comm_idle,
+                                st, &err);
     if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
         tp_comm_abort(st->comm, err.msg);
         rc = -1;

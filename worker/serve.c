@@ -308,7 +308,7 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
                           q->topk_w, q->q, q->qs, q->xn, err);
     if (q->ms == NULL)
         return -1;
-    q->t_routed = srv_now();
+    q->t_routed = clk_mono_s();
     q->epoch = env->session->epoch;
     q->attempt++;
     memset(q->eo, 0, (size_t)q->T * (size_t)q->k * (size_t)q->H * 2);
@@ -334,9 +334,9 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
         if (mb_step_shared(q->ms, err) != 0)
             return ep_err_prefix(err, "shared expert");
         q->shared = true;
-        q->t_shared = srv_now();
+        q->t_shared = clk_mono_s();
     }
-    q->t_sent = srv_now();
+    q->t_sent = clk_mono_s();
     return 0;
 }
 
@@ -510,7 +510,7 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
         q->T = (int)r->n_tokens;
         q->k = c->num_experts_per_tok;
         q->H = c->hidden_size;
-        q->t_arrive = srv_now();
+        q->t_arrive = clk_mono_s();
         uint32_t ms = r->has_timeout_ms && r->timeout_ms ? r->timeout_ms
                                                          : (uint32_t)env->session->step_timeout_ms;
         q->deadline = q->t_arrive + ms / 1000.0;
@@ -569,7 +569,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     if (c->refused) {
         p->refused = true;
         if (q->retry_at == 0)
-            q->retry_at = srv_now() + q->backoff;
+            q->retry_at = clk_mono_s() + q->backoff;
         log_debug(LOG_SUB_DATA, "request %016llx: rank %d (epoch %llu) refused %d pairs",
                   (unsigned long long)q->id, c->src_rank, (unsigned long long)c->server_epoch,
                   p->n);
@@ -579,7 +579,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     for (int j = 0; j < p->n; j++)
         memcpy(q->eo + (size_t)p->slot[j] * H, c->out + (size_t)j * H, H * 2);
     p->done = true;
-    q->t_back = srv_now();
+    q->t_back = clk_mono_s();
     (void)env;
 }
 
@@ -611,7 +611,7 @@ static bool srv_complete(const srv_req *q)
 static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
 {
     size_t T = (size_t)q->T, H = (size_t)q->H, k = (size_t)q->k;
-    double t0 = srv_now();
+    double t0 = clk_mono_s();
     uint16_t *out = malloc(T * H * 2);
     ep_err err;
     if (out == NULL || mb_step_finish(q->ms, q->eo, out, &err) != 0) {
@@ -620,7 +620,7 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
                  out ? err.msg : "out of memory");
         return;
     }
-    double t1 = srv_now();
+    double t1 = clk_mono_s();
     Epmoe__Result r = EPMOE__RESULT__INIT;
     r.has_client = r.has_seq = r.has_epoch = r.has_entry_rank = r.has_replayed = 1;
     r.has_n_tokens = r.has_queued_seconds = r.has_dispatch_seconds = 1;
@@ -650,7 +650,7 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
               (unsigned long long)q->id, q->layer, q->T, (q->t_routed - q->t_arrive) * 1e3,
               (q->t_sent - q->t_arrive) * 1e3, q->t_own ? (q->t_own - q->t_arrive) * 1e3 : 0,
               q->t_shared ? (q->t_shared - q->t_arrive) * 1e3 : 0,
-              q->t_back ? (q->t_back - q->t_arrive) * 1e3 : 0, (srv_now() - q->t_arrive) * 1e3);
+              q->t_back ? (q->t_back - q->t_arrive) * 1e3 : 0, (clk_mono_s() - q->t_arrive) * 1e3);
     wmx_step(env->mx, q->layer, t1 - q->t_arrive, r.dispatch_seconds, r.experts_seconds,
              r.combine_seconds);
     wmx_step_result(env->mx, true);
@@ -740,7 +740,7 @@ static void srv_shared(srv_server *s, bool complete_only)
             log_warn("serving: shared expert of %d requests of layer %d: %s", n, layer, err.msg);
         s->stats.shared_batches++;
         s->stats.shared_requests += (uint64_t)n;
-        double now = srv_now();
+        double now = clk_mono_s();
         for (int j = 0; j < n; j++) {
             reqs[j]->shared = true;
             reqs[j]->t_shared = now;
@@ -778,7 +778,7 @@ void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
     if (env->session == NULL || srv_shape(s, env) != 0) {
-        double now = srv_now();
+        double now = clk_mono_s();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)
             if (s->req[i].phase != SRV_FREE && now >= s->req[i].deadline)
                 srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_TIMEOUT,
@@ -787,7 +787,7 @@ void srv_run(srv_server *s, const srv_env *env)
         return;
     }
     /* start and send before serving, so this worker's own parts join the batch */
-    double now = srv_now();
+    double now = clk_mono_s();
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_step_req(s, env, &s->req[i], now);
@@ -801,7 +801,7 @@ void srv_run(srv_server *s, const srv_env *env)
 
 double srv_idle_timeout(const srv_server *s)
 {
-    double now = srv_now(), t = 1.0;
+    double now = clk_mono_s(), t = 1.0;
     for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
         const srv_req *q = &s->req[i];
         if (q->phase == SRV_FREE)

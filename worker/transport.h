@@ -63,6 +63,7 @@
 #include <stdint.h>
 
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/wire.h"
 #include "epmoe.pb-c.h"
@@ -368,7 +369,6 @@ int tp_comm_size(const tp_comm *c);
 const char *tp_comm_last_error(const tp_comm *c);
 tp_comm_fault tp_comm_last_fault(const tp_comm *c);
 
-/* CLOCK_MONOTONIC in seconds: the clock of every deadline above. */
-double tp_now(void);
+/* The deadlines above are clk_mono_s seconds (common/clock.h). */
 
 #endif

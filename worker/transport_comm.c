@@ -42,13 +42,6 @@ struct tp_comm {
     tp_comm_fault fault;
 };
 
-double tp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void tp_pause(int polls)
 {
     if (polls < TP_SPIN_POLLS)
@@ -159,7 +152,7 @@ static void tp_comm_begun(tp_comm *c, uint64_t epoch, uint32_t gen, int rank, in
     c->rank = rank;
     c->size = size;
     c->state = TP_COMM_INIT;
-    c->begun = tp_now();
+    c->begun = clk_mono_s();
     c->fault = TP_FAULT_NONE;
     c->last_error[0] = '\0';
 }
@@ -247,7 +240,7 @@ static int tp_comm_progress(tp_comm *c, void *stream, ep_err *e)
 static int tp_comm_wait(tp_comm *c, const char *what, void *stream, double deadline,
                         tp_idle_fn idle, void *idle_ctx, ep_err *err)
 {
-    double t0 = tp_now();
+    double t0 = clk_mono_s();
     for (int polls = 0;; polls++) {
         ep_err e = {0};
         int rc = tp_comm_progress(c, stream, &e);
@@ -255,7 +248,7 @@ static int tp_comm_wait(tp_comm *c, const char *what, void *stream, double deadl
             return 0;
         if (rc < 0)
             return tp_comm_fail(c, TP_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
-        double now = tp_now();
+        double now = clk_mono_s();
         if (now >= deadline)
             return tp_comm_fail(c, TP_FAULT_DEADLINE, err, "%s not done after %.0f ms", what,
                                 (now - t0) * 1e3);
@@ -278,7 +271,8 @@ int tp_comm_wait_ready(tp_comm *c, double deadline, tp_idle_fn idle, void *idle_
     }
     c->state = TP_COMM_READY;
     log_info("%s communicator of epoch %llu.%u ready: rank %d of %d (%.0f ms)", c->ops->name,
-             (unsigned long long)c->epoch, c->gen, c->rank, c->size, (tp_now() - c->begun) * 1e3);
+             (unsigned long long)c->epoch, c->gen, c->rank, c->size,
+             (clk_mono_s() - c->begun) * 1e3);
     return 0;
 }
 

@@ -360,7 +360,7 @@ static void run_step(rank_ctx *r, int step)
                   .topk_w = w,
                   .out = out,
                   .expert_tokens = r->expert_tokens,
-                  .deadline = tp_now() + wd->timeout,
+                  .deadline = clk_mono_s() + wd->timeout,
                   .idle = r->rank == wd->interrupt_rank ? idle_give_up : NULL,
                   .idle_ctx = r};
     r->rc = sn_run(r->drv, &io, &r->code, &r->err);
@@ -394,7 +394,7 @@ static void *rank_main(void *p)
         tp_comm_new_id(r->comm, &wd->id, &err);
     pthread_barrier_wait(&wd->bar);
     tp_comm_begin_init(r->comm, EPOCH, 0, r->rank, wd->P, &wd->id, &err);
-    if (tp_comm_wait_ready(r->comm, tp_now() + 10, NULL, NULL, &r->err) != 0) {
+    if (tp_comm_wait_ready(r->comm, clk_mono_s() + 10, NULL, NULL, &r->err) != 0) {
         r->rc = -1;
         return NULL;
     }
