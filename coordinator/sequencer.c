@@ -417,16 +417,16 @@ static const char *seq_answer_name(int a)
 }
 
 /* Answer the client of the step in flight with an error (once). */
-static void seq_answer_error(seq_sequencer *s, Epmoe__ErrorCode code, const char *text, ob_box *out)
+static void seq_answer_error(seq_sequencer *s, const ep_err *err, ob_box *out)
 {
     seq_step *st = &s->step;
     if (st->failed)
         return;
     st->failed = true;
-    s->rec.code = code;
+    s->rec.code = wire_code(err);
     s->steps_failed++;
     if (st->req != NULL)
-        adm_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s", text);
+        adm_reply_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, err);
     seq_step_release(st);
 }
 
@@ -453,10 +453,10 @@ static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__E
     seq_step *st = &s->step;
     if (!st->active || st->failed)
         return;
-    char text[EP_ERR_MSG_MAX];
-    EP_FORMAT_ARGS(text, sizeof text, fmt);
-    log_info("step %" PRIu64 " failed: %s", st->step_id, text);
-    seq_answer_error(s, code, text, out);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    log_info("step %" PRIu64 " failed: %s", st->step_id, err.msg);
+    seq_answer_error(s, &err, out);
     st->abort_deadline_ms = env->now_ms + env->spec->step_timeout_ms;
     seq_send_abort(s, out);
 }
@@ -590,8 +590,10 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
         for (int r = 0; r < P; r++)
             st->answer[r] = SEQ_GONE;
         st->pending = 0;
-        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
-                         "the coordinator is out of memory for the step's outputs", out);
+        ep_err oom;
+        ep_err_setc(&oom, EP_ERR_STEP_FAILED,
+                    "the coordinator is out of memory for the step's outputs");
+        seq_answer_error(s, &oom, out);
         return; /* settled: seq_pump closes it */
     }
     char lname[64];
@@ -875,9 +877,12 @@ int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err)
 
 void seq_stop(seq_sequencer *s, ob_box *out)
 {
-    if (s->step.active)
-        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
-                         "the coordinator is stopping; the step was abandoned", out);
+    if (s->step.active) {
+        ep_err stop;
+        ep_err_setc(&stop, EP_ERR_SHUTTING_DOWN,
+                    "the coordinator is stopping; the step was abandoned");
+        seq_answer_error(s, &stop, out);
+    }
     while (s->head) {
         seq_request *r = s->head;
         s->head = r->next;
