@@ -16,6 +16,13 @@ void wire_free_malloc(void *data, void *hint)
     free(data);
 }
 
+const char *wire_code_name(int code, const char *unknown)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
+    return v ? v->name : unknown;
+}
+
 const char *wire_type_name(uint16_t type)
 {
     static _Thread_local char buf[32];

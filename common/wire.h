@@ -117,6 +117,10 @@ void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__
                      uint16_t in_reply_to, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* "ERR_BUSY", "ERR_TIMEOUT", ... for a wire ErrorCode; `unknown` (which may be NULL) for a
+ * number the proto does not name. Static strings. */
+const char *wire_code_name(int code, const char *unknown);
+
 /* "REGISTER", "STEP_DONE", ... or "type N" for unknown types (static or thread-local). */
 const char *wire_type_name(uint16_t type);
 

@@ -36,6 +36,7 @@
 #include "common/model_config.h"
 #include "common/model_msg.h"
 #include "common/safetensors.h"
+#include "common/wire.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
 #include "common/auth.h"
@@ -313,9 +314,7 @@ static int fwd_status(const epmoe_error *e)
 {
     const char *code = NULL;
     if (e->remote_code > 0) {
-        const ProtobufCEnumValue *v =
-            protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, e->remote_code);
-        code = v ? v->name : NULL;
+        code = wire_code_name(e->remote_code, NULL);
     } else if (e->code == EPMOE_ETIMEDOUT) {
         code = "ERR_TIMEOUT";
     } else if (e->code == EPMOE_ENOTREADY) {

@@ -28,13 +28,12 @@ static uint64_t rpc_random_id(void)
 const char *rpc_error_name(int code)
 {
     static _Thread_local char buf[32];
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
-    if (v == NULL) {
+    const char *name = wire_code_name(code, NULL);
+    if (name == NULL) {
         snprintf(buf, sizeof buf, "error %d", code);
         return buf;
     }
-    return v->name;
+    return name;
 }
 
 int rpc_report_error(const char *cmd, const Epmoe__AdminReply *r)

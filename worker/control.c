@@ -81,9 +81,7 @@ typedef struct wctl {
 
 static const char *wctl_code_name(int code)
 {
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
-    return v ? v->name : "ERR_?";
+    return wire_code_name(code, "ERR_?");
 }
 
 static void wctl_set_state(wctl *w, wctl_state s, const char *detail)

@@ -5,7 +5,8 @@
  * formatted from the record's own message; prefix keeps the code and classify keeps an inner
  * layer's kind; long messages are cut, never overflowed; ep_vformat through EP_FORMAT_ARGS
  * returns what it wrote; wire_error_body carries code and message, and a generic error goes
- * out as ERR_STEP_FAILED; the clock's units agree with each other and deadlines count down.
+ * out as ERR_STEP_FAILED and a code is named by the proto; the clock's units agree with each other
+ * and deadlines count down.
  */
 #include <string.h>
 
@@ -99,6 +100,9 @@ TEST(error_body_carries_code_and_message)
     wire_error_body(&b, &e, 0);
     CHECK_EQ(b.code, EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     CHECK_EQ(wire_code(&e), EPMOE__ERROR_CODE__ERR_STEP_FAILED);
+    CHECK_STR_EQ(wire_code_name(EP_ERR_BUSY, NULL), "ERR_BUSY");
+    CHECK(wire_code_name(999, NULL) == NULL);
+    CHECK_STR_EQ(wire_code_name(999, "ERR_?"), "ERR_?");
 }
 
 TEST(clock_units_agree_and_deadlines_count_down)
