@@ -225,14 +225,14 @@ int rpc_call(const cmd_ctx *ctx, Epmoe__AdminRequest *req, const wire_payload *p
     req->id = rpc_random_id();
     /* One deadline for the whole call (and the command's, when it set one): a retry is a fresh
      * connection that joins the earlier ones, which keep listening, never more time. */
-    int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : clk_mono_ms() + ctx->timeout_ms;
+    int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : clk_deadline_ms(ctx->timeout_ms);
     int tries = idempotent ? 1 + RPC_RETRIES : 1, n = 0, rc = 0, failed = 0;
     rpc_try t[1 + RPC_RETRIES] = {{0}};
     while (rc == 0 && n < tries && clk_mono_ms() < deadline) {
         if ((rc = rpc_try_start(ctx, &keys, zctx, req, payloads, n_payloads, &t[n++], err)) != 0)
             break;
         int64_t slice = (deadline - clk_mono_ms()) / (tries - n + 1);
-        rc = rpc_wait(ctx, t, n, req->id, n < tries ? clk_mono_ms() + slice : deadline, &failed,
+        rc = rpc_wait(ctx, t, n, req->id, n < tries ? clk_deadline_ms(slice) : deadline, &failed,
                       out, err);
     }
     for (int i = 0; i < n; i++)

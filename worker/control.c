@@ -274,7 +274,7 @@ static void wctl_backoff_keep(wctl *w, const char *why, bool keep_serving)
     w->retired_mon = w->mon;
     w->mon = NULL;
     w->dealer = NULL;
-    w->reconnect_at = clk_mono_ms() + w->backoff_ms;
+    w->reconnect_at = clk_deadline_ms(w->backoff_ms);
     w->backoff_ms =
         w->backoff_ms * 2 > WCTL_BACKOFF_MAX_MS ? WCTL_BACKOFF_MAX_MS : w->backoff_ms * 2;
     wctl_set_state(w, WCTL_BACKOFF, why);
@@ -398,7 +398,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     ack.config_hash = hash;
     ack.epoch = w->epoch;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &ack.base);
-    w->next_heartbeat = clk_mono_ms() + w->heartbeat_ms;
+    w->next_heartbeat = clk_deadline_ms(w->heartbeat_ms);
     char detail[128];
     snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
              (unsigned long long)w->epoch);
