@@ -1,31 +1,18 @@
 /*
- * base.c — what every file of libepmoe uses (client_state.h): the clock, an error and the
+ * base.c — what every file of libepmoe uses (client_state.h): an error and the
  * mapping of a cluster's ErrorCode to an epmoe_status, the request lists. It calls nothing of
  * client.c, io.c or info.c, so those stand above it.
  */
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "client/client_state.h"
-
-int64_t cl_now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
 {
     if (err != NULL) {
         err->code = code;
         err->remote_code = remote;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
+        EP_FORMAT_ARGS(err->message, sizeof err->message, fmt);
     }
     return code;
 }

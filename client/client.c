@@ -320,7 +320,7 @@ static void cl_fill_request(epmoe_client *c, struct epmoe_request *r, const epmo
     r->user = a->user;
     r->seq = c->next_seq++;
     r->timeout_ms = a->timeout_ms ? a->timeout_ms : c->timeout_ms;
-    r->submit_ns = cl_now_ns();
+    r->submit_ns = clk_mono_ns();
     r->deadline_ns = r->submit_ns + (int64_t)r->timeout_ms * 1000000;
     r->resend_ns = 0;
     r->entry = -1;
@@ -398,13 +398,7 @@ int epmoe_wait(epmoe_request *req, int timeout_ms, epmoe_error *err)
     if (req == NULL)
         return cl_fail(err, EPMOE_EINVAL, 0, "epmoe_wait: NULL request");
     epmoe_client *c = req->c;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    if (timeout_ms >= 0) {
-        int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms % 1000) * 1000000;
-        until.tv_sec += timeout_ms / 1000 + ns / 1000000000;
-        until.tv_nsec = ns % 1000000000;
-    }
+    struct timespec until = clk_mono_in_ms(timeout_ms >= 0 ? timeout_ms : 0);
     pthread_mutex_lock(&c->mu);
     if (req->state == CL_FREE) {
         pthread_mutex_unlock(&c->mu);
@@ -461,7 +455,7 @@ void epmoe_cancel(epmoe_request *req)
     } else if (req->state == CL_FLIGHT || req->state == CL_RELEASING) {
         /* its input may still sit in a socket: wait until libzmq lets go of it */
         req->wait_release = true;
-        req->finished_ns = cl_now_ns(); /* CL_RELEASE_MS from here, then sockets are reset */
+        req->finished_ns = clk_mono_ns(); /* CL_RELEASE_MS from here, then sockets are reset */
         atomic_store(&req->releasing, 1);
         cl_io_wake(c);
         while (atomic_load(&req->zc_refs) > 0 && !c->stopping)
@@ -475,7 +469,7 @@ void epmoe_cancel(epmoe_request *req)
     req->status = EPMOE_ECANCELED;
     req->remote_code = 0;
     snprintf(req->message, sizeof req->message, "layer %u: canceled", req->layer);
-    req->finished_ns = cl_now_ns();
+    req->finished_ns = clk_mono_ns();
     pthread_mutex_unlock(&c->mu);
 }
 

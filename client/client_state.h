@@ -27,6 +27,8 @@
 
 #include "client/epmoe.h"
 #include "common/auth.h"
+#include "common/clock.h"
+#include "common/error.h"
 #include "common/limits.h"
 #include "epmoe.pb-c.h"
 
@@ -151,8 +153,6 @@ struct epmoe_client {
     size_t arena_used;
 };
 
-/* CLOCK_MONOTONIC in ns. */
-int64_t cl_now_ns(void);
 /* Fill err (may be NULL) and return code. */
 int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -54,7 +54,7 @@ static void cl_publish(epmoe_client *c, struct epmoe_request *r)
 
 void cl_finish(epmoe_client *c, struct epmoe_request *r)
 {
-    r->finished_ns = cl_now_ns();
+    r->finished_ns = clk_mono_ns();
     r->state = CL_RELEASING;
     /* releasing before the count: either we see 0 here or cl_zc_free sees releasing */
     atomic_store(&r->releasing, 1);
@@ -402,9 +402,9 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
         return; /* a late answer (another entry won), or canceled: dropped */
     const char *entry = c->info.members[i].name;
     int code = res->has_code ? (int)res->code : 0;
-    if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && cl_now_ns() < r->deadline_ns) {
+    if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && clk_mono_ns() < r->deadline_ns) {
         /* the entry is stopping (not the request failing): another member takes it now */
-        r->resend_ns = cl_now_ns();
+        r->resend_ns = clk_mono_ns();
         return;
     }
     r->remote_code = code;
@@ -495,7 +495,7 @@ static void *cl_io_main(void *arg)
     int *idx = calloc(c->cap_entries + 2, sizeof *idx);
     pthread_mutex_lock(&c->mu);
     while (!c->stopping && items != NULL && idx != NULL) {
-        int64_t now = cl_now_ns();
+        int64_t now = clk_mono_ns();
         cl_send_queued(c, now);
         int64_t wait = cl_timers(c, now);
         int64_t info = cl_info_timer(c, now);
@@ -505,7 +505,7 @@ static void *cl_io_main(void *arg)
         long ms = (long)((wait + 999999) / 1000000);
         zmq_poll(items, n, ms < 0 ? 0 : ms);
         pthread_mutex_lock(&c->mu);
-        now = cl_now_ns();
+        now = clk_mono_ns();
         if (items[0].revents & ZMQ_POLLIN)
             cl_drain_wake(c);
         if (items[1].revents & ZMQ_POLLIN)
@@ -527,12 +527,12 @@ static void *cl_io_main(void *arg)
 /* Wait for the first CLIENT_INFO answer (watching the handshake: a refused key fails at once). */
 static int cl_first_info(epmoe_client *c, void *mon, epmoe_error *err)
 {
-    int64_t until = cl_now_ns() + (int64_t)c->connect_ms * 1000000;
+    int64_t until = clk_mono_ns() + (int64_t)c->connect_ms * 1000000;
     int failed = 0;
     char why[512] = "";
-    cl_ask_info(c, cl_now_ns());
+    cl_ask_info(c, clk_mono_ns());
     for (;;) {
-        int64_t left = (until - cl_now_ns()) / 1000000;
+        int64_t left = (until - clk_mono_ns()) / 1000000;
         if (left <= 0)
             return cl_fail(err, EPMOE_EUNAVAILABLE, 0,
                            "coordinator %s: no answer to CLIENT_INFO in %u ms%s%s", c->coordinator,
@@ -603,7 +603,7 @@ int cl_io_open(epmoe_client *c, epmoe_error *err)
     }
     if (rc != 0)
         return rc;
-    c->info_due_ns = cl_now_ns();
+    c->info_due_ns = clk_mono_ns();
     if (pthread_create(&c->thread, NULL, cl_io_main, c) != 0)
         return cl_fail(err, EPMOE_ENOMEM, 0, "cannot start the I/O thread: %s", strerror(errno));
     c->thread_started = true;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 /* Longest key file we read: a czmq certificate with metadata is ~400 bytes. */
@@ -390,7 +391,7 @@ typedef struct auth_watch_req {
 typedef struct auth_log_bucket {
     char domain[32];
     auth_reason reason;
-    time_t sec;
+    int64_t sec; /* the monotonic second (clk_mono_ms / 1000) its count is for */
     int count;
     uint64_t suppressed;
 } auth_log_bucket;
@@ -459,7 +460,7 @@ static void auth_log_refusal(auth_zap *z, const char *domain, const char *addres
                              auth_reason reason, const char *why)
 {
     auth_log_bucket *b = auth_log_bucket_of(z, domain, reason);
-    time_t now = time(NULL);
+    int64_t now = clk_mono_ms() / 1000;
     if (now != b->sec) {
         if (b->suppressed)
             log_warn("auth: %llu more connections to %s refused (%s)",

@@ -28,6 +28,7 @@
 
 #include <microhttpd.h>
 
+#include "common/clock.h"
 #include "common/metrics.h"
 
 /* Connections at once in all, and from one address: a Prometheus server (or an HA pair)
@@ -59,13 +60,6 @@ struct mx_http {
     mx_conn conn[MX_HTTP_CONNECTIONS];
 };
 
-static int64_t mx_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 /* libmicrohttpd's thread: a connection starts or ends. */
 static void mx_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                       enum MHD_ConnectionNotificationCode toe)
@@ -81,7 +75,7 @@ static void mx_notify(void *cls, struct MHD_Connection *c, void **socket_context
     for (int i = 0; i < MX_HTTP_CONNECTIONS; i++) {
         mx_conn *k = &h->conn[i];
         if (toe == MHD_CONNECTION_NOTIFY_STARTED && k->fd < 0) {
-            *k = (mx_conn){.fd = fd, .start_ms = mx_now_ms()};
+            *k = (mx_conn){.fd = fd, .start_ms = clk_mono_ms()};
             break;
         }
         if (toe == MHD_CONNECTION_NOTIFY_CLOSED && k->fd == fd) {
@@ -98,7 +92,7 @@ static void *mx_reaper(void *arg)
     mx_http *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
-        int64_t now = mx_now_ms();
+        int64_t now = clk_mono_ms();
         for (int i = 0; i < MX_HTTP_CONNECTIONS; i++) {
             mx_conn *k = &h->conn[i];
             if (k->fd >= 0 && !k->shut && now - k->start_ms > MX_HTTP_DEADLINE_S * 1000) {
@@ -106,11 +100,7 @@ static void *mx_reaper(void *arg)
                 k->shut = true;
             }
         }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += MX_HTTP_REAP_MS * 1000000L;
-        until.tv_sec += until.tv_nsec / 1000000000L;
-        until.tv_nsec %= 1000000000L;
+        struct timespec until = clk_wall_in_ms(MX_HTTP_REAP_MS);
         pthread_cond_timedwait(&h->wake, &h->mu, &until);
     }
     pthread_mutex_unlock(&h->mu);

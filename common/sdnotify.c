@@ -11,6 +11,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/error.h"
+
 /* What systemd set (sdn_init): a copy, so the caller's strings need not outlive it. */
 static char sdn_socket[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
 static bool sdn_socket_bad; /* set, but too long to be a socket path */
@@ -68,10 +70,7 @@ int sdn_notify(const char *state)
 int sdn_notifyf(const char *fmt, ...)
 {
     char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(buf, sizeof buf, fmt);
     return sdn_notify(buf);
 }
 

@@ -1,6 +1,7 @@
 /* wire.c — see wire.h. */
 #include "common/wire.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,13 @@ void wire_free_malloc(void *data, void *hint)
 {
     (void)hint;
     free(data);
+}
+
+const char *wire_code_name(int code, const char *unknown)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
+    return v ? v->name : unknown;
 }
 
 const char *wire_type_name(uint16_t type)
@@ -107,14 +115,12 @@ static wire_rc wire_fail(void *sock, wire_msg *m, ep_err *err, const char *fmt, 
 
 static wire_rc wire_fail(void *sock, wire_msg *m, ep_err *err, const char *fmt, ...)
 {
-    char buf[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    ep_err e; /* formatted before the drain and close, which the arguments may point into */
+    EP_ERR_FROM_ARGS(&e, EP_ERR_MALFORMED, fmt);
     wire_drain(sock);
     wire_msg_close(m);
-    ep_err_set(err, "%s", buf);
+    if (err != NULL)
+        *err = e;
     return WIRE_ERR;
 }
 
@@ -144,26 +150,30 @@ static wire_rc wire_recv_ident(void *sock, wire_msg *m, int flags, ep_err *err)
 static int wire_frames_check(wire_msg *m, size_t max_body, size_t max_payload, ep_err *err)
 {
     if (m->n_frames < 1)
-        return ep_err_set(err, "empty message");
+        return ep_err_setc(err, EP_ERR_MALFORMED, "empty message");
     zmq_msg_t *v = &m->frames[0];
     if (zmq_msg_size(v) != strlen(WIRE_VERSION) ||
         memcmp(zmq_msg_data(v), WIRE_VERSION, strlen(WIRE_VERSION)) != 0)
-        return ep_err_set(err, "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
-                          WIRE_VERSION, zmq_msg_size(v));
+        return ep_err_setc(err, EP_ERR_MALFORMED,
+                           "not an epmoe message: first frame is not \"%s\" (%zu bytes)",
+                           WIRE_VERSION, zmq_msg_size(v));
     if (m->n_frames < 2)
-        return ep_err_set(err, "message ends after the version frame (type frame missing)");
+        return ep_err_setc(err, EP_ERR_MALFORMED,
+                           "message ends after the version frame (type frame missing)");
     zmq_msg_t *t = &m->frames[1];
     if (zmq_msg_size(t) != 2)
-        return ep_err_set(err, "type frame has %zu bytes, expected 2", zmq_msg_size(t));
+        return ep_err_setc(err, EP_ERR_MALFORMED, "type frame has %zu bytes, expected 2",
+                           zmq_msg_size(t));
     const uint8_t *tb = zmq_msg_data(t);
     m->type = (uint16_t)(tb[0] | (tb[1] << 8));
     if (m->n_frames < 3)
-        return ep_err_set(err, "%s: body frame missing", wire_type_name(m->type));
+        return ep_err_setc(err, EP_ERR_MALFORMED, "%s: body frame missing",
+                           wire_type_name(m->type));
     m->body = zmq_msg_data(&m->frames[2]);
     m->body_len = zmq_msg_size(&m->frames[2]);
     if (m->body_len > max_body)
-        return ep_err_set(err, "%s: body of %zu bytes exceeds the limit of %zu",
-                          wire_type_name(m->type), m->body_len, max_body);
+        return ep_err_setc(err, EP_ERR_MALFORMED, "%s: body of %zu bytes exceeds the limit of %zu",
+                           wire_type_name(m->type), m->body_len, max_body);
     size_t total = 0;
     for (int i = 3; i < m->n_frames; i++) {
         zmq_msg_t *p = &m->frames[i];
@@ -172,8 +182,8 @@ static int wire_frames_check(wire_msg *m, size_t max_body, size_t max_payload, e
         m->n_payloads++;
         total += zmq_msg_size(p);
         if (total > max_payload)
-            return ep_err_set(err, "%s: payloads exceed the limit of %zu bytes",
-                              wire_type_name(m->type), max_payload);
+            return ep_err_setc(err, EP_ERR_MALFORMED, "%s: payloads exceed the limit of %zu bytes",
+                               wire_type_name(m->type), max_payload);
     }
     return 0;
 }
@@ -216,7 +226,7 @@ int wire_msg_from_frames(wire_msg *m, const uint8_t *const *frames, const size_t
     memset(m, 0, offsetof(wire_msg, frames));
     m->n_frames = 0;
     if (n > 3 + WIRE_MAX_PAYLOADS)
-        return ep_err_set(err, "more than %d payload frames", WIRE_MAX_PAYLOADS);
+        return ep_err_setc(err, EP_ERR_MALFORMED, "more than %d payload frames", WIRE_MAX_PAYLOADS);
     for (int i = 0; i < n; i++) {
         if (zmq_msg_init_size(&m->frames[i], lens[i]) != 0) {
             wire_msg_close(m);
@@ -398,7 +408,8 @@ static int wire_check_strings(const ProtobufCMessageDescriptor *d, const uint8_t
             const ProtobufCFieldDescriptor *f =
                 protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
             if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, len) != NULL)
-                return ep_err_set(err, "%s.%s: string contains a NUL byte", d->short_name, f->name);
+                return ep_err_setc(err, EP_ERR_MALFORMED, "%s.%s: string contains a NUL byte",
+                                   d->short_name, f->name);
             if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
                 wire_check_strings(f->descriptor, p + i, len, depth + 1, err) != 0)
                 return -1;
@@ -422,8 +433,8 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire
         .alloc = wire_budget_alloc, .free = wire_plain_free, .allocator_data = &b};
     ProtobufCMessage *msg = protobuf_c_message_unpack(desc, &a, m->body_len, m->body);
     if (msg == NULL) {
-        ep_err_set(err, "%s: body of %zu bytes is not a valid %s message", wire_type_name(m->type),
-                   m->body_len, desc->short_name);
+        ep_err_setc(err, EP_ERR_MALFORMED, "%s: body of %zu bytes is not a valid %s message",
+                    wire_type_name(m->type), m->body_len, desc->short_name);
     } else if (wire_check_strings(desc, m->body, m->body_len, 0, err) != 0) {
         ep_err_prefix(err, "%s", wire_type_name(m->type));
         wire_free_unpacked(msg);
@@ -439,27 +450,61 @@ void wire_free_unpacked(ProtobufCMessage *msg)
         protobuf_c_message_free_unpacked(msg, &a);
 }
 
-void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text)
+/* ep_err_code mirrors the wire's ErrorCode value for value (error.h): a code can pass from
+ * an ep_err to a body by a cast. */
+#define WIRE_SAME_CODE(x) static_assert((int)EP_##x == (int)EPMOE__ERROR_CODE__##x, #x)
+WIRE_SAME_CODE(ERR_NONE);
+WIRE_SAME_CODE(ERR_MALFORMED);
+WIRE_SAME_CODE(ERR_UNKNOWN_TYPE);
+WIRE_SAME_CODE(ERR_BAD_REQUEST);
+WIRE_SAME_CODE(ERR_UNKNOWN_WORKER);
+WIRE_SAME_CODE(ERR_CONFIG_HASH);
+WIRE_SAME_CODE(ERR_NOT_READY);
+WIRE_SAME_CODE(ERR_STEP_FAILED);
+WIRE_SAME_CODE(ERR_TIMEOUT);
+WIRE_SAME_CODE(ERR_WORKER_LOST);
+WIRE_SAME_CODE(ERR_LOAD_FAILED);
+WIRE_SAME_CODE(ERR_DUPLICATE);
+WIRE_SAME_CODE(ERR_SHUTTING_DOWN);
+WIRE_SAME_CODE(ERR_BUSY);
+WIRE_SAME_CODE(ERR_NOT_REGISTERED);
+WIRE_SAME_CODE(ERR_COMM_FAILED);
+WIRE_SAME_CODE(ERR_REFUSED);
+static_assert((int)EPMOE__ERROR_CODE__ERR_REFUSED < (int)EP_ERR_GENERIC,
+              "EP_ERR_GENERIC is a wire code");
+
+Epmoe__ErrorCode wire_code(const ep_err *err)
+{
+    if (err == NULL || err->code == EP_ERR_GENERIC || err->code < EP_ERR_NONE ||
+        err->code > EP_ERR_REFUSED)
+        return EPMOE__ERROR_CODE__ERR_STEP_FAILED;
+    return (Epmoe__ErrorCode)err->code;
+}
+
+void wire_error_body(Epmoe__Error *e, const ep_err *err, uint16_t in_reply_to)
 {
     epmoe__error__init(e);
     e->has_code = 1;
-    e->code = code;
-    e->message = text;
+    e->code = wire_code(err);
+    e->message = (char *)err->msg; /* borrowed: packing only reads it */
     if (in_reply_to) {
         e->has_in_reply_to = 1;
         e->in_reply_to = in_reply_to;
     }
 }
 
+void wire_reply_error(void *sock, const uint8_t *ident, size_t ident_len, const ep_err *err,
+                      uint16_t in_reply_to)
+{
+    Epmoe__Error e;
+    wire_error_body(&e, err, in_reply_to);
+    wire_send(sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0, true, NULL);
+}
+
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    Epmoe__Error e;
-    wire_error_init(&e, code, in_reply_to, text);
-    wire_send(sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0, true, NULL);
+    ep_err e;
+    EP_ERR_FROM_ARGS(&e, (ep_err_code)code, fmt);
+    wire_reply_error(sock, ident, ident_len, &e, in_reply_to);
 }

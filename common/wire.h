@@ -102,12 +102,24 @@ ProtobufCMessage *wire_unpack(const ProtobufCMessageDescriptor *desc, const wire
                               ep_err *err);
 void wire_free_unpacked(ProtobufCMessage *msg);
 
-/* An Error body {code, text, in_reply_to (0: absent)}; text is borrowed. */
-void wire_error_init(Epmoe__Error *e, Epmoe__ErrorCode code, uint16_t in_reply_to, char *text);
-/* Send an Error message (code, formatted message, in_reply_to type). Best effort. */
+/* The wire code of an error: err's code, EPMOE__ERROR_CODE__ERR_STEP_FAILED ("failed, the
+ * message says why") for one no layer classified (EP_ERR_GENERIC). */
+Epmoe__ErrorCode wire_code(const ep_err *err);
+/* The one "code + message" body: an Error {wire_code(err), err->msg, in_reply_to (0: absent)}.
+ * err's message is borrowed: err must outlive the packing of e. The worker's replies, the
+ * coordinator's outbox and wire_send_error all build their Error bodies here. */
+void wire_error_body(Epmoe__Error *e, const ep_err *err, uint16_t in_reply_to);
+/* Send err as an Error message (best effort: a failed send is not reported). */
+void wire_reply_error(void *sock, const uint8_t *ident, size_t ident_len, const ep_err *err,
+                      uint16_t in_reply_to);
+/* The same with the code and a formatted message. */
 void wire_send_error(void *sock, const uint8_t *ident, size_t ident_len, Epmoe__ErrorCode code,
                      uint16_t in_reply_to, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+
+/* "ERR_BUSY", "ERR_TIMEOUT", ... for a wire ErrorCode; `unknown` (which may be NULL) for a
+ * number the proto does not name. Static strings. */
+const char *wire_code_name(int code, const char *unknown);
 
 /* "REGISTER", "STEP_DONE", ... or "type N" for unknown types (static or thread-local). */
 const char *wire_type_name(uint16_t type);

@@ -28,22 +28,25 @@ void adm_reply(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
             payloads, n_payloads);
 }
 
-void adm_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
-               Epmoe__ErrorCode code, const char *fmt, ...)
+void adm_reply_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
+                     const ep_err *err)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.has_ok = 1;
     rep.ok = 0;
     rep.has_error_code = 1;
-    rep.error_code = code;
-    rep.error = text;
-    log_debug(LOG_SUB_NET, "admin request %" PRIu64 " failed: %s", id, text);
+    rep.error_code = wire_code(err);
+    rep.error = (char *)err->msg; /* borrowed: adm_reply packs it at once */
+    log_debug(LOG_SUB_NET, "admin request %" PRIu64 " failed: %s", id, err->msg);
     adm_reply(out, ident, ident_len, id, &rep, NULL, 0);
+}
+
+void adm_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
+               Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    adm_reply_error(out, ident, ident_len, id, &err);
 }
 
 void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f, bool status)

@@ -49,7 +49,10 @@ Epmoe__AdminRequest *adm_parse(const wire_msg *m, ob_box *out);
  * payloads (owned by the box when their free_fn is set). */
 void adm_reply(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
                Epmoe__AdminReply *reply, const wire_payload *payloads, int n_payloads);
-/* Queue AdminReply{ok: false, error_code, error} for request id. */
+/* Queue AdminReply{ok: false, error_code, error} for request id, from err's code and message. */
+void adm_reply_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
+                     const ep_err *err);
+/* The same with the code and a formatted message. */
 void adm_error(ob_box *out, const uint8_t *ident, size_t ident_len, uint64_t id,
                Epmoe__ErrorCode code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 

@@ -403,9 +403,7 @@ void cmx_workers(cmx *m, const spec_cluster *spec, reg_registry *reg, const plan
 
 static const char *cmx_code_name(int code)
 {
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
-    return v ? v->name : "ERR_UNKNOWN";
+    return wire_code_name(code, "ERR_UNKNOWN");
 }
 
 /* A layer as epmoectl names it: "3", or "mtp.0" past the main layers. */

@@ -363,11 +363,10 @@ static size_t coord_msg_bytes(const wire_msg *m)
  * libzmq for the next turn, after the timers. */
 static void coord_read_admin(coord *c)
 {
-    int64_t t0 = coord_clock_ms();
+    int64_t t0 = clk_mono_ms();
     size_t taken = 0;
     for (int i = 0; i < COORD_BATCH && !c->stop; i++) {
-        if (i > 0 &&
-            (taken >= COORD_ADMIN_TURN_BYTES || coord_clock_ms() - t0 >= COORD_ADMIN_TURN_MS))
+        if (i > 0 && (taken >= COORD_ADMIN_TURN_BYTES || clk_mono_ms() - t0 >= COORD_ADMIN_TURN_MS))
             return;
         wire_msg *m = malloc(sizeof *m);
         if (m == NULL) {
@@ -518,7 +517,7 @@ static long coord_poll_timeout(coord *c)
         if (d < next)
             next = d;
     }
-    int64_t wait = next - coord_clock_ms();
+    int64_t wait = next - clk_mono_ms();
     return wait < 0 ? 0 : wait > 1000 ? 1000 : (long)wait;
 }
 
@@ -557,14 +556,14 @@ int coord_run(coord *c, ep_err *err)
         int n = zmq_poll(items, 3, coord_poll_timeout(c));
         if (n < 0 && zmq_errno() != EINTR)
             return ep_err_set(err, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-        c->now_ms = coord_clock_ms();
+        c->now_ms = clk_mono_ms();
         if (n > 0 && (items[2].revents & ZMQ_POLLIN))
             coord_read_signals(c);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN))
             coord_read_workers(c);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
             coord_read_admin(c);
-        c->now_ms = coord_clock_ms(); /* the timers see the time they run at */
+        c->now_ms = clk_mono_ms(); /* the timers see the time they run at */
         if (!c->stop)
             coord_timers(c);
     }

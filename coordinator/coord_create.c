@@ -100,8 +100,7 @@ static int coord_random_session(uint64_t *out, ep_err *err)
  * to reach the next run's start). */
 static uint64_t coord_first_id(uint64_t per)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    struct timespec t = clk_wall();
     return (uint64_t)t.tv_sec * per + (uint64_t)t.tv_nsec / (1000000000u / per);
 }
 
@@ -227,7 +226,7 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err)
         coord_bind(c, c->asock, spec->admin, spec->admin_pos, "coordinator.admin",
                    AUTH_DOMAIN_OPERATORS, coord_admin_max_frame(c), err) != 0)
         goto fail;
-    c->now_ms = coord_clock_ms();
+    c->now_ms = clk_mono_ms();
     c->next_heartbeat_ms = c->now_ms + spec->heartbeat_ms;
     c->next_liveness_ms = c->now_ms + coord_liveness_ms(c);
     c->watchdog_ms = sdn_watchdog_usec() / 2000;

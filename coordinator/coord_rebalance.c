@@ -62,13 +62,9 @@ int coord_plan_rebalance(coord *c, plan_table **t_p, plan_report *rep, double *s
     }
     stats_weights(c->stats, w);
     coord_eligible(c, eligible);
-    int64_t t0 = coord_clock_ms();
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double t0 = clk_mono_s();
     *t_p = plan_rebalance(latest, w, eligible, plan_max_per_rank(c->pe), 0, rep, err);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    *secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-    (void)t0;
+    *secs = clk_mono_s() - t0;
     free(w);
     free(eligible);
     if (*t_p == NULL)

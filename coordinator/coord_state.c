@@ -15,13 +15,6 @@
 #include "common/log.h"
 #include "common/sdnotify.h"
 
-int64_t coord_clock_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 const char *coord_state_name(coord_state s)
 {
     switch (s) {
@@ -207,10 +200,7 @@ void coord_eligible(const coord *c, uint8_t *eligible)
 int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)
 {
     char why[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(why, sizeof why, fmt);
     uint8_t *eligible = calloc((size_t)c->spec->n_workers, 1);
     if (eligible == NULL) {
         log_error("placement: out of memory (%s)", why);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/wire.h"
 #include "coordinator/cmetrics.h"
 #include "coordinator/keys.h"
@@ -80,7 +81,6 @@ struct coord {
 
 /* "forming", "loading", "ready", "stopping", "blocked" */
 const char *coord_state_name(coord_state s);
-int64_t coord_clock_ms(void); /* CLOCK_MONOTONIC in ms */
 
 void coord_notify_status(coord *c);
 /* How often liveness is checked between heartbeats: a quarter heartbeat, at least 10 ms. */

@@ -51,7 +51,7 @@ static void usage(FILE *out)
 static int load_knobs(void)
 {
     knob_values kv;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (knob_load(&kv, KNOB_COORDINATOR, &err) < 0) {
         fprintf(stderr, "epmoe-coordinator: %s\n", err.msg);
         return -1;

@@ -4,8 +4,6 @@
  */
 #include "coordinator/outbox.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,17 +78,20 @@ void ob_to_worker_id(ob_box *b, const uint8_t *ident, size_t ident_len, uint16_t
     ob_send(b, OB_TO_WORKER_ID, -1, ident, ident_len, type, body, NULL, 0);
 }
 
+void ob_reply_error(ob_box *b, ob_to to, int rank, const uint8_t *ident, size_t ident_len,
+                    const ep_err *err, uint16_t in_reply_to)
+{
+    Epmoe__Error e;
+    wire_error_body(&e, err, in_reply_to);
+    ob_send(b, to, rank, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
+}
+
 void ob_error(ob_box *b, ob_to to, int rank, const uint8_t *ident, size_t ident_len,
               Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    Epmoe__Error e;
-    wire_error_init(&e, code, in_reply_to, text);
-    ob_send(b, to, rank, ident, ident_len, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
+    ep_err e;
+    EP_ERR_FROM_ARGS(&e, (ep_err_code)code, fmt);
+    ob_reply_error(b, to, rank, ident, ident_len, &e, in_reply_to);
 }
 
 void ob_event_add(ob_box *b, ob_kind kind, int rank, const char *fmt, ...)
@@ -103,10 +104,7 @@ void ob_event_add(ob_box *b, ob_kind kind, int rank, const char *fmt, ...)
     memset(e, 0, sizeof *e);
     e->kind = kind;
     e->rank = rank;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->text, sizeof e->text, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(e->text, sizeof e->text, fmt);
 }
 
 ob_event *ob_last_event(ob_box *b)

@@ -92,7 +92,11 @@ ob_msg *ob_to_rank(ob_box *b, int rank, uint16_t type, const ProtobufCMessage *b
                    const wire_payload *payloads, int n_payloads);
 void ob_to_worker_id(ob_box *b, const uint8_t *ident, size_t ident_len, uint16_t type,
                      const ProtobufCMessage *body);
-/* An Error message {code, text, in_reply_to} to a routing id on the worker or admin socket. */
+/* An Error message {err's code, err's message, in_reply_to} (wire_error_body) to a rank or a
+ * routing id on the worker or admin socket. */
+void ob_reply_error(ob_box *b, ob_to to, int rank, const uint8_t *ident, size_t ident_len,
+                    const ep_err *err, uint16_t in_reply_to);
+/* The same with the code and a formatted message. */
 void ob_error(ob_box *b, ob_to to, int rank, const uint8_t *ident, size_t ident_len,
               Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));

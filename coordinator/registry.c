@@ -161,10 +161,7 @@ void reg_not_ready_text(const reg_registry *r, char *buf, size_t cap)
 
 void reg_set_error(reg_worker *w, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(w->error, sizeof w->error, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(w->error, sizeof w->error, fmt);
 }
 
 bool reg_prepared(const reg_registry *r, int rank, uint64_t epoch)

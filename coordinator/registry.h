@@ -74,7 +74,7 @@ typedef struct reg_worker {
     reg_state state;
     uint8_t ident[WIRE_MAX_IDENT]; /* routing id it registered from (valid unless absent) */
     size_t ident_len;
-    int64_t last_seen_ms; /* coord_clock_ms of its last message; 0 when never seen */
+    int64_t last_seen_ms; /* clk_mono_ms of its last message; 0 when never seen */
     uint64_t bytes_done, bytes_total;
     uint64_t load_read; /* checkpoint bytes read by the load under way or the last one ... */
     uint32_t load_ms;   /* ... in this long (0: unknown) */

@@ -43,13 +43,10 @@ static void reg_keep_device(reg_worker *w, const Epmoe__DeviceInfo *d)
 /* Error to the sender of m, also logged (these are worker bugs or misconfigurations). */
 static void reg_error(const wire_msg *m, ob_box *out, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    log_warn("worker socket: %s", text);
-    ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len, code, m->type, "%s", text);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    log_warn("worker socket: %s", err.msg);
+    ob_reply_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len, &err, m->type);
 }
 
 /* The list of spec workers for the unknown-worker message, cut to fit. */

@@ -18,10 +18,7 @@ static void rl_note(char *buf, size_t cap, const char *fmt, ...)
         return;
     if (len > 0)
         len += (size_t)snprintf(buf + len, cap - len, "; ");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, cap - len, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(buf + len, cap - len, fmt);
 }
 
 /* What the coordinator cannot change while it runs. */

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "common/checkpoint.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "coordinator/admin.h"
@@ -42,7 +43,7 @@ typedef struct seq_step {
     uint64_t step_id;
     uint64_t epoch; /* the placement epoch it runs in */
     int layer, n_tokens, hidden, topk;
-    struct timespec t0;
+    double t0;                 /* clk_mono_s when the step began */
     int64_t deadline_ms;       /* step_timeout_ms after the start */
     bool failed;               /* the client got an error; the ranks are settling */
     int64_t abort_deadline_ms; /* step_timeout_ms after the abort */
@@ -416,16 +417,16 @@ static const char *seq_answer_name(int a)
 }
 
 /* Answer the client of the step in flight with an error (once). */
-static void seq_answer_error(seq_sequencer *s, Epmoe__ErrorCode code, const char *text, ob_box *out)
+static void seq_answer_error(seq_sequencer *s, const ep_err *err, ob_box *out)
 {
     seq_step *st = &s->step;
     if (st->failed)
         return;
     st->failed = true;
-    s->rec.code = code;
+    s->rec.code = wire_code(err);
     s->steps_failed++;
     if (st->req != NULL)
-        adm_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, code, "%s", text);
+        adm_reply_error(out, st->req->msg->ident, st->req->msg->ident_len, st->req->id, err);
     seq_step_release(st);
 }
 
@@ -452,22 +453,12 @@ static void seq_fail(seq_sequencer *s, const seq_env *env, ob_box *out, Epmoe__E
     seq_step *st = &s->step;
     if (!st->active || st->failed)
         return;
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    log_info("step %" PRIu64 " failed: %s", st->step_id, text);
-    seq_answer_error(s, code, text, out);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    log_info("step %" PRIu64 " failed: %s", st->step_id, err.msg);
+    seq_answer_error(s, &err, out);
     st->abort_deadline_ms = env->now_ms + env->spec->step_timeout_ms;
     seq_send_abort(s, out);
-}
-
-static double seq_seconds_since(const struct timespec *t0)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
 }
 
 static void seq_answer_ok(seq_sequencer *s, ob_box *out)
@@ -485,7 +476,7 @@ static void seq_answer_ok(seq_sequencer *s, ob_box *out)
     fi.has_hidden_size = 1;
     fi.hidden_size = (uint32_t)st->hidden;
     fi.has_seconds = 1;
-    fi.seconds = seq_seconds_since(&st->t0);
+    fi.seconds = clk_mono_s() - st->t0;
     fi.has_dispatch_bytes = 1;
     fi.dispatch_bytes = st->dispatch_bytes;
     fi.has_combine_bytes = 1;
@@ -511,7 +502,7 @@ static void seq_finish(seq_sequencer *s, ob_box *out)
 {
     seq_step *st = &s->step;
     s->rec.ok = !st->failed;
-    s->rec.seconds = seq_seconds_since(&st->t0);
+    s->rec.seconds = clk_mono_s() - st->t0;
     if (!st->failed)
         seq_answer_ok(s, out);
     seq_step_release(st);
@@ -575,7 +566,7 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
     st->n_tokens = T;
     st->hidden = env->cfg->hidden_size;
     st->topk = env->cfg->num_experts_per_tok;
-    clock_gettime(CLOCK_MONOTONIC, &st->t0);
+    st->t0 = clk_mono_s();
     st->deadline_ms = env->now_ms + env->spec->step_timeout_ms;
     if (seq_record_begin(s, env->cfg->n_routed_experts, st->step_id, env->plan->epoch, st->layer,
                          T) != 0)
@@ -599,8 +590,10 @@ static void seq_start(seq_sequencer *s, const seq_env *env, seq_request *rq, ob_
         for (int r = 0; r < P; r++)
             st->answer[r] = SEQ_GONE;
         st->pending = 0;
-        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED,
-                         "the coordinator is out of memory for the step's outputs", out);
+        ep_err oom;
+        ep_err_setc(&oom, EP_ERR_STEP_FAILED,
+                    "the coordinator is out of memory for the step's outputs");
+        seq_answer_error(s, &oom, out);
         return; /* settled: seq_pump closes it */
     }
     char lname[64];
@@ -884,9 +877,12 @@ int seq_resize(seq_sequencer *s, int n_ranks, ep_err *err)
 
 void seq_stop(seq_sequencer *s, ob_box *out)
 {
-    if (s->step.active)
-        seq_answer_error(s, EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN,
-                         "the coordinator is stopping; the step was abandoned", out);
+    if (s->step.active) {
+        ep_err stop;
+        ep_err_setc(&stop, EP_ERR_SHUTTING_DOWN,
+                    "the coordinator is stopping; the step was abandoned");
+        seq_answer_error(s, &stop, out);
+    }
     while (s->head) {
         seq_request *r = s->head;
         s->head = r->next;

@@ -26,12 +26,8 @@
 
 int spec_fail(const spec_ctx *c, spec_pos pos, const char *fmt, ...)
 {
-    char msg[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ep_err_set(c->err, "%s:%d:%d: %s", c->file, pos.line, pos.col, msg);
+    EP_ERR_FROM_ARGS(c->err, EP_ERR_GENERIC, fmt);
+    return ep_err_prefix(c->err, "%s:%d:%d", c->file, pos.line, pos.col);
 }
 
 static spec_pos spec_mark(yaml_mark_t m)

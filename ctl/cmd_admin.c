@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
 #include "ctl/cmds.h"
@@ -435,8 +436,7 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
             return CMD_USAGE;
         }
     }
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = clk_mono_ms();
     for (;;) {
         rpc_reply rr;
         int rc = call(ctx, "status", EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL, true, &rr);
@@ -447,9 +447,8 @@ int cmd_status(const cmd_ctx *gctx, int argc, char **argv)
             rpc_reply_free(&rr);
             return protocol_error("status", ctx, "the cluster's name and state");
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
         bool ready = strcmp(r->state, "ready") == 0;
-        bool expired = now.tv_sec - t0.tv_sec >= wait_s;
+        bool expired = clk_mono_ms() - t0 >= (int64_t)wait_s * 1000;
         if (!wait || ready || expired) {
             status_print(ctx, r);
             if (wait && !ready) {
@@ -695,8 +694,7 @@ static const char drain_usage[] =
 /* Poll STATUS until current_epoch >= epoch and the cluster is ready. */
 static int wait_epoch(const cmd_ctx *ctx, const char *cmd, uint64_t epoch, long wait_s)
 {
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = clk_mono_ms();
     for (;;) {
         rpc_reply rr;
         int rc = call(ctx, cmd, EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL, true, &rr);
@@ -710,8 +708,7 @@ static int wait_epoch(const cmd_ctx *ctx, const char *cmd, uint64_t epoch, long 
         rpc_reply_free(&rr);
         if (done)
             return CMD_OK;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - t0.tv_sec >= wait_s) {
+        if (clk_mono_ms() - t0 >= (int64_t)wait_s * 1000) {
             fprintf(stderr,
                     "epmoectl %s: placement epoch %" PRIu64 " is not current after %ld s (the "
                     "cluster is %s in epoch %" PRIu64 ")\n",

@@ -31,10 +31,12 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
 #include "common/safetensors_model.h"
+#include "common/wire.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
 #include "common/auth.h"
@@ -167,7 +169,7 @@ static int fwd_config(const char *dir, mc_config *c)
 {
     char path[EP_MAX_PATH];
     struct stat sb;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (stat(dir, &sb) != 0) {
         fprintf(stderr, "epmoectl forward: model directory %s: %s\n", dir, strerror(errno));
         return CMD_NOINPUT;
@@ -201,13 +203,6 @@ static void fwd_progress(void *ctx, uint64_t done)
         fprintf(stderr, "\n");
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer, int T, int k,
                        double load_s, uint64_t load_bytes, double run_s)
 {
@@ -229,7 +224,7 @@ static void fwd_report(const cmd_ctx *ctx, const fwd_args *a, const char *layer,
 static int fwd_prepare(const mc_config *c, const fwd_args *a, int *layer, char *name, size_t cap,
                        fwdio_input *in)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (ck_layer_parse(c, a->layer, layer, &err) < 0) {
         fprintf(stderr, "epmoectl forward: --layer: %s\n", err.msg);
         return CMD_USAGE;
@@ -249,7 +244,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     int rc = fwd_config(a->model, &c);
     if (rc != CMD_OK)
         return rc;
-    ep_err err = {{0}};
+    ep_err err = {0};
     int layer;
     char name[EP_MAX_NAME];
     fwdio_input in;
@@ -276,7 +271,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         rc = CMD_UNAVAILABLE;
         goto out;
     }
-    double t0 = now_s();
+    double t0 = clk_mono_s();
     fwd_load prog = {.name = name};
     if ((m = st_model_open(a->model, &err)) != NULL) {
         prog.total = shard_layer_bytes(m, &c, layer, NULL, NULL, false);
@@ -288,14 +283,14 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
         rc = CMD_DATAERR;
         goto out;
     }
-    double t1 = now_s();
+    double t1 = clk_mono_s();
     if (mb_forward(be, l, in.T, in.x, in.ids, out, ids, w, &err) < 0) {
         /* the input was validated; what is left is bad checkpoint data (a tid2eid entry) */
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_DATAERR;
         goto out;
     }
-    double t2 = now_s();
+    double t2 = clk_mono_s();
     if ((rc = fwdio_write(a->output, in.T, c.hidden_size, k, out, ids, w, &err)) != CMD_OK) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         goto out;
@@ -319,9 +314,7 @@ static int fwd_status(const epmoe_error *e)
 {
     const char *code = NULL;
     if (e->remote_code > 0) {
-        const ProtobufCEnumValue *v =
-            protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, e->remote_code);
-        code = v ? v->name : NULL;
+        code = wire_code_name(e->remote_code, NULL);
     } else if (e->code == EPMOE_ETIMEDOUT) {
         code = "ERR_TIMEOUT";
     } else if (e->code == EPMOE_ENOTREADY) {
@@ -349,7 +342,7 @@ static int fwd_keys(const cmd_ctx *ctx, char *pub, char *sec, char *server, epmo
         return CMD_OK;
     auth_keypair kp;
     uint8_t srv[AUTH_KEY_BYTES];
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (auth_load_secret(ctx->key_path, &kp, &err) != 0 ||
         (ctx->server_key_path && auth_load_public(ctx->server_key_path, srv, &err) != 0)) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
@@ -428,7 +421,7 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
                             .out = out,
                             .topk_ids = ids,
                             .topk_weights = w};
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (!out || !ids || !w) {
         fprintf(stderr, "epmoectl forward: out of memory for %zu tokens\n", T);
         rc = CMD_SOFTWARE;

@@ -304,7 +304,7 @@ static int load_config(const char *dir, mc_config *c)
         fprintf(stderr, "epmoectl inspect: %s: %s\n", path, strerror(errno));
         return CMD_NOINPUT;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (mc_load(path, c, &err) != 0) {
         fprintf(stderr, "epmoectl inspect: %s\n", err.msg);
         return CMD_CONFIG;
@@ -321,7 +321,7 @@ int cmd_inspect(const cmd_ctx *ctx, int argc, char **argv)
     mc_config c;
     if ((rc = load_config(a.model, &c)) != CMD_OK)
         return rc;
-    ep_err err = {{0}};
+    ep_err err = {0};
     st_model *m = st_model_open(a.model, &err);
     if (m == NULL) {
         fprintf(stderr, "epmoectl inspect: %s\n", err.msg);

@@ -78,7 +78,7 @@ int cmd_keygen(const cmd_ctx *ctx, int argc, char **argv)
         fprintf(stderr, "epmoectl keygen: this libzmq has no CURVE support\n");
         return CMD_SOFTWARE;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (auth_keygen(dir, name, &err) != 0) {
         fprintf(stderr, "epmoectl keygen: %s\n", err.msg);
         return CMD_CANTCREAT;

@@ -210,7 +210,7 @@ int cmd_mkmodel(const cmd_ctx *ctx, int argc, char **argv)
         fprintf(stderr, "epmoectl mkmodel: --expert-dtype fp4|fp8 is required\n");
         return CMD_USAGE;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     mk_plan plan;
     if (mk_check(&o, &plan, &err) != 0) {
         fprintf(stderr, "epmoectl mkmodel: %s\n", err.msg);

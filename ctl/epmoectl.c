@@ -212,7 +212,7 @@ static int ctl_parse_global(int argc, char **argv, cmd_ctx *ctx, int *rc)
 int main(int argc, char **argv)
 {
     knob_values kv;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (knob_load(&kv, KNOB_CTL, &err) < 0) {
         fprintf(stderr, "epmoectl: %s\n", err.msg);
         return CMD_USAGE;

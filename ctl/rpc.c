@@ -10,14 +10,8 @@
 #include <unistd.h>
 
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/limits.h"
-
-static int64_t rpc_now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 /* A random request id, so that replies to another client's or an earlier run's request can
  * never be taken for ours. */
@@ -25,8 +19,7 @@ static uint64_t rpc_random_id(void)
 {
     uint64_t id = 0;
     if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
+        struct timespec t = clk_wall();
         id = ((uint64_t)t.tv_nsec << 20) ^ (uint64_t)t.tv_sec ^ ((uint64_t)getpid() << 40);
     }
     return id ? id : 1;
@@ -35,13 +28,12 @@ static uint64_t rpc_random_id(void)
 const char *rpc_error_name(int code)
 {
     static _Thread_local char buf[32];
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
-    if (v == NULL) {
+    const char *name = wire_code_name(code, NULL);
+    if (name == NULL) {
         snprintf(buf, sizeof buf, "error %d", code);
         return buf;
     }
-    return v->name;
+    return name;
 }
 
 int rpc_report_error(const char *cmd, const Epmoe__AdminReply *r)
@@ -192,7 +184,7 @@ static int rpc_try_start(const cmd_ctx *ctx, const rpc_keys *k, void *zctx,
 static int rpc_wait(const cmd_ctx *ctx, rpc_try *t, int n, uint64_t id, int64_t end, int *failed,
                     rpc_reply *out, ep_err *err)
 {
-    for (int64_t left = end - rpc_now_ms(); left > 0; left = end - rpc_now_ms()) {
+    for (int64_t left = end - clk_mono_ms(); left > 0; left = end - clk_mono_ms()) {
         /* the sockets, then the monitors there are (a NULL socket would poll fd 0) */
         zmq_pollitem_t it[2 * (1 + RPC_RETRIES)];
         int m = 0;
@@ -233,15 +225,15 @@ int rpc_call(const cmd_ctx *ctx, Epmoe__AdminRequest *req, const wire_payload *p
     req->id = rpc_random_id();
     /* One deadline for the whole call (and the command's, when it set one): a retry is a fresh
      * connection that joins the earlier ones, which keep listening, never more time. */
-    int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : rpc_now_ms() + ctx->timeout_ms;
+    int64_t deadline = ctx->deadline_ms ? ctx->deadline_ms : clk_deadline_ms(ctx->timeout_ms);
     int tries = idempotent ? 1 + RPC_RETRIES : 1, n = 0, rc = 0, failed = 0;
     rpc_try t[1 + RPC_RETRIES] = {{0}};
-    while (rc == 0 && n < tries && rpc_now_ms() < deadline) {
+    while (rc == 0 && n < tries && clk_mono_ms() < deadline) {
         if ((rc = rpc_try_start(ctx, &keys, zctx, req, payloads, n_payloads, &t[n++], err)) != 0)
             break;
-        int64_t slice = (deadline - rpc_now_ms()) / (tries - n + 1);
-        rc = rpc_wait(ctx, t, n, req->id, n < tries ? rpc_now_ms() + slice : deadline, &failed, out,
-                      err);
+        int64_t slice = (deadline - clk_mono_ms()) / (tries - n + 1);
+        rc = rpc_wait(ctx, t, n, req->id, n < tries ? clk_deadline_ms(slice) : deadline, &failed,
+                      out, err);
     }
     for (int i = 0; i < n; i++)
         rpc_try_close(&t[i]);

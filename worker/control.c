@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/model_msg.h"
@@ -81,18 +82,9 @@ typedef struct wctl {
     wmx *mx;         /* metrics, served when WELCOME names an address */
 } wctl;
 
-static int64_t wctl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static const char *wctl_code_name(int code)
 {
-    const ProtobufCEnumValue *v =
-        protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor, code);
-    return v ? v->name : "ERR_?";
+    return wire_code_name(code, "ERR_?");
 }
 
 static void wctl_set_state(wctl *w, wctl_state s, const char *detail)
@@ -246,7 +238,7 @@ static int wctl_connect(wctl *w, ep_err *err)
         return -1;
     }
     w->dealer = d;
-    w->last_heard = wctl_now_ms();
+    w->last_heard = clk_mono_ms();
     wctl_send_register(w);
     char detail[EP_MAX_PATH + 32];
     snprintf(detail, sizeof detail, "registering with %s", w->opt->coordinator);
@@ -285,7 +277,7 @@ static void wctl_backoff_keep(wctl *w, const char *why, bool keep_serving)
     w->retired_mon = w->mon;
     w->mon = NULL;
     w->dealer = NULL;
-    w->reconnect_at = wctl_now_ms() + w->backoff_ms;
+    w->reconnect_at = clk_deadline_ms(w->backoff_ms);
     w->backoff_ms =
         w->backoff_ms * 2 > WCTL_BACKOFF_MAX_MS ? WCTL_BACKOFF_MAX_MS : w->backoff_ms * 2;
     wctl_set_state(w, WCTL_BACKOFF, why);
@@ -370,7 +362,7 @@ static int wctl_admit_clients(wctl *w, const Epmoe__Welcome *wm, ep_err *err)
 
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
     if (s != NULL && w->zap != NULL &&
@@ -409,7 +401,7 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     ack.config_hash = hash;
     ack.epoch = w->epoch;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_CONFIG_ACK, &ack.base);
-    w->next_heartbeat = wctl_now_ms() + w->heartbeat_ms;
+    w->next_heartbeat = clk_deadline_ms(w->heartbeat_ms);
     char detail[128];
     snprintf(detail, sizeof detail, "rank %d of %d, epoch %llu", w->rank, w->world_size,
              (unsigned long long)w->epoch);
@@ -601,7 +593,7 @@ static void wctl_read_dealer(wctl *w)
             wire_recv(w->dealer, false, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
         if (rc == WIRE_AGAIN)
             return;
-        w->last_heard = wctl_now_ms(); /* any message is a sign of life */
+        w->last_heard = clk_mono_ms(); /* any message is a sign of life */
         w->backoff_ms = WCTL_BACKOFF_INIT_MS;
         if (rc == WIRE_ERR) {
             log_warn("from the coordinator: %s", err.msg);
@@ -651,7 +643,7 @@ static void wctl_read_retired(wctl *w)
            (ev = auth_monitor_read(w->retired_mon, why, sizeof why)) != AUTH_EV_NOTHING)
         if (ev == AUTH_EV_OK && w->state == WCTL_BACKOFF && w->reconnect_at != WCTL_RECONNECT_NOW) {
             log_info("the coordinator at %s answers again: registering now, not in %lld ms",
-                     w->opt->coordinator, (long long)(w->reconnect_at - wctl_now_ms()));
+                     w->opt->coordinator, (long long)(w->reconnect_at - clk_mono_ms()));
             w->reconnect_at = WCTL_RECONNECT_NOW;
         }
 }
@@ -763,9 +755,9 @@ static bool wctl_welcomed(const wctl *w)
 
 static void wctl_timers(wctl *w)
 {
-    int64_t now = wctl_now_ms();
+    int64_t now = clk_mono_ms();
     if (w->state == WCTL_BACKOFF) {
-        ep_err err = {{0}};
+        ep_err err = {0};
         if (now >= w->reconnect_at && wctl_connect(w, &err) != 0) {
             log_error("%s", err.msg);
             wctl_backoff(w, "reconnect failed");
@@ -790,7 +782,7 @@ static void wctl_timers(wctl *w)
 
 static long wctl_poll_timeout(const wctl *w)
 {
-    int64_t now = wctl_now_ms(), next = now + 1000;
+    int64_t now = clk_mono_ms(), next = now + 1000;
     if (w->state == WCTL_BACKOFF && w->reconnect_at < next)
         next = w->reconnect_at;
     if (w->state != WCTL_BACKOFF) {
@@ -844,7 +836,7 @@ int wctl_run(const wctl_options *opt)
               .liveness = WCTL_DEFAULT_LIVENESS,
               .backoff_ms = WCTL_BACKOFF_INIT_MS,
               .exit_code = WCTL_EXIT_OK};
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (wctl_signals(&w, &err) != 0)
         goto fail_signals;
     w.zctx = zmq_ctx_new();
@@ -874,8 +866,7 @@ int wctl_run(const wctl_options *opt)
      * never share a routing id: the coordinator's ROUTER has no ROUTER_HANDOVER (libzmq 4.3
      * can abort in a handover). The name part is cut to fit ZeroMQ's 255 bytes; the name
      * that counts is REGISTER's. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    struct timespec ts = clk_wall();
     snprintf(w.ident, sizeof w.ident, "%.63s/%08x", opt->name,
              (unsigned)((uint32_t)getpid() * 2654435761u ^ (uint32_t)ts.tv_nsec));
     /* before any CURVE server socket exists: libzmq admits everyone while no handler is bound */
@@ -899,7 +890,7 @@ int wctl_run(const wctl_options *opt)
         goto fail_connect;
     uint64_t wd = sdn_watchdog_usec();
     w.watchdog_ms = (int64_t)(wd / 2000);
-    w.next_watchdog = wctl_now_ms();
+    w.next_watchdog = clk_mono_ms();
     log_info("worker %s (%s: %s, %s) registering with %s", opt->name, opt->device, w.dev.name,
              w.backend, opt->coordinator);
     wctl_loop(&w);

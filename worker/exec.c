@@ -130,7 +130,7 @@ static void exec_serve(exec_state *st, bool client_readable)
         srv_on_client(st->srv, &env);
     srv_on_data(st->srv, &env);
     srv_run(st->srv, &env);
-    double now = exec_now();
+    double now = clk_mono_s();
     if (now - st->reported_at >= 1.0 && env.ready) {
         st->reported_at = now;
         srv_report(st->srv, &env, exec_send_report, st);

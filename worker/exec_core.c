@@ -3,8 +3,6 @@
  * (ERROR, STEP_FAILED, any message) and freeing what it holds. It calls nothing of exec.c,
  * exec_load.c or exec_step.c, so those stand above it.
  */
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/log.h"
@@ -24,35 +22,31 @@ void exec_send(exec_state *st, uint16_t type, const ProtobufCMessage *body, cons
 
 void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    Epmoe__Error e = EPMOE__ERROR__INIT;
-    e.has_code = e.has_in_reply_to = 1;
-    e.code = code;
-    e.in_reply_to = in_reply_to;
-    e.message = text;
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    Epmoe__Error e;
+    wire_error_body(&e, &err, in_reply_to);
     exec_send(st, EPMOE__MSG_TYPE__MSG_ERROR, &e.base, NULL, 0);
+}
+
+void exec_step_failed_err(exec_state *st, bool has_id, uint64_t step_id, const ep_err *err)
+{
+    log_warn("step %llu failed: %s", (unsigned long long)step_id, err->msg);
+    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
+    f.has_step_id = has_id;
+    f.step_id = step_id;
+    f.has_code = 1;
+    f.code = wire_code(err);
+    f.message = (char *)err->msg; /* borrowed for the packing */
+    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
 }
 
 void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
                       const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    log_warn("step %llu failed: %s", (unsigned long long)step_id, text);
-    Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
-    f.has_step_id = has_id;
-    f.step_id = step_id;
-    f.has_code = 1;
-    f.code = code;
-    f.message = text;
-    exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    exec_step_failed_err(st, has_id, step_id, &err);
 }
 
 /* ---- state ------------------------------------------------------------------------------------

@@ -45,9 +45,9 @@ static void exec_send_loading(exec_progress *p, uint64_t done)
     m.layers_done = (uint32_t)p->layers_done;
     m.layers_total = (uint32_t)p->layers_total;
     m.has_elapsed_ms = 1; /* bytes_done / elapsed_ms: the load's rate in status / workers */
-    m.elapsed_ms = (uint32_t)((exec_now() - p->start) * 1000.0);
+    m.elapsed_ms = (uint32_t)((clk_mono_s() - p->start) * 1000.0);
     exec_send(p->st, EPMOE__MSG_TYPE__MSG_LOADING, &m.base, NULL, 0);
-    p->last = exec_now();
+    p->last = clk_mono_s();
 }
 
 /* shard_load's progress: LOADING at most every EXEC_PROGRESS_INTERVAL_S, and a stop request
@@ -63,7 +63,7 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
     p->layers_total = layers_total;
     wmx_load_progress(p->st->mx, done, total);
     if (!p->serve &&
-        (p->last == 0 || exec_now() - p->last >= EXEC_PROGRESS_INTERVAL_S || done == total))
+        (p->last == 0 || clk_mono_s() - p->last >= EXEC_PROGRESS_INTERVAL_S || done == total))
         exec_send_loading(p, done); /* a staged load says nothing until it is prepared */
     if (p->serve && boundary) {
         p->served_at = layers_done;
@@ -234,7 +234,7 @@ static int exec_load_into(exec_state *st, const exec_session *s, mb_layer **old,
         n_old = 0;
         *cost = exec_count_slots(s, NULL, 0);
     }
-    p->start = exec_now();
+    p->start = clk_mono_s();
     rc = mb_set_gemm(st->be, s->gpu_gemm, err);
     if (rc == 0)
         rc = shard_load(st->be, m, c, want, n_old == L ? old : NULL, EP_MAX_TOKENS, out,
@@ -270,7 +270,7 @@ static void exec_open_client(exec_state *st)
             snprintf(ep, sizeof ep, "%s", s->client_endpoint);
         else
             srv_default_endpoint(s->data_endpoint, ep, sizeof ep);
-        ep_err err = {{0}};
+        ep_err err = {0};
         st->srv = srv_create(st->actor->zctx, ep, st->actor->secure ? &st->actor->key : NULL, &err);
         if (st->srv == NULL)
             log_error("no client endpoint (the serving path is off): %s", err.msg);
@@ -333,8 +333,8 @@ void exec_load(exec_state *st, uint16_t in_reply_to)
     if (st->n_layers > 0 &&
         (st->shard_hash != s->config_hash || strcmp(st->shard_model, s->model_path) != 0))
         exec_free_shard(st); /* another model or config: nothing to keep */
-    double t0 = exec_now();
-    ep_err err = {{0}};
+    double t0 = clk_mono_s();
+    ep_err err = {0};
     exec_progress p = {.st = st, .s = s, .served_at = -1};
     int L = mc_num_layers(&s->config);
     exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
@@ -343,7 +343,7 @@ void exec_load(exec_state *st, uint16_t in_reply_to)
     int rc = layers ? exec_open_data_plane(st, &err) : ep_err_set(&err, "out of memory");
     if (rc == 0)
         rc = exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err);
-    double load_s = p.start > 0 ? exec_now() - p.start : 0;
+    double load_s = p.start > 0 ? clk_mono_s() - p.start : 0;
     /* the old layers gave their kept experts to the new ones (or the load failed half-way and
      * they may have): either way only the new layers are to be trusted */
     exec_free_shard(st);
@@ -369,7 +369,8 @@ void exec_load(exec_state *st, uint16_t in_reply_to)
         "kept, %d read: %llu bytes at %.2f GB/s) from %s in %.2f s; data plane %s (%d members)",
         (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
         c.slots - c.kept, (unsigned long long)p.total, exec_gbps(p.total, load_s), s->model_path,
-        exec_now() - t0, st->tp ? tpz_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
+        clk_mono_s() - t0, st->tp ? tpz_endpoint(st->tp) : "nccl (built on COMM_INIT)",
+        s->n_members);
     wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
                exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, s->epoch);
@@ -388,13 +389,13 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     exec_slots c = exec_count_slots(s, st->layers, st->n_layers);
     mb_layer **layers = calloc((size_t)L, sizeof *layers);
     exec_progress p = {.st = st, .s = s, .serve = true, .served_at = -1};
-    ep_err err = {{0}};
-    double t0 = exec_now();
+    ep_err err = {0};
+    double t0 = clk_mono_s();
     uint64_t files = 0;
     int rc = layers ? exec_load_into(st, s, st->layers, st->n_layers, layers, &p, &c, &files, &err)
                     : ep_err_set(&err, "out of memory");
     /* steps served between layers count in: the rate is a lower bound */
-    double load_s = p.start > 0 ? exec_now() - p.start : 0;
+    double load_s = p.start > 0 ? clk_mono_s() - p.start : 0;
     if (rc != 0) {
         free(layers);
         exec_session_free(s_p);
@@ -415,7 +416,7 @@ static void exec_stage(exec_state *st, exec_session **s_p)
     st->staged_load_s = load_s;
     log_info("staged epoch %llu prepared in %.2f s: %d slots (%d kept, %d read: %llu bytes), "
              "serving epoch %llu meanwhile",
-             (unsigned long long)s->epoch, exec_now() - t0, c.slots, c.kept, c.slots - c.kept,
+             (unsigned long long)s->epoch, clk_mono_s() - t0, c.slots, c.kept, c.slots - c.kept,
              (unsigned long long)p.total, (unsigned long long)st->session->epoch);
     wmx_loaded(st->mx, "staged", p.total, exec_layer_bytes(st->layers, st->n_layers));
     exec_send_ready(st, s, layers, p.total, c, true, load_s);

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "worker/exec_pipe.h"
 #include "worker/exec_session.h"
 #include "worker/serve.h"
@@ -115,13 +116,6 @@ static inline srv_env exec_env(const exec_state *st)
                      .ready = st->ready && st->session != NULL && !st->session->nccl};
 }
 
-static inline double exec_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* exec_core.c */
 void exec_send(exec_state *st, uint16_t type, const ProtobufCMessage *body, const wire_payload *pl,
                int n);
@@ -129,6 +123,8 @@ void exec_error(exec_state *st, Epmoe__ErrorCode code, uint16_t in_reply_to, con
     __attribute__((format(printf, 4, 5)));
 void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__ErrorCode code,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same for an error that carries its code (ep_err). */
+void exec_step_failed_err(exec_state *st, bool has_id, uint64_t step_id, const ep_err *err);
 void exec_free_layers(mb_layer **layers, int n);
 void exec_free_shard(exec_state *st);
 void exec_drop_staged(exec_state *st);

@@ -50,8 +50,7 @@ typedef struct exec_step_s {
     uint32_t messages;                          /* data-plane messages sent */
     bool aborted;                               /* by STEP_ABORT (answered) */
     bool abandoned;                             /* by RESET or TERM (not answered) */
-    ep_err err;
-    Epmoe__ErrorCode code;
+    ep_err err; /* with its code: what the step's StepFailed reports */
 } exec_step_s;
 
 static void exec_step_free(exec_step_s *s)
@@ -81,13 +80,7 @@ static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...
 
 static int exec_fail(exec_step_s *s, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX]; /* the arguments may include s->err.msg itself */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    memcpy(s->err.msg, text, sizeof text);
-    s->code = code;
+    EP_ERR_FROM_ARGS(&s->err, (ep_err_code)code, fmt);
     return -1;
 }
 
@@ -171,7 +164,7 @@ static int exec_plan_pairs(exec_step_s *s)
 
 static void exec_tick(exec_step_s *s, double t0)
 {
-    s->compute_s += exec_now() - t0;
+    s->compute_s += clk_mono_s() - t0;
 }
 
 static int exec_send_dispatches(exec_step_s *s)
@@ -251,7 +244,7 @@ static int exec_local(exec_step_s *s)
         ex[p] = (uint32_t)s->topk_ids[slot];
         w[p] = s->topk_w[slot];
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     /* the shared expert first: a GPU backend runs it while the host plans the local pairs */
     if (mb_step_shared(s->ms, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "shared expert: %s", s->err.msg);
@@ -263,7 +256,7 @@ static int exec_local(exec_step_s *s)
     }
     exec_scatter(s, s->slot_to[s->rank], n, out);
     exec_tick(s, t0);
-    s->expert_s += exec_now() - t0;
+    s->expert_s += clk_mono_s() - t0;
     exec_count_pairs(s, ex, n);
 done:
     free(row);
@@ -306,7 +299,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
         goto done;
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     if (d->format == TP_FMT_BF16 && rows &&
         mb_quant(s->st->be, s->layer, d->n_rows, d->hidden, q, qs, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "quantizing rank %d's rows: %s", src,
@@ -322,7 +315,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         goto done;
     }
     exec_tick(s, t0);
-    s->expert_s += exec_now() - t0;
+    s->expert_s += clk_mono_s() - t0;
     exec_count_pairs(s, d->pair_expert, d->n_pairs);
     size_t bytes = tp_msg_bytes(&c, s->H);
     s->combine_bytes += bytes;
@@ -456,7 +449,7 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
             return -1;
         if (s->need_c == 0)
             break;
-        double left = deadline - exec_now();
+        double left = deadline - clk_mono_s();
         if (left <= 0) {
             char who[EP_ERR_MSG_MAX / 2];
             exec_missing(s, who, sizeof who);
@@ -500,7 +493,7 @@ static int exec_send_done(exec_step_s *s)
                          "out of memory for the output");
         return -1;
     }
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     if (s->ms != NULL && mb_step_finish(s->ms, s->eo, out, &s->err) != 0) {
         free(out);
         exec_step_failed(s->st, true, s->step_id, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "combine: %s",
@@ -527,7 +520,7 @@ static int exec_send_done(exec_step_s *s)
         d.pair_count = buf + 3 * cap;
         d.n_pair_rank = d.n_pair_count = exec_sparse(pairs, s->P, d.pair_rank, d.pair_count);
     }
-    double total = exec_now() - s->t0;
+    double total = clk_mono_s() - s->t0;
     d.has_step_id = d.has_n_tokens = d.has_dispatch_bytes = d.has_combine_bytes = 1;
     d.has_compute_seconds = d.has_dispatch_seconds = d.has_expert_seconds = 1;
     d.has_combine_seconds = d.has_messages_sent = 1;
@@ -559,8 +552,8 @@ static int exec_send_done(exec_step_s *s)
 static int exec_step_run(exec_step_s *s)
 {
     exec_state *st = s->st;
-    double deadline = exec_now() + st->session->step_timeout_ms / 1000.0;
-    double t0 = exec_now();
+    double deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0;
+    double t0 = clk_mono_s();
     s->t0 = t0;
     s->ms = mb_step_begin(st->be, s->layer, s->T, s->x, s->ids, s->topk_ids, s->topk_w, s->q, s->qs,
                           s->xn, &s->err);
@@ -568,15 +561,15 @@ static int exec_step_run(exec_step_s *s)
         return exec_fail(s, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
                          (unsigned long long)s->step_id, s->err.msg);
     exec_tick(s, t0);
-    double routed = exec_now();
+    double routed = clk_mono_s();
     if (exec_plan_pairs(s) != 0 || exec_send_dispatches(s) != 0)
         return -1;
-    s->dispatch_s = exec_now() - routed;
+    s->dispatch_s = clk_mono_s() - routed;
     if (exec_local(s) != 0)
         return -1;
-    double waiting = exec_now();
+    double waiting = clk_mono_s();
     int rc = exec_wait_peers(s, deadline);
-    s->combine_s = exec_now() - waiting;
+    s->combine_s = clk_mono_s() - waiting;
     return rc;
 }
 
@@ -707,14 +700,14 @@ static int exec_nccl_step(exec_step_s *s)
                   .topk_w = s->topk_w,
                   .out = s->out,
                   .expert_tokens = s->expert_tokens,
-                  .deadline = exec_now() + st->session->step_timeout_ms / 1000.0,
+                  .deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0,
                   .idle = exec_nccl_idle,
                   .idle_ctx = s};
-    double t0 = exec_now();
+    double t0 = clk_mono_s();
     int code = 0;
-    ep_err err = {{0}};
+    ep_err err = {0};
     int rc = sn_run(st->sn, &io, &code, &err);
-    s->compute_s += exec_now() - t0; /* on the GPU the exchange overlaps the kernels */
+    s->compute_s += clk_mono_s() - t0; /* on the GPU the exchange overlaps the kernels */
     s->dispatch_bytes = io.dispatch_bytes;
     s->combine_bytes = io.combine_bytes;
     return rc == 0 ? 0 : exec_fail(s, (Epmoe__ErrorCode)code, "%s", err.msg);
@@ -727,7 +720,7 @@ static void exec_nccl_failed(exec_step_s *s)
     Epmoe__StepFailed f = EPMOE__STEP_FAILED__INIT;
     f.has_step_id = f.has_code = f.has_comm_aborted = 1;
     f.step_id = s->step_id;
-    f.code = s->code;
+    f.code = wire_code(&s->err);
     f.message = s->err.msg;
     f.comm_aborted = st->comm != NULL && tpc_get_state(st->comm) != TPC_READY;
     exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
@@ -825,7 +818,7 @@ static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *er
 
 void exec_comm_init(exec_state *st, const wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__CommInit *ci = (Epmoe__CommInit *)wire_unpack(&epmoe__comm_init__descriptor, m, &err);
     if (ci == NULL) {
         exec_error(st, EPMOE__ERROR_CODE__ERR_MALFORMED, m->type, "%s", err.msg);
@@ -843,7 +836,7 @@ void exec_comm_init(exec_state *st, const wire_msg *m)
     if (rc == 0)
         rc = exec_comm_begin(st, ci, &err);
     if (rc == 0)
-        rc = tpc_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
+        rc = tpc_wait_ready(st->comm, clk_mono_s() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
                             &err);
     if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
         tpc_abort(st->comm, err.msg);
@@ -873,7 +866,7 @@ void exec_step(exec_state *st, wire_msg *m)
         wire_free_unpacked(&req->base);
         return;
     }
-    *s = (exec_step_s){.st = st, .step_id = req->step_id, .code = EPMOE__ERROR_CODE__ERR_NONE};
+    *s = (exec_step_s){.st = st, .step_id = req->step_id};
     if (!st->ready) {
         exec_step_failed(st, true, s->step_id, EPMOE__ERROR_CODE__ERR_NOT_READY,
                          "STEP %llu: the shard is not loaded", (unsigned long long)s->step_id);
@@ -898,7 +891,7 @@ void exec_step(exec_state *st, wire_msg *m)
     int rc = exec_step_parse(s, req, m);
     wire_free_unpacked(&req->base);
     if (rc != 0) {
-        exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+        exec_step_failed_err(st, true, s->step_id, &s->err);
         wmx_step_result(st->mx, false);
         exec_step_free(s);
         free(s);
@@ -924,7 +917,7 @@ void exec_step(exec_state *st, wire_msg *m)
         if (nccl)
             exec_nccl_failed(s);
         else
-            exec_step_failed(st, true, s->step_id, s->code, "%s", s->err.msg);
+            exec_step_failed_err(st, true, s->step_id, &s->err);
         wmx_step_result(st->mx, false);
     }
     if (st->tp)

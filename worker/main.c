@@ -128,7 +128,7 @@ static int parse_args(int argc, char **argv, worker_args *a)
 /* The options that need more than presence; an exit code or -1. */
 static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     wctl_options *o = &a->opt;
     if (o->coordinator == NULL || o->coordinator[0] == '\0') {
         fprintf(stderr, "epmoe-worker: --coordinator is required (or $EPMOE_COORDINATOR_LISTEN; "
@@ -172,7 +172,7 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
 /* The environment, read once (common/knobs.h): a bad value is a usage error, like an option's. */
 static int load_knobs(knob_values *kv)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (knob_load(kv, KNOB_WORKER, &err) < 0) {
         fprintf(stderr, "epmoe-worker: %s\n", err.msg);
         return WORKER_EXIT_USAGE;

@@ -128,26 +128,30 @@ static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, ui
                        uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 
-static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
-                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+/* A Result {code, message} for request (client, seq), counted busy or failed. */
+static void srv_refuse_err(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                           uint64_t seq, const ep_err *err)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     Epmoe__Result r = EPMOE__RESULT__INIT;
     r.has_client = r.has_seq = r.has_code = 1;
     r.client = client;
     r.seq = seq;
-    r.code = code;
-    r.message = text;
+    r.code = wire_code(err);
+    r.message = (char *)err->msg; /* borrowed for the packing */
     srv_send_result(s, ident, ident_len, &r, NULL, 0);
     wmx_step_result(s->mx, false); /* a request that failed (or was refused) at its entry */
-    if (code == EPMOE__ERROR_CODE__ERR_BUSY)
+    if (err->code == EP_ERR_BUSY)
         s->stats.busy++;
     else
         s->stats.failed++;
+}
+
+static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
+                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+{
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    srv_refuse_err(s, ident, ident_len, client, seq, &err);
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
@@ -189,12 +193,9 @@ static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const cha
 
 static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    srv_refuse(s, q->ident, q->ident_len, q->client, q->seq, code, "%s", text);
+    ep_err err;
+    EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
+    srv_refuse_err(s, q->ident, q->ident_len, q->client, q->seq, &err);
     srv_req_free(s, q);
 }
 
@@ -307,7 +308,7 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
                           q->topk_w, q->q, q->qs, q->xn, err);
     if (q->ms == NULL)
         return -1;
-    q->t_routed = srv_now();
+    q->t_routed = clk_mono_s();
     q->epoch = env->session->epoch;
     q->attempt++;
     memset(q->eo, 0, (size_t)q->T * (size_t)q->k * (size_t)q->H * 2);
@@ -333,9 +334,9 @@ static int srv_start(srv_server *s, const srv_env *env, srv_req *q, ep_err *err)
         if (mb_step_shared(q->ms, err) != 0)
             return ep_err_prefix(err, "shared expert");
         q->shared = true;
-        q->t_shared = srv_now();
+        q->t_shared = clk_mono_s();
     }
-    q->t_sent = srv_now();
+    q->t_sent = clk_mono_s();
     return 0;
 }
 
@@ -476,7 +477,7 @@ static int srv_req_alloc(srv_req *q, const wire_msg *m, bool has_ids)
 
 static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Submit *r = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, &err);
     if (r == NULL) {
         srv_refuse(s, m->ident, m->ident_len, 0, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "SUBMIT: %s",
@@ -509,7 +510,7 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
         q->T = (int)r->n_tokens;
         q->k = c->num_experts_per_tok;
         q->H = c->hidden_size;
-        q->t_arrive = srv_now();
+        q->t_arrive = clk_mono_s();
         uint32_t ms = r->has_timeout_ms && r->timeout_ms ? r->timeout_ms
                                                          : (uint32_t)env->session->step_timeout_ms;
         q->deadline = q->t_arrive + ms / 1000.0;
@@ -568,7 +569,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     if (c->refused) {
         p->refused = true;
         if (q->retry_at == 0)
-            q->retry_at = srv_now() + q->backoff;
+            q->retry_at = clk_mono_s() + q->backoff;
         log_debug(LOG_SUB_DATA, "request %016llx: rank %d (epoch %llu) refused %d pairs",
                   (unsigned long long)q->id, c->src_rank, (unsigned long long)c->server_epoch,
                   p->n);
@@ -578,7 +579,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     for (int j = 0; j < p->n; j++)
         memcpy(q->eo + (size_t)p->slot[j] * H, c->out + (size_t)j * H, H * 2);
     p->done = true;
-    q->t_back = srv_now();
+    q->t_back = clk_mono_s();
     (void)env;
 }
 
@@ -610,7 +611,7 @@ static bool srv_complete(const srv_req *q)
 static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
 {
     size_t T = (size_t)q->T, H = (size_t)q->H, k = (size_t)q->k;
-    double t0 = srv_now();
+    double t0 = clk_mono_s();
     uint16_t *out = malloc(T * H * 2);
     ep_err err;
     if (out == NULL || mb_step_finish(q->ms, q->eo, out, &err) != 0) {
@@ -619,7 +620,7 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
                  out ? err.msg : "out of memory");
         return;
     }
-    double t1 = srv_now();
+    double t1 = clk_mono_s();
     Epmoe__Result r = EPMOE__RESULT__INIT;
     r.has_client = r.has_seq = r.has_epoch = r.has_entry_rank = r.has_replayed = 1;
     r.has_n_tokens = r.has_queued_seconds = r.has_dispatch_seconds = 1;
@@ -649,7 +650,7 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
               (unsigned long long)q->id, q->layer, q->T, (q->t_routed - q->t_arrive) * 1e3,
               (q->t_sent - q->t_arrive) * 1e3, q->t_own ? (q->t_own - q->t_arrive) * 1e3 : 0,
               q->t_shared ? (q->t_shared - q->t_arrive) * 1e3 : 0,
-              q->t_back ? (q->t_back - q->t_arrive) * 1e3 : 0, (srv_now() - q->t_arrive) * 1e3);
+              q->t_back ? (q->t_back - q->t_arrive) * 1e3 : 0, (clk_mono_s() - q->t_arrive) * 1e3);
     wmx_step(env->mx, q->layer, t1 - q->t_arrive, r.dispatch_seconds, r.experts_seconds,
              r.combine_seconds);
     wmx_step_result(env->mx, true);
@@ -680,7 +681,7 @@ static void srv_missing(const srv_req *q, const srv_env *env, char *buf, size_t 
 
 static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double now)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (now >= q->deadline) {
         char who[EP_ERR_MSG_MAX / 2];
         srv_missing(q, env, who, sizeof who);
@@ -734,12 +735,12 @@ static void srv_shared(srv_server *s, bool complete_only)
                 steps[n++] = cand[j]->ms;
                 cand[j] = NULL;
             }
-        ep_err err = {{0}};
+        ep_err err = {0};
         if (mb_steps_shared(steps, n, &err) != 0) /* mb_step_finish runs what is left */
             log_warn("serving: shared expert of %d requests of layer %d: %s", n, layer, err.msg);
         s->stats.shared_batches++;
         s->stats.shared_requests += (uint64_t)n;
-        double now = srv_now();
+        double now = clk_mono_s();
         for (int j = 0; j < n; j++) {
             reqs[j]->shared = true;
             reqs[j]->t_shared = now;
@@ -777,7 +778,7 @@ void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
     if (env->session == NULL || srv_shape(s, env) != 0) {
-        double now = srv_now();
+        double now = clk_mono_s();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)
             if (s->req[i].phase != SRV_FREE && now >= s->req[i].deadline)
                 srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_TIMEOUT,
@@ -786,7 +787,7 @@ void srv_run(srv_server *s, const srv_env *env)
         return;
     }
     /* start and send before serving, so this worker's own parts join the batch */
-    double now = srv_now();
+    double now = clk_mono_s();
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_step_req(s, env, &s->req[i], now);
@@ -800,7 +801,7 @@ void srv_run(srv_server *s, const srv_env *env)
 
 double srv_idle_timeout(const srv_server *s)
 {
-    double now = srv_now(), t = 1.0;
+    double now = clk_mono_s(), t = 1.0;
     for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
         const srv_req *q = &s->req[i];
         if (q->phase == SRV_FREE)

@@ -159,13 +159,13 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
             return;
         if (out == NULL) {
             p->refused = true;
-            q->retry_at = srv_now();
+            q->retry_at = clk_mono_s();
             return;
         }
         for (int i = 0; i < p->n; i++)
             memcpy(q->eo + (size_t)p->slot[i] * H, out + (size_t)i * H, H * 2);
         p->done = true;
-        q->t_own = srv_now();
+        q->t_own = clk_mono_s();
         return;
     }
     if (j->msg.kind != TP_DISPATCH || env->tp == NULL)
@@ -223,7 +223,7 @@ static void srv_run_layer(srv_server *s, const srv_env *env, int layer, srv_job 
     size_t H = (size_t)env->session->config.hidden_size, SC = H / EP_FP8_BLOCK;
     srv_rows *rows = calloc((size_t)n, sizeof *rows);
     bool *ok = calloc((size_t)n, sizeof *ok);
-    ep_err err = {{0}};
+    ep_err err = {0};
     size_t R = 0, Pn = 0;
     for (int i = 0; rows && ok && i < n; i++) {
         srv_job *j = jobs[i];

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/exec_session.h"
@@ -121,13 +122,6 @@ struct srv_server {
     srv_load *load; /* [L] */
     srv_stats stats;
 };
-
-static inline double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static inline void *srv_alloc(size_t n)
 {

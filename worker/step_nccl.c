@@ -14,13 +14,13 @@
  */
 #include "worker/step_nccl.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/wire.h"
 #include "epmoe.pb-c.h"
 #include "worker/plan.h"
 
@@ -78,8 +78,7 @@ typedef struct sn_ctx {
     uint32_t *d_slots, *d_rows;
     uint8_t *h_counts_out, *h_counts_in, *d_counts_out, *d_counts_in; /* [P * SN_COUNTS_SLOT] */
     float *d_qsf; /* e8m0 scales as f32, for the largest source */
-    int code;
-    ep_err *err;
+    ep_err *err;  /* with the failure's code */
 } sn_ctx;
 
 /* ---- create and destroy ---------------------------------------------------------------------- */
@@ -214,13 +213,7 @@ static int sn_fail(sn_ctx *c, int code, const char *fmt, ...) __attribute__((for
 
 static int sn_fail(sn_ctx *c, int code, const char *fmt, ...)
 {
-    char text[EP_ERR_MSG_MAX]; /* the arguments may include c->err->msg itself */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    memcpy(c->err->msg, text, sizeof text);
-    c->code = code;
+    EP_ERR_FROM_ARGS(c->err, (ep_err_code)code, fmt);
     return -1;
 }
 
@@ -495,7 +488,7 @@ static int sn_counts(sn_ctx *c)
     if (sn_wait(c, "counts download") != 0)
         return -1;
     for (int s_ = 0; s_ < c->P; s_++) {
-        ep_err e = {{0}};
+        ep_err e = {0};
         char who[EP_MAX_NAME + 32];
         if (sn_parse_counts(c, s_, &e) != 0)
             return sn_fail(
@@ -630,7 +623,7 @@ static int sn_validate(sn_ctx *c)
 {
     for (int s = 0; s < c->P; s++) {
         sn_peer *p = &c->peer[s];
-        ep_err e = {{0}};
+        ep_err e = {0};
         char who[EP_MAX_NAME + 32];
         if (tp_check_pairs(&c->d->check, p->recv.n_rows, p->recv.n_pairs, p->pair_row,
                            p->pair_expert, &e) != 0)
@@ -746,7 +739,6 @@ int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
                 .k = d->cfg.topk,
                 .SC = d->cfg.hidden / EP_FP8_BLOCK,
                 .rank = d->me,
-                .code = EPMOE__ERROR_CODE__ERR_NONE,
                 .err = err};
     io->dispatch_bytes = io->combine_bytes = 0;
     c.peer = calloc((size_t)c.P, sizeof *c.peer);
@@ -767,6 +759,6 @@ int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
     free(c.peer);
     free(c.h_slots);
     free(c.h_rows);
-    *code = rc == 0 ? EPMOE__ERROR_CODE__ERR_NONE : c.code;
+    *code = rc == 0 ? EPMOE__ERROR_CODE__ERR_NONE : (int)wire_code(err);
     return rc;
 }

@@ -42,13 +42,6 @@ struct tpc_comm {
     tpc_fault fault;
 };
 
-double tpc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void tpc_pause(int polls)
 {
     if (polls < TPC_SPIN_POLLS)
@@ -130,10 +123,7 @@ static int tpc_fail(tpc_comm *c, tpc_fault fault, ep_err *err, const char *fmt, 
 static int tpc_fail(tpc_comm *c, tpc_fault fault, ep_err *err, const char *fmt, ...)
 {
     char why[EP_ERR_MSG_MAX], name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(why, sizeof why, fmt);
     tpc_name(c, name, sizeof name);
     c->fault = fault;
     tpc_abort(c, why);
@@ -162,7 +152,7 @@ static void tpc_begun(tpc_comm *c, uint64_t epoch, uint32_t gen, int rank, int s
     c->rank = rank;
     c->size = size;
     c->state = TPC_INIT;
-    c->begun = tpc_now();
+    c->begun = clk_mono_s();
     c->fault = TPC_FAULT_NONE;
     c->last_error[0] = '\0';
 }
@@ -174,7 +164,7 @@ int tpc_begin_init(tpc_comm *c, uint64_t epoch, uint32_t generation, int rank, i
         return -1;
     tpc_release(c);
     tpc_begun(c, epoch, generation, rank, size);
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->init(c->ctx, size, id, rank, &c->h, &e) != 0) {
         c->h = NULL;
         return tpc_fail(c, TPC_FAULT_LIBRARY, err, "init: %s", e.msg);
@@ -229,7 +219,7 @@ int tpc_begin_shrink(tpc_comm *c, uint64_t epoch, uint32_t generation, uint64_t 
     c->h = NULL;
     c->parent = parent;
     tpc_begun(c, epoch, generation, rank, size);
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->shrink(c->ctx, parent, ex, n_exclude, &c->h, &e) != 0) {
         c->h = NULL;
         return tpc_fail(c, TPC_FAULT_LIBRARY, err, "shrink: %s", e.msg);
@@ -250,15 +240,15 @@ static int tpc_progress(tpc_comm *c, void *stream, ep_err *e)
 static int tpc_wait(tpc_comm *c, const char *what, void *stream, double deadline, tpc_idle_fn idle,
                     void *idle_ctx, ep_err *err)
 {
-    double t0 = tpc_now();
+    double t0 = clk_mono_s();
     for (int polls = 0;; polls++) {
-        ep_err e = {{0}};
+        ep_err e = {0};
         int rc = tpc_progress(c, stream, &e);
         if (rc == 0)
             return 0;
         if (rc < 0)
             return tpc_fail(c, TPC_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
-        double now = tpc_now();
+        double now = clk_mono_s();
         if (now >= deadline)
             return tpc_fail(c, TPC_FAULT_DEADLINE, err, "%s not done after %.0f ms", what,
                             (now - t0) * 1e3);
@@ -281,7 +271,8 @@ int tpc_wait_ready(tpc_comm *c, double deadline, tpc_idle_fn idle, void *idle_ct
     }
     c->state = TPC_READY;
     log_info("%s communicator of epoch %llu.%u ready: rank %d of %d (%.0f ms)", c->ops->name,
-             (unsigned long long)c->epoch, c->gen, c->rank, c->size, (tpc_now() - c->begun) * 1e3);
+             (unsigned long long)c->epoch, c->gen, c->rank, c->size,
+             (clk_mono_s() - c->begun) * 1e3);
     return 0;
 }
 
@@ -296,7 +287,7 @@ int tpc_exchange(tpc_comm *c, const char *what, const tpc_xfer *sends, int n_sen
                           tpc_state_name(c->state), c->last_error[0] ? " after: " : "",
                           c->last_error);
     }
-    ep_err e = {{0}};
+    ep_err e = {0};
     if (c->ops->exchange(c->h, sends, n_sends, recvs, n_recvs, stream, &e) != 0)
         return tpc_fail(c, TPC_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
     return tpc_wait(c, what, stream, deadline, idle, idle_ctx, err);

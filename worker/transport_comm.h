@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "common/clock.h" /* clk_mono_s: the clock of every deadline here */
 #include "common/error.h"
 #include "worker/transport_comm_lib.h"
 
@@ -77,8 +78,5 @@ int tpc_size(const tpc_comm *c);
 /* Why the communicator was aborted ("" if it never was), and what kind of failure that was. */
 const char *tpc_last_error(const tpc_comm *c);
 tpc_fault tpc_last_fault(const tpc_comm *c);
-
-/* CLOCK_MONOTONIC in seconds: the clock of every deadline above. */
-double tpc_now(void);
 
 #endif

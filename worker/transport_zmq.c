@@ -73,7 +73,7 @@ struct tpz_transport {
     uint64_t finished_upto;
     uint64_t dropped;
     char last_drop[EP_ERR_MSG_MAX];
-    time_t log_sec;
+    int64_t log_sec; /* the monotonic second (clk_mono_ms / 1000) log_count is for */
     int log_count, log_suppressed;
 };
 
@@ -456,12 +456,9 @@ static void tpz_drop(tpz_transport *tp, const char *fmt, ...) __attribute__((for
 
 static void tpz_drop(tpz_transport *tp, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tp->last_drop, sizeof tp->last_drop, fmt, ap);
-    va_end(ap);
+    EP_FORMAT_ARGS(tp->last_drop, sizeof tp->last_drop, fmt);
     tp->dropped++;
-    time_t now = time(NULL);
+    int64_t now = clk_mono_ms() / 1000;
     if (now != tp->log_sec) {
         if (tp->log_suppressed)
             log_warn("data plane: %d more messages dropped", tp->log_suppressed);

@@ -175,7 +175,7 @@ static void pack_task(void *vctx, int i, int tid)
     if (atomic_load(&pc->failed))
         return;
     pack_job *jb = &pc->jobs[i];
-    ep_err e = {{0}};
+    ep_err e = {0};
     gemm_weight *g = pack_linear(jb->t, pc->impl, &e);
     if (!g) {
         pthread_mutex_lock(&pc->mu);

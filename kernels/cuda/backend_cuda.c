@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/limits.h"
 #include "kernels/backend_internal.h"
 #include "kernels/pool.h"
@@ -148,13 +149,6 @@ static const cuda_layer *cl(const mb_layer *l)
     return (const cuda_layer *)l;
 }
 
-static double cu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static size_t cu_align(size_t n)
 {
     return (n + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN;
@@ -168,12 +162,12 @@ static size_t cu_align(size_t n)
 static int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err *err)
 {
     struct timespec nap = {0, 100000};
-    double spin_end = cu_now() + CU_SPIN_S;
+    double spin_end = clk_mono_s() + CU_SPIN_S;
     for (;;) {
         int q = ops->query(d, err);
         if (q <= 0)
             return q;
-        double now = cu_now();
+        double now = clk_mono_s();
         if (now > deadline)
             return ep_err_set(err, "the device did not finish its queued work in time");
         if (now > spin_end)
@@ -183,7 +177,7 @@ static int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err
 
 static int cu_wait(cuda_backend *b, ep_err *err)
 {
-    return cu_wait_until(b->ops, b->d, cu_now() + b->wait_s, err);
+    return cu_wait_until(b->ops, b->d, clk_mono_s() + b->wait_s, err);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */
@@ -711,7 +705,7 @@ static mb_layer *cuda_layer_load(mb_backend *be, const mc_config *c, const mb_la
     up_ctx u = {.b = b,
                 .progress = progress,
                 .progress_ctx = progress_ctx,
-                .deadline = cu_now() + b->wait_s};
+                .deadline = clk_mono_s() + b->wait_s};
     if (load_router(b, &u, l, src, err) < 0 || load_experts(b, &u, l, src, want, old, err) < 0)
         goto fail;
     if (cu_wait(b, err) < 0) /* the staging buffers are reused by the next layer */

@@ -130,7 +130,7 @@ static void free_weights(weights *w)
 
 static gemm_weight *pack_one(int fp8, int N, int K, const weights *w, gemm_impl impl)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     gemm_weight *g = fp8 ? gemm_pack_fp8(N, K, w->w, w->wsf, impl, &err)
                          : gemm_pack_mxfp4(N, K, w->w, w->wsb, impl, &err);
     if (!g) {
@@ -455,7 +455,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(threads);
     printf("OpenBLAS core %s\n", openblas_get_corename());
 #endif
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(threads, &err);
     if (!pool) {
         fprintf(stderr, "bench_gemm: %s\n", err.msg);

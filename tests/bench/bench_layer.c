@@ -77,7 +77,7 @@ static void bench_setup(bench *b, mc_expert_dtype dt, int made)
     gen_opts o = {.seed = 3 + dt, .experts_made = made, .bias_unmade = -1e4f};
     double t0 = now();
     b->g = gen_model_create(&b->c, &o);
-    ep_err err = {{0}};
+    ep_err err = {0};
     snprintf(b->dir, sizeof b->dir, "/tmp/epmoe_bench_XXXXXX");
     if (!mkdtemp(b->dir) || gen_model_write(b->g, b->dir, &err) < 0 ||
         !(b->m = st_model_open(b->dir, &err))) {
@@ -117,7 +117,7 @@ static void flush_caches(void)
 static void bench_open(bench *b, const char *dir)
 {
     memset(b, 0, sizeof *b);
-    ep_err err = {{0}};
+    ep_err err = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (mc_load(path, &b->c, &err) < 0 || !(b->m = st_model_open(dir, &err)) ||
@@ -152,7 +152,7 @@ static const char *const PH_NAME[PH_N] = {"route", "quant", "experts", "shared",
 /* One forward of T tokens, phase times in t[]. */
 static void run_layer(const bench *b, int T, bufs *u, tpool *pool, double t[PH_N])
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     int k = b->c.num_experts_per_tok, H = b->c.hidden_size;
     double a = now();
     if (moe_route(b->l, T, u->x, NULL, u->xn, u->ids, u->w, pool, &err) < 0) {
@@ -343,7 +343,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_layer: tokens 1..%d\n", MAX_T);
             return 64;
         }
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(threads, &err);
     if (!pool) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);

@@ -82,7 +82,7 @@ static double pairs_per_read(const int32_t *ti, int n, int E)
 
 static double local_tokens_per_s(const args *a, const mc_config *c, double *call_s, double *ppr)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     st_model *m = st_model_open(a->model, &err);
     mb_options bo = {.device = "cpu", .threads = a->threads};
     mb_backend *be = m ? mb_create(&bo, &err) : NULL;

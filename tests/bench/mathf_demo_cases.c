@@ -83,7 +83,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: mathf_demo_cases MODEL_DIR INPUT.st\n");
         return 64;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", argv[1]);
     mc_config c;

@@ -119,7 +119,7 @@ typedef struct layer_run {
 static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_run *lr, int nT,
                      mc_config *c, double *load_s, uint64_t *load_bytes, bounds *bd)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (mc_load(path, c, &err) < 0) {

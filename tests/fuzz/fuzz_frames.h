@@ -40,7 +40,7 @@ static inline wire_msg *fuzz_message(const uint8_t *d, size_t n)
     size_t l[FUZZ_MAX_FRAMES];
     int k = fuzz_frames(d, n, f, l);
     wire_msg *m = malloc(sizeof *m);
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (m == NULL)
         return NULL;
     if (wire_msg_from_frames(m, f, l, k, EP_MAX_CTRL_MSG, EP_MAX_DATA_MSG, &err) != 0) {

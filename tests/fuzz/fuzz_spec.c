@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     spec_cluster *s = spec_parse((const char *)data, size, "fuzz.yaml", &err);
     if (s == NULL) {
         if (err.msg[0] == '\0')

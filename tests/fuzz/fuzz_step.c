@@ -54,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     wire_msg *m = fuzz_message(data + 1, size - 1);
     if (m == NULL)
         return 0;
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Step *req = (Epmoe__Step *)wire_unpack(&epmoe__step__descriptor, m, &err);
     if (req != NULL) {
         int rc = exec_step_check(ses, 3, have_last, last, req, m, &err);

@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     wire_msg *m = fuzz_message(data + 1, size - 1);
     if (m == NULL)
         return 0;
-    ep_err err = {{0}};
+    ep_err err = {0};
     Epmoe__Welcome *w = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     if (w != NULL) {
         exec_session *s = wctl_welcome_parse(w, secure, &err);

@@ -20,7 +20,7 @@ static bool have_device;
 
 static mb_backend *make(const char *device, mb_gemm_mode mode)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_options o = {.device = device, .threads = 0, .gemm = mode};
     mb_backend *be = mb_create(&o, &err);
     if (!be)
@@ -30,7 +30,7 @@ static mb_backend *make(const char *device, mb_gemm_mode mode)
 
 static int model_dir(char *dir, size_t cap, mc_config *c, const gen_opts *go)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     snprintf(dir, cap, "/tmp/epmoe_cuda_backend_XXXXXX");
     gen_model *g = gen_model_create(c, go);
     int rc = g && mkdtemp(dir) && gen_model_write(g, dir, &err) == 0 ? 0 : -1;
@@ -127,7 +127,7 @@ TEST(a_shard_that_does_not_fit_is_refused_with_both_sizes)
     if (!be)
         return;
     mc_config c = gen_config(MC_FP4, 4096, 2048, 256, 6, 1024);
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(mb_reserve(be, &c, 1ull << 50, 4096, &err), -1);
     CHECK_STR_HAS(err.msg, "GiB of weights and ");
     CHECK_STR_HAS(err.msg, "GiB free of ");

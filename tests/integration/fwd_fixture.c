@@ -45,7 +45,7 @@ static int fail(const char *what, const ep_err *err)
 static int write_input(const char *dir, const char *name, st_dtype hdt, int hdim1,
                        const void *hidden, st_dtype idt, int nids, const void *ids)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     st_writer *w = st_writer_create();
     int64_t hs[2] = {T, hdim1}, is[1] = {nids};
     if (hidden && st_writer_add(w, "hidden_states", hdt, 2, hs, hidden, &err) < 0)
@@ -62,7 +62,7 @@ static int write_input(const char *dir, const char *name, st_dtype hdt, int hdim
 static int write_expect(const char *dir, const char *name, const st_model *m, const mc_config *c,
                         int layer, const uint16_t *x, const int64_t *ids)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, GEMM_IMPL_AUTO, &err);
     if (!l)
         return fail(name, &err);
@@ -94,7 +94,7 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     char path[512];
-    ep_err err = {{0}};
+    ep_err err = {0};
     mc_config c = gen_config(MC_FP4, H, 256, 8, K, VOCAB);
     gen_opts o = {.seed = 5};
     gen_model *g = gen_model_create(&c, &o);

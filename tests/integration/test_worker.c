@@ -236,7 +236,7 @@ static void fc_close(fc *f)
 static void fc_send(fc *f, const char *who, uint16_t type, const ProtobufCMessage *body,
                     const wire_payload *pl, int n)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     const char *id = fc_ident(f, who);
     if (wire_send(f->router, (const uint8_t *)id, strlen(id), type, body, pl, n, true, &err))
         TEST_FAIL_AT("sending %s to %s: %s", wire_type_name(type), who, err.msg);
@@ -320,7 +320,7 @@ static int fixture_init(fixture *f, mc_expert_dtype dt, int experts_made, bool r
     f->c.num_hidden_layers = 2;
     if (dt == MC_FP8)
         f->c.act_ue8m0 = false;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (mc_validate(&f->c, &err) != 0) {
         printf("  config: %s\n", err.msg);
         return -1;
@@ -791,7 +791,7 @@ static int first_diff(const fixture *fx, const outs *got, const outs *want, int 
 static void check_step(cluster *cl, const fixture *fx, int layer, int T, const char *label)
 {
     outs got = outs_new(&fx->c, T), want = outs_new(&fx->c, T);
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
                       &err) == 0);
     if (run_step(cl, fx, layer, T, &got) != 0) {
@@ -1170,7 +1170,7 @@ TEST(bad_endpoints_and_keys_are_usage_errors)
     CHECK(file_has(log, "port \"99999\" is not in 1..65535"));
     /* a secret key others may read */
     char dir[] = "/tmp/epmoe_test_worker_keys_XXXXXX";
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK(mkdtemp(dir) != NULL);
     CHECK(auth_keygen(dir, "w0", &err) == 0);
     char key[128], pub[128];
@@ -1216,7 +1216,7 @@ TEST(a_worker_whose_key_is_refused_exits_78)
 {
     /* the fake coordinator as a CURVE server whose ZAP handler admits nobody */
     char dir[] = "/tmp/epmoe_test_worker_keys_XXXXXX";
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK(mkdtemp(dir) != NULL);
     CHECK(auth_keygen(dir, "coordinator", &err) == 0 && auth_keygen(dir, "w0", &err) == 0);
     char ckey[128], cpub[128], wkey[128], wpub[128], log[160];
@@ -1267,7 +1267,7 @@ static void *data_push(cluster *cl, int r)
 static int pairs_between(const cluster *cl, const fixture *fx, int layer, int T, int from, int to)
 {
     outs want = outs_new(&fx->c, T);
-    ep_err err = {{0}};
+    ep_err err = {0};
     int k = fx->c.num_experts_per_tok, n = 0;
     CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
                       &err) == 0);
@@ -1495,7 +1495,7 @@ static Epmoe__AdminReply *real_call(real_cluster *rc, Epmoe__AdminRequest *rq,
 {
     rq->has_id = 1;
     rq->id = ++rc->next_id;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (wire_send(rc->client, NULL, 0, EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, &rq->base, pl, n, false,
                   &err) != 0)
         return NULL;
@@ -1566,7 +1566,7 @@ static void real_forward(real_cluster *rc, const fixture *fx, const char *layer_
         TEST_FAIL_AT("%s: layer %s, T %d: %s", label, layer_name, T, e.message);
     } else {
         outs want = outs_new(c, T);
-        ep_err err = {{0}};
+        ep_err err = {0};
         CHECK(moe_forward(fx->layers[layer], T, fx->x, fx->ids, want.out, want.ids, want.w, NULL,
                           &err) == 0);
         const char *what = NULL;

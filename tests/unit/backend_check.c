@@ -143,7 +143,7 @@ static int bc_alloc(bc_bufs *b, int T, const mc_config *c, uint64_t *seed)
 static void bc_forward(bc_ctx *x, const mb_layer *la, const mb_layer *lb, bc_bufs *b)
 {
     size_t H = (size_t)x->c->hidden_size, k = (size_t)x->c->num_experts_per_tok;
-    ep_err ea = {{0}}, eb = {{0}};
+    ep_err ea = {0}, eb = {0};
     int ra = mb_forward(x->be, la, x->T, b->x, b->ids, b->out_a, b->id_a, b->w_a, &ea);
     int rb = mb_forward(x->ref, lb, x->T, b->x, b->ids, b->out_b, b->id_b, b->w_b, &eb);
     if (ra != 0 || rb != 0) {
@@ -163,7 +163,7 @@ static void bc_steps(bc_ctx *x, const mb_layer *la, const mb_layer *lb, bc_bufs 
     const mc_config *c = x->c;
     size_t H = (size_t)c->hidden_size, k = (size_t)c->num_experts_per_tok, SC = H / 128;
     size_t T = (size_t)x->T, n = T * k;
-    ep_err e = {{0}};
+    ep_err e = {0};
     mb_step *sa =
         mb_step_begin(x->be, la, x->T, b->x, b->ids, b->id_a, b->w_a, b->q_a, b->qs_a, b->xn_a, &e);
     if (!sa) {
@@ -251,7 +251,7 @@ done:
 
 int bchk_compare(mb_backend *be, mb_backend *ref, const char *model_dir, const bchk_opts *o)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     char path[4200];
     mc_config c;
     snprintf(path, sizeof path, "%s/config.json", model_dir);

@@ -99,7 +99,7 @@ static int layers(mc_expert_dtype dt)
 {
     mc_config c = dt == MC_FP4 ? gen_config(MC_FP4, 256, 256, 12, 6, 1000)
                                : gen_config(MC_FP8, 256, 384, 16, 4, 1000);
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (mc_validate(&c, &err) < 0)
         return fprintf(stderr, "config: %s\n", err.msg), -1;
     gen_opts o = {.seed = 21 + dt};

@@ -98,7 +98,7 @@ static void note_state(rank_ctx *r)
 /* Create the communicator, share rank 0's id, begin init of (epoch, gen). */
 static int begin(rank_ctx *r, uint64_t epoch, uint32_t gen)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (r->c == NULL)
         r->c = tpc_create(fc_ops(), r->sh->w, &err);
     if (r->rank == 0)
@@ -133,7 +133,7 @@ static int exchange_all(rank_ctx *r, const char *what, double timeout, ep_err *e
         recvs[p] = (tpc_xfer){.peer = p, .ptr = in[p], .bytes = pattern_len(p, r->rank)};
     }
     int rc =
-        tpc_exchange(r->c, what, sends, P, recvs, P, r->s, tpc_now() + timeout, NULL, NULL, err);
+        tpc_exchange(r->c, what, sends, P, recvs, P, r->s, clk_mono_s() + timeout, NULL, NULL, err);
     for (int p = 0; p < P && rc == 0; p++)
         for (size_t i = 0; i < pattern_len(p, r->rank); i++)
             if (in[p][i] != pattern_byte(p, r->rank, i)) {
@@ -154,7 +154,7 @@ static void body_ready_exchange(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     note_state(r);
     for (int round = 0; round < 3 && r->rc == 0; round++)
         r->rc = exchange_all(r, "dispatch", 10, &r->err);
@@ -201,10 +201,10 @@ static void body_init_dead_peer(rank_ctx *r)
         return;
     }
     r->rc = begin(r, 5, 0);
-    double t0 = tpc_now();
+    double t0 = clk_mono_s();
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 0.3, NULL, NULL, &r->err);
-    r->took = tpc_now() - t0;
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 0.3, NULL, NULL, &r->err);
+    r->took = clk_mono_s() - t0;
     note_state(r);
 }
 
@@ -239,7 +239,7 @@ static void body_init_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 9, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     note_state(r);
 }
 
@@ -266,13 +266,13 @@ static void body_exchange_dead_peer(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rc != 0 || r->rank == r->sh->P - 1)
         return; /* the last rank dies between steps */
-    double t0 = tpc_now();
+    double t0 = clk_mono_s();
     r->rc = exchange_all(r, "dispatch", 0.3, &r->err);
-    r->took = tpc_now() - t0;
+    r->took = clk_mono_s() - t0;
     note_state(r);
     r->rc2 = exchange_all(r, "combine", 10, &r->err2);
     note_state(r);
@@ -308,7 +308,7 @@ static void body_exchange_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 0)
         fc_fail_status(r->sh->w, 0, 0, "injected: remote process exited");
@@ -349,10 +349,10 @@ static void body_interrupt(rank_ctx *r)
         return;
     }
     r->rc = begin(r, 5, 0);
-    double t0 = tpc_now();
+    double t0 = clk_mono_s();
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 30, idle_abort_third, r, &r->err);
-    r->took = tpc_now() - t0;
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 30, idle_abort_third, r, &r->err);
+    r->took = clk_mono_s() - t0;
     note_state(r);
 }
 
@@ -379,7 +379,7 @@ static void body_rebuild(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     note_state(r);
     /* both abort their part of a failed step (as a worker does on its own failure) */
     tpc_abort(r->c, "step 3: local experts failed");
@@ -387,7 +387,7 @@ static void body_rebuild(rank_ctx *r)
     r->rc2 = begin(r, 5, 1); /* the coordinator's next COMM_INIT: generation 1 */
     note_state(r);
     if (r->rc2 == 0)
-        r->rc2 = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err2);
+        r->rc2 = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err2);
     note_state(r);
     if (r->rc2 == 0)
         r->rc2 = exchange_all(r, "dispatch", 10, &r->err2);
@@ -424,7 +424,7 @@ static void body_shrink(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 2)
         return; /* lost; the survivors 0, 1, 3 shrink */
@@ -443,7 +443,7 @@ static void body_shrink(rank_ctx *r)
     }
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     note_state(r);
     /* exchange among the survivors with their new ranks */
     if (r->rc == 0) {
@@ -499,7 +499,7 @@ static void body_slow_peer(rank_ctx *r)
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)

@@ -466,7 +466,7 @@ typedef struct fixture {
 
 static int fixture_make(fixture *f, mc_expert_dtype dt, int H, int I, int E, int k, int seed)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     f->c = gen_config(dt, H, I, E, k, 97);
     f->c.num_hidden_layers = 3;
     f->c.num_hash_layers = 1;
@@ -483,7 +483,7 @@ static int fixture_make(fixture *f, mc_expert_dtype dt, int H, int I, int E, int
 
 static mb_backend *fake_backend(mb_gemm_mode mode)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_options o = {.device = "cuda:0", .threads = 2, .gemm = mode};
     mb_backend *be = mb_cuda_create_with(&o, 0, &FAKE, &err);
     if (!be)
@@ -493,7 +493,7 @@ static mb_backend *fake_backend(mb_gemm_mode mode)
 
 static mb_backend *cpu_backend(void)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_options o = {.device = "cpu", .threads = 2};
     return mb_create(&o, &err);
 }
@@ -553,7 +553,7 @@ TEST(a_reserved_shard_is_one_device_arena)
         CHECK(0);
         return;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_backend *be = fake_backend(MB_GEMM_EXACT);
     st_model *m = st_model_open(f.dir, &err);
     CHECK(be && m);
@@ -604,7 +604,7 @@ TEST(device_memory_check_names_both_sizes)
         CHECK(0);
         return;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_backend *be = fake_backend(MB_GEMM_EXACT);
     st_model *m = st_model_open(f.dir, &err);
     if (be && m) {
@@ -636,7 +636,7 @@ TEST(device_failures_are_explicit_errors)
         CHECK(0);
         return;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     setenv("EPMOE_CUDA_WAIT_S", "0.2", 1);
     mb_backend *be = fake_backend(MB_GEMM_EXACT);
     st_model *m = st_model_open(f.dir, &err);
@@ -696,7 +696,7 @@ TEST(device_resident_steps_give_the_cpu_bits)
         CHECK(0);
         return;
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_backend *be = fake_backend(MB_GEMM_EXACT), *ref = cpu_backend();
     st_model *m = st_model_open(f.dir, &err);
     int layer = 2, T = 9, H = f.c.hidden_size, k = f.c.num_experts_per_tok;
@@ -763,7 +763,7 @@ TEST(device_resident_steps_give_the_cpu_bits)
 
 TEST(without_a_device_the_errors_say_why)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mb_options o = {.device = "cuda:3", .threads = 1};
     CHECK(mb_cuda_create_with(&o, 3, &FAKE, &err) == NULL);
     CHECK_STR_HAS(err.msg, "cuda:3: no such CUDA device");

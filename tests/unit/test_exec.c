@@ -149,7 +149,7 @@ static exec_actor *start_exec(void *ctx, ep_err *err)
 /* A fresh executor with a two-rank session over the test model, loaded (READY). */
 static exec_actor *loaded_executor(void)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_actor *a = start_exec(the_ctx, &err);
     if (a == NULL) {
         TEST_FAIL_AT("exec_start: %s", err.msg);
@@ -179,7 +179,7 @@ TEST(exec_start_fails_instead_of_hanging)
     void *ctx = zmq_ctx_new();
     /* room for the caller's end of the pipe only */
     CHECK(zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 1) == 0);
-    ep_err err = {{0}};
+    ep_err err = {0};
     signal(SIGALRM, on_alarm);
     alarm(10);
     exec_actor *a = start_exec(ctx, &err);
@@ -204,7 +204,7 @@ TEST(a_small_message_stashed_during_a_step_arrives_intact)
     send_step(a, 1, true, SESSION, x, T);
     usleep(200000); /* the step now waits for rank 1 */
     /* a new session while the step waits: an 8-byte body, stashed until the step is over */
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_session *s2 = two_rank_session("/nonexistent/epmoe-stash-test");
     CHECK(exec_send_session(a, &s2, &err) == 0);
     Epmoe__StepAbort ab = EPMOE__STEP_ABORT__INIT;
@@ -260,7 +260,7 @@ TEST(load_refuses_files_that_differ_from_the_fingerprint)
 {
     if (!have_model)
         SKIP("no model");
-    ep_err err = {{0}};
+    ep_err err = {0};
     st_model *m = st_model_open(model_dir, &err);
     CHECK(m != NULL);
     if (m == NULL)
@@ -303,7 +303,7 @@ TEST(load_refuses_files_that_differ_from_the_fingerprint)
 /* READY's experts_kept after a new session and LOAD, or -1. */
 static int reload_kept(exec_actor *a)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_session *s = two_rank_session(model_dir);
     CHECK(exec_send_session(a, &s, &err) == 0);
     send_load(a);
@@ -349,7 +349,7 @@ TEST(a_checkpoint_truncated_while_loading_fails_with_a_message)
         snprintf(cmd, sizeof cmd, "cp %s %s", src, dst);
         CHECK(system(cmd) == 0);
     }
-    ep_err err = {{0}};
+    ep_err err = {0};
     st_model *m = st_model_open(dir, &err);
     CHECK(m != NULL);
     /* the file shrinks to a third under the open model: its mapping now ends early */
@@ -380,7 +380,7 @@ int main(void)
     the_ctx = zmq_ctx_new();
     cfg = gen_config(MC_FP4, 256, 256, 8, 4, 1000);
     cfg.num_hidden_layers = 2;
-    ep_err err = {{0}};
+    ep_err err = {0};
     gen_opts go = {.seed = 5};
     gen_model *g = gen_model_create(&cfg, &go);
     snprintf(model_dir, sizeof model_dir, "/tmp/epmoe_test_exec_XXXXXX");

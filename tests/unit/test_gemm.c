@@ -280,7 +280,7 @@ static void unmake(problem *p)
 
 static gemm_weight *pack(const problem *p, gemm_impl impl)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     gemm_weight *w = p->kind == GEMM_KIND_FP8
                          ? gemm_pack_fp8(p->N, p->K, p->w, p->ws, impl, &err)
                          : gemm_pack_mxfp4(p->N, p->K, p->w, p->wsb, impl, &err);
@@ -337,7 +337,7 @@ static void run_grid(int kind, tpool *pool)
 
 TEST(fp8_equals_float64_model)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     run_grid(GEMM_KIND_FP8, pool);
@@ -346,7 +346,7 @@ TEST(fp8_equals_float64_model)
 
 TEST(mxfp4_equals_float64_model)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     run_grid(GEMM_KIND_MXFP4, pool);
@@ -386,7 +386,7 @@ TEST(block_sum_is_exact_then_rounded_once)
     gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
-        ep_err err = {{0}};
+        ep_err err = {0};
         gemm_weight *w = gemm_pack_mxfp4(N, K, wp, wsb, impls[i], &err);
         CHECK(w != NULL);
         if (!w)
@@ -491,7 +491,7 @@ TEST(results_independent_of_batch_order_and_threads)
             size_t first = 0;
             CHECK_EQ(count_mismatch(base, p.want, (size_t)M * N, &first), 0);
             for (int nt = 1; nt <= 3; nt++) {
-                ep_err err = {{0}};
+                ep_err err = {0};
                 tpool *pool = tpool_create(nt, &err);
                 CHECK(pool != NULL);
                 CHECK_EQ(tpool_size(pool), nt);
@@ -559,7 +559,7 @@ TEST(run_many_equals_the_model)
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++)
         for (int nt = 1; nt <= 3; nt++) {
-            ep_err err = {{0}};
+            ep_err err = {0};
             tpool *pool = tpool_create(nt, &err);
             gemm_weight *w[NJ];
             gemm_job jobs[NJ];
@@ -626,7 +626,7 @@ TEST(simd_tiling_small_scratch_and_long_k)
                 unmake(&p);
             }
     /* K = 49152: 6 tokens do not fit the 1 MiB pool scratch, so K is split in chunks */
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(2, &err);
     for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
         problem p = make(kind, 7, 128, 49152, ACT_UNIFORM, 1);
@@ -638,7 +638,7 @@ TEST(simd_tiling_small_scratch_and_long_k)
 
 TEST(pack_rejects_bad_shapes_and_reports_sizes)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     uint8_t w[256 * 256] = {0};
     float ws[4] = {1, 1, 1, 1};
     uint8_t wsb[256 * 8] = {0};

@@ -149,7 +149,7 @@ TEST(every_row_is_well_formed)
         CHECK(t[i].doc != NULL && t[i].doc[0] != '\0' && strchr(t[i].doc, '|') == NULL);
         CHECK(t[i].progs != 0);
         knob_values v;
-        ep_err e = {{0}};
+        ep_err e = {0};
         if (t[i].def != NULL && knob_set(&v, &t[i], t[i].def, &e) != 0)
             TEST_FAIL_AT("%s: its default does not parse: %s", t[i].name, e.msg);
     }
@@ -161,7 +161,7 @@ TEST(unset_is_the_default_and_empty_is_unset)
     setenv("EPMOE_ISA", "", 1);
     setenv("EPMOE_KEY", "", 1);
     knob_values v;
-    ep_err e = {{0}};
+    ep_err e = {0};
     CHECK_EQ(knob_load(&v, KNOB_WORKER | KNOB_CTL, &e), 0);
     CHECK(v.cuda_wait_s == 120.0);
     CHECK_EQ(v.cuda_split, 4);
@@ -187,7 +187,7 @@ static void check_refused(const char *name, const char *value, const char *expec
 {
     setenv(name, value, 1);
     knob_values v;
-    ep_err e = {{0}};
+    ep_err e = {0};
     char want[256];
     snprintf(want, sizeof want, "%s=%s: expected %s", name, value, expected);
     CHECK_EQ(knob_load(&v, KNOB_WORKER | KNOB_CTL, &e), -1);
@@ -208,7 +208,7 @@ TEST(a_bad_value_is_refused_naming_it)
     /* a row the program does not read is not checked: the coordinator runs no kernels */
     setenv("EPMOE_CUDA_WAIT_S", "abc", 1);
     knob_values v;
-    ep_err e = {{0}};
+    ep_err e = {0};
     CHECK_EQ(knob_load(&v, KNOB_COORDINATOR, &e), 0);
     unsetenv("EPMOE_CUDA_WAIT_S");
 }

@@ -72,7 +72,7 @@ static mk_options defaults(const char *dir, mc_expert_dtype dt)
 /* Write a model with o; NULL (and a failed check) when mk_write_model fails. */
 static st_model *write_open(const mk_options *o)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (mk_write_model(o, &err) != 0) {
         TEST_FAIL_AT("mk_write_model: %s", err.msg);
         return NULL;
@@ -87,7 +87,7 @@ static int load_config(const char *dir, mc_config *c)
 {
     char p[512];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    ep_err err = {{0}};
+    ep_err err = {0};
     int rc = mc_load(p, c, &err);
     if (rc != 0)
         TEST_FAIL_AT("mc_load: %s", err.msg);
@@ -200,7 +200,7 @@ static void check_config(mc_expert_dtype dt, bool omit)
 {
     mk_options o = defaults(out_path("cfg"), dt);
     o.omit_expert_dtype = omit;
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(mk_write_model(&o, &err), 0);
     mc_config c;
     if (load_config(o.out_dir, &c) != 0)
@@ -391,7 +391,7 @@ static void check_tensors(mc_expert_dtype dt)
     check_distinct(m, "layers.1.ffn.shared_experts.w1.weight",
                    "layers.1.ffn.shared_experts.w3.weight");
     check_distinct(m, "layers.1.ffn.gate.bias", "layers.2.ffn.gate.bias");
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(ck_check_model(m, &c, &err), 0);
     if (err.msg[0] != '\0')
         printf("  %s\n", err.msg);
@@ -417,7 +417,7 @@ TEST(omitted_fp8_fails_the_check)
     mc_config c;
     if (m != NULL && load_config(o.out_dir, &c) == 0) {
         check_spec_tensors(m, MC_FP8); /* the tensors are Flash-Base's */
-        ep_err err = {{0}};
+        ep_err err = {0};
         CHECK_EQ(ck_check_model(m, &c, &err), -1);
         CHECK_STR_HAS(err.msg, "no expert_dtype");
         CHECK_STR_HAS(err.msg, "set \"expert_dtype\": \"fp8\"");
@@ -682,7 +682,7 @@ TEST(same_seed_same_bytes)
     b.threads = 1;
     c.threads = 3;
     d.seed = 2;
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(mk_write_model(&a, &err), 0);
     CHECK_EQ(mk_write_model(&b, &err), 0);
     CHECK_EQ(mk_write_model(&c, &err), 0);
@@ -792,7 +792,7 @@ out:
 
 static void check_bad(mk_options o, const char *needle1, const char *needle2)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(mk_check(&o, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, needle1);
     CHECK_STR_HAS(err.msg, needle2);
@@ -833,7 +833,7 @@ TEST(bad_options)
     b = o, b.expert_dtype = (mc_expert_dtype)7;
     check_bad(b, "--expert-dtype", "fp4 or fp8");
     mk_plan p;
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(mk_check(&o, &p, &err), 0);
     CHECK_EQ(p.tensors, 559);
     CHECK_EQ(p.shards, 2);
@@ -841,7 +841,7 @@ TEST(bad_options)
 
 TEST(output_directory)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     /* the parent must exist */
     char deep[512];
     snprintf(deep, sizeof deep, "%s/no/such", tmp_root);

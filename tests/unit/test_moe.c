@@ -351,7 +351,7 @@ static int fixture_init(fixture *f, mc_expert_dtype dt)
                         : gen_config(MC_FP8, 256, 384, 16, 4, 1000);
     if (dt == MC_FP8)
         f->c.act_ue8m0 = false;
-    ep_err err = {{0}};
+    ep_err err = {0};
     if (mc_validate(&f->c, &err) < 0) {
         printf("  config: %s\n", err.msg);
         return -1;
@@ -390,7 +390,7 @@ static void fixture_free(fixture *f)
 
 static moe_layer *load(const fixture *f, int layer, const uint8_t *owned, gemm_impl impl)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     moe_layer *l = shard_load_moe_layer(f->m, &f->c, layer, owned, impl, &err);
     if (!l)
         TEST_FAIL_AT("loading layer %d: %s", layer, err.msg);
@@ -444,7 +444,7 @@ static int outs_diff(const mc_config *c, const outs *a, int a0, const outs *b, i
 static int run_forward(const fixture *f, const moe_layer *l, int t0, int T, outs *o, int o0,
                        tpool *pool)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     int H = f->c.hidden_size, k = f->c.num_experts_per_tok;
     int rc = moe_forward(l, T, f->x + (size_t)t0 * H, f->tok + t0, o->out + (size_t)o0 * H,
                          o->ids + (size_t)o0 * k, o->w + (size_t)o0 * k, pool, &err);
@@ -500,7 +500,7 @@ static int fx_ok[2];
 
 TEST(layer_matches_float64_model_bitwise)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     for (int d = 0; d < 2; d++) {
@@ -519,7 +519,7 @@ static void check_invariance(fixture *f, int layer)
 {
     const mc_config *c = &f->c;
     int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts;
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pools[3] = {tpool_create(1, &err), tpool_create(2, &err), tpool_create(3, &err)};
     moe_layer *l = load(f, layer, NULL, GEMM_IMPL_AUTO);
     if (!l || !pools[0] || !pools[1] || !pools[2])
@@ -664,7 +664,7 @@ typedef struct caller {
 static void *caller_main(void *arg)
 {
     caller *c = arg;
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = tpool_create(2, &err);
     int H = c->f->c.hidden_size;
     c->rc = pool ? 0 : -1;
@@ -748,7 +748,7 @@ TEST(route_errors_name_the_token_and_value)
         return;
     outs o = outs_new(c, 8);
     uint16_t *xn = malloc((size_t)8 * H * 2);
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(moe_forward(l, 4, f->x, NULL, o.out, o.ids, o.w, NULL, &err), -1);
     CHECK_STR_HAS(err.msg, "layers.0");
     CHECK_STR_HAS(err.msg, "token ids are required");
@@ -826,7 +826,7 @@ TEST(load_reports_progress_loads_only_owned_experts_and_reuses_kept_ones)
         SKIP("no fixture");
     fixture *f = &FX[1];
     const mc_config *c = &f->c;
-    ep_err err = {{0}};
+    ep_err err = {0};
     prog p = {0};
     mb_options bo = {.device = "cpu", .threads = 2};
     mb_backend *be = mb_create(&bo, &err);
@@ -912,7 +912,7 @@ TEST(load_errors_name_the_tensor)
     if (!fx_ok[0])
         SKIP("no fixture");
     fixture *f = &FX[0];
-    ep_err err = {{0}};
+    ep_err err = {0};
     /* an fp8 config over fp4 tensors */
     mc_config c8 = f->c;
     c8.expert_dtype = MC_FP8;

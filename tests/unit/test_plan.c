@@ -146,7 +146,7 @@ typedef struct fixture {
 
 static bool fixture_open(fixture *f, mc_config c, uint64_t seed)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     *f = (fixture){.c = c};
     snprintf(f->dir, sizeof f->dir, "/tmp/epmoe_test_plan_XXXXXX");
     CHECK_EQ(mc_validate(&f->c, &err), 0);
@@ -194,7 +194,7 @@ TEST(experts_of_several_jobs_in_one_call_give_each_pair_its_own_bits)
     mc_config c = f.c;
     mb_backend *be = f.be;
     mb_layer *l = f.l;
-    ep_err err = {{0}};
+    ep_err err = {0};
     int H = c.hidden_size, SC = H / 128;
     uint64_t rs = 77;
     job jobs[5];
@@ -265,7 +265,7 @@ TEST(shared_expert_of_several_steps_in_one_call_gives_each_step_its_own_bits)
     mc_config c = f.c;
     mb_backend *be = f.be;
     mb_layer *l = f.l;
-    ep_err err = {{0}};
+    ep_err err = {0};
     enum { NS = 5 };
     size_t H = (size_t)c.hidden_size, SC = H / 128, k = (size_t)c.num_experts_per_tok;
     uint64_t rs = 91;

@@ -141,7 +141,7 @@ TEST(rmsnorm_matches_definition_bitwise)
 
 static void check_logits(int T, int H, int E, int threads)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     tpool *pool = threads > 0 ? tpool_create(threads, &err) : NULL;
     uint16_t *x = xalloc((size_t)T * H * 2), *w = xalloc((size_t)E * H * 2);
     float *want = xalloc((size_t)T * E * 4), *got = xalloc((size_t)T * E * 4);
@@ -360,7 +360,7 @@ TEST(hash_uses_the_table_in_stored_order)
     int64_t tab[5 * 4] = {7, 0, 3, 5, 1, 2, 3, 4, 6, 6, 0, 2, 0, 1, 2, 3, 5, 4, 3, 2};
     int64_t tok[3] = {4, 0, 2};
     int32_t ids[12];
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(route_hash(3, k, E, vocab, tok, tab, ids, &err), 0);
     int64_t want[12] = {5, 4, 3, 2, 7, 0, 3, 5, 6, 6, 0, 2};
     for (int i = 0; i < 12; i++)
@@ -371,7 +371,7 @@ TEST(hash_errors_name_token_and_value)
 {
     int64_t tab[2 * 2] = {0, 1, 1, 9};
     int32_t ids[4];
-    ep_err err = {{0}};
+    ep_err err = {0};
     int64_t bad_tok[2] = {0, 2};
     CHECK_EQ(route_hash(2, 2, 4, 2, bad_tok, tab, ids, &err), -1);
     CHECK_STR_HAS(err.msg, "token 1");

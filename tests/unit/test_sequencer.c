@@ -76,7 +76,7 @@ static int last_error(const ob_box *out, char *buf, size_t cap)
 
 TEST(the_queue_is_bounded_in_bytes)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mc_config cfg;
     CHECK(mc_parse(CONFIG, strlen(CONFIG), "cfg.json", &cfg, &err) == 0);
     spec_cluster *spec = spec_parse(SPEC, strlen(SPEC), "s.yaml", &err);
@@ -130,7 +130,7 @@ TEST(the_queue_is_bounded_in_bytes)
 
 TEST(a_refused_request_costs_no_value_scan)
 {
-    ep_err err = {{0}};
+    ep_err err = {0};
     mc_config cfg;
     CHECK(mc_parse(CONFIG, strlen(CONFIG), "cfg.json", &cfg, &err) == 0);
     spec_cluster *spec = spec_parse(SPEC, strlen(SPEC), "s.yaml", &err);

@@ -208,7 +208,7 @@ static void world_open_with(tpz_transport **tp, int P, const world_sec *sec)
             cfg.peer_key = sec->pubs;
             cfg.peer_name = sec->names;
         }
-        ep_err err = {{0}};
+        ep_err err = {0};
         tp[r] = tpz_create(zctx, &cfg, &err);
         if (tp[r] == NULL)
             printf("  tpz_create: %s\n", err.msg);
@@ -837,7 +837,7 @@ TEST(send_to_self_or_unknown_rank_fails)
     tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     tp_msg m = {.kind = TP_COMBINE, .step_id = 1, .n_pairs = 1};
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK(tpz_msg_alloc(&m, H, &err) == 0);
     CHECK(tpz_send(tp[0], 0, &m, &err) != 0);
     CHECK_STR_HAS(err.msg, "no connection to rank 0");
@@ -858,7 +858,7 @@ TEST(bind_failure_names_the_endpoint)
                       .topk = TOPK,
                       .expert_owner = owners,
                       .bind_endpoint = "tcp://300.1.1.1:5"};
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK(tpz_create(zctx, &cfg, &err) == NULL);
     CHECK_STR_HAS(err.msg, "cannot bind tcp://300.1.1.1:5");
 }
@@ -881,7 +881,7 @@ TEST(with_security_only_each_ranks_own_key_gets_through)
 {
     if (!auth_available())
         SKIP("libzmq without CURVE");
-    ep_err err = {{0}};
+    ep_err err = {0};
     auth_zap *zap = auth_zap_start(zctx, &err);
     CHECK(zap != NULL);
     world_sec sec;

@@ -93,7 +93,7 @@ static void expect_bad(void *r, void *d, const void *const *frames, const size_t
     for (int i = 0; i < n; i++)
         zmq_send(d, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0);
     wire_msg m;
-    ep_err err = {{0}};
+    ep_err err = {0};
     CHECK_EQ(wire_recv(r, true, max_body, max_payload, 0, &m, &err), WIRE_ERR);
     CHECK_STR_HAS(err.msg, needle);
     CHECK_EQ(m.ident_len, 2); /* still known, so the receiver can answer with an error */

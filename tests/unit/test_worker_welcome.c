@@ -119,7 +119,7 @@ TEST(a_complete_welcome_becomes_a_session)
 {
     fixture f;
     fixture_init(&f);
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_session *s = wctl_welcome_parse(&f.w, false, &err);
     CHECK(s != NULL);
     if (s == NULL) {
@@ -190,7 +190,7 @@ TEST(a_complete_welcome_becomes_a_session)
         bool secure_ = false;                                                                      \
         (void)w;                                                                                   \
         mutation;                                                                                  \
-        ep_err err_ = {{0}};                                                                       \
+        ep_err err_ = {0};                                                                         \
         exec_session *s_ = wctl_welcome_parse(&f_.w, secure_, &err_);                              \
         CHECK(s_ == NULL);                                                                         \
         CHECK_STR_HAS(err_.msg, needle);                                                           \
@@ -233,7 +233,7 @@ TEST(a_peer_without_a_name_gets_one)
     fixture f;
     fixture_init(&f);
     f.peers[0].name = NULL; /* rank 2 */
-    ep_err err = {{0}};
+    ep_err err = {0};
     exec_session *s = wctl_welcome_parse(&f.w, false, &err);
     CHECK(s && strcmp(s->peer_name[2], "rank2") == 0);
     exec_session_free(&s);
