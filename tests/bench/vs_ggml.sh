@@ -10,6 +10,7 @@
 #
 #   GGML_DIR=/path/to/ggml tests/bench/vs_ggml.sh [--model DIR] [--work DIR] [--threads N]
 #                                                 [--tokens 1,8,64,256] [--runs R]
+#                                                 [--clock wall|cpu]
 #
 # GGML_DIR   a ggml source tree (github.com/ggml-org/ggml, or llama.cpp's ggml/ folder). It is
 #            built here with its own CMake (Release, GGML_NATIVE) into the work folder; epmoe
@@ -23,13 +24,15 @@
 # --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10 (<= 32)):
 #            every result and bound keeps its best of --runs rounds spread over the run, and
 #            the ratios are also given per round (median and range) for the spread.
+# --clock    wall (default) or cpu: with --threads 1, time in process CPU time, which a
+#            machine shared with other jobs disturbs far less than wall time.
 #
 # Needs ~3.5 GB free on disk and ~12 GB of memory (the layer in the page cache; then epmoe's
 # packed layer, ggml's plain copy and its repacked copy at once, since they run interleaved).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10
+MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10 CLOCK=wall
 while [ $# -gt 0 ]; do
     case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -37,7 +40,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    --clock) CLOCK=$2; shift 2 ;;
+    -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -103,6 +107,6 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ */
     "$(grep -m1 -o 'avx512_vnni' /proc/cpuinfo || echo 'no avx512_vnni'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh${MODEL_ARG:+ --model $MODEL_ARG}" \
-    "--threads $THREADS --tokens $TOKENS --runs $RUNS"
+    "--threads $THREADS --tokens $TOKENS --runs $RUNS --clock $CLOCK"
 "$WORK/epmoe-build/tests/bench/bench_vs_ggml" --model "$MODEL" --threads "$THREADS" \
-    --tokens "$TOKENS" --runs "$RUNS"
+    --tokens "$TOKENS" --runs "$RUNS" --clock "$CLOCK"
