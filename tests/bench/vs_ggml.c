@@ -664,10 +664,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < nT; i++)
         maxT = Ts[i] > maxT ? Ts[i] : maxT;
     if (bad || !dir || threads < 1 || threads > 64 || runs < 1 || runs > MAX_RUNS || nT < 1 ||
-        maxT < 1 || maxT > 4096) {
+        maxT < 1 || maxT > 4096 || (cpu_clock && threads != 1)) {
+        /* CPU time of several threads is their sum, not the latency, and ggml's OpenMP threads
+         * spin while they wait */
         fprintf(stderr,
                 "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
-                "[--tokens 1,8,64,256] [--runs R (<= %d)]\n",
+                "[--tokens 1,8,64,256] [--runs R (<= %d)] [--clock wall|cpu (cpu: --threads 1 "
+                "only)]\n",
                 MAX_RUNS);
         return 64;
     }
