@@ -39,9 +39,10 @@
  * them between two steps of a layer.
  * --clock cpu (with --threads 1 only) times the three sides in process CPU time instead of wall
  * time: on a machine shared with other jobs a single-threaded run loses the CPU to them at
- * random moments, which wall time counts and CPU time does not (both wait for their own work
- * without spinning: epmoe's pool on condition variables, ggml's one OpenMP thread is the
- * caller). What the load still costs, the shared caches and memory, it costs all three sides.
+ * random moments, which wall time counts and CPU time does not. With one thread no side has a
+ * second thread (epmoe's pool runs a one-thread task inline, ggml's OpenMP team of one is the
+ * caller), so the process's CPU time is the side's; with more, both sides' threads spin while
+ * they wait. What the load still costs, the shared caches and memory, it costs all three sides.
  * The bounds stay wall-clock best trials.
  * The load of the layer (checkpoint in the page cache -> packed weights) is timed as well.
  */
@@ -665,7 +666,7 @@ int main(int argc, char **argv)
         maxT = Ts[i] > maxT ? Ts[i] : maxT;
     if (bad || !dir || threads < 1 || threads > 64 || runs < 1 || runs > MAX_RUNS || nT < 1 ||
         maxT < 1 || maxT > 4096 || (cpu_clock && threads != 1)) {
-        /* CPU time of several threads is their sum, not the latency, and ggml's OpenMP threads
+        /* CPU time of several threads is their sum, not the latency, and both sides' threads
          * spin while they wait */
         fprintf(stderr,
                 "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
