@@ -103,8 +103,11 @@ ggml_revision() {
     echo "no .git: version ${ver:-?}, sources sha256 $sum"
 }
 ggml_rev=$(ggml_revision)
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs," \
-    "$(grep -m1 -o 'avx512_vnni' /proc/cpuinfo || echo 'no avx512_vnni'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+# a VM may name its CPU only "AMD EPYC": the family and model say which generation it is
+cpu_field() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'; }
+cpu_has() { grep -m1 -q -w "$1" /proc/cpuinfo && echo "$1" || echo "no $1"; }
+echo "machine: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), model $(cpu_field model))," \
+    "$(nproc) CPUs, $(cpu_has avx512f), $(cpu_has avx512_vnni), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh${MODEL_ARG:+ --model $MODEL_ARG}" \
     "--threads $THREADS --tokens $TOKENS --runs $RUNS --clock $CLOCK"
