@@ -640,45 +640,58 @@ static int parse_tokens(const char *v, int *Ts)
     return nT;
 }
 
-int main(int argc, char **argv)
+typedef struct args {
+    const char *dir;
+    int layer, threads, runs, Ts[MAX_T], nT, maxT;
+} args;
+
+/* 0, or -1 for a usage error. --clock cpu needs one thread: the CPU time of several threads is
+ * their sum, not the latency, and both sides' threads spin while they wait. */
+static int parse_args(int argc, char **argv, args *A)
 {
-    const char *dir = NULL;
-    int layer = 0, threads = 2, runs = 5, Ts[MAX_T] = {1, 8, 64, 256}, nT = 4, bad = 0;
+    int bad = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--model"))
-            dir = v;
+            A->dir = v;
         else if (!strcmp(a, "--layer"))
-            layer = atoi(v);
+            A->layer = atoi(v);
         else if (!strcmp(a, "--threads"))
-            threads = atoi(v);
+            A->threads = atoi(v);
         else if (!strcmp(a, "--runs"))
-            runs = atoi(v);
+            A->runs = atoi(v);
         else if (!strcmp(a, "--tokens"))
-            nT = parse_tokens(v, Ts);
+            A->nT = parse_tokens(v, A->Ts);
         else if (!strcmp(a, "--clock") && (!strcmp(v, "wall") || !strcmp(v, "cpu")))
             cpu_clock = !strcmp(v, "cpu");
         else
             bad = 1;
     }
-    int maxT = 0;
-    for (int i = 0; i < nT; i++)
-        maxT = Ts[i] > maxT ? Ts[i] : maxT;
-    if (bad || !dir || threads < 1 || threads > 64 || runs < 1 || runs > MAX_RUNS || nT < 1 ||
-        maxT < 1 || maxT > 4096 || (cpu_clock && threads != 1)) {
-        /* CPU time of several threads is their sum, not the latency, and both sides' threads
-         * spin while they wait */
+    for (int i = 0; i < A->nT; i++)
+        A->maxT = A->Ts[i] > A->maxT ? A->Ts[i] : A->maxT;
+    if (bad || !A->dir || A->threads < 1 || A->threads > 64 || A->runs < 1 || A->runs > MAX_RUNS ||
+        A->nT < 1 || A->maxT < 1 || A->maxT > 4096 || (cpu_clock && A->threads != 1)) {
         fprintf(stderr,
                 "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
                 "[--tokens 1,8,64,256] [--runs R (<= %d)] [--clock wall|cpu (cpu: --threads 1 "
                 "only)]\n",
                 MAX_RUNS);
-        return 64;
+        return -1;
     }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    args A = {.threads = 2, .runs = 5, .Ts = {1, 8, 64, 256}, .nT = 4};
+    if (parse_args(argc, argv, &A) < 0)
+        return 64;
+    const char *dir = A.dir;
+    int layer = A.layer, threads = A.threads, nT = A.nT, *Ts = A.Ts;
     ggml_log_set(ggml_log_capture, NULL);
     static run R; /* large: every round's times */
     R.nT = nT;
-    R.runs = runs;
+    R.runs = A.runs;
     /* bounds: trials now and in every round; each keeps its best */
     R.bd = (bounds){.n = (size_t)1 << 28, .threads = threads}; /* 1 GiB of floats */
     R.bd.buf = aligned_alloc(64, R.bd.n * sizeof(float));
@@ -689,7 +702,7 @@ int main(int argc, char **argv)
         bounds_trial(&R.bd);
 
     mc_config c;
-    if (epmoe_open(&R.ep, dir, layer, threads, maxT, &c) < 0 || ggml_weights_setup(&R.gg, &c) < 0)
+    if (epmoe_open(&R.ep, dir, layer, threads, A.maxT, &c) < 0 || ggml_weights_setup(&R.gg, &c) < 0)
         return 1;
     for (int i = 0; i < nT; i++) {
         R.tc[i].T = Ts[i];
