@@ -1,30 +1,49 @@
 /*
  * vs_ggml.c — one DeepSeek V4 MoE layer: epmoe's exact whole layer beside ggml's MoE matmuls of
- * the same shapes and beside the machine's memory and FMA bounds, all measured in one run on
- * one machine. Built only by tests/bench/vs_ggml.sh (ggml is not part of epmoe: the script
- * builds it from a source folder the caller gives and links this file against it).
+ * the same shapes on both of ggml's CPU paths, and beside the machine's memory and FMA bounds,
+ * all measured in one process, interleaved. Built only by tests/bench/vs_ggml.sh (ggml is not
+ * part of epmoe: the script builds it from a source folder the caller gives and links this file
+ * against it).
  *
  *   bench_vs_ggml --model DIR [--layer L] [--threads N] [--tokens 1,8,64,256] [--runs R]
+ *                 [--clock wall|cpu]
  *
  * Per token count T:
- *   epmoe   mb_forward on the CPU backend (route, quantize, routed experts, shared expert,
- *           combine; exact) with every expert of layer L of the checkpoint in DIR loaded, on
- *           hidden states with the outlier channels of real ones (a few channels 30-100x the
- *           rest, per-channel scales spread log-normally); the w2 inputs are then the SwiGLU
- *           outputs of real w1/w3 rows. Best of R runs.
- *   ggml    the layer's matmuls in ggml (what llama.cpp runs for this layer): mul_mat_id of
- *           w1 and w3 (MXFP4, all experts) on x, mul_mat_id of w2 on a [I, k, T] input, with
- *           the expert ids epmoe's router chose for these tokens, and the shared expert's three
- *           matrices as dense Q8_0 mul_mat; activations quantized to q8_0 inside ggml (inexact).
- *           SwiGLU, routing and combine are not counted on ggml's side. Best of R runs.
- *   bound   max(memory, FMA): memory = the bytes the layer must read (every expert hit, the
- *           shared expert, the gate) / the read bandwidth of an AVX-512 (or AVX2) read-sum
- *           over 1 GiB with the same threads; FMA = 2 * MACs / the FP32 FMA peak of the widest
- *           FMA the CPU has with the same threads.
- * The machine may be shared: every result and bound keeps its best trial, and the trials are
- * spread over the run (each round runs every T once, after a trial of the bounds).
- * Before every timed run the caches are flushed (a 128 MiB read): in a model the other layers'
- * weights pass through them between two steps of a layer.
+ *   epmoe          mb_forward on the CPU backend (route, quantize, routed experts, shared
+ *                  expert, combine; exact) with every expert of layer L of the checkpoint in DIR
+ *                  loaded, on hidden states with the outlier channels of real ones (a few
+ *                  channels 30-100x the rest, per-channel scales spread log-normally); the w2
+ *                  inputs are then the SwiGLU outputs of real w1/w3 rows.
+ *   ggml repacked  the layer's matmuls as llama.cpp runs them by default on x86: mul_mat_id of
+ *                  w1 and w3 (MXFP4, all experts) on x, of w2 on a [I, k, T] input, with the
+ *                  expert ids epmoe's router chose for these tokens, the expert weights in the
+ *                  CPU device's extra buffer type "CPU_REPACK" (ggml_backend_dev_get_extra_bufts),
+ *                  which repacks them on upload for its interleaved AVX2/AVX-512 kernels; the
+ *                  shared expert's three matrices as dense Q8_0 mul_mat in the plain CPU buffer
+ *                  (ggml has no repacked Q8_0 layout on x86, so llama.cpp leaves them there too;
+ *                  the bench checks). Activations quantized to q8_0 inside ggml (inexact).
+ *                  SwiGLU, routing and combine are not counted on ggml's side.
+ *   ggml plain     the same graph on the same weight bytes in the plain CPU buffer
+ *                  (ggml_vec_dot_mxfp4_q8_0): what this bench measured before.
+ *   bound          max(memory, FMA): memory = the bytes the layer must read (every expert hit,
+ *                  the shared expert, the gate) / the read bandwidth of an AVX-512 (or AVX2)
+ *                  read-sum over 1 GiB with the same threads; FMA = 2 * MACs / the FP32 FMA peak
+ *                  of the widest FMA the CPU has with the same threads.
+ * That the repacked path is taken is shown, not assumed: ggml's own debug log of the repack
+ * (captured), the weights' buffer type and chosen layout, the CPU device's supports_op on the
+ * graph's nodes; and both ggml paths' outputs must agree, which proves they read the same weights.
+ * The machine may be shared: each round runs every T once on all three, in an order rotated
+ * every round, after a trial of the bounds; results keep their best round and the per-round
+ * ratios give the spread. Round 0 (warm-up, routing, the check) is not timed. Before every timed
+ * run the caches are flushed (a 128 MiB read): in a model the other layers' weights pass through
+ * them between two steps of a layer.
+ * --clock cpu (with --threads 1 only) times the three sides in process CPU time instead of wall
+ * time: on a machine shared with other jobs a single-threaded run loses the CPU to them at
+ * random moments, which wall time counts and CPU time does not. With one thread no side has a
+ * second thread (epmoe's pool runs a one-thread task inline, ggml's OpenMP team of one is the
+ * caller), so the process's CPU time is the side's; with more, both sides' threads spin while
+ * they wait. What the load still costs, the shared caches and memory, it costs all three sides.
+ * The bounds stay wall-clock best trials.
  * The load of the layer (checkpoint in the page cache -> packed weights) is timed as well.
  */
 #include <math.h>
@@ -36,6 +55,8 @@
 #include "bench_bounds.h"
 #include "common/model_config.h"
 #include "common/safetensors_model.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "kernels/formats.h"
@@ -45,6 +66,9 @@
 
 #define MAX_T    16
 #define MAX_RUNS 32
+
+enum { SIDE_EPMOE, SIDE_REPACK, SIDE_PLAIN, N_SIDES };
+enum { PATH_REPACK, PATH_PLAIN, N_PATHS }; /* ggml's two paths; side = path + 1 */
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double unit(void)
@@ -59,6 +83,27 @@ static double gauss(void)
 {
     double u = unit() + 1e-12, v = unit();
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* One token count: its inputs, the routing epmoe chose, and every timed round of every side. */
+typedef struct tcase {
+    int T;
+    int distinct;                /* experts hit */
+    uint16_t *x;                 /* [T, H] bf16 hidden states */
+    int32_t *ids;                /* [T, k], epmoe's router, filled in round 0 */
+    double t[N_SIDES][MAX_RUNS]; /* seconds of timed round r */
+} tcase;
+
+/* The clock of the timed runs: CLOCK_MONOTONIC, or the process's CPU time (--clock cpu). */
+static int cpu_clock;
+
+static double side_now(void)
+{
+    if (!cpu_clock)
+        return bench_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- inputs ---- */
@@ -109,85 +154,133 @@ static void bounds_trial(bounds *b)
 
 /* ---- epmoe ---- */
 
-typedef struct layer_run {
-    int T;
-    double best_s;
-    int distinct;
-    int32_t *ids; /* [T, k] */
-} layer_run;
+typedef struct epmoe_side {
+    mb_backend *be;
+    st_model *m;
+    mb_layer *l;
+    uint16_t *out; /* [maxT, H] */
+    int64_t *tok;  /* [maxT] */
+    float *w;      /* [maxT, k] */
+    double load_s;
+    uint64_t load_bytes;
+} epmoe_side;
 
-static int run_epmoe(const char *dir, int layer, int threads, int runs, layer_run *lr, int nT,
-                     mc_config *c, double *load_s, uint64_t *load_bytes, bounds *bd)
+static int epmoe_fail(const ep_err *err)
+{
+    fprintf(stderr, "bench_vs_ggml: %s\n", err->msg);
+    return -1;
+}
+
+/* Load layer `layer` of the checkpoint in dir on the CPU backend, timing the load. */
+static int epmoe_open(epmoe_side *s, const char *dir, int layer, int threads, int maxT,
+                      mc_config *c)
 {
     ep_err err = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (mc_load(path, c, &err) < 0) {
-        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
-        return -1;
-    }
+    if (mc_load(path, c, &err) < 0)
+        return epmoe_fail(&err);
     mb_options o = {.device = "cpu", .threads = threads};
-    mb_backend *be = mb_create(&o, &err);
-    st_model *m = be ? st_model_open(dir, &err) : NULL;
-    if (!m) {
-        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
-        return -1;
-    }
-    *load_bytes = shard_layer_bytes(m, c, layer, NULL, NULL, false);
+    s->be = mb_create(&o, &err);
+    s->m = s->be ? st_model_open(dir, &err) : NULL;
+    if (!s->m)
+        return epmoe_fail(&err);
+    s->load_bytes = shard_layer_bytes(s->m, c, layer, NULL, NULL, false);
     double t0 = bench_now();
-    mb_layer *l = shard_load_layer(be, m, c, layer, NULL, NULL, NULL, NULL, &err);
-    *load_s = bench_now() - t0;
-    if (!l) {
-        fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
-        return -1;
-    }
-    int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts, maxT = 0;
-    for (int i = 0; i < nT; i++)
-        maxT = lr[i].T > maxT ? lr[i].T : maxT;
-    uint16_t *x[MAX_T], *out = malloc((size_t)maxT * H * 2);
-    int64_t *tok = calloc((size_t)maxT, sizeof *tok);
-    float *w = malloc((size_t)maxT * k * sizeof(float));
-    for (int i = 0; i < nT; i++) {
-        x[i] = malloc((size_t)lr[i].T * H * 2);
-        hidden_states(lr[i].T, H, x[i]);
-        lr[i].ids = malloc((size_t)lr[i].T * k * sizeof(int32_t));
-        lr[i].best_s = 1e30;
-    }
-    /* round 0 warms up; every round runs each T once (after a bounds trial), so each result's
-     * trials are spread over the whole phase */
-    for (int r = 0; r <= runs; r++) {
-        bounds_trial(bd);
-        for (int i = 0; i < nT; i++) {
-            flush_caches();
-            double a = bench_now();
-            if (mb_forward(be, l, lr[i].T, x[i], tok, out, lr[i].ids, w, &err) < 0) {
-                fprintf(stderr, "bench_vs_ggml: %s\n", err.msg);
-                return -1;
-            }
-            double dt = bench_now() - a;
-            if (r > 0 && dt < lr[i].best_s)
-                lr[i].best_s = dt;
-        }
-    }
-    for (int i = 0; i < nT; i++) {
-        char *hit = calloc((size_t)E, 1);
-        lr[i].distinct = 0;
-        for (int j = 0; j < lr[i].T * k; j++)
-            lr[i].distinct += hit[lr[i].ids[j]]++ == 0;
-        free(hit);
-        free(x[i]);
-        fprintf(stderr, "epmoe T=%d: %.3f ms\n", lr[i].T, lr[i].best_s * 1e3);
-    }
-    free(out);
-    free(tok);
-    free(w);
-    mb_layer_free(&l);
-    st_model_close(&m);
-    mb_destroy(&be);
+    s->l = shard_load_layer(s->be, s->m, c, layer, NULL, NULL, NULL, NULL, &err);
+    s->load_s = bench_now() - t0;
+    if (!s->l)
+        return epmoe_fail(&err);
+    s->out = malloc((size_t)maxT * c->hidden_size * 2);
+    s->tok = calloc((size_t)maxT, sizeof *s->tok);
+    s->w = malloc((size_t)maxT * c->num_experts_per_tok * sizeof(float));
     return 0;
 }
 
+static int epmoe_run(epmoe_side *s, tcase *tc)
+{
+    ep_err err = {0};
+    if (mb_forward(s->be, s->l, tc->T, tc->x, s->tok, s->out, tc->ids, s->w, &err) < 0)
+        return epmoe_fail(&err);
+    return 0;
+}
+
+static void epmoe_close(epmoe_side *s)
+{
+    free(s->out);
+    free(s->tok);
+    free(s->w);
+    mb_layer_free(&s->l);
+    st_model_close(&s->m);
+    mb_destroy(&s->be);
+}
+
 /* ---- ggml ---- */
+
+/* What the bench saw of ggml's repack: its own debug lines ("repack tensor w1 with ..."), kept
+ * to be printed with the results; other ggml messages above debug level go to stderr. */
+static char repack_log[1024];
+
+static void ggml_log_capture(enum ggml_log_level level, const char *text, void *user)
+{
+    (void)user;
+    if (strstr(text, "repack tensor")) {
+        size_t n = strlen(repack_log);
+        snprintf(repack_log + n, sizeof repack_log - n, "%s%.*s", n ? "; " : "",
+                 (int)strcspn(text, "\n"), text);
+    } else if (level != GGML_LOG_LEVEL_DEBUG) {
+        fputs(text, stderr);
+    }
+}
+
+/* The CPU device's extra buffer type named name (what llama.cpp offers weights first), or NULL. */
+static ggml_backend_buffer_type_t cpu_extra_buft(const char *name)
+{
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    ggml_backend_dev_get_extra_bufts_t get =
+        (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
+            reg, "ggml_backend_dev_get_extra_bufts");
+    ggml_backend_buffer_type_t *b = get ? get(ggml_backend_reg_dev_get(reg, 0)) : NULL;
+    for (; b && *b; b++)
+        if (!strcmp(ggml_backend_buft_name(*b), name))
+            return *b;
+    return NULL;
+}
+
+/* Tensors of one ggml context, placed in one buffer of one buffer type. */
+typedef struct ggml_weights {
+    struct ggml_context *ctx; /* no_alloc: the buffer holds the data */
+    ggml_backend_buffer_t buf;
+    struct ggml_tensor *t[3]; /* w1, w3, w2 or the shared expert's s1, s3, s2 */
+} ggml_weights;
+
+/* w1, w3 [H -> I] and w2 [I -> H] of type type, E of them (E = 1: one 2-d matrix each). */
+static int weights_alloc(ggml_weights *w, ggml_backend_buffer_type_t buft, enum ggml_type type,
+                         int H, int I, int E, const char *prefix)
+{
+    struct ggml_init_params p = {.mem_size = 4 * ggml_tensor_overhead(), .no_alloc = true};
+    static const char *names[3] = {"1", "3", "2"};
+    w->ctx = ggml_init(p);
+    for (int i = 0; i < 3; i++) {
+        int64_t in = i < 2 ? H : I, outn = i < 2 ? I : H;
+        w->t[i] = E > 1 ? ggml_new_tensor_3d(w->ctx, type, in, outn, E)
+                        : ggml_new_tensor_2d(w->ctx, type, in, outn);
+        ggml_format_name(w->t[i], "%s%s", prefix, names[i]);
+    }
+    w->buf = ggml_backend_alloc_ctx_tensors_from_buft(w->ctx, buft);
+    if (!w->buf) {
+        fprintf(stderr, "bench_vs_ggml: allocating %s weights in %s failed\n", prefix,
+                ggml_backend_buft_name(buft));
+        return -1;
+    }
+    return 0;
+}
+
+static void weights_free(ggml_weights *w)
+{
+    ggml_backend_buffer_free(w->buf);
+    ggml_free(w->ctx);
+}
 
 /* Random blocks with sane scales: MXFP4 e8m0 exponents near 2^0, Q8_0 fp16 scales 2^-7. */
 static void fill_blocks(struct ggml_tensor *t)
@@ -209,172 +302,428 @@ static void fill_blocks(struct ggml_tensor *t)
     }
 }
 
-static void fill_f32(struct ggml_tensor *t, double scale)
+/* ggml's weights: the experts once in the plain CPU buffer and once uploaded (the same bytes)
+ * into CPU_REPACK; the shared expert in the plain CPU buffer, used by both graphs. */
+typedef struct ggml_side {
+    ggml_weights experts[N_PATHS], shared;
+    char layout[32];       /* what ggml's repack chose, from its log ("mxfp4_8x8"), or "?" */
+    int shared_repackable; /* ggml has a repacked Q8_0 layout here (llama.cpp would use it) */
+    struct ggml_context *ctx[MAX_T];
+    struct ggml_cgraph *gf[N_PATHS][MAX_T];
+    struct ggml_cplan plan[N_PATHS][MAX_T];
+    struct ggml_tensor *y[N_PATHS][MAX_T][3]; /* the expert matmuls' outputs */
+} ggml_side;
+
+/* Whether ggml has a repacked layout for a [ne0, ne1] tensor of type on this CPU: its repack
+ * buffer sets the tensor's extra (its kernel traits) at allocation, NULL when it has none. */
+static int repack_has_layout(ggml_backend_buffer_type_t buft, enum ggml_type type, int ne0, int ne1)
 {
+    struct ggml_init_params p = {.mem_size = ggml_tensor_overhead(), .no_alloc = true};
+    struct ggml_context *ctx = ggml_init(p);
+    ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+    int has = buf && ggml_get_first_tensor(ctx)->extra != NULL;
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    return has;
+}
+
+static int ggml_weights_setup(ggml_side *g, const mc_config *c)
+{
+    int H = c->hidden_size, I = c->moe_intermediate_size, E = c->n_routed_experts;
+    ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type(),
+                               repack = cpu_extra_buft("CPU_REPACK");
+    if (!repack || !repack_has_layout(repack, GGML_TYPE_MXFP4, H, I) ||
+        !repack_has_layout(repack, GGML_TYPE_MXFP4, I, H)) {
+        fprintf(stderr,
+                "bench_vs_ggml: this ggml build has no repacked MXFP4 layout for these "
+                "shapes on this CPU (CPU_REPACK: %s)\n",
+                repack ? "present" : "absent");
+        return -1;
+    }
+    g->shared_repackable = repack_has_layout(repack, GGML_TYPE_Q8_0, H, I);
+    if (weights_alloc(&g->experts[PATH_PLAIN], cpu, GGML_TYPE_MXFP4, H, I, E, "w") < 0 ||
+        weights_alloc(&g->experts[PATH_REPACK], repack, GGML_TYPE_MXFP4, H, I, E, "w") < 0 ||
+        weights_alloc(&g->shared, cpu, GGML_TYPE_Q8_0, H, I, 1, "s") < 0)
+        return -1;
+    for (int i = 0; i < 3; i++) {
+        struct ggml_tensor *plain = g->experts[PATH_PLAIN].t[i];
+        if (!g->experts[PATH_REPACK].t[i]->extra) { /* its set_tensor would have no repack */
+            fprintf(stderr, "bench_vs_ggml: ggml chose no repacked layout for %s\n", plain->name);
+            return -1;
+        }
+        fill_blocks(plain);
+        fill_blocks(g->shared.t[i]);
+        /* the repack buffer's set_tensor is the repack: same bytes in, its layout out */
+        ggml_backend_tensor_set(g->experts[PATH_REPACK].t[i], plain->data, 0, ggml_nbytes(plain));
+    }
+    const char *with = strstr(repack_log, " with ");
+    snprintf(g->layout, sizeof g->layout, "%.*s", with ? (int)strcspn(with + 6, ";") : 1,
+             with ? with + 6 : "?");
+    return 0;
+}
+
+static struct ggml_tensor *new_f32(struct ggml_context *ctx, int64_t a, int64_t b, int64_t c,
+                                   double scale)
+{
+    struct ggml_tensor *t = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, a, b, c);
     float *p = t->data;
     for (int64_t i = 0; i < ggml_nelements(t); i++)
         p[i] = (float)(scale * gauss());
+    return t;
 }
 
-static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, int nT,
-                    double *best_s, bounds *bd)
+/* The layer's matmuls for one T on path p's expert weights, and its compute plan. */
+static int ggml_graph_build(ggml_side *g, int p, int i, struct ggml_tensor *in[5], int threads)
 {
-    int H = c->hidden_size, I = c->moe_intermediate_size, E = c->n_routed_experts,
-        k = c->num_experts_per_tok;
-    size_t wbytes = 3 * (size_t)E * ggml_row_size(GGML_TYPE_MXFP4, H) * (size_t)I +
-                    3 * ggml_row_size(GGML_TYPE_Q8_0, H) * (size_t)I;
-    struct ggml_init_params wp = {.mem_size = wbytes + 16 * ggml_tensor_overhead() + (1 << 20),
-                                  .mem_buffer = NULL,
+    struct ggml_context *ctx = g->ctx[i];
+    struct ggml_tensor *x = in[0], *ids = in[1], *act = in[2], *x2 = in[3], *sact = in[4];
+    struct ggml_tensor **w = g->experts[p].t, **s = g->shared.t;
+    struct ggml_cgraph *gf = g->gf[p][i] = ggml_new_graph(ctx);
+    g->y[p][i][0] = ggml_mul_mat_id(ctx, w[0], x, ids);
+    g->y[p][i][1] = ggml_mul_mat_id(ctx, w[1], x, ids);
+    g->y[p][i][2] = ggml_mul_mat_id(ctx, w[2], act, ids);
+    for (int j = 0; j < 3; j++)
+        ggml_build_forward_expand(gf, g->y[p][i][j]);
+    ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s[0], x2));
+    ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s[1], x2));
+    ggml_build_forward_expand(gf, ggml_mul_mat(ctx, s[2], sact));
+    g->plan[p][i] = ggml_graph_plan(gf, threads, NULL);
+    g->plan[p][i].work_data = malloc(g->plan[p][i].work_size + 1);
+    return g->plan[p][i].work_data ? 0 : -1;
+}
+
+/* Both paths' graphs for one T, on the same inputs: x is epmoe's hidden states, ids the experts
+ * epmoe's router chose for them (tc->ids, filled by the warm-up round). */
+static int ggml_graphs_setup(ggml_side *g, int i, const tcase *tc, const mc_config *c, int threads)
+{
+    int T = tc->T, H = c->hidden_size, I = c->moe_intermediate_size, k = c->num_experts_per_tok;
+    size_t in_f = (size_t)T * (2 * (size_t)H + (size_t)k * I + I + k),
+           out_f = (size_t)T * ((size_t)k * (2 * I + H) + 2 * I + H);
+    struct ggml_init_params ip = {.mem_size = (in_f + N_PATHS * out_f) * sizeof(float) +
+                                              64 * ggml_tensor_overhead() +
+                                              N_PATHS * ggml_graph_overhead() + ((size_t)1 << 20),
                                   .no_alloc = false};
-    struct ggml_context *wctx = ggml_init(wp);
-    if (!wctx) {
-        fprintf(stderr, "bench_vs_ggml: ggml_init of %zu bytes failed\n", wbytes);
+    struct ggml_context *ctx = g->ctx[i] = ggml_init(ip);
+    if (!ctx)
+        return -1;
+    struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, H, 1, T);
+    struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, k, T);
+    for (int64_t j = 0; j < (int64_t)T * H; j++)
+        ((float *)x->data)[j] = fmt_bf16_to_f32(tc->x[j]);
+    memcpy(ids->data, tc->ids, (size_t)T * k * sizeof(int32_t));
+    struct ggml_tensor *in[5] = {x, ids, new_f32(ctx, I, k, T, 0.1), ggml_reshape_2d(ctx, x, H, T),
+                                 new_f32(ctx, I, T, 1, 0.1)};
+    for (int p = 0; p < N_PATHS; p++)
+        if (ggml_graph_build(g, p, i, in, threads) < 0)
+            return -1;
+    return 0;
+}
+
+static int ggml_run(ggml_side *g, int p, int i)
+{
+    if (ggml_graph_compute(g->gf[p][i], &g->plan[p][i]) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "bench_vs_ggml: ggml_graph_compute failed\n");
         return -1;
     }
-    struct ggml_tensor *w1 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, H, I, E);
-    struct ggml_tensor *w3 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, H, I, E);
-    struct ggml_tensor *w2 = ggml_new_tensor_3d(wctx, GGML_TYPE_MXFP4, I, H, E);
-    struct ggml_tensor *s1 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, H, I);
-    struct ggml_tensor *s3 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, H, I);
-    struct ggml_tensor *s2 = ggml_new_tensor_2d(wctx, GGML_TYPE_Q8_0, I, H);
-    struct ggml_tensor *all[6] = {w1, w3, w2, s1, s3, s2};
-    for (int i = 0; i < 6; i++)
-        fill_blocks(all[i]);
-    struct ggml_context *ctx[MAX_T];
-    struct ggml_cgraph *gf[MAX_T];
-    for (int i = 0; i < nT; i++) {
-        int T = lr[i].T;
-        size_t abytes = (size_t)T * (H + (size_t)k * I + H + I) * sizeof(float) * 3 +
-                        (size_t)T * k * 4 + (size_t)T * ((size_t)k * (2 * I + H) + 2 * I + H) * 4;
-        struct ggml_init_params ap = {.mem_size = abytes + 64 * ggml_tensor_overhead() +
-                                                  ggml_graph_overhead() + ((size_t)64 << 20),
-                                      .mem_buffer = NULL,
-                                      .no_alloc = false};
-        ctx[i] = ggml_init(ap);
-        struct ggml_tensor *x = ggml_new_tensor_3d(ctx[i], GGML_TYPE_F32, H, 1, T);
-        struct ggml_tensor *ids = ggml_new_tensor_2d(ctx[i], GGML_TYPE_I32, k, T);
-        struct ggml_tensor *act = ggml_new_tensor_3d(ctx[i], GGML_TYPE_F32, I, k, T);
-        struct ggml_tensor *x2 = ggml_new_tensor_2d(ctx[i], GGML_TYPE_F32, H, T);
-        struct ggml_tensor *sact = ggml_new_tensor_2d(ctx[i], GGML_TYPE_F32, I, T);
-        fill_f32(x, 1.0);
-        fill_f32(act, 0.1);
-        fill_f32(x2, 1.0);
-        fill_f32(sact, 0.1);
-        memcpy(ids->data, lr[i].ids, (size_t)T * k * sizeof(int32_t));
-        gf[i] = ggml_new_graph(ctx[i]);
-        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w1, x, ids));
-        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w3, x, ids));
-        ggml_build_forward_expand(gf[i], ggml_mul_mat_id(ctx[i], w2, act, ids));
-        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s1, x2));
-        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s3, x2));
-        ggml_build_forward_expand(gf[i], ggml_mul_mat(ctx[i], s2, sact));
-        best_s[i] = 1e30;
-    }
-    for (int r = 0; r <= runs; r++) { /* as for epmoe: round 0 warms up */
-        bounds_trial(bd);
-        for (int i = 0; i < nT; i++) {
-            flush_caches();
-            double a = bench_now();
-            if (ggml_graph_compute_with_ctx(ctx[i], gf[i], threads) != GGML_STATUS_SUCCESS) {
-                fprintf(stderr, "bench_vs_ggml: ggml_graph_compute failed\n");
-                return -1;
-            }
-            double dt = bench_now() - a;
-            if (r > 0 && dt < best_s[i])
-                best_s[i] = dt;
+    return 0;
+}
+
+/* max |repacked - plain| / max |plain| over the expert matmuls' outputs of graph i (both run). */
+static double ggml_paths_diff(const ggml_side *g, int i)
+{
+    double d = 0, m = 0;
+    for (int j = 0; j < 3; j++) {
+        const float *a = g->y[PATH_REPACK][i][j]->data, *b = g->y[PATH_PLAIN][i][j]->data;
+        for (int64_t e = 0; e < ggml_nelements(g->y[PATH_PLAIN][i][j]); e++) {
+            d = fmax(d, fabs((double)a[e] - b[e]));
+            m = fmax(m, fabs((double)b[e]));
         }
     }
+    return m > 0 ? d / m : INFINITY;
+}
+
+/* Whether ggml's CPU device takes every node of graph i of path p through the buffers its
+ * weights are in (its supports_op asks the repack buffer type for nodes on repacked weights). */
+static int ggml_graph_supported(const ggml_side *g, int p, int i)
+{
+    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(ggml_backend_cpu_reg(), 0);
+    for (int n = 0; n < ggml_graph_n_nodes(g->gf[p][i]); n++)
+        if (!ggml_backend_dev_supports_op(dev, ggml_graph_node(g->gf[p][i], n)))
+            return 0;
+    return 1;
+}
+
+static void ggml_side_free(ggml_side *g, int nT)
+{
     for (int i = 0; i < nT; i++) {
-        ggml_free(ctx[i]);
-        fprintf(stderr, "ggml T=%d: %.3f ms\n", lr[i].T, best_s[i] * 1e3);
+        for (int p = 0; p < N_PATHS; p++)
+            free(g->plan[p][i].work_data);
+        ggml_free(g->ctx[i]);
     }
-    ggml_free(wctx);
+    for (int p = 0; p < N_PATHS; p++)
+        weights_free(&g->experts[p]);
+    weights_free(&g->shared);
+}
+
+/* ---- the run ---- */
+
+typedef struct run {
+    epmoe_side ep;
+    ggml_side gg;
+    bounds bd;
+    tcase tc[MAX_T];
+    int nT, runs;
+    double diff; /* worst ggml_paths_diff over the T's */
+    int supported;
+} run;
+
+static int run_side(run *R, int side, int i)
+{
+    return side == SIDE_EPMOE ? epmoe_run(&R->ep, &R->tc[i]) : ggml_run(&R->gg, side - 1, i);
+}
+
+/* Round 0: epmoe routes every T (its ids feed ggml's graphs), then both ggml paths run once and
+ * their outputs are compared. Nothing of it is timed. */
+static int warm_up(run *R, const mc_config *c, int threads)
+{
+    int k = c->num_experts_per_tok, E = c->n_routed_experts;
+    R->supported = 1;
+    for (int i = 0; i < R->nT; i++) {
+        tcase *tc = &R->tc[i];
+        char *hit = calloc((size_t)E, 1);
+        if (epmoe_run(&R->ep, tc) < 0 || ggml_graphs_setup(&R->gg, i, tc, c, threads) < 0 ||
+            ggml_run(&R->gg, PATH_REPACK, i) < 0 || ggml_run(&R->gg, PATH_PLAIN, i) < 0)
+            return -1;
+        for (int j = 0; j < tc->T * k; j++)
+            tc->distinct += hit[tc->ids[j]]++ == 0;
+        free(hit);
+        R->diff = fmax(R->diff, ggml_paths_diff(&R->gg, i));
+        R->supported &= ggml_graph_supported(&R->gg, PATH_REPACK, i);
+    }
     return 0;
+}
+
+/* Every round runs every T on the three sides, each after a cache flush, in an order rotated
+ * every round so that no side always follows the same one. */
+static int timed_rounds(run *R)
+{
+    for (int r = 0; r < R->runs; r++) {
+        bounds_trial(&R->bd);
+        for (int i = 0; i < R->nT; i++) {
+            for (int j = 0; j < N_SIDES; j++) {
+                int side = (j + r) % N_SIDES;
+                flush_caches();
+                double a = side_now();
+                if (run_side(R, side, i) < 0)
+                    return -1;
+                R->tc[i].t[side][r] = side_now() - a;
+            }
+        }
+        fprintf(stderr, "round %d/%d done\n", r + 1, R->runs);
+    }
+    return 0;
+}
+
+/* ---- results ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double best(const double *t, int n)
+{
+    double b = t[0];
+    for (int r = 1; r < n; r++)
+        b = t[r] < b ? t[r] : b;
+    return b;
+}
+
+/* "median (min-max)" of num[r] / den[r] over the rounds */
+static void ratio_spread(const double *num, const double *den, int n, char *buf, size_t len)
+{
+    double q[MAX_RUNS];
+    for (int r = 0; r < n; r++)
+        q[r] = num[r] / den[r];
+    qsort(q, (size_t)n, sizeof q[0], cmp_double);
+    double med = n % 2 ? q[n / 2] : 0.5 * (q[n / 2 - 1] + q[n / 2]);
+    snprintf(buf, len, "%.2f (%.2f-%.2f)", med, q[0], q[n - 1]);
+}
+
+static void print_header(const run *R, const char *dir, int layer, int threads, const mc_config *c)
+{
+    const ggml_side *g = &R->gg;
+    printf("bench_vs_ggml: %s layer %d: H %d, I %d, %d experts (%s), top-%d; %d threads; epmoe "
+           "%s\n",
+           dir, layer, c->hidden_size, c->moe_intermediate_size, c->n_routed_experts,
+           mc_dtype_name(c->expert_dtype), c->num_experts_per_tok, threads,
+           gemm_impl_name(gemm_impl_best()));
+    printf("read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s (%s); layer load %.2f GB in "
+           "%.3f s = %.2f GB/s\n",
+           R->bd.bw / 1e9, R->bd.fma / 1e9, bench_wide() ? "zmm" : "ymm", R->ep.load_bytes / 1e9,
+           R->ep.load_s, R->ep.load_bytes / R->ep.load_s / 1e9);
+    printf("ggml repacked: expert weights in buffer %s, layout %s (ggml's log: %s); CPU device "
+           "supports every node on them: %s; shared expert Q8_0 in %s (%s)\n",
+           ggml_backend_buffer_name(g->experts[PATH_REPACK].buf), g->layout,
+           repack_log[0] ? repack_log : "nothing", R->supported ? "yes" : "NO",
+           ggml_backend_buffer_name(g->shared.buf),
+           g->shared_repackable ? "ggml could repack it here, llama.cpp would"
+                                : "ggml has no repacked Q8_0 layout here, as llama.cpp finds");
+    printf("ggml plain: expert weights in buffer %s; the two paths' expert outputs agree to "
+           "%.1e of their largest value (the same weights)\n",
+           ggml_backend_buffer_name(g->experts[PATH_PLAIN].buf), R->diff);
+    printf("times: %s, %d rounds, the three sides interleaved\n\n",
+           cpu_clock ? "process CPU time (--clock cpu)" : "wall clock", R->runs);
+}
+
+static void print_bounds(const run *R, const mc_config *c)
+{
+    int H = c->hidden_size, I = c->moe_intermediate_size, k = c->num_experts_per_tok,
+        E = c->n_routed_experts, n = R->runs;
+    double expert_bytes = 3.0 * ((double)H * I / 2 + (double)H * I / 32); /* MXFP4 + e8m0 */
+    if (c->expert_dtype == MC_FP8)
+        expert_bytes = 3.0 * ((double)H * I + (double)H * I / 16384 * 4);
+    double shared_bytes = 3.0 * ((double)H * I + (double)H * I / 16384);
+    double gate_bytes = (double)E * H * 2;
+    printf("| T | experts hit | bytes read | memory bound | FMA bound | bound | epmoe (best of %d) "
+           "| ÷ bound |\n|---|---|---|---|---|---|---|---|\n",
+           n);
+    for (int i = 0; i < R->nT; i++) {
+        const tcase *tc = &R->tc[i];
+        double bytes = tc->distinct * expert_bytes + shared_bytes + gate_bytes;
+        double macs = (double)tc->T * (k + 1) * 3.0 * H * I;
+        double tm = bytes / R->bd.bw, tf = 2 * macs / R->bd.fma, tb = tm > tf ? tm : tf;
+        double te = best(tc->t[SIDE_EPMOE], n);
+        printf("| %d | %d | %.0f MB | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f |\n", tc->T,
+               tc->distinct, bytes / 1e6, tm * 1e3, tf * 1e3, tb * 1e3, te * 1e3, te / tb);
+    }
+}
+
+/* The comparison: per T the repacked path (llama.cpp's default, the headline) and the plain one
+ * as a second row; ratios of the best rounds and, per round, their median and range. */
+static void print_comparison(const run *R)
+{
+    int n = R->runs;
+    char a[64], b[64];
+    printf("\n| T | ggml path | ggml (best of %d) | epmoe (best of %d) | epmoe ÷ ggml, best ÷ "
+           "best | epmoe ÷ ggml per round: median (min-max) | ggml plain ÷ repacked per round "
+           "|\n|---|---|---|---|---|---|---|\n",
+           n, n);
+    for (int i = 0; i < R->nT; i++) {
+        const tcase *tc = &R->tc[i];
+        double te = best(tc->t[SIDE_EPMOE], n);
+        for (int side = SIDE_REPACK; side <= SIDE_PLAIN; side++) {
+            double tg = best(tc->t[side], n);
+            ratio_spread(tc->t[SIDE_EPMOE], tc->t[side], n, a, sizeof a);
+            if (side == SIDE_REPACK)
+                ratio_spread(tc->t[SIDE_PLAIN], tc->t[SIDE_REPACK], n, b, sizeof b);
+            printf("| %d | %s | %.2f ms | %.2f ms | **%.2f** | %s | %s |\n", tc->T,
+                   side == SIDE_REPACK ? "**repacked** (llama.cpp's default)" : "plain", tg * 1e3,
+                   te * 1e3, te / tg, a, side == SIDE_REPACK ? b : "—");
+        }
+    }
 }
 
 /* ---- main ---- */
 
-int main(int argc, char **argv)
+static int parse_tokens(const char *v, int *Ts)
 {
-    test_isa_cap_from_env();
-    const char *dir = NULL;
-    int layer = 0, threads = 2, runs = 5, Ts[MAX_T] = {1, 8, 64, 256}, nT = 4;
+    int nT = 0;
+    for (char *s = (char *)v; *s && nT < MAX_T;) {
+        Ts[nT++] = (int)strtol(s, &s, 10);
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return -1;
+    }
+    return nT;
+}
+
+typedef struct args {
+    const char *dir;
+    int layer, threads, runs, Ts[MAX_T], nT, maxT;
+} args;
+
+/* 0, or -1 for a usage error. --clock cpu needs one thread: the CPU time of several threads is
+ * their sum, not the latency, and both sides' threads spin while they wait. */
+static int parse_args(int argc, char **argv, args *A)
+{
+    int bad = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--model"))
-            dir = v;
+            A->dir = v;
         else if (!strcmp(a, "--layer"))
-            layer = atoi(v);
+            A->layer = atoi(v);
         else if (!strcmp(a, "--threads"))
-            threads = atoi(v);
+            A->threads = atoi(v);
         else if (!strcmp(a, "--runs"))
-            runs = atoi(v);
-        else if (!strcmp(a, "--tokens")) {
-            nT = 0;
-            for (char *s = (char *)v; *s && nT < MAX_T;) {
-                Ts[nT++] = (int)strtol(s, &s, 10);
-                if (*s == ',')
-                    s++;
-            }
-        }
+            A->runs = atoi(v);
+        else if (!strcmp(a, "--tokens"))
+            A->nT = parse_tokens(v, A->Ts);
+        else if (!strcmp(a, "--clock") && (!strcmp(v, "wall") || !strcmp(v, "cpu")))
+            cpu_clock = !strcmp(v, "cpu");
+        else
+            bad = 1;
     }
-    if (!dir || threads < 1 || threads > 64 || runs < 1 || runs > MAX_RUNS || nT < 1) {
-        fprintf(stderr, "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
-                        "[--tokens 1,8,64,256] [--runs R]\n");
+    for (int i = 0; i < A->nT; i++)
+        A->maxT = A->Ts[i] > A->maxT ? A->Ts[i] : A->maxT;
+    if (bad || !A->dir || A->threads < 1 || A->threads > 64 || A->runs < 1 || A->runs > MAX_RUNS ||
+        A->nT < 1 || A->maxT < 1 || A->maxT > 4096 || (cpu_clock && A->threads != 1)) {
+        fprintf(stderr,
+                "usage: bench_vs_ggml --model DIR [--layer L] [--threads N] "
+                "[--tokens 1,8,64,256] [--runs R (<= %d)] [--clock wall|cpu (cpu: --threads 1 "
+                "only)]\n",
+                MAX_RUNS);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    test_isa_cap_from_env();
+    args A = {.threads = 2, .runs = 5, .Ts = {1, 8, 64, 256}, .nT = 4};
+    if (parse_args(argc, argv, &A) < 0)
         return 64;
-    }
-    /* bounds: trials now and in every round of both phases; each keeps its best */
-    bounds bd = {.n = (size_t)1 << 28, .threads = threads}; /* 1 GiB of floats */
-    bd.buf = aligned_alloc(64, bd.n * sizeof(float));
-    for (size_t i = 0; i < bd.n; i++)
-        bd.buf[i] = (float)(i & 1023);
+    const char *dir = A.dir;
+    int layer = A.layer, threads = A.threads, nT = A.nT, *Ts = A.Ts;
+    ggml_log_set(ggml_log_capture, NULL);
+    static run R; /* large: every round's times */
+    R.nT = nT;
+    R.runs = A.runs;
+    /* bounds: trials now and in every round; each keeps its best */
+    R.bd = (bounds){.n = (size_t)1 << 28, .threads = threads}; /* 1 GiB of floats */
+    R.bd.buf = aligned_alloc(64, R.bd.n * sizeof(float));
+    for (size_t i = 0; i < R.bd.n; i++)
+        R.bd.buf[i] = (float)(i & 1023);
     flush_buf = calloc(FLUSH_FLOATS, sizeof(float));
     for (int r = 0; r < 3; r++)
-        bounds_trial(&bd);
+        bounds_trial(&R.bd);
 
-    layer_run lr[MAX_T];
-    memset(lr, 0, sizeof lr);
-    for (int i = 0; i < nT; i++)
-        lr[i].T = Ts[i];
     mc_config c;
-    double load_s = 0, gg[MAX_T];
-    uint64_t load_bytes = 0;
-    if (run_epmoe(dir, layer, threads, runs, lr, nT, &c, &load_s, &load_bytes, &bd) < 0 ||
-        run_ggml(&c, threads, runs, lr, nT, gg, &bd) < 0)
+    if (epmoe_open(&R.ep, dir, layer, threads, A.maxT, &c) < 0 || ggml_weights_setup(&R.gg, &c) < 0)
         return 1;
-    double bw = bd.bw, fl = bd.fma;
-    free(bd.buf);
-
-    int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok,
-        E = c.n_routed_experts;
-    double expert_bytes = 3.0 * ((double)H * I / 2 + (double)H * I / 32); /* MXFP4 + e8m0 */
-    if (c.expert_dtype == MC_FP8)
-        expert_bytes = 3.0 * ((double)H * I + (double)H * I / 16384 * 4);
-    double shared_bytes = 3.0 * ((double)H * I + (double)H * I / 16384);
-    double gate_bytes = (double)E * H * 2;
-    printf("bench_vs_ggml: %s layer %d: H %d, I %d, %d experts (%s), top-%d; %d threads; epmoe "
-           "%s\n",
-           dir, layer, H, I, E, mc_dtype_name(c.expert_dtype), k, threads,
-           gemm_impl_name(gemm_impl_best()));
-    printf("read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s (%s); layer load %.2f GB in "
-           "%.3f s = %.2f GB/s\n\n",
-           bw / 1e9, fl / 1e9, bench_wide() ? "zmm" : "ymm", load_bytes / 1e9, load_s,
-           load_bytes / load_s / 1e9);
-    printf(
-        "| T | experts hit | bytes read | memory bound | FMA bound | bound | epmoe (best of %d) | "
-        "÷ bound | ggml matmuls (best of %d) | epmoe ÷ ggml |\n",
-        runs, runs);
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nT; i++) {
-        int T = lr[i].T;
-        double bytes = lr[i].distinct * expert_bytes + shared_bytes + gate_bytes;
-        double macs = (double)T * (k + 1) * 3.0 * H * I;
-        double tm = bytes / bw, tf = 2 * macs / fl, tb = tm > tf ? tm : tf;
-        printf("| %d | %d | %.0f MB | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f | %.2f ms | "
-               "%.2f |\n",
-               T, lr[i].distinct, bytes / 1e6, tm * 1e3, tf * 1e3, tb * 1e3, lr[i].best_s * 1e3,
-               lr[i].best_s / tb, gg[i] * 1e3, lr[i].best_s / gg[i]);
-        free(lr[i].ids);
+        R.tc[i].T = Ts[i];
+        R.tc[i].x = malloc((size_t)Ts[i] * c.hidden_size * 2);
+        R.tc[i].ids = malloc((size_t)Ts[i] * c.num_experts_per_tok * sizeof(int32_t));
+        hidden_states(Ts[i], c.hidden_size, R.tc[i].x);
     }
+    if (warm_up(&R, &c, threads) < 0 || timed_rounds(&R) < 0)
+        return 1;
+    print_header(&R, dir, layer, threads, &c);
+    print_bounds(&R, &c);
+    print_comparison(&R);
+    for (int i = 0; i < nT; i++) {
+        free(R.tc[i].x);
+        free(R.tc[i].ids);
+    }
+    ggml_side_free(&R.gg, nT);
+    epmoe_close(&R.ep);
+    free(R.bd.buf);
+    free(flush_buf);
     return 0;
 }

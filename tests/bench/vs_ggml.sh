@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# vs_ggml.sh — epmoe's whole MoE layer beside ggml's matmuls of the same layer and beside the
-# machine's memory and FMA bounds, in one run on one machine (docs/performance.md).
+# vs_ggml.sh — epmoe's whole MoE layer beside ggml's matmuls of the same layer, on both of ggml's
+# CPU paths, and beside the machine's memory and FMA bounds, in one process on one machine
+# (docs/performance.md). The headline is ggml's repacked path: llama.cpp puts MXFP4 expert
+# weights in the CPU device's extra buffer type CPU_REPACK by default on x86, which repacks them
+# for its AVX2/AVX-512 kernels; the plain path (the same bytes in the CPU buffer) is the second
+# row. All three sides run interleaved, round by round, on the same weights and inputs; the
+# bench prints the evidence that the repacked path was taken (ggml's repack log, the buffer
+# type, the chosen layout) and that both ggml paths computed the same result.
 #
 #   GGML_DIR=/path/to/ggml tests/bench/vs_ggml.sh [--model DIR] [--work DIR] [--threads N]
 #                                                 [--tokens 1,8,64,256] [--runs R]
+#                                                 [--clock wall|cpu]
 #
 # GGML_DIR   a ggml source tree (github.com/ggml-org/ggml, or llama.cpp's ggml/ folder). It is
 #            built here with its own CMake (Release, GGML_NATIVE) into the work folder; epmoe
@@ -14,15 +21,18 @@
 #            minutes on 2 cores).
 # --work     where to build ggml and this bench and put the generated layer (default: a new
 #            mktemp folder, removed at the end; give one to keep and reuse them).
-# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10): every
-#            result and bound keeps its best of --runs rounds spread over the run.
+# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10 (<= 32)):
+#            every result and bound keeps its best of --runs rounds spread over the run, and
+#            the ratios are also given per round (median and range) for the spread.
+# --clock    wall (default) or cpu: with --threads 1, time in process CPU time, which a
+#            machine shared with other jobs disturbs far less than wall time.
 #
-# Needs ~3.5 GB free on disk and ~8 GB of memory (the layer in the page cache, then epmoe's
-# packed layer, then ggml's copy, one after the other).
+# Needs ~3.5 GB free on disk and ~12 GB of memory (the layer in the page cache; then epmoe's
+# packed layer, ggml's plain copy and its repacked copy at once, since they run interleaved).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10
+MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10 CLOCK=wall
 while [ $# -gt 0 ]; do
     case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -30,7 +40,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --tokens) TOKENS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --clock) CLOCK=$2; shift 2 ;;
+    -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -64,6 +75,7 @@ cmake -S "$REPO" -B "$WORK/epmoe-build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
     -DEPMOE_CUDA=OFF -DEPMOE_BENCH=ON -DEPMOE_GGML_PREFIX="$WORK/ggml" >"$WORK/epmoe-configure.log"
 cmake --build "$WORK/epmoe-build" -j "$JOBS" --target bench_vs_ggml epmoectl >"$WORK/epmoe-build.log"
 
+MODEL_ARG=$MODEL
 if [ -z "$MODEL" ]; then
     MODEL=$WORK/model
     if [ ! -f "$MODEL/config.json" ]; then
@@ -91,9 +103,13 @@ ggml_revision() {
     echo "no .git: version ${ver:-?}, sources sha256 $sum"
 }
 ggml_rev=$(ggml_revision)
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs," \
-    "$(grep -m1 -o 'avx512_vnni' /proc/cpuinfo || echo 'no avx512_vnni'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+# a VM may name its CPU only "AMD EPYC": the family and model say which generation it is
+cpu_field() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'; }
+cpu_has() { grep -m1 -q -w "$1" /proc/cpuinfo && echo "$1" || echo "no $1"; }
+echo "machine: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), model $(cpu_field model))," \
+    "$(nproc) CPUs, $(cpu_has avx512f), $(cpu_has avx512_vnni), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh --threads $THREADS --tokens $TOKENS --runs $RUNS"
+echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh${MODEL_ARG:+ --model $MODEL_ARG}" \
+    "--threads $THREADS --tokens $TOKENS --runs $RUNS --clock $CLOCK"
 "$WORK/epmoe-build/tests/bench/bench_vs_ggml" --model "$MODEL" --threads "$THREADS" \
-    --tokens "$TOKENS" --runs "$RUNS"
+    --tokens "$TOKENS" --runs "$RUNS" --clock "$CLOCK"
