@@ -270,7 +270,8 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     mb_options bo = {.device = a->device ? a->device : "cpu",
                      .threads = a->threads,
                      .gemm = a->gpu_gemm && strcmp(a->gpu_gemm, "fast") == 0 ? MB_GEMM_FAST
-                                                                             : MB_GEMM_EXACT};
+                                                                             : MB_GEMM_EXACT,
+                     .cuda = ctx->cuda};
     if (!(be = mb_create(&bo, &err))) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_UNAVAILABLE;

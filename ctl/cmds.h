@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/moe_backend.h"
+
 enum {
     CMD_OK = 0,           /* success */
     CMD_FAILED = 1,       /* the request was valid but failed (check failed, step failed) */
@@ -46,6 +48,7 @@ typedef struct cmd_ctx {
      * by ctl/rpc.c when a command talks to the coordinator. */
     const char *key_path;
     const char *server_key_path;
+    mb_cuda_tuning cuda; /* the EPMOE_CUDA_* knobs, for forward --local on cuda:N */
 } cmd_ctx;
 
 typedef int (*cmd_fn)(const cmd_ctx *ctx, int argc, char **argv);

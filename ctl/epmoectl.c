@@ -207,6 +207,14 @@ static int ctl_parse_global(int argc, char **argv, cmd_ctx *ctx, int *rc)
     return i;
 }
 
+/* The CUDA backend's knobs (kernels/moe_backend.h mb_cuda_knobs) from the environment, parsed
+ * as the backend always did: the one place epmoectl reads them. */
+static void ctl_cuda_env(mb_cuda_tuning *t)
+{
+    for (const char *const *k = mb_cuda_knobs; *k; k++)
+        mb_cuda_tuning_parse(t, *k, getenv(*k));
+}
+
 int main(int argc, char **argv)
 {
     log_init("epmoectl");
@@ -222,6 +230,7 @@ int main(int argc, char **argv)
         ctx.key_path = NULL;
     if (ctx.server_key_path && ctx.server_key_path[0] == '\0')
         ctx.server_key_path = NULL;
+    ctl_cuda_env(&ctx.cuda);
     int rc = CMD_OK;
     int ci = ctl_parse_global(argc, argv, &ctx, &rc);
     if (ci < 0)

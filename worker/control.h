@@ -45,6 +45,7 @@
 #include "common/error.h"
 #include "epmoe.pb-c.h"
 #include "kernels/gemm.h"
+#include "kernels/moe_backend.h"
 #include "worker/exec.h"
 
 /* Heartbeat settings before the first WELCOME (zguide Paranoid Pirate values). */
@@ -77,6 +78,7 @@ typedef struct wctl_options {
     /* EPMOE_METRICS_PER_LAYER=1: the step histograms by layer and the pairs by (layer, expert)
      * (thousands of series at V4-Flash size; off: about 110) */
     bool metrics_per_layer;
+    mb_cuda_tuning cuda; /* the EPMOE_CUDA_* knobs (main.c reads them) */
 } wctl_options;
 
 /* Run the worker until it is told to stop; returns the process exit code (above). */

@@ -180,6 +180,14 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
     return -1;
 }
 
+/* The CUDA backend's knobs (kernels/moe_backend.h mb_cuda_knobs) from the environment, parsed
+ * as the backend always did: the one place the worker reads them. */
+static void worker_cuda_env(mb_cuda_tuning *t)
+{
+    for (const char *const *k = mb_cuda_knobs; *k; k++)
+        mb_cuda_tuning_parse(t, *k, getenv(*k));
+}
+
 int main(int argc, char **argv)
 {
     log_init("epmoe-worker");
@@ -189,6 +197,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc < 0)
         rc = check_args(&a, &kp, server);
+    worker_cuda_env(&a.opt.cuda);
     if (rc < 0)
         rc = wctl_run(&a.opt);
     explicit_bzero(&kp, sizeof kp);
