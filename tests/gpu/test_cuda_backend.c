@@ -22,6 +22,9 @@ static mb_backend *make(const char *device, mb_gemm_mode mode)
 {
     ep_err err = {{0}};
     mb_options o = {.device = device, .threads = 0, .gemm = mode};
+    /* the EPMOE_CUDA_* knobs as check.sh sets them (EPMOE_CUDA_WAIT_S) */
+    for (const char *const *k = mb_cuda_knobs; *k; k++)
+        mb_cuda_tuning_parse(&o.cuda, *k, getenv(*k));
     mb_backend *be = mb_create(&o, &err);
     if (!be)
         printf("  %s: %s\n", device, err.msg);
