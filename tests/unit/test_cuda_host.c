@@ -30,6 +30,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "kernels/cuda/cuda_dev.h"
+#include "kernels/cuda/cuda_tuning.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
@@ -796,6 +797,66 @@ TEST(without_a_device_the_errors_say_why)
     CHECK_EQ(mb_parse_device("", &kind, &ord, &err), -1);
 }
 
+/* The EPMOE_CUDA_* knobs' text means what it meant when the kernels read the environment
+ * (docs/operations.md): numbers clamped to their ranges, a bad number or an empty value the
+ * default, an integer of 0 or less "none", cuBLASLt's four settings. */
+TEST(cuda_knobs_parse_as_the_environment_did)
+{
+    mb_cuda_tuning t = {0};
+    CHECK_EQ(mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "0.2"), 0);
+    CHECK(t.wait_s == 0.2);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "0");
+    CHECK(t.wait_s == 0.01); /* clamped, not the default */
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "1e9");
+    CHECK(t.wait_s == 3600);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "soon");
+    CHECK(t.wait_s == 0);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", "1");
+    CHECK_EQ(t.stage_bytes, 4096);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", "65536");
+    CHECK_EQ(t.stage_bytes, 65536);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", NULL);
+    CHECK_EQ(t.stage_bytes, 0);
+    static const struct {
+        const char *text;
+        mb_cublaslt want;
+    } lt[] = {{NULL, MB_LT_AUTO},  {"", MB_LT_AUTO},    {"0", MB_LT_NEVER},
+              {"1", MB_LT_ALWAYS}, {"2", MB_LT_ALWAYS}, {"require", MB_LT_REQUIRE}};
+    for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) {
+        mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT", lt[i].text);
+        CHECK_EQ(t.cublaslt, lt[i].want);
+    }
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "64");
+    CHECK_EQ(cu_tune_lt_rows(&t), 64);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "0");
+    CHECK_EQ(cu_tune_lt_rows(&t), 0);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "");
+    CHECK_EQ(cu_tune_lt_rows(&t), 96);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_FAST_ROWS", "0");
+    CHECK_EQ(cu_tune_fast_rows(&t), 0);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_FAST_ROWS", NULL);
+    CHECK_EQ(cu_tune_fast_rows(&t), 16);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", "16");
+    CHECK_EQ(cu_tune_split(&t), 16);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", "0");
+    CHECK_EQ(cu_tune_split(&t), 1);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", NULL);
+    CHECK_EQ(cu_tune_split(&t), 4);
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_EXACT", "ref");
+    CHECK(cu_tune_exact_ref(&t));
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_EXACT", "fast");
+    CHECK(!cu_tune_exact_ref(&t));
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_MODULE", "/opt/libepmoe_cuda.so");
+    CHECK_STR_EQ(t.module, "/opt/libepmoe_cuda.so");
+    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_MODULE", "");
+    CHECK(t.module == NULL);
+    CHECK_EQ(mb_cuda_tuning_parse(&t, "EPMOE_CUDA_NOPE", "1"), -1);
+    int n = 0;
+    for (const char *const *k = mb_cuda_knobs; *k; k++)
+        n += mb_cuda_tuning_parse(&t, *k, NULL) == 0;
+    CHECK_EQ(n, 8);
+}
+
 int main(void)
 {
     RUN(backend_over_a_fake_device_gives_the_cpu_bits);
@@ -805,5 +866,6 @@ int main(void)
     RUN(device_failures_are_explicit_errors);
     RUN(device_resident_steps_give_the_cpu_bits);
     RUN(without_a_device_the_errors_say_why);
+    RUN(cuda_knobs_parse_as_the_environment_did);
     return test_report();
 }
