@@ -255,6 +255,18 @@ void mb_widen_scales(size_t n, const uint8_t *e8m0, float *f32)
         f32[i] = fmt_e8m0_to_f32(e8m0[i]);
 }
 
+int mb_narrow_scales(size_t n, const float *f32, uint8_t *e8m0, size_t *bad)
+{
+    for (size_t i = 0; i < n; i++) {
+        e8m0[i] = fmt_e8m0_ceil(f32[i]);
+        if (fmt_e8m0_to_f32(e8m0[i]) != f32[i]) {
+            *bad = i;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int mb_experts_scaled(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *q,
                       const void *qs, bool qs_e8m0, int n_pairs, const uint32_t *pair_row,
                       const uint32_t *pair_expert, const float *pair_w, uint16_t *out, ep_err *err)

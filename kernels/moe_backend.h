@@ -242,6 +242,10 @@ int mb_forward(mb_backend *be, const mb_layer *l, int T, const uint16_t *x, cons
 /* e8m0 scale codes [n] -> f32 [n] (fmt_e8m0_to_f32): what mb_experts_scaled does first, for a
  * caller that merges the rows of several DISPATCHes into one mb_experts call. */
 void mb_widen_scales(size_t n, const uint8_t *e8m0, float *f32);
+/* The other way, for a DISPATCH that carries e8m0 scales: f32 [n] -> e8m0 codes [n]
+ * (fmt_e8m0_ceil). 0, or -1 with *bad the index of the first scale that is not a power of two
+ * (act_ue8m0 makes every one a power of two; the codes before it are written). */
+int mb_narrow_scales(size_t n, const float *f32, uint8_t *e8m0, size_t *bad);
 
 /* ---- device operations (optional) ------------------------------------------------------ */
 
