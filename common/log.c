@@ -3,7 +3,6 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -12,39 +11,64 @@ static log_level log_min = LOG_INFO;
 static unsigned log_subs;
 static bool log_journal;
 
+/* The one list of subsystems: EPMOE_DEBUG's values, --help and docs/operations.md. */
 static const struct {
     const char *name;
     log_sub sub;
+    const char *what;
 } log_sub_names[] = {
-    {"net", LOG_SUB_NET},   {"plan", LOG_SUB_PLAN}, {"load", LOG_SUB_LOAD},
-    {"step", LOG_SUB_STEP}, {"data", LOG_SUB_DATA}, {"kernel", LOG_SUB_KERNEL},
+    {"net", LOG_SUB_NET, "control-plane messages"}, {"plan", LOG_SUB_PLAN, "placement"},
+    {"load", LOG_SUB_LOAD, "checkpoint loading"},   {"step", LOG_SUB_STEP, "forward steps"},
+    {"data", LOG_SUB_DATA, "data-plane transfers"}, {"kernel", LOG_SUB_KERNEL, "kernel selection"},
 };
 
-static unsigned log_parse_subs(const char *spec)
+const char *log_sub_name(int i)
 {
-    unsigned mask = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", spec);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        if (strcmp(tok, "all") == 0)
-            return ~0u;
-        for (size_t i = 0; i < sizeof log_sub_names / sizeof log_sub_names[0]; i++)
-            if (strcmp(tok, log_sub_names[i].name) == 0)
-                mask |= (unsigned)log_sub_names[i].sub;
-    }
-    return mask;
+    int n = (int)(sizeof log_sub_names / sizeof log_sub_names[0]);
+    return i >= 0 && i < n ? log_sub_names[i].name : NULL;
 }
 
-void log_init(const char *prog)
+const char *log_sub_what(int i)
+{
+    return log_sub_name(i) ? log_sub_names[i].what : NULL;
+}
+
+static int log_sub_bit(const char *name, unsigned *mask)
+{
+    if (strcmp(name, "all") == 0) {
+        *mask = ~0u;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof log_sub_names / sizeof log_sub_names[0]; i++)
+        if (strcmp(name, log_sub_names[i].name) == 0) {
+            *mask |= (unsigned)log_sub_names[i].sub;
+            return 0;
+        }
+    return -1;
+}
+
+int log_sub_parse(const char *spec, unsigned *mask)
+{
+    char buf[256];
+    *mask = 0;
+    if (snprintf(buf, sizeof buf, "%s", spec) >= (int)sizeof buf)
+        return -1;
+    unsigned bits = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        if (log_sub_bit(tok, &bits) < 0)
+            return -1;
+    *mask = bits;
+    return 0;
+}
+
+void log_init(const char *prog, unsigned debug, bool journal)
 {
     if (prog != NULL) {
         const char *slash = strrchr(prog, '/');
         log_prog = slash ? slash + 1 : prog;
     }
-    const char *dbg = getenv("EPMOE_DEBUG");
-    log_subs = dbg ? log_parse_subs(dbg) : 0;
-    log_journal = getenv("JOURNAL_STREAM") != NULL;
+    log_subs = debug;
+    log_journal = journal;
 }
 
 void log_set_level(log_level level)

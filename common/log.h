@@ -4,7 +4,8 @@
  * Lines carry the syslog priority prefix "<N>" when stderr is the journal (JOURNAL_STREAM is
  * set, as under systemd), so journald files them at the right level; on a terminal they read
  * "epmoe-worker[1234] warn: ...". Debug lines are switched per subsystem by the environment,
- * like NCCL_DEBUG_SUBSYS: EPMOE_DEBUG=net,plan (or "all").
+ * like NCCL_DEBUG_SUBSYS: EPMOE_DEBUG=net,plan (or "all"), which main reads (common/knobs.h)
+ * and hands to log_init with JOURNAL_STREAM.
  */
 #ifndef EPMOE_LOG_H
 #define EPMOE_LOG_H
@@ -23,8 +24,17 @@ typedef enum log_sub {
     LOG_SUB_KERNEL = 1 << 5, /* "kernel": kernel selection */
 } log_sub;
 
-/* Name the program in every line and read EPMOE_DEBUG. Safe to call more than once. */
-void log_init(const char *prog);
+/* Name the program in every line; debug: the log_sub bits to print (EPMOE_DEBUG); journal:
+ * stderr is the journal (JOURNAL_STREAM set). Safe to call more than once. */
+void log_init(const char *prog, unsigned debug, bool journal);
+
+/* "net,step" (or "all") -> log_sub bits; -1 for a name that is no subsystem. */
+int log_sub_parse(const char *spec, unsigned *mask);
+
+/* The i-th subsystem's name as EPMOE_DEBUG spells it, NULL past the last (the one list). */
+const char *log_sub_name(int i);
+/* What the i-th subsystem's lines are about ("control-plane messages"), NULL past the last. */
+const char *log_sub_what(int i);
 
 /* Lowest level printed (default LOG_INFO; LOG_WARN with log_set_quiet). */
 void log_set_level(log_level level);

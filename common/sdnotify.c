@@ -2,6 +2,7 @@
 #include "common/sdnotify.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,10 +11,41 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* What systemd set (sdn_init): a copy, so the caller's strings need not outlive it. */
+static char sdn_socket[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
+static bool sdn_socket_bad; /* set, but too long to be a socket path */
+static uint64_t sdn_watchdog;
+
+/* WATCHDOG_USEC, when WATCHDOG_PID (if set) names us: the variable may be inherited. */
+static uint64_t sdn_watchdog_parse(const char *usec, const char *pid)
+{
+    if (usec == NULL)
+        return 0;
+    if (pid != NULL && strtol(pid, NULL, 10) != (long)getpid())
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(usec, &end, 10);
+    return (*end == '\0' && v > 0) ? (uint64_t)v : 0;
+}
+
+void sdn_init(const sdn_env *env)
+{
+    const char *path = env ? env->notify_socket : NULL;
+    sdn_socket[0] = '\0';
+    sdn_socket_bad = false;
+    if (path != NULL && strlen(path) < sizeof sdn_socket)
+        snprintf(sdn_socket, sizeof sdn_socket, "%s", path);
+    else if (path != NULL)
+        sdn_socket_bad = true;
+    sdn_watchdog = env ? sdn_watchdog_parse(env->watchdog_usec, env->watchdog_pid) : 0;
+}
+
 int sdn_notify(const char *state)
 {
-    const char *path = getenv("NOTIFY_SOCKET");
-    if (path == NULL || path[0] == '\0')
+    if (sdn_socket_bad)
+        return -1;
+    const char *path = sdn_socket;
+    if (path[0] == '\0')
         return 0;
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
@@ -45,14 +77,5 @@ int sdn_notifyf(const char *fmt, ...)
 
 uint64_t sdn_watchdog_usec(void)
 {
-    const char *usec = getenv("WATCHDOG_USEC");
-    const char *pid = getenv("WATCHDOG_PID");
-    if (usec == NULL)
-        return 0;
-    /* WATCHDOG_PID, when set, must name us (the variable may be inherited by children) */
-    if (pid != NULL && strtol(pid, NULL, 10) != (long)getpid())
-        return 0;
-    char *end;
-    unsigned long long v = strtoull(usec, &end, 10);
-    return (*end == '\0' && v > 0) ? (uint64_t)v : 0;
+    return sdn_watchdog;
 }

@@ -12,6 +12,16 @@
 
 #include <stdint.h>
 
+/* The variables systemd sets, as main read them (common/knobs.h; NULL: unset). */
+typedef struct sdn_env {
+    const char *notify_socket; /* NOTIFY_SOCKET */
+    const char *watchdog_usec; /* WATCHDOG_USEC */
+    const char *watchdog_pid;  /* WATCHDOG_PID */
+} sdn_env;
+
+/* Take systemd's variables (copied); before it, or with NULL, every call is a no-op. */
+void sdn_init(const sdn_env *env);
+
 /* Send a notification (e.g. "READY=1\nSTATUS=serving"). Returns 0, or -1 when NOTIFY_SOCKET is
  * set but the send failed; 0 when not under systemd. */
 int sdn_notify(const char *state);

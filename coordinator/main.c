@@ -18,9 +18,11 @@
 #include <string.h>
 
 #include "common/auth.h"
+#include "common/knobs.h"
 #include "common/log.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
+#include "common/sdnotify.h"
 #include "common/version.h"
 #include "coordinator/coord.h"
 #include "coordinator/keys.h"
@@ -40,8 +42,23 @@ static void usage(FILE *out)
             "  --version       print the version and build, exit 0\n\n"
             "Signals: SIGTERM or SIGINT stop the daemon in order (workers get SHUTDOWN);\n"
             "SIGHUP re-reads the cluster spec (a spec that fails keeps the old one serving).\n"
-            "Debug output: EPMOE_DEBUG=net,plan,step (or all).\n"
             "Exit codes: 0 ok, 64 usage, 69 cannot bind or serve, 78 bad spec or config.json\n");
+    knob_usage(out, KNOB_COORDINATOR);
+}
+
+/* The environment, read once (common/knobs.h), into the log and sd_notify; -1 for a bad value
+ * (a usage error). */
+static int load_knobs(void)
+{
+    knob_values kv;
+    ep_err err = {{0}};
+    if (knob_load(&kv, KNOB_COORDINATOR, &err) < 0) {
+        fprintf(stderr, "epmoe-coordinator: %s\n", err.msg);
+        return -1;
+    }
+    log_init("epmoe-coordinator", kv.debug, kv.journal_stream != NULL);
+    sdn_init(&(sdn_env){kv.notify_socket, kv.watchdog_usec, kv.watchdog_pid});
+    return 0;
 }
 
 /* "0-3,8,10-11" */
@@ -202,7 +219,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    log_init("epmoe-coordinator");
+    if (load_knobs() < 0)
+        return EXIT_USAGE;
 
     int rc = EXIT_CONFIG;
     ep_err err;

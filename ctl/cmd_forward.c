@@ -243,6 +243,15 @@ static int fwd_prepare(const mc_config *c, const fwd_args *a, int *layer, char *
     return rc;
 }
 
+/* The CUDA backend's tuning from the knobs main read (a ctx without them: the defaults). */
+static mb_cuda_tuning fwd_cuda_tuning(const cmd_ctx *ctx)
+{
+    mb_cuda_tuning t = {0};
+    if (ctx->knobs)
+        mb_cuda_tuning_from_knobs(&t, ctx->knobs);
+    return t;
+}
+
 static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
 {
     mc_config c;
@@ -271,7 +280,7 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
                      .threads = a->threads,
                      .gemm = a->gpu_gemm && strcmp(a->gpu_gemm, "fast") == 0 ? MB_GEMM_FAST
                                                                              : MB_GEMM_EXACT,
-                     .cuda = ctx->cuda};
+                     .cuda = fwd_cuda_tuning(ctx)};
     if (!(be = mb_create(&bo, &err))) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_UNAVAILABLE;

@@ -48,7 +48,9 @@ typedef struct cmd_ctx {
      * by ctl/rpc.c when a command talks to the coordinator. */
     const char *key_path;
     const char *server_key_path;
-    mb_cuda_tuning cuda; /* the EPMOE_CUDA_* knobs, for forward --local on cuda:N */
+    /* The environment main read (common/knobs.h): the kernel knobs forward --local passes to
+     * its backend. */
+    const struct knob_values *knobs;
 } cmd_ctx;
 
 typedef int (*cmd_fn)(const cmd_ctx *ctx, int argc, char **argv);

@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/knobs.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "ctl/cmds.h"
 
-#define CTL_DEFAULT_COORDINATOR "tcp://127.0.0.1:7401"
-#define CTL_DEFAULT_TIMEOUT_MS  10000
+#define CTL_DEFAULT_TIMEOUT_MS 10000
 
 /* The output formats a command takes (-o): the admin verbs all four, the offline tools the
  * table and JSON they always had. */
@@ -86,7 +86,8 @@ static void ctl_usage(FILE *out)
             "input,\n  69 coordinator unavailable, 70 internal error, 73 cannot create output, "
             "76 protocol\n  error, 77 the coordinator refused this key, 78 bad config or cluster "
             "spec\n",
-            CTL_DEFAULT_COORDINATOR, CTL_DEFAULT_TIMEOUT_MS);
+            knob_find("EPMOE_COORDINATOR")->def, CTL_DEFAULT_TIMEOUT_MS);
+    knob_usage(out, KNOB_CTL);
 }
 
 /* "-o json" / "--output=yaml": the output format, 0; -1 and a message when v is none. */
@@ -207,30 +208,22 @@ static int ctl_parse_global(int argc, char **argv, cmd_ctx *ctx, int *rc)
     return i;
 }
 
-/* The CUDA backend's knobs (kernels/moe_backend.h mb_cuda_knobs) from the environment, parsed
- * as the backend always did: the one place epmoectl reads them. */
-static void ctl_cuda_env(mb_cuda_tuning *t)
-{
-    for (const char *const *k = mb_cuda_knobs; *k; k++)
-        mb_cuda_tuning_parse(t, *k, getenv(*k));
-}
-
 int main(int argc, char **argv)
 {
-    log_init("epmoectl");
+    knob_values kv;
+    ep_err err = {{0}};
+    if (knob_load(&kv, KNOB_CTL, &err) < 0) {
+        fprintf(stderr, "epmoectl: %s\n", err.msg);
+        return CMD_USAGE;
+    }
+    log_init("epmoectl", kv.debug, kv.journal_stream != NULL);
     cmd_ctx ctx = {.output = CMD_OUT_TABLE,
-                   .coordinator = getenv("EPMOE_COORDINATOR"),
+                   .coordinator = kv.coordinator,
+                   .key_path = kv.key,
+                   .server_key_path = kv.server_key,
+                   .knobs = &kv,
                    .timeout_ms = CTL_DEFAULT_TIMEOUT_MS,
                    .argv0 = argv[0]};
-    if (ctx.coordinator == NULL || ctx.coordinator[0] == '\0')
-        ctx.coordinator = CTL_DEFAULT_COORDINATOR;
-    ctx.key_path = getenv("EPMOE_KEY");
-    ctx.server_key_path = getenv("EPMOE_SERVER_KEY");
-    if (ctx.key_path && ctx.key_path[0] == '\0')
-        ctx.key_path = NULL;
-    if (ctx.server_key_path && ctx.server_key_path[0] == '\0')
-        ctx.server_key_path = NULL;
-    ctl_cuda_env(&ctx.cuda);
     int rc = CMD_OK;
     int ci = ctl_parse_global(argc, argv, &ctx, &rc);
     if (ci < 0)

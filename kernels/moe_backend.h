@@ -68,8 +68,8 @@ typedef enum mb_cublaslt {
 } mb_cublaslt;
 
 /* The CUDA backend's tuning: the EPMOE_CUDA_* knobs (docs/operations.md), read by a program's
- * main and passed down here; nothing under kernels/ reads the environment. A zero field is
- * the default, so a zeroed struct is the backend every caller had before. */
+ * main (common/knobs.h) and passed down here; nothing under kernels/ reads the environment. A zero
+ * field is the default, so a zeroed struct is the backend every caller had before. */
 typedef struct mb_cuda_tuning {
     double wait_s;        /* longest wait for queued device work; 0: 120 s; 0.01..3600 */
     size_t stage_bytes;   /* each of the two pinned load-staging buffers; 0: 32 MiB; 4 KiB..1 GiB */
@@ -92,14 +92,12 @@ typedef struct mb_options {
     mb_cuda_tuning cuda; /* zero: the defaults */
 } mb_options;
 
-/* The knobs mb_cuda_tuning_parse takes, by their environment names, NULL-terminated: a main
- * reads each with getenv and hands the text over. */
-extern const char *const mb_cuda_knobs[];
-/* Set the field of knob `name` from `text` as the environment spells it, with the parsing,
- * ranges and defaults the backend always had (a number that does not parse leaves the
- * default; one out of range is clamped). text is kept (module) and must outlive the backend.
- * 0, or -1 when name is not one of mb_cuda_knobs. */
-int mb_cuda_tuning_parse(mb_cuda_tuning *t, const char *name, const char *text);
+/* The EPMOE_CUDA_* values a main read with knob_load (common/knobs.h; a program that reads
+ * the kernel knobs, so every field holds its row's value or default) as the backend's tuning,
+ * with the meaning they had when the kernels read the environment: a row count of 0 is "none"
+ * (cublaslt_rows, fast_rows < 0), cuBLASLt's "0" / "1" / "require" / unset. */
+struct knob_values;
+void mb_cuda_tuning_from_knobs(mb_cuda_tuning *t, const struct knob_values *kv);
 
 /* What REGISTER reports and `epmoectl workers` shows. */
 typedef struct mb_device_info {

@@ -23,6 +23,9 @@
 #include "common/model_msg.h"
 #include "common/sdnotify.h"
 #include "common/wire.h"
+#include "worker/exec.h"
+#include "worker/transport_comm_lib.h"
+#include "worker/welcome.h"
 #include "worker/wmetrics.h"
 
 #ifndef EPMOE_VERSION_STRING
@@ -134,7 +137,7 @@ static void wctl_send_register(wctl *w)
     size_t n_caps = 0;
     for (int i = 0; i < w->dev.n_caps; i++)
         caps[n_caps++] = w->dev.caps[i];
-    if (w->dev.kind == MB_DEV_CUDA && tp_nccl_ops() != NULL)
+    if (w->dev.kind == MB_DEV_CUDA && tpc_nccl_ops() != NULL)
         caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
     Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;
     d.name = w->dev.name;

@@ -43,18 +43,12 @@
 
 #include "common/auth.h"
 #include "common/error.h"
-#include "epmoe.pb-c.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_backend.h"
-#include "worker/exec.h"
 
 /* Heartbeat settings before the first WELCOME (zguide Paranoid Pirate values). */
 #define WCTL_DEFAULT_HEARTBEAT_MS 1000
 #define WCTL_DEFAULT_LIVENESS     3
-/* Bounds accepted from WELCOME: faster than 10 ms is a typo; liveness above 100 hides death. */
-#define WCTL_MIN_HEARTBEAT_MS 10
-#define WCTL_MAX_HEARTBEAT_MS 600000
-#define WCTL_MAX_LIVENESS     100
 /* Reconnect backoff: doubles from the first value up to the second. */
 #define WCTL_BACKOFF_INIT_MS 1000
 #define WCTL_BACKOFF_MAX_MS  32000
@@ -83,14 +77,5 @@ typedef struct wctl_options {
 
 /* Run the worker until it is told to stop; returns the process exit code (above). */
 int wctl_run(const wctl_options *opt);
-
-/* Validate a WELCOME and build the executor's session: presence of every field it needs
- * (session included), 1 <= world_size <= EP_MAX_WORKERS, rank < world_size, the config
- * (mmsg_to_config), one expert_owner entry per routed expert each < world_size, peers covering
- * every rank exactly once with a data endpoint (and, when secure, a 32-byte public key),
- * model_path and data_endpoint present, heartbeat_ms and liveness within bounds, checkpoint
- * files (at most ST_MAX_SHARDS) each with a name, size, mtime and header hash. Errors name the
- * field and what was expected. */
-exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *err);
 
 #endif

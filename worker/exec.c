@@ -45,7 +45,7 @@
  * sockets see their connections fail (SIGCONT after SIGSTOP, a link back up), lets libzmq 4.3
  * abort in session_base_t::clean_pipes on a half-sent multipart message; a second later its
  * I/O threads have cleaned up and the close is harmless. */
-void exec_drop_session(exec_state *st)
+static void exec_drop_session(exec_state *st)
 {
     if (st->srv)
         srv_epoch_begin(st->srv); /* its requests wait for the next session's epoch */
@@ -54,7 +54,7 @@ void exec_drop_session(exec_state *st)
     st->have_last = false;
     exec_drop_staged(st);
     sn_destroy(&st->sn); /* an NCCL communicator belongs to its session */
-    tp_comm_destroy(&st->comm);
+    tpc_destroy(&st->comm);
     exec_session_free(&st->session);
 }
 
@@ -114,14 +114,37 @@ static void exec_handle(exec_state *st, wire_msg *m)
     }
 }
 
+/* LOAD_REPORT to the coordinator (relayed by the control thread). */
+static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
+{
+    exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
+}
+
+/* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
+static void exec_serve(exec_state *st, bool client_readable)
+{
+    if (st->srv == NULL)
+        return;
+    srv_env env = exec_env(st);
+    if (client_readable)
+        srv_on_client(st->srv, &env);
+    srv_on_data(st->srv, &env);
+    srv_run(st->srv, &env);
+    double now = exec_now();
+    if (now - st->reported_at >= 1.0 && env.ready) {
+        st->reported_at = now;
+        srv_report(st->srv, &env, exec_send_report, st);
+    }
+}
+
 /* A staged load at a layer boundary: serve the steps that came and the open step's peers;
  * false when a command that supersedes the staged load came (stashed for the loop). */
-bool exec_serve_between_layers(exec_progress *p)
+static bool exec_serve_between_layers(exec_progress *p)
 {
     exec_state *st = p->st;
     for (;;) {
         if (st->tp) {
-            tp_pump(st->tp);
+            tpz_pump(st->tp);
             exec_serve_open(st);
         }
         exec_serve(st, true);
@@ -147,29 +170,6 @@ bool exec_serve_between_layers(exec_progress *p)
     }
 }
 
-/* LOAD_REPORT to the coordinator (relayed by the control thread). */
-static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
-{
-    exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
-}
-
-/* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
-void exec_serve(exec_state *st, bool client_readable)
-{
-    if (st->srv == NULL)
-        return;
-    srv_env env = exec_env(st);
-    if (client_readable)
-        srv_on_client(st->srv, &env);
-    srv_on_data(st->srv, &env);
-    srv_run(st->srv, &env);
-    double now = exec_now();
-    if (now - st->reported_at >= 1.0 && env.ready) {
-        st->reported_at = now;
-        srv_report(st->srv, &env, exec_send_report, st);
-    }
-}
-
 static void exec_loop(exec_state *st)
 {
     while (!st->stop) {
@@ -186,7 +186,7 @@ static void exec_loop(exec_state *st)
         zmq_pollitem_t it[3] = {
             {.socket = st->pipe, .events = ZMQ_POLLIN},
             {.socket = st->srv ? srv_socket(st->srv) : NULL, .events = ZMQ_POLLIN},
-            {.socket = st->tp ? tp_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
+            {.socket = st->tp ? tpz_socket(st->tp) : NULL, .events = ZMQ_POLLIN}};
         /* the client socket is polled only with a server, the data plane's only with one */
         zmq_pollitem_t *items = it;
         int n = 1;
@@ -202,7 +202,7 @@ static void exec_loop(exec_state *st)
         bool client_in = st->srv && rc_poll > 0 && it[1].revents;
         bool data_in = st->tp && rc_poll > 0 && it[n - 1].revents;
         if (data_in) {
-            tp_pump(st->tp);
+            tpz_pump(st->tp);
             exec_serve_open(st);
         }
         exec_serve(st, client_in);
@@ -345,4 +345,9 @@ void exec_stop(exec_actor **self_p)
     explicit_bzero(&a->key, sizeof a->key);
     free(a);
     *self_p = NULL;
+}
+
+const char *exec_backend_name(const exec_actor *a)
+{
+    return mb_name(a->be);
 }

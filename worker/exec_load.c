@@ -2,8 +2,6 @@
  * exec_load.c — loading (exec_state.h): the data plane of an epoch, the layers a rank holds
  * (only what it gains is read), EPOCH, a staged epoch beside the serving one, EPOCH_COMMIT.
  */
-#include "worker/exec.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +25,7 @@
 void exec_close_plane(exec_state *st)
 {
     exec_close_open(st);
-    tp_destroy(&st->tp);
+    tpz_destroy(&st->tp);
     for (int r = 0; st->tp_peers && r < st->tp_world; r++)
         free(st->tp_peers[r]);
     free(st->tp_peers);
@@ -77,15 +75,15 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
 
 /* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes), in
  * the same coordinator session, and its epoch is newer: then only the placement changes
- * (tp_set_placement). A plane is never reused for another session (a restarted coordinator), so
+ * (tpz_set_placement). A plane is never reused for another session (a restarted coordinator), so
  * its messages carry the session it was built for. */
 static bool exec_plane_fits(const exec_state *st)
 {
     const exec_session *s = st->session;
     if (st->tp == NULL || st->tp_peers == NULL || s->rank != st->tp_rank ||
         s->world_size != st->tp_world || s->config.hidden_size != st->tp_hidden ||
-        s->config.n_routed_experts != st->tp_experts || s->epoch <= tp_epoch(st->tp) ||
-        s->session != tp_session(st->tp) || strcmp(s->data_endpoint, st->tp_bind) != 0)
+        s->config.n_routed_experts != st->tp_experts || s->epoch <= tpz_epoch(st->tp) ||
+        s->session != tpz_session(st->tp) || strcmp(s->data_endpoint, st->tp_bind) != 0)
         return false;
     for (int r = 0; r < s->world_size; r++)
         if (r != s->rank && strcmp(s->peer_endpoint[r], st->tp_peers[r]) != 0)
@@ -135,21 +133,21 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     if (owned == NULL)
         return ep_err_set(err, "out of memory");
     if (exec_plane_fits(st)) {
-        int rc = tp_set_placement_owned(st->tp, s->epoch, owned, err);
+        int rc = tpz_set_placement_owned(st->tp, s->epoch, owned, err);
         free(owned);
         return rc;
     }
     exec_close_plane(st);
-    tp_config cfg = {.rank = s->rank,
-                     .world_size = s->world_size,
-                     .session = s->session,
-                     .epoch = s->epoch,
-                     .hidden = s->config.hidden_size,
-                     .n_experts = s->config.n_routed_experts,
-                     .topk = s->config.num_experts_per_tok,
-                     .expert_owner = s->expert_owner,
-                     .owned = owned,
-                     .bind_endpoint = s->data_endpoint};
+    tpz_config cfg = {.rank = s->rank,
+                      .world_size = s->world_size,
+                      .session = s->session,
+                      .epoch = s->epoch,
+                      .hidden = s->config.hidden_size,
+                      .n_experts = s->config.n_routed_experts,
+                      .topk = s->config.num_experts_per_tok,
+                      .expert_owner = s->expert_owner,
+                      .owned = owned,
+                      .bind_endpoint = s->data_endpoint};
     if (st->actor->secure && s->peer_key == NULL) {
         free(owned);
         return ep_err_set(err, "this worker has a key (--key) but WELCOME gave no peer keys");
@@ -159,11 +157,11 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
         cfg.peer_key = (const uint8_t(*)[AUTH_KEY_BYTES])s->peer_key;
         cfg.peer_name = (const char *const *)s->peer_name;
     }
-    st->tp = tp_create(st->actor->zctx, &cfg, err);
+    st->tp = tpz_create(st->actor->zctx, &cfg, err);
     free(owned);
     if (st->tp == NULL || exec_plane_key(st, err) != 0)
         return -1;
-    return tp_connect(st->tp, (const char *const *)s->peer_endpoint, err);
+    return tpz_connect(st->tp, (const char *const *)s->peer_endpoint, err);
 }
 
 /* The identity of the checkpoint files m opened (names, sizes, modification times, header
@@ -307,12 +305,12 @@ static void exec_send_ready(exec_state *st, const exec_session *s, mb_layer *con
     r.staged = staged;
     r.backend = (char *)mb_name(st->be);
     r.client_endpoint = st->srv ? (char *)srv_endpoint(st->srv) : NULL;
-    if (st->comm != NULL && tp_comm_get_state(st->comm) == TP_COMM_READY) {
+    if (st->comm != NULL && tpc_get_state(st->comm) == TPC_READY) {
         r.has_comm_epoch = r.has_comm_generation = r.has_comm_rank = r.has_comm_size = 1;
-        r.comm_epoch = tp_comm_epoch(st->comm);
-        r.comm_generation = tp_comm_generation(st->comm);
-        r.comm_rank = (uint32_t)tp_comm_rank(st->comm);
-        r.comm_size = (uint32_t)tp_comm_size(st->comm);
+        r.comm_epoch = tpc_epoch(st->comm);
+        r.comm_generation = tpc_generation(st->comm);
+        r.comm_rank = (uint32_t)tpc_rank(st->comm);
+        r.comm_size = (uint32_t)tpc_size(st->comm);
     }
     exec_send(st, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
 }
@@ -371,7 +369,7 @@ void exec_load(exec_state *st, uint16_t in_reply_to)
         "kept, %d read: %llu bytes at %.2f GB/s) from %s in %.2f s; data plane %s (%d members)",
         (unsigned long long)s->epoch, st->n_layers, c.slots, c.max_per_layer, c.kept,
         c.slots - c.kept, (unsigned long long)p.total, exec_gbps(p.total, load_s), s->model_path,
-        exec_now() - t0, st->tp ? tp_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
+        exec_now() - t0, st->tp ? tpz_endpoint(st->tp) : "nccl (built on COMM_INIT)", s->n_members);
     wmx_loaded(st->mx, in_reply_to == EPMOE__MSG_TYPE__MSG_LOAD ? "load" : "epoch", p.total,
                exec_layer_bytes(st->layers, st->n_layers));
     wmx_epoch(st->mx, s->epoch);
@@ -506,7 +504,7 @@ void exec_commit(exec_state *st, const wire_msg *m)
     st->session = st->staged;
     st->staged = NULL;
     ep_err err2;
-    if (tp_set_placement_owned(st->tp, epoch, owned, &err2) != 0)
+    if (tpz_set_placement_owned(st->tp, epoch, owned, &err2) != 0)
         log_error("epoch %llu committed: %s", (unsigned long long)epoch, err2.msg);
     free(owned);
     /* what this epoch cost is what preparing it read: READY says so (nothing is read now) */

@@ -1,24 +1,14 @@
 /*
- * exec_session.c — the session an executor works under: the validated WELCOME and its
- * placements (exec.h, exec_state.h).
+ * exec_session.c — the session an executor works under: the validated WELCOME, its placements
+ * and what a STEP must carry to run under it (exec_session.h).
  */
-#include "worker/exec.h"
+#include "worker/exec_session.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/checkpoint.h"
-#include "common/log.h"
 #include "common/model_msg.h"
-#include "common/safetensors.h"
-#include "common/wire.h"
-#include "kernels/formats.h"
-#include "worker/exec_state.h"
-#include "worker/plan.h"
-#include "shard/shard.h"
-#include "worker/wmetrics.h"
 
 /* ---- sessions ---------------------------------------------------------------------------------
  */
@@ -186,7 +176,44 @@ void exec_set_placement(exec_session *s, const uint32_t *owner, const uint32_t *
         exec_adopt_placement(s, &t, members, n_members);
 }
 
-const char *exec_backend_name(const exec_actor *a)
+/* ---- what a STEP must carry -------------------------------------------------------------- */
+
+int exec_step_check(const exec_session *ses, int n_layers, bool have_last, uint64_t last_step,
+                    const Epmoe__Step *req, const wire_msg *m, ep_err *err)
 {
-    return mb_name(a->be);
+    unsigned long long id = req->has_step_id ? (unsigned long long)req->step_id : 0;
+    if (!req->has_step_id)
+        return ep_err_set(err, "STEP without step_id");
+    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens || !req->has_session)
+        return ep_err_set(err, "STEP %llu: session, epoch, layer or n_tokens missing", id);
+    if (req->session != ses->session)
+        return ep_err_set(err, "STEP %llu: session %016llx, this worker was welcomed into %016llx",
+                          id, (unsigned long long)req->session, (unsigned long long)ses->session);
+    if (req->epoch != ses->epoch)
+        return ep_err_set(err, "STEP %llu: epoch %llu, this worker is at epoch %llu", id,
+                          (unsigned long long)req->epoch, (unsigned long long)ses->epoch);
+    if (have_last && req->step_id <= last_step)
+        return ep_err_set(err, "STEP %llu: step ids must increase (last was %llu)", id,
+                          (unsigned long long)last_step);
+    if (req->layer >= (uint32_t)n_layers)
+        return ep_err_set(err, "STEP %llu: layer %u outside [0, %d)", id, req->layer, n_layers);
+    if (req->n_tokens > EP_MAX_TOKENS)
+        return ep_err_set(err, "STEP %llu: %u tokens, at most %d", id, req->n_tokens,
+                          EP_MAX_TOKENS);
+    bool has_ids = req->has_has_ids && req->has_ids;
+    size_t T = req->n_tokens, H = (size_t)ses->config.hidden_size;
+    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
+        (has_ids && m->payload_len[1] != T * 8))
+        return ep_err_set(err,
+                          "STEP %llu: payloads of %d frames (%zu, %zu bytes), expected hidden "
+                          "bf16 [%zu, %zu]%s",
+                          id, m->n_payloads, m->n_payloads > 0 ? m->payload_len[0] : 0,
+                          m->n_payloads > 1 ? m->payload_len[1] : 0, T, H,
+                          has_ids ? " and ids int64" : "");
+    if (mc_layer_is_hash(&ses->config, (int)req->layer) && !has_ids)
+        return ep_err_set(err, "STEP %llu: layer %u is hash-routed: token ids are required", id,
+                          req->layer);
+    if (ck_check_input(m->payload[0], (int)T, (int)H, 0, err) != 0)
+        return ep_err_prefix(err, "STEP %llu (tokens counted in this worker's chunk)", id);
+    return 0;
 }

@@ -1,10 +1,11 @@
 /*
  * exec_state.h — what the files of the executor share (exec.h is its public face): the
- * thread's state and the functions one file calls in another. Only worker/exec*.c include it.
+ * thread's state and the functions one file calls in another. Only worker/exec*.c include it;
+ * it stands below exec.h (the actor), so the files below the actor never include that.
  *
  *   exec.c          the actor: the thread, its pipe and loop, the session's state
  *   exec_core.c     what all of them use: replies on the pipe, freeing layers and staged loads
- *   exec_session.c  the validated WELCOME (exec_session) and its placements
+ *   exec_session.c  the validated WELCOME (exec_session.h), its placements, the STEP check
  *   exec_load.c     loading: the data plane of an epoch, the layers, EPOCH, staged, COMMIT
  *   exec_step.c     the coordinator's STEP on the ZeroMQ plane and on the NCCL plane
  *   serve.c         the serving path (origin and serving halves, serve.h); plan.c the plan
@@ -16,9 +17,12 @@
 #include <pthread.h>
 #include <time.h>
 
-#include "worker/exec.h"
+#include "worker/exec_pipe.h"
+#include "worker/exec_session.h"
 #include "worker/serve.h"
 #include "worker/step_nccl.h"
+#include "worker/transport_comm.h"
+#include "worker/transport_zmq.h"
 
 /* LOADING messages per second at most. */
 #define EXEC_PROGRESS_INTERVAL_S 0.1
@@ -47,7 +51,7 @@ typedef struct exec_slots {
 struct exec_progress;
 
 typedef struct exec_state {
-    exec_actor *actor;
+    struct exec_actor *actor;
     void *pipe; /* the thread's end */
     mb_backend *be;
     exec_session *session;
@@ -56,14 +60,14 @@ typedef struct exec_state {
     uint64_t shard_hash;           /* the config the layers were loaded for */
     char shard_model[EP_MAX_PATH]; /* and the checkpoint */
     uint64_t shard_files;          /* exec_files_hash of the files they were read from */
-    tp_transport *tp;              /* data_plane zmq */
+    tpz_transport *tp;             /* data_plane zmq */
     /* what tp was built for: a later session or epoch with the same world reuses it */
     int tp_rank, tp_world, tp_hidden, tp_experts;
     char tp_bind[EP_MAX_PATH];
     char **tp_peers;  /* [tp_world] */
-    tp_comm *comm;    /* data_plane nccl: kept across the epochs of one session */
+    tpc_comm *comm;   /* data_plane nccl: kept across the epochs of one session */
     sn_driver *sn;    /* for the communicator of the last COMM_INIT */
-    int cuda_ordinal; /* N of cuda:N, for the communicator (tp_nccl_ops' ctx) */
+    int cuda_ordinal; /* N of cuda:N, for the communicator (tpc_nccl_ops' ctx) */
     bool ready;
     bool have_last;
     uint64_t last_step;
@@ -128,13 +132,6 @@ void exec_step_failed(exec_state *st, bool has_id, uint64_t step_id, Epmoe__Erro
 void exec_free_layers(mb_layer **layers, int n);
 void exec_free_shard(exec_state *st);
 void exec_drop_staged(exec_state *st);
-/* exec.c */
-void exec_drop_session(exec_state *st);
-/* The serving path's turn (serve.h), and a staged load's turn between layers. */
-void exec_serve(exec_state *st, bool client_readable);
-bool exec_serve_between_layers(exec_progress *p);
-/* exec_session.c */
-exec_session *exec_session_dup(const exec_session *s);
 /* exec_load.c */
 void exec_load(exec_state *st, uint16_t in_reply_to);
 void exec_epoch(exec_state *st, const wire_msg *m);

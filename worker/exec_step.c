@@ -3,8 +3,6 @@
  * route, dispatch to every rank its pairs go to, compute the own pairs, answer the peers'
  * DISPATCHes, combine, STEP_DONE; on the NCCL plane the collective step of step_nccl.h.
  */
-#include "worker/exec.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,47 +118,6 @@ static int exec_step_alloc(exec_step_s *s, int E)
     return 0;
 }
 
-/* Validate STEP against the session and copy its payloads (aligned). */
-int exec_step_check(const exec_session *ses, int n_layers, bool have_last, uint64_t last_step,
-                    const Epmoe__Step *req, const wire_msg *m, ep_err *err)
-{
-    unsigned long long id = req->has_step_id ? (unsigned long long)req->step_id : 0;
-    if (!req->has_step_id)
-        return ep_err_set(err, "STEP without step_id");
-    if (!req->has_epoch || !req->has_layer || !req->has_n_tokens || !req->has_session)
-        return ep_err_set(err, "STEP %llu: session, epoch, layer or n_tokens missing", id);
-    if (req->session != ses->session)
-        return ep_err_set(err, "STEP %llu: session %016llx, this worker was welcomed into %016llx",
-                          id, (unsigned long long)req->session, (unsigned long long)ses->session);
-    if (req->epoch != ses->epoch)
-        return ep_err_set(err, "STEP %llu: epoch %llu, this worker is at epoch %llu", id,
-                          (unsigned long long)req->epoch, (unsigned long long)ses->epoch);
-    if (have_last && req->step_id <= last_step)
-        return ep_err_set(err, "STEP %llu: step ids must increase (last was %llu)", id,
-                          (unsigned long long)last_step);
-    if (req->layer >= (uint32_t)n_layers)
-        return ep_err_set(err, "STEP %llu: layer %u outside [0, %d)", id, req->layer, n_layers);
-    if (req->n_tokens > EP_MAX_TOKENS)
-        return ep_err_set(err, "STEP %llu: %u tokens, at most %d", id, req->n_tokens,
-                          EP_MAX_TOKENS);
-    bool has_ids = req->has_has_ids && req->has_ids;
-    size_t T = req->n_tokens, H = (size_t)ses->config.hidden_size;
-    if (m->n_payloads != (has_ids ? 2 : 1) || m->payload_len[0] != T * H * 2 ||
-        (has_ids && m->payload_len[1] != T * 8))
-        return ep_err_set(err,
-                          "STEP %llu: payloads of %d frames (%zu, %zu bytes), expected hidden "
-                          "bf16 [%zu, %zu]%s",
-                          id, m->n_payloads, m->n_payloads > 0 ? m->payload_len[0] : 0,
-                          m->n_payloads > 1 ? m->payload_len[1] : 0, T, H,
-                          has_ids ? " and ids int64" : "");
-    if (mc_layer_is_hash(&ses->config, (int)req->layer) && !has_ids)
-        return ep_err_set(err, "STEP %llu: layer %u is hash-routed: token ids are required", id,
-                          req->layer);
-    if (ck_check_input(m->payload[0], (int)T, (int)H, 0, err) != 0)
-        return ep_err_prefix(err, "STEP %llu (tokens counted in this worker's chunk)", id);
-    return 0;
-}
-
 /* Validate STEP against the session (exec_step_check) and copy its payloads (aligned). */
 static int exec_step_parse(exec_step_s *s, const Epmoe__Step *req, const wire_msg *m)
 {
@@ -230,18 +187,18 @@ static int exec_send_dispatches(exec_step_s *s)
                     .n_pairs = s->n_pairs_to[r],
                     .format = ses->dispatch,
                     .scales_e8m0 = ses->dispatch == TP_FMT_FP8 && ses->config.act_ue8m0};
-        if (tp_msg_alloc(&d, s->H, &s->err) != 0)
+        if (tpz_msg_alloc(&d, s->H, &s->err) != 0)
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to rank %d (%s): %s",
                              r, ses->peer_name[r], s->err.msg);
         if (dp_fill(s->slot_to[r], s->n_pairs_to[r], s->k, s->H, s->topk_ids, s->topk_w, s->q,
                     s->qs, s->xn, &d, &s->err) != 0) {
-            tp_msg_release(&d);
+            tpz_msg_release(&d);
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "%s", s->err.msg);
         }
         size_t bytes = tp_msg_bytes(&d, s->H);
         s->dispatch_bytes += bytes;
-        tp_grant(s->st->tp, s->step_id, r, d.n_pairs); /* before its answer can arrive */
-        if (tp_send(s->st->tp, r, &d, &s->err) != 0)
+        tpz_grant(s->st->tp, s->step_id, r, d.n_pairs); /* before its answer can arrive */
+        if (tpz_send(s->st->tp, r, &d, &s->err) != 0)
             return exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "DISPATCH to %s: %s",
                              ses->peer_name[r], s->err.msg);
         wmx_sent(s->st->mx, false, bytes);
@@ -346,7 +303,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
     if (d->format == TP_FMT_BF16)
         qs = qsbuf = exec_alloc(rows * SC * 4);
     if ((d->format == TP_FMT_BF16 && !qbuf) || (qs == NULL && rows) ||
-        tp_msg_alloc(&c, s->H, &s->err) != 0) {
+        tpz_msg_alloc(&c, s->H, &s->err) != 0) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "out of memory");
         goto done;
     }
@@ -369,7 +326,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
     exec_count_pairs(s, d->pair_expert, d->n_pairs);
     size_t bytes = tp_msg_bytes(&c, s->H);
     s->combine_bytes += bytes;
-    if (tp_send(s->st->tp, src, &c, &s->err) != 0) {
+    if (tpz_send(s->st->tp, src, &c, &s->err) != 0) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "COMBINE to %s: %s",
                        ses->peer_name[src], s->err.msg);
         goto done;
@@ -378,7 +335,7 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
     s->messages++;
     s->heard_d[src] = 1;
 done:
-    tp_msg_release(&c);
+    tpz_msg_release(&c);
     free(qbuf);
     free(qsbuf);
     return rc;
@@ -407,7 +364,7 @@ static void exec_on_combine(exec_step_s *s, const tp_msg *c)
 static int exec_drain(exec_step_s *s)
 {
     tp_msg m;
-    while (tp_take(s->st->tp, s->step_id, &m)) {
+    while (tpz_take(s->st->tp, s->step_id, &m)) {
         int rc = 0;
         if (!s->st->session->member[m.src_rank])
             log_warn("step %llu: dropped a message from rank %d, not a member of epoch %llu",
@@ -420,7 +377,7 @@ static int exec_drain(exec_step_s *s)
             rc = exec_on_dispatch(s, &m);
         else
             exec_on_combine(s, &m);
-        tp_msg_release(&m);
+        tpz_msg_release(&m);
         if (rc != 0)
             return -1;
     }
@@ -508,12 +465,12 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
                              (unsigned long long)s->step_id, st->session->step_timeout_ms, who);
         }
         zmq_pollitem_t it[2] = {{.socket = st->pipe, .events = ZMQ_POLLIN},
-                                {.socket = tp_socket(st->tp), .events = ZMQ_POLLIN}};
+                                {.socket = tpz_socket(st->tp), .events = ZMQ_POLLIN}};
         long ms = (long)(left * 1000) + 1;
         if (zmq_poll(it, 2, ms > 1000 ? 1000 : ms) < 0)
             continue; /* EINTR */
         if (it[1].revents)
-            tp_pump(st->tp);
+            tpz_pump(st->tp);
         if (it[0].revents && exec_step_pipe(s) != 0)
             return -1;
     }
@@ -631,7 +588,7 @@ void exec_close_open(exec_state *st)
     if (o == NULL)
         return;
     if (st->tp)
-        tp_finish(st->tp, o->step_id);
+        tpz_finish(st->tp, o->step_id);
     exec_step_free(o);
     free(o);
     st->open = NULL;
@@ -678,7 +635,7 @@ void exec_serve_open(exec_state *st)
 
 /* ---- the NCCL data plane (data_plane nccl; docs/protocol.md "NCCL data plane") -------------
  *
- * The executor owns the communicator (tp_comm over NCCL) and the step driver (step_nccl.h).
+ * The executor owns the communicator (tpc_comm over NCCL) and the step driver (step_nccl.h).
  * COMM_INIT builds the communicator, waiting with its deadline while it still reads the pipe;
  * a STEP runs sn_run instead of the ZeroMQ exchange above, and a failed one tells the
  * coordinator that the communicator was aborted (StepFailed.comm_aborted).
@@ -697,8 +654,7 @@ int exec_nccl_open(exec_state *st, ep_err *err)
     if (s->dispatch != TP_FMT_FP8)
         return ep_err_set(err, "data_plane nccl sends fp8 dispatch only");
     st->cuda_ordinal = info.ordinal;
-    if (st->comm == NULL &&
-        (st->comm = tp_comm_create(tp_nccl_ops(), &st->cuda_ordinal, err)) == NULL)
+    if (st->comm == NULL && (st->comm = tpc_create(tpc_nccl_ops(), &st->cuda_ordinal, err)) == NULL)
         return -1;
     return 0;
 }
@@ -709,8 +665,8 @@ static int exec_nccl_driver(exec_state *st, const Epmoe__CommInit *ci, ep_err *e
     exec_session *s = st->session;
     sn_config cfg = {.rank = s->rank,
                      .world_size = s->world_size,
-                     .comm_rank = tp_comm_rank(st->comm),
-                     .comm_size = tp_comm_size(st->comm),
+                     .comm_rank = tpc_rank(st->comm),
+                     .comm_size = tpc_size(st->comm),
                      .members = ci->n_members ? ci->members : NULL,
                      .epoch = s->epoch,
                      .hidden = s->config.hidden_size,
@@ -773,7 +729,7 @@ static void exec_nccl_failed(exec_step_s *s)
     f.step_id = s->step_id;
     f.code = s->code;
     f.message = s->err.msg;
-    f.comm_aborted = st->comm != NULL && tp_comm_get_state(st->comm) != TP_COMM_READY;
+    f.comm_aborted = st->comm != NULL && tpc_get_state(st->comm) != TPC_READY;
     exec_send(st, EPMOE__MSG_TYPE__MSG_STEP_FAILED, &f.base, NULL, 0);
 }
 
@@ -842,29 +798,29 @@ static int exec_comm_begin(exec_state *st, const Epmoe__CommInit *ci, ep_err *er
     if (exec_comm_world(st->session, ci, &rank, &size, err) != 0)
         return -1;
     if (ci->has_shrink && ci->shrink)
-        return tp_comm_begin_shrink(st->comm, ci->epoch, ci->generation, ci->parent_epoch,
-                                    ci->parent_generation, ci->exclude_ranks,
-                                    (int)ci->n_exclude_ranks, rank, size, err);
-    tp_comm_id id;
+        return tpc_begin_shrink(st->comm, ci->epoch, ci->generation, ci->parent_epoch,
+                                ci->parent_generation, ci->exclude_ranks, (int)ci->n_exclude_ranks,
+                                rank, size, err);
+    tpc_id id;
     if (ci->has_nccl_id) {
-        if (ci->nccl_id.len != TP_COMM_ID_BYTES)
+        if (ci->nccl_id.len != TPC_ID_BYTES)
             return ep_err_set(err, "COMM_INIT: nccl_id of %zu bytes, expected %d", ci->nccl_id.len,
-                              TP_COMM_ID_BYTES);
-        memcpy(id.bytes, ci->nccl_id.data, TP_COMM_ID_BYTES);
+                              TPC_ID_BYTES);
+        memcpy(id.bytes, ci->nccl_id.data, TPC_ID_BYTES);
     } else {
         if (rank != 0)
             return ep_err_set(err, "COMM_INIT without nccl_id: only rank 0 creates the id");
-        if (tp_comm_new_id(st->comm, &id, err) != 0)
+        if (tpc_new_id(st->comm, &id, err) != 0)
             return -1;
         Epmoe__CommId m = EPMOE__COMM_ID__INIT;
         m.has_epoch = m.has_generation = m.has_nccl_id = 1;
         m.epoch = ci->epoch;
         m.generation = ci->generation;
-        m.nccl_id.len = TP_COMM_ID_BYTES;
+        m.nccl_id.len = TPC_ID_BYTES;
         m.nccl_id.data = id.bytes;
         exec_send(st, EPMOE__MSG_TYPE__MSG_COMM_ID, &m.base, NULL, 0);
     }
-    return tp_comm_begin_init(st->comm, ci->epoch, ci->generation, rank, size, &id, err);
+    return tpc_begin_init(st->comm, ci->epoch, ci->generation, rank, size, &id, err);
 }
 
 void exec_comm_init(exec_state *st, const wire_msg *m)
@@ -887,10 +843,10 @@ void exec_comm_init(exec_state *st, const wire_msg *m)
     if (rc == 0)
         rc = exec_comm_begin(st, ci, &err);
     if (rc == 0)
-        rc = tp_comm_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
-                                &err);
+        rc = tpc_wait_ready(st->comm, exec_now() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
+                            &err);
     if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
-        tp_comm_abort(st->comm, err.msg);
+        tpc_abort(st->comm, err.msg);
         rc = -1;
     }
     if (rc != 0)
@@ -954,7 +910,7 @@ void exec_step(exec_state *st, wire_msg *m)
     /* the coordinator settled every earlier step before it started this one: what the data
      * plane still holds for them is stale (a restarted worker's peers' queued DISPATCHes) */
     if (st->tp && s->step_id > 0)
-        tp_finish(st->tp, s->step_id - 1);
+        tpz_finish(st->tp, s->step_id - 1);
     bool nccl = st->session->nccl; /* a collective: no open step to serve afterwards */
     rc = nccl ? exec_nccl_step(s) : exec_step_run(s);
     st->have_last = true;
@@ -972,7 +928,7 @@ void exec_step(exec_state *st, wire_msg *m)
         wmx_step_result(st->mx, false);
     }
     if (st->tp)
-        tp_finish(st->tp, s->step_id);
+        tpz_finish(st->tp, s->step_id);
     exec_step_free(s);
     free(s);
 }

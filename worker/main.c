@@ -15,12 +15,15 @@
 #include <string.h>
 
 #include "common/auth.h"
+#include "common/knobs.h"
 #include "common/limits.h"
 #include "common/log.h"
+#include "common/sdnotify.h"
 #include "common/version.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
+#include "worker/transport_comm_lib.h"
 
 #define WORKER_EXIT_USAGE 64
 
@@ -46,10 +49,8 @@ static void usage(FILE *out)
             "exit codes: 0 stopped, 64 usage, 70 cannot start, 78 refused by the coordinator\n"
             "  (unknown worker name, config hash mismatch, device or key not the spec's, another\n"
             "  live process with this name) or a device this host or build cannot serve (no such\n"
-            "  GPU, a build without CUDA)\n"
-            "environment: EPMOE_DEBUG=net,load,step,data,kernel (debug logs),\n"
-            "  EPMOE_ISA=ref|avx2|avx512 (cap the CPU kernels' instruction set; default: the\n"
-            "  best this CPU has)\n");
+            "  GPU, a build without CUDA)\n");
+    knob_usage(out, KNOB_WORKER);
 }
 
 static int parse_threads(const char *v, int *out)
@@ -151,19 +152,6 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
         fprintf(stderr, "epmoe-worker: --device: %s\n", err.msg);
         return WORKER_EXIT_USAGE;
     }
-    /* the kernels would ignore a misspelt cap: refuse it here instead */
-    const char *isa = getenv("EPMOE_ISA");
-    gemm_impl cap;
-    if (isa && (gemm_impl_parse(isa, &cap) < 0 || cap == GEMM_IMPL_AUTO)) {
-        fprintf(stderr, "epmoe-worker: EPMOE_ISA=%s: expected ref, avx2 or avx512\n", isa);
-        return WORKER_EXIT_USAGE;
-    }
-    const char *per_layer = getenv("EPMOE_METRICS_PER_LAYER");
-    if (per_layer && strcmp(per_layer, "0") != 0 && strcmp(per_layer, "1") != 0) {
-        fprintf(stderr, "epmoe-worker: EPMOE_METRICS_PER_LAYER=%s: expected 0 or 1\n", per_layer);
-        return WORKER_EXIT_USAGE;
-    }
-    o->metrics_per_layer = per_layer && strcmp(per_layer, "1") == 0;
     if ((a->key_path == NULL) != (a->coordinator_key_path == NULL)) {
         fprintf(stderr, "epmoe-worker: --key and --coordinator-key go together\n");
         return WORKER_EXIT_USAGE;
@@ -180,24 +168,35 @@ static int check_args(worker_args *a, auth_keypair *kp, uint8_t *server)
     return -1;
 }
 
-/* The CUDA backend's knobs (kernels/moe_backend.h mb_cuda_knobs) from the environment, parsed
- * as the backend always did: the one place the worker reads them. */
-static void worker_cuda_env(mb_cuda_tuning *t)
+/* The environment, read once (common/knobs.h): a bad value is a usage error, like an option's. */
+static int load_knobs(knob_values *kv)
 {
-    for (const char *const *k = mb_cuda_knobs; *k; k++)
-        mb_cuda_tuning_parse(t, *k, getenv(*k));
+    ep_err err = {{0}};
+    if (knob_load(kv, KNOB_WORKER, &err) < 0) {
+        fprintf(stderr, "epmoe-worker: %s\n", err.msg);
+        return WORKER_EXIT_USAGE;
+    }
+    log_init("epmoe-worker", kv->debug, kv->journal_stream != NULL);
+    sdn_init(&(sdn_env){kv->notify_socket, kv->watchdog_usec, kv->watchdog_pid});
+    tpc_nccl_set_library(kv->nccl_library);
+    return -1;
 }
 
 int main(int argc, char **argv)
 {
-    log_init("epmoe-worker");
-    worker_args a = {.opt = {.coordinator = getenv("EPMOE_COORDINATOR_LISTEN"), .device = "cpu"}};
+    knob_values kv;
+    int krc = load_knobs(&kv);
+    if (krc >= 0)
+        return krc;
+    worker_args a = {.opt = {.coordinator = kv.coordinator_listen,
+                             .device = "cpu",
+                             .metrics_per_layer = kv.metrics_per_layer}};
     auth_keypair kp;
     uint8_t server[AUTH_KEY_BYTES];
     int rc = parse_args(argc, argv, &a);
     if (rc < 0)
         rc = check_args(&a, &kp, server);
-    worker_cuda_env(&a.opt.cuda);
+    mb_cuda_tuning_from_knobs(&a.opt.cuda, &kv);
     if (rc < 0)
         rc = wctl_run(&a.opt);
     explicit_bzero(&kp, sizeof kp);

@@ -273,7 +273,7 @@ static int srv_send_part(srv_server *s, const srv_env *env, srv_req *q, int i, e
                    ? 0
                    : ep_err_set(err, "out of memory");
     }
-    if (env->tp == NULL || s->out_credit[p->peer] >= TP_SERVE_CREDITS)
+    if (env->tp == NULL || s->out_credit[p->peer] >= TPZ_SERVE_CREDITS)
         return 0; /* waits for credit */
     int rows = dp_rows(p->slot, p->n, q->k);
     tp_msg d = {.kind = TP_DISPATCH,
@@ -285,14 +285,14 @@ static int srv_send_part(srv_server *s, const srv_env *env, srv_req *q, int i, e
                 .n_pairs = p->n,
                 .format = ses->dispatch,
                 .scales_e8m0 = ses->dispatch == TP_FMT_FP8 && ses->config.act_ue8m0};
-    if (tp_msg_alloc(&d, q->H, err) != 0)
+    if (tpz_msg_alloc(&d, q->H, err) != 0)
         return -1;
     if (dp_fill(p->slot, p->n, q->k, q->H, q->topk_ids, q->topk_w, q->q, q->qs, q->xn, &d, err)) {
-        tp_msg_release(&d);
+        tpz_msg_release(&d);
         return -1;
     }
     size_t bytes = tp_msg_bytes(&d, q->H);
-    if (tp_send(env->tp, p->peer, &d, err) != 0)
+    if (tpz_send(env->tp, p->peer, &d, err) != 0)
         return ep_err_prefix(err, "DISPATCH to %s", ses->peer_name[p->peer]);
     wmx_sent(env->mx, false, bytes);
     p->sent = p->credit = true;
@@ -587,13 +587,13 @@ void srv_on_data(srv_server *s, const srv_env *env)
     if (env->tp == NULL || env->session == NULL || srv_shape(s, env) != 0)
         return;
     tp_msg m;
-    while (tp_take_request(env->tp, &m)) {
+    while (tpz_take_request(env->tp, &m)) {
         if (m.kind == TP_DISPATCH) {
             srv_on_dispatch(s, &m);
             continue;
         }
         srv_on_combine(s, env, &m);
-        tp_msg_release(&m);
+        tpz_msg_release(&m);
     }
 }
 
@@ -759,7 +759,7 @@ static bool srv_idle(const srv_server *s, const srv_env *env)
     len = sizeof ev;
     ev = 0;
     return env->tp == NULL ||
-           !(zmq_getsockopt(tp_socket(env->tp), ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN));
+           !(zmq_getsockopt(tpz_socket(env->tp), ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN));
 }
 
 /* Answer every complete request, their shared experts batched first. */
@@ -912,7 +912,7 @@ void srv_destroy(srv_server **self_p)
                      "the entry worker is stopping");
     for (int j = 0; j < s->n_jobs; j++)
         if (!s->job[j].own)
-            tp_msg_release(&s->job[j].msg);
+            tpz_msg_release(&s->job[j].msg);
     free(s->job);
     free(s->out_credit);
     for (int l = 0; s->load && l < s->L; l++) {

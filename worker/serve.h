@@ -4,7 +4,7 @@
  * origins send it. docs/protocol.md "Serving path".
  *
  * Origin half: SUBMIT -> route + quantize (mb_step_begin) -> the dispatch plan (plan.h) -> one
- * DISPATCH per rank its pairs go to (at most TP_SERVE_CREDITS without their COMBINE per rank;
+ * DISPATCH per rank its pairs go to (at most TPZ_SERVE_CREDITS without their COMBINE per rank;
  * more wait) and its own pairs into the serving queue -> the COMBINEs scattered into [T, k, H]
  * -> mb_step_finish -> RESULT. The shared expert runs in between, for every request of a layer
  * in flight at once (mb_steps_shared), when nothing waits for this worker, or else at the

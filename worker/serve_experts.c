@@ -39,7 +39,7 @@ void srv_on_dispatch(srv_server *s, tp_msg *d)
                  .msg = *d};
     if (srv_push_job(s, j) != 0) {
         log_warn("serving: out of memory queueing a DISPATCH from rank %d", d->src_rank);
-        tp_msg_release(d);
+        tpz_msg_release(d);
     }
     *d = (tp_msg){0};
 }
@@ -176,16 +176,16 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
                 .refused = out == NULL};
     ep_err err;
     if (out != NULL) {
-        if (tp_msg_alloc(&c, (int)H, &err) != 0) {
+        if (tpz_msg_alloc(&c, (int)H, &err) != 0) {
             log_warn("serving: COMBINE for rank %d: %s", j->src, err.msg);
             return;
         }
         memcpy(c.out, out, (size_t)n_pairs * H * 2);
-    } else if (tp_msg_alloc(&c, (int)H, &err) != 0) {
+    } else if (tpz_msg_alloc(&c, (int)H, &err) != 0) {
         return;
     }
     size_t bytes = out ? tp_msg_bytes(&c, (int)H) : 0;
-    if (tp_send(env->tp, j->src, &c, &err) != 0)
+    if (tpz_send(env->tp, j->src, &c, &err) != 0)
         log_warn("serving: COMBINE to %s: %s", env->session->peer_name[j->src], err.msg);
     else
         wmx_sent(env->mx, true, bytes);
@@ -322,7 +322,7 @@ void srv_serve(srv_server *s, const srv_env *env)
     }
     for (int i = 0; i < n; i++)
         if (!job[i].own)
-            tp_msg_release(&job[i].msg);
+            tpz_msg_release(&job[i].msg);
     free(sel);
     free(job);
 }

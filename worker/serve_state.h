@@ -16,8 +16,8 @@
 
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
-#include "worker/exec.h"
-#include "worker/transport.h"
+#include "worker/exec_session.h"
+#include "worker/transport_zmq.h"
 
 /* Requests one entry worker holds in flight at most, and one client (client id) of them;
  * beyond, a SUBMIT is answered ERR_BUSY at once. */
@@ -37,7 +37,7 @@ typedef struct srv_env {
     mb_layer *const *layers;
     int n_layers;
     const exec_session *session;
-    tp_transport *tp;
+    tpz_transport *tp;
     struct wmx *mx;
     bool ready;
 } srv_env;

@@ -41,7 +41,7 @@ struct sn_driver {
     uint8_t *owned;    /* [E] */
     tp_check check;
     mb_backend *be;
-    tp_comm *comm;
+    tpc_comm *comm;
     sn_buf da, db, ha, hb;
 };
 
@@ -143,7 +143,7 @@ static int sn_world(sn_driver *d, const sn_config *cfg, ep_err *err)
     return d->flat_c ? 0 : -1;
 }
 
-sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tp_comm *comm, ep_err *err)
+sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tpc_comm *comm, ep_err *err)
 {
     if (be == NULL || comm == NULL) {
         ep_err_set(err, "nccl step: %s", be == NULL ? "no backend" : "no communicator");
@@ -242,10 +242,10 @@ static int sn_dev_fail(sn_ctx *c, const char *what)
 /* A failed exchange: the communicator says what kind of failure it was. */
 static int sn_comm_fail(sn_ctx *c)
 {
-    tp_comm_fault f = tp_comm_last_fault(c->d->comm);
-    int code = f == TP_FAULT_DEADLINE    ? EPMOE__ERROR_CODE__ERR_TIMEOUT
-               : f == TP_FAULT_ABANDONED ? EPMOE__ERROR_CODE__ERR_STEP_FAILED
-                                         : EPMOE__ERROR_CODE__ERR_COMM_FAILED;
+    tpc_fault f = tpc_last_fault(c->d->comm);
+    int code = f == TPC_FAULT_DEADLINE    ? EPMOE__ERROR_CODE__ERR_TIMEOUT
+               : f == TPC_FAULT_ABANDONED ? EPMOE__ERROR_CODE__ERR_STEP_FAILED
+                                          : EPMOE__ERROR_CODE__ERR_COMM_FAILED;
     return sn_fail(c, code, "step %llu: %s", (unsigned long long)c->io->step_id, c->err->msg);
 }
 
@@ -280,11 +280,11 @@ static int sn_reserve(sn_ctx *c, sn_buf *b, size_t need, bool host)
     return 0;
 }
 
-static int sn_exchange(sn_ctx *c, const char *what, const tp_xfer *s, int ns, const tp_xfer *r,
+static int sn_exchange(sn_ctx *c, const char *what, const tpc_xfer *s, int ns, const tpc_xfer *r,
                        int nr)
 {
-    if (tp_comm_exchange(c->d->comm, what, s, ns, r, nr, c->stream, c->io->deadline, c->io->idle,
-                         c->io->idle_ctx, c->err) != 0)
+    if (tpc_exchange(c->d->comm, what, s, ns, r, nr, c->stream, c->io->deadline, c->io->idle,
+                     c->io->idle_ctx, c->err) != 0)
         return sn_comm_fail(c);
     return 0;
 }
@@ -480,10 +480,10 @@ static int sn_counts(sn_ctx *c)
     size_t bytes = (size_t)c->P * SN_COUNTS_SLOT;
     if (mb_dev_h2d(c->be, c->d_counts_out, c->h_counts_out, bytes, c->err) != 0)
         return sn_dev_fail(c, "counts upload");
-    tp_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
+    tpc_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
     for (int p = 0; p < c->P; p++) {
-        s[p] = (tp_xfer){p, c->d_counts_out + (size_t)p * SN_COUNTS_SLOT, SN_COUNTS_SLOT};
-        r[p] = (tp_xfer){p, c->d_counts_in + (size_t)p * SN_COUNTS_SLOT, SN_COUNTS_SLOT};
+        s[p] = (tpc_xfer){p, c->d_counts_out + (size_t)p * SN_COUNTS_SLOT, SN_COUNTS_SLOT};
+        r[p] = (tpc_xfer){p, c->d_counts_in + (size_t)p * SN_COUNTS_SLOT, SN_COUNTS_SLOT};
     }
     if (sn_exchange(c, "dispatch counts", s, c->P, r, c->P) != 0)
         return -1;
@@ -602,14 +602,14 @@ static int sn_dispatch(sn_ctx *c)
 {
     if (sn_fill_blocks(c) != 0)
         return -1;
-    tp_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
+    tpc_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
     int ns = 0, nr = 0;
     for (int i = 0; i < c->P; i++) {
         sn_peer *p = &c->peer[i];
         if (p->send_bytes) /* the peer computes the same 0 from our counts and posts nothing */
-            s[ns++] = (tp_xfer){i, p->d_send, p->send_bytes};
+            s[ns++] = (tpc_xfer){i, p->d_send, p->send_bytes};
         if (p->recv_bytes)
-            r[nr++] = (tp_xfer){i, p->d_recv, p->recv_bytes};
+            r[nr++] = (tpc_xfer){i, p->d_recv, p->recv_bytes};
     }
     if (sn_exchange(c, "dispatch", s, ns, r, nr) != 0)
         return -1;
@@ -670,15 +670,15 @@ static int sn_experts(sn_ctx *c)
 
 static int sn_combine(sn_ctx *c)
 {
-    tp_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
+    tpc_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
     int ns = 0, nr = 0;
     size_t row = (size_t)c->H * 2;
     for (int i = 0; i < c->P; i++) {
         sn_peer *p = &c->peer[i];
         if (p->recv.n_pairs)
-            s[ns++] = (tp_xfer){i, p->d_cout, (size_t)p->recv.n_pairs * row};
+            s[ns++] = (tpc_xfer){i, p->d_cout, (size_t)p->recv.n_pairs * row};
         if (p->pairs_to)
-            r[nr++] = (tp_xfer){i, p->d_crecv, (size_t)p->pairs_to * row};
+            r[nr++] = (tpc_xfer){i, p->d_crecv, (size_t)p->pairs_to * row};
     }
     return sn_exchange(c, "combine", s, ns, r, nr);
 }
@@ -710,17 +710,17 @@ static int sn_finish(sn_ctx *c)
 static int sn_begin(sn_ctx *c)
 {
     sn_driver *d = c->d;
-    tp_comm *comm = d->comm;
-    if (tp_comm_get_state(comm) != TP_COMM_READY)
-        return sn_fail(
-            c, EPMOE__ERROR_CODE__ERR_COMM_FAILED, "step %llu: the nccl communicator is %s%s%s",
-            (unsigned long long)c->io->step_id, tp_comm_state_name(tp_comm_get_state(comm)),
-            tp_comm_last_error(comm)[0] ? " after: " : "", tp_comm_last_error(comm));
-    if (tp_comm_rank(comm) != c->rank || tp_comm_size(comm) != c->P)
+    tpc_comm *comm = d->comm;
+    if (tpc_get_state(comm) != TPC_READY)
+        return sn_fail(c, EPMOE__ERROR_CODE__ERR_COMM_FAILED,
+                       "step %llu: the nccl communicator is %s%s%s",
+                       (unsigned long long)c->io->step_id, tpc_state_name(tpc_get_state(comm)),
+                       tpc_last_error(comm)[0] ? " after: " : "", tpc_last_error(comm));
+    if (tpc_rank(comm) != c->rank || tpc_size(comm) != c->P)
         return sn_fail(c, EPMOE__ERROR_CODE__ERR_COMM_FAILED,
                        "step %llu: the communicator is rank %d of %d, the driver's rank %d of %d",
-                       (unsigned long long)c->io->step_id, tp_comm_rank(comm), tp_comm_size(comm),
-                       c->rank, c->P);
+                       (unsigned long long)c->io->step_id, tpc_rank(comm), tpc_size(comm), c->rank,
+                       c->P);
     c->stream = mb_dev_stream(d->be);
     c->step = mb_dev_step_begin(d->be, c->io->layer, c->io->T, c->io->x, c->io->ids,
                                 c->io->topk_ids, c->io->topk_w, c->io->deadline, c->err);
@@ -756,8 +756,8 @@ int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
                  : 0;
     /* a failed step cannot stay half-queued, and its peers wait on it: abort (the communicator
      * is rebuilt before the next step) */
-    if (rc != 0 && tp_comm_get_state(d->comm) == TP_COMM_READY)
-        tp_comm_abort(d->comm, err->msg);
+    if (rc != 0 && tpc_get_state(d->comm) == TPC_READY)
+        tpc_abort(d->comm, err->msg);
     mb_step_free(&c.step);
     free(c.peer);
     free(c.h_slots);

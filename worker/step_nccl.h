@@ -7,7 +7,7 @@
  *
  *   route + quantize own tokens (q/qs stay on the device)      mb_dev_step_begin, step_shared
  *   counts:   one DISPATCH body to every rank (a 128-byte slot: u32 LE length + the packed
- *             Epmoe__Dispatch), validated on receipt by tp_check_dispatch  tp_comm_exchange
+ *             Epmoe__Dispatch), validated on receipt by tp_check_dispatch  tpc_exchange
  *   payloads: one block to every rank, laid out by tp_msg_layout exactly as the ZeroMQ plane's
  *             DISPATCH (fp8 codes, scales e8m0 or f32, pair_row, pair_expert, pair_weight);
  *             codes and scales gathered on the device, pairs planned on the host
@@ -39,6 +39,7 @@
 #include "common/error.h"
 #include "kernels/moe_backend.h"
 #include "worker/transport.h"
+#include "worker/transport_comm.h"
 
 /* Bytes of one rank's counts message to another: a u32 length and the packed Dispatch. */
 #define SN_COUNTS_SLOT 128
@@ -60,7 +61,7 @@ typedef struct sn_driver sn_driver;
 
 /* The driver of one session: be and comm are borrowed (the executor owns them); be must have
  * device operations (mb_has_dev). */
-sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tp_comm *comm, ep_err *err);
+sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tpc_comm *comm, ep_err *err);
 void sn_destroy(sn_driver **self_p);
 
 /* One step's inputs and outputs (host memory). */
@@ -77,8 +78,8 @@ typedef struct sn_step {
     uint32_t *expert_tokens; /* [n_experts]: pairs computed per expert, added to */
     uint64_t dispatch_bytes; /* out: payload bytes sent to other ranks */
     uint64_t combine_bytes;
-    double deadline; /* CLOCK_MONOTONIC seconds (tp_now) */
-    tp_idle_fn idle; /* called while waiting; may be NULL */
+    double deadline;  /* CLOCK_MONOTONIC seconds (tpc_now) */
+    tpc_idle_fn idle; /* called while waiting; may be NULL */
     void *idle_ctx;
 } sn_step;
 

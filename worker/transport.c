@@ -10,11 +10,6 @@
 
 #include "common/limits.h"
 
-static size_t tp_round(size_t n)
-{
-    return (n + TP_ALIGN - 1) / TP_ALIGN * TP_ALIGN;
-}
-
 int tp_msg_layout(const tp_msg *m, int hidden, size_t *off, size_t *len, size_t *total)
 {
     size_t H = (size_t)hidden, rows = (size_t)m->n_rows, pairs = (size_t)m->n_pairs;

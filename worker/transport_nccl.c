@@ -1,5 +1,5 @@
 /*
- * transport_nccl.c — NCCL under the collective plane (tp_nccl_ops, see transport.h).
+ * transport_nccl.c — NCCL under the collective plane (tpc_nccl_ops, see transport_comm_lib.h).
  *
  * Every communicator is non-blocking (ncclConfig_t.blocking = 0): init, shrink and
  * ncclGroupEnd return at once (ncclInProgress) and ncclCommGetAsyncError tells when they are
@@ -9,10 +9,11 @@
  * libnccl is opened at run time (dlopen, as vLLM's pynccl does), not linked: one worker binary
  * serves CPU and ZeroMQ-plane GPU workers on hosts without NCCL, and a host asked for
  * data_plane nccl without it gets an error naming the library instead of a binary that does not
- * start. EPMOE_NCCL_LIBRARY names another file. Built only with NCCL's header
- * (EPMOE_HAVE_NCCL); otherwise tp_nccl_ops() is NULL and tp_nccl_why() says so.
+ * start. EPMOE_NCCL_LIBRARY names another file (main hands it to tpc_nccl_set_library). Built
+ * only with NCCL's header (EPMOE_HAVE_NCCL); otherwise tpc_nccl_ops() is NULL and
+ * tpc_nccl_why() says so.
  */
-#include "worker/transport.h"
+#include "worker/transport_comm_lib.h"
 
 #ifdef EPMOE_HAVE_NCCL
 
@@ -43,22 +44,25 @@ static struct {
 } nl;
 static pthread_once_t tpn_once = PTHREAD_ONCE_INIT;
 static char tpn_why[512]; /* empty once loaded */
+static char tpn_file[512] = "libnccl.so.2";
+
+void tpc_nccl_set_library(const char *file)
+{
+    snprintf(tpn_file, sizeof tpn_file, "%s", file && file[0] ? file : "libnccl.so.2");
+}
 
 static void *tpn_sym(void *lib, const char *name)
 {
     void *f = dlsym(lib, name);
     if (f == NULL && tpn_why[0] == '\0')
         snprintf(tpn_why, sizeof tpn_why, "%s has no %s (NCCL older than this build's %d.%d)",
-                 getenv("EPMOE_NCCL_LIBRARY") ? getenv("EPMOE_NCCL_LIBRARY") : "libnccl.so.2", name,
-                 NCCL_MAJOR, NCCL_MINOR);
+                 tpn_file, name, NCCL_MAJOR, NCCL_MINOR);
     return f;
 }
 
 static void tpn_load(void)
 {
-    const char *file = getenv("EPMOE_NCCL_LIBRARY");
-    if (file == NULL || file[0] == '\0')
-        file = "libnccl.so.2";
+    const char *file = tpn_file;
     void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
         const char *e = dlerror();
@@ -96,11 +100,10 @@ static void tpn_load(void)
     }
 }
 
-_Static_assert(sizeof(ncclUniqueId) == TP_COMM_ID_BYTES,
-               "TP_COMM_ID_BYTES is NCCL_UNIQUE_ID_BYTES");
+_Static_assert(sizeof(ncclUniqueId) == TPC_ID_BYTES, "TPC_ID_BYTES is NCCL_UNIQUE_ID_BYTES");
 
-/* tp_comm_handle is ncclComm_t's struct: the handle is the ncclComm_t itself. */
-static ncclComm_t tpn_comm(tp_comm_handle *h)
+/* tpc_handle is ncclComm_t's struct: the handle is the ncclComm_t itself. */
+static ncclComm_t tpn_comm(tpc_handle *h)
 {
     return (ncclComm_t)(void *)h;
 }
@@ -133,7 +136,7 @@ static ncclConfig_t tpn_config(void)
     return cfg;
 }
 
-static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
+static int tpn_unique_id(void *ctx, tpc_id *id, ep_err *err)
 {
     ncclUniqueId u;
     if (tpn_device(ctx, err) != 0 ||
@@ -143,7 +146,7 @@ static int tpn_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
     return 0;
 }
 
-static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
+static int tpn_init(void *ctx, int nranks, const tpc_id *id, int rank, tpc_handle **out,
                     ep_err *err)
 {
     ncclUniqueId u;
@@ -158,12 +161,12 @@ static int tpn_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_co
             nl.abort(comm);
         return -1;
     }
-    *out = (tp_comm_handle *)(void *)comm;
+    *out = (tpc_handle *)(void *)comm;
     return 0;
 }
 
-static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
-                      tp_comm_handle **out, ep_err *err)
+static int tpn_shrink(void *ctx, tpc_handle *h, const int *exclude, int n_exclude, tpc_handle **out,
+                      ep_err *err)
 {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     if (tpn_device(ctx, err) != 0)
@@ -182,7 +185,7 @@ static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_ex
             nl.abort(comm);
         return -1;
     }
-    *out = (tp_comm_handle *)(void *)comm;
+    *out = (tpc_handle *)(void *)comm;
     return 0;
 #else
     (void)ctx;
@@ -195,7 +198,7 @@ static int tpn_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_ex
 #endif
 }
 
-static int tpn_status(tp_comm_handle *h, ep_err *err)
+static int tpn_status(tpc_handle *h, ep_err *err)
 {
     ncclComm_t comm = tpn_comm(h);
     ncclResult_t async = ncclSuccess;
@@ -207,7 +210,7 @@ static int tpn_status(tp_comm_handle *h, ep_err *err)
     return tpn_check(async, comm, "NCCL", err);
 }
 
-static int tpn_exchange(tp_comm_handle *h, const tp_xfer *sends, int n_sends, const tp_xfer *recvs,
+static int tpn_exchange(tpc_handle *h, const tpc_xfer *sends, int n_sends, const tpc_xfer *recvs,
                         int n_recvs, void *stream, ep_err *err)
 {
     ncclComm_t comm = tpn_comm(h);
@@ -232,28 +235,28 @@ static int tpn_stream_query(void *ctx, void *stream, ep_err *err)
     return cudev_stream_query(stream, err);
 }
 
-static void tpn_abort(tp_comm_handle *h)
+static void tpn_abort(tpc_handle *h)
 {
     if (h)
         nl.abort(tpn_comm(h));
 }
 
-static const tp_comm_ops tpn_ops = {.name = "nccl",
-                                    .unique_id = tpn_unique_id,
-                                    .init = tpn_init,
-                                    .shrink = tpn_shrink,
-                                    .status = tpn_status,
-                                    .exchange = tpn_exchange,
-                                    .stream_query = tpn_stream_query,
-                                    .abort = tpn_abort};
+static const tpc_ops tpn_ops = {.name = "nccl",
+                                .unique_id = tpn_unique_id,
+                                .init = tpn_init,
+                                .shrink = tpn_shrink,
+                                .status = tpn_status,
+                                .exchange = tpn_exchange,
+                                .stream_query = tpn_stream_query,
+                                .abort = tpn_abort};
 
-const tp_comm_ops *tp_nccl_ops(void)
+const tpc_ops *tpc_nccl_ops(void)
 {
     pthread_once(&tpn_once, tpn_load);
     return tpn_why[0] == '\0' ? &tpn_ops : NULL;
 }
 
-const char *tp_nccl_why(void)
+const char *tpc_nccl_why(void)
 {
     pthread_once(&tpn_once, tpn_load);
     return tpn_why[0] != '\0' ? tpn_why : NULL;
@@ -261,12 +264,17 @@ const char *tp_nccl_why(void)
 
 #else
 
-const tp_comm_ops *tp_nccl_ops(void)
+void tpc_nccl_set_library(const char *file)
+{
+    (void)file; /* no NCCL in this build: nothing to open */
+}
+
+const tpc_ops *tpc_nccl_ops(void)
 {
     return NULL;
 }
 
-const char *tp_nccl_why(void)
+const char *tpc_nccl_why(void)
 {
     return "this build has no NCCL: data_plane nccl is not available";
 }

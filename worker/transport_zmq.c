@@ -1,5 +1,5 @@
 /*
- * transport_zmq.c — the data plane over ZeroMQ PUSH/PULL (see transport.h).
+ * transport_zmq.c — the data plane over ZeroMQ PUSH/PULL (see transport_zmq.h).
  *
  * Outgoing: one block per message holds every payload array at 64-byte aligned offsets; each
  * payload frame is a zero-copy slice of it and holds one reference, so the block is freed by
@@ -8,7 +8,7 @@
  * ZeroMQ gives no alignment guarantee for frame data (small frames live inside zmq_msg_t,
  * others may be slices of a shared receive buffer), so a misaligned array is copied once.
  */
-#include "worker/transport.h"
+#include "worker/transport_zmq.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -24,38 +24,38 @@
 #include "common/wire.h"
 
 /* A data-plane body is a handful of varints (< 64 bytes); anything longer is not ours. */
-#define TP_MAX_BODY 1024
-/* How long tp_create waits for an endpoint still held (EADDRINUSE) before failing. */
-#define TP_BIND_RETRY_MS      2000
-#define TP_BIND_RETRY_STEP_MS 10
+#define TPZ_MAX_BODY 1024
+/* How long tpz_create waits for an endpoint still held (EADDRINUSE) before failing. */
+#define TPZ_BIND_RETRY_MS      2000
+#define TPZ_BIND_RETRY_STEP_MS 10
 /* Drop reasons logged per second at most; the rest are counted and summarised. */
-#define TP_LOG_PER_SEC 10
+#define TPZ_LOG_PER_SEC 10
 
-struct tp_buf {
+struct tpz_buf {
     atomic_int refs; /* outgoing: payload frames ZeroMQ has not freed yet */
     wire_msg *in;    /* incoming: the frames the arrays point into */
     uint8_t *data;   /* outgoing payloads, or incoming arrays copied for alignment */
 };
 
 /* What one peer holds in this worker: at most one DISPATCH, and a COMBINE only if granted. */
-typedef struct tp_peer {
+typedef struct tpz_peer {
     tp_msg dispatch, combine;
     bool has_dispatch, has_combine;
     bool granted; /* a COMBINE of grant_pairs rows for grant_step may come */
     uint64_t grant_step;
     int grant_pairs;
-} tp_peer;
+} tpz_peer;
 
 /* A kept serving-path message, in arrival order. */
-typedef struct tp_rq_node {
+typedef struct tpz_rq_node {
     tp_msg m;
-    struct tp_rq_node *next;
-} tp_rq_node;
+    struct tpz_rq_node *next;
+} tpz_rq_node;
 
-struct tp_transport {
+struct tpz_transport {
     void *zctx;
     void *pull;
-    void **push; /* [world_size], NULL for own rank and before tp_connect */
+    void **push; /* [world_size], NULL for own rank and before tpz_connect */
     int rank, world_size, hidden, n_experts, topk;
     uint64_t session, epoch;
     uint8_t *owned; /* [E]: this rank holds expert e (in some layer) */
@@ -64,10 +64,10 @@ struct tp_transport {
     auth_keypair key;
     uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security */
     char **peer_name;                    /* [world_size] with security: expected user ids */
-    tp_peer *peer;                       /* [world_size] */
+    tpz_peer *peer;                      /* [world_size] */
     int n_pending;
     /* the serving path: kept messages in arrival order, and how many of each kind per peer */
-    tp_rq_node *rq_head, **rq_tail;
+    tpz_rq_node *rq_head, **rq_tail;
     int (*rq_count)[2]; /* [world_size][kind] */
     bool have_finished;
     uint64_t finished_upto;
@@ -79,12 +79,7 @@ struct tp_transport {
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
 
-static size_t tp_round(size_t n)
-{
-    return (n + TP_ALIGN - 1) / TP_ALIGN * TP_ALIGN;
-}
-
-static void tp_buf_free(struct tp_buf *b)
+static void tpz_buf_free(struct tpz_buf *b)
 {
     if (b->in) {
         wire_msg_close(b->in);
@@ -95,16 +90,16 @@ static void tp_buf_free(struct tp_buf *b)
 }
 
 /* ZeroMQ's free_fn for payload frames: runs on the I/O thread. */
-static void tp_buf_unref(void *data, void *hint)
+static void tpz_buf_unref(void *data, void *hint)
 {
     (void)data;
-    struct tp_buf *b = hint;
+    struct tpz_buf *b = hint;
     if (atomic_fetch_sub(&b->refs, 1) == 1)
-        tp_buf_free(b);
+        tpz_buf_free(b);
 }
 
 /* The payload arrays of m in wire order (m's members) with their sizes; returns the count. */
-static int tp_arrays(tp_msg *m, int hidden, void ***ptr, size_t *len)
+static int tpz_arrays(tp_msg *m, int hidden, void ***ptr, size_t *len)
 {
     size_t off[TP_MAX_ARRAYS], total;
     int n = tp_msg_layout(m, hidden, off, len, &total), i = 0;
@@ -124,7 +119,7 @@ static int tp_arrays(tp_msg *m, int hidden, void ***ptr, size_t *len)
     return n;
 }
 
-int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
+int tpz_msg_alloc(tp_msg *m, int hidden, ep_err *err)
 {
     if (m->n_rows < 0 || m->n_rows > EP_MAX_TOKENS || m->n_pairs < 0 ||
         m->n_pairs > EP_MAX_TOKENS * MC_MAX_TOPK)
@@ -135,7 +130,7 @@ int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
     if (total > EP_MAX_DATA_MSG)
         return ep_err_set(err, "data-plane message of %zu bytes exceeds EP_MAX_DATA_MSG (%u)",
                           total, EP_MAX_DATA_MSG);
-    struct tp_buf *b = calloc(1, sizeof *b);
+    struct tpz_buf *b = calloc(1, sizeof *b);
     uint8_t *data = aligned_alloc(TP_ALIGN, total ? total : TP_ALIGN);
     if (b == NULL || data == NULL) {
         free(b);
@@ -148,7 +143,7 @@ int tp_msg_alloc(tp_msg *m, int hidden, ep_err *err)
     return 0;
 }
 
-static void tp_msg_clear_arrays(tp_msg *m)
+static void tpz_msg_clear_arrays(tp_msg *m)
 {
     m->codes = NULL;
     m->scales = NULL;
@@ -160,13 +155,13 @@ static void tp_msg_clear_arrays(tp_msg *m)
     m->buf = NULL;
 }
 
-void tp_msg_release(tp_msg *m)
+void tpz_msg_release(tp_msg *m)
 {
     if (m == NULL)
         return;
     if (m->buf)
-        tp_buf_free(m->buf);
-    tp_msg_clear_arrays(m);
+        tpz_buf_free(m->buf);
+    tpz_msg_clear_arrays(m);
 }
 
 /* ---- create, connect, destroy -----------------------------------------------------------------
@@ -174,19 +169,19 @@ void tp_msg_release(tp_msg *m)
 
 /* Bind, retrying while the address is still held: a transport of the previous epoch bound
  * the same endpoint, and ZeroMQ releases a listener asynchronously after zmq_close. */
-static int tp_bind(void *sock, const char *endpoint)
+static int tpz_bind(void *sock, const char *endpoint)
 {
-    for (int waited = 0;; waited += TP_BIND_RETRY_STEP_MS) {
+    for (int waited = 0;; waited += TPZ_BIND_RETRY_STEP_MS) {
         if (zmq_bind(sock, endpoint) == 0)
             return 0;
-        if (zmq_errno() != EADDRINUSE || waited >= TP_BIND_RETRY_MS)
+        if (zmq_errno() != EADDRINUSE || waited >= TPZ_BIND_RETRY_MS)
             return -1;
-        struct timespec ts = {0, TP_BIND_RETRY_STEP_MS * 1000000L};
+        struct timespec ts = {0, TPZ_BIND_RETRY_STEP_MS * 1000000L};
         nanosleep(&ts, NULL);
     }
 }
 
-int64_t tp_max_frame(int hidden, int topk)
+int64_t tpz_max_frame(int hidden, int topk)
 {
     int64_t T = EP_MAX_TOKENS, H = hidden, k = topk;
     int64_t max = T * H * 2; /* bf16 rows; fp8 codes and scales are smaller */
@@ -198,7 +193,7 @@ int64_t tp_max_frame(int hidden, int topk)
 }
 
 /* Copy the security part of cfg. */
-static int tp_copy_security(tp_transport *tp, const tp_config *cfg)
+static int tpz_copy_security(tpz_transport *tp, const tpz_config *cfg)
 {
     if (cfg->key == NULL)
         return 0;
@@ -216,10 +211,10 @@ static int tp_copy_security(tp_transport *tp, const tp_config *cfg)
     return 0;
 }
 
-static int tp_pull_options(tp_transport *tp, ep_err *err)
+static int tpz_pull_options(tpz_transport *tp, ep_err *err)
 {
-    int hwm = TP_RCVHWM;
-    if (wire_socket_defaults(tp->pull, tp_max_frame(tp->hidden, tp->topk), err) != 0)
+    int hwm = TPZ_RCVHWM;
+    if (wire_socket_defaults(tp->pull, tpz_max_frame(tp->hidden, tp->topk), err) != 0)
         return -1;
     if (zmq_setsockopt(tp->pull, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0)
         return ep_err_set(err, "data plane: RCVHWM: %s", zmq_strerror(zmq_errno()));
@@ -229,7 +224,7 @@ static int tp_pull_options(tp_transport *tp, ep_err *err)
 }
 
 /* The transport's state from cfg, without sockets. */
-static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
+static tpz_transport *tpz_new(void *zctx, const tpz_config *cfg, ep_err *err)
 {
     if (cfg->world_size < 1 || cfg->world_size > EP_MAX_WORKERS || cfg->rank < 0 ||
         cfg->rank >= cfg->world_size || cfg->hidden <= 0 || cfg->hidden % EP_FP8_BLOCK != 0 ||
@@ -239,7 +234,7 @@ static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
                    cfg->world_size, cfg->hidden, cfg->n_experts, cfg->topk);
         return NULL;
     }
-    tp_transport *tp = calloc(1, sizeof *tp);
+    tpz_transport *tp = calloc(1, sizeof *tp);
     if (tp == NULL)
         goto fail_alloc;
     tp->zctx = zctx;
@@ -256,7 +251,7 @@ static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
     tp->rq_count = calloc((size_t)cfg->world_size, sizeof *tp->rq_count);
     tp->rq_tail = &tp->rq_head;
     if (tp->push == NULL || tp->owned == NULL || tp->peer == NULL || tp->rq_count == NULL ||
-        tp_copy_security(tp, cfg) != 0)
+        tpz_copy_security(tp, cfg) != 0)
         goto fail_alloc;
     for (int e = 0; e < cfg->n_experts; e++)
         tp->owned[e] =
@@ -264,18 +259,18 @@ static tp_transport *tp_new(void *zctx, const tp_config *cfg, ep_err *err)
     return tp;
 fail_alloc:
     ep_err_set(err, "transport: out of memory");
-    tp_destroy(&tp);
+    tpz_destroy(&tp);
     return NULL;
 }
 
-tp_transport *tp_create_unbound(const tp_config *cfg, ep_err *err)
+tpz_transport *tpz_create_unbound(const tpz_config *cfg, ep_err *err)
 {
-    return tp_new(NULL, cfg, err);
+    return tpz_new(NULL, cfg, err);
 }
 
-tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
+tpz_transport *tpz_create(void *zctx, const tpz_config *cfg, ep_err *err)
 {
-    tp_transport *tp = tp_new(zctx, cfg, err);
+    tpz_transport *tp = tpz_new(zctx, cfg, err);
     if (tp == NULL)
         return NULL;
     tp->pull = zmq_socket(zctx, ZMQ_PULL);
@@ -283,9 +278,9 @@ tp_transport *tp_create(void *zctx, const tp_config *cfg, ep_err *err)
         ep_err_set(err, "data plane: zmq_socket(PULL): %s", zmq_strerror(zmq_errno()));
         goto fail_socket;
     }
-    if (tp_pull_options(tp, err) != 0)
+    if (tpz_pull_options(tp, err) != 0)
         goto fail_bind;
-    if (tp_bind(tp->pull, cfg->bind_endpoint) != 0) {
+    if (tpz_bind(tp->pull, cfg->bind_endpoint) != 0) {
         ep_err_set(err, "data plane: cannot bind %s: %s", cfg->bind_endpoint,
                    zmq_strerror(zmq_errno()));
         goto fail_bind;
@@ -299,11 +294,11 @@ fail_bind:
     zmq_close(tp->pull);
     tp->pull = NULL;
 fail_socket:
-    tp_destroy(&tp);
+    tpz_destroy(&tp);
     return NULL;
 }
 
-int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
+int tpz_connect(tpz_transport *tp, const char *const *endpoints, ep_err *err)
 {
     for (int r = 0; r < tp->world_size; r++) {
         if (r == tp->rank || tp->push[r] != NULL)
@@ -312,7 +307,7 @@ int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
         if (s == NULL)
             return ep_err_set(err, "data plane: zmq_socket(PUSH): %s", zmq_strerror(zmq_errno()));
         /* a PUSH receives nothing: the smallest bound libzmq takes */
-        if (wire_socket_defaults(s, TP_MAX_BODY, err) != 0 ||
+        if (wire_socket_defaults(s, TPZ_MAX_BODY, err) != 0 ||
             (tp->secure && auth_client(s, &tp->key, tp->peer_key[r], err) != 0)) {
             zmq_close(s);
             return ep_err_prefix(err, "data plane: to rank %d", r);
@@ -328,16 +323,16 @@ int tp_connect(tp_transport *tp, const char *const *endpoints, ep_err *err)
     return 0;
 }
 
-void tp_destroy(tp_transport **self_p)
+void tpz_destroy(tpz_transport **self_p)
 {
-    tp_transport *tp = *self_p;
+    tpz_transport *tp = *self_p;
     if (tp == NULL)
         return;
     if (tp->peer)
-        tp_finish(tp, UINT64_MAX); /* releases everything kept */
+        tpz_finish(tp, UINT64_MAX); /* releases everything kept */
     tp_msg rq;
-    while (tp->rq_count && tp_take_request(tp, &rq))
-        tp_msg_release(&rq);
+    while (tp->rq_count && tpz_take_request(tp, &rq))
+        tpz_msg_release(&rq);
     free(tp->rq_count);
     if (tp->push)
         for (int r = 0; r < tp->world_size; r++)
@@ -361,55 +356,55 @@ void tp_destroy(tp_transport **self_p)
     *self_p = NULL;
 }
 
-const char *tp_endpoint(const tp_transport *tp)
+const char *tpz_endpoint(const tpz_transport *tp)
 {
     return tp->endpoint;
 }
 
-void *tp_socket(tp_transport *tp)
+void *tpz_socket(tpz_transport *tp)
 {
     return tp->pull;
 }
 
-uint64_t tp_dropped(const tp_transport *tp)
+uint64_t tpz_dropped(const tpz_transport *tp)
 {
     return tp->dropped;
 }
 
-const char *tp_last_drop(const tp_transport *tp)
+const char *tpz_last_drop(const tpz_transport *tp)
 {
     return tp->last_drop;
 }
 
-int tp_pending(const tp_transport *tp)
+int tpz_pending(const tpz_transport *tp)
 {
     return tp->n_pending;
 }
 
 /* ---- sending -------------------------------------------------------------------------------- */
 
-int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
+int tpz_send(tpz_transport *tp, int dst, tp_msg *m, ep_err *err)
 {
-    struct tp_buf *b = m->buf;
+    struct tpz_buf *b = m->buf;
     if (b == NULL || dst < 0 || dst >= tp->world_size || tp->push[dst] == NULL) {
-        tp_msg_release(m);
+        tpz_msg_release(m);
         return ep_err_set(err, "data plane: no connection to rank %d (or message not allocated)",
                           dst);
     }
     void **ptr[TP_MAX_ARRAYS];
     size_t len[TP_MAX_ARRAYS];
-    int n = m->refused ? 0 : tp_arrays(m, tp->hidden, ptr, len);
+    int n = m->refused ? 0 : tpz_arrays(m, tp->hidden, ptr, len);
     if (n == 0) { /* a refused COMBINE: no payload, the block is not needed */
         m->buf = NULL;
-        tp_msg_clear_arrays(m);
-        tp_buf_free(b);
+        tpz_msg_clear_arrays(m);
+        tpz_buf_free(b);
     }
     wire_payload pl[TP_MAX_ARRAYS];
     for (int i = 0; i < n; i++)
-        pl[i] = (wire_payload){.data = *ptr[i], .len = len[i], .free_fn = tp_buf_unref, .hint = b};
+        pl[i] = (wire_payload){.data = *ptr[i], .len = len[i], .free_fn = tpz_buf_unref, .hint = b};
     if (n > 0)
         atomic_store(&b->refs, n);
-    tp_msg_clear_arrays(m); /* the frames own the block from here on */
+    tpz_msg_clear_arrays(m); /* the frames own the block from here on */
     int rc;
     if (m->kind == TP_DISPATCH) {
         Epmoe__Dispatch d = EPMOE__DISPATCH__INIT;
@@ -457,9 +452,9 @@ int tp_send(tp_transport *tp, int dst, tp_msg *m, ep_err *err)
 
 /* ---- receiving ------------------------------------------------------------------------------ */
 
-static void tp_drop(tp_transport *tp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tpz_drop(tpz_transport *tp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static void tp_drop(tp_transport *tp, const char *fmt, ...)
+static void tpz_drop(tpz_transport *tp, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -474,14 +469,14 @@ static void tp_drop(tp_transport *tp, const char *fmt, ...)
         tp->log_count = 0;
         tp->log_suppressed = 0;
     }
-    if (tp->log_count++ < TP_LOG_PER_SEC)
+    if (tp->log_count++ < TPZ_LOG_PER_SEC)
         log_warn("data plane: dropped a message: %s", tp->last_drop);
     else
         tp->log_suppressed++;
 }
 
 /* Point *dst at payload i, copying it into the aligned area at *spare when misaligned. */
-static void tp_view(const wire_msg *wm, int i, size_t align, void **dst, uint8_t **spare)
+static void tpz_view(const wire_msg *wm, int i, size_t align, void **dst, uint8_t **spare)
 {
     const uint8_t *p = wm->payload[i];
     size_t n = wm->payload_len[i];
@@ -495,7 +490,7 @@ static void tp_view(const wire_msg *wm, int i, size_t align, void **dst, uint8_t
 }
 
 /* Bytes needed to copy the misaligned payloads among [0, n). */
-static size_t tp_spare_size(const wire_msg *wm, int n)
+static size_t tpz_spare_size(const wire_msg *wm, int n)
 {
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -507,8 +502,8 @@ static size_t tp_spare_size(const wire_msg *wm, int n)
 /* What only the ZeroMQ plane checks (its messages come over the network, the collective
  * plane's from the communicator the coordinator built): the session, and with security that
  * the sender's key speaks for the rank it claims. */
-static int tp_check_sender(const tp_transport *tp, bool has_session, uint64_t session, bool has_src,
-                           uint32_t src, const wire_msg *wm, ep_err *err)
+static int tpz_check_sender(const tpz_transport *tp, bool has_session, uint64_t session,
+                            bool has_src, uint32_t src, const wire_msg *wm, ep_err *err)
 {
     if (!has_session)
         return ep_err_set(err, "session missing");
@@ -524,7 +519,7 @@ static int tp_check_sender(const tp_transport *tp, bool has_session, uint64_t se
     return 0;
 }
 
-static tp_check tp_checker(const tp_transport *tp)
+static tp_check tpz_checker(const tpz_transport *tp)
 {
     return (tp_check){.rank = tp->rank,
                       .world_size = tp->world_size,
@@ -535,7 +530,8 @@ static tp_check tp_checker(const tp_transport *tp)
 }
 
 /* Every payload frame of wm holds exactly the bytes m's counts give its array. */
-static int tp_check_sizes(const tp_transport *tp, const wire_msg *wm, const tp_msg *m, ep_err *err)
+static int tpz_check_sizes(const tpz_transport *tp, const wire_msg *wm, const tp_msg *m,
+                           ep_err *err)
 {
     static const char *const dnames[2][TP_MAX_ARRAYS] = {
         {"codes", "scales", "pair_row", "pair_expert", "pair_weight"},
@@ -563,41 +559,41 @@ static int tp_check_sizes(const tp_transport *tp, const wire_msg *wm, const tp_m
 }
 
 /* Validate a DISPATCH's body and frame sizes and fill m's scalars. */
-static int tp_parse_dispatch(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
+static int tpz_parse_dispatch(tpz_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
 {
     Epmoe__Dispatch *d = (Epmoe__Dispatch *)wire_unpack(&epmoe__dispatch__descriptor, wm, err);
     if (d == NULL)
         return -1;
-    tp_check c = tp_checker(tp);
-    int rc = tp_check_sender(tp, d->has_session, d->session, d->has_src_rank, d->src_rank, wm,
-                             err) == 0 &&
+    tp_check c = tpz_checker(tp);
+    int rc = tpz_check_sender(tp, d->has_session, d->session, d->has_src_rank, d->src_rank, wm,
+                              err) == 0 &&
                      tp_check_dispatch(&c, d, m, err) == 0
-                 ? tp_check_sizes(tp, wm, m, err)
+                 ? tpz_check_sizes(tp, wm, m, err)
                  : -1;
     wire_free_unpacked(&d->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_DISPATCH");
 }
 
-static int tp_parse_combine(tp_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
+static int tpz_parse_combine(tpz_transport *tp, const wire_msg *wm, tp_msg *m, ep_err *err)
 {
     Epmoe__Combine *b = (Epmoe__Combine *)wire_unpack(&epmoe__combine__descriptor, wm, err);
     if (b == NULL)
         return -1;
-    tp_check c = tp_checker(tp);
-    int rc = tp_check_sender(tp, b->has_session, b->session, b->has_src_rank, b->src_rank, wm,
-                             err) == 0 &&
+    tp_check c = tpz_checker(tp);
+    int rc = tpz_check_sender(tp, b->has_session, b->session, b->has_src_rank, b->src_rank, wm,
+                              err) == 0 &&
                      tp_check_combine(&c, b, m, err) == 0
-                 ? tp_check_sizes(tp, wm, m, err)
+                 ? tpz_check_sizes(tp, wm, m, err)
                  : -1;
     wire_free_unpacked(&b->base);
     return rc == 0 ? 0 : ep_err_prefix(err, "MSG_COMBINE");
 }
 
 /* Point m's arrays at wm's payloads (aligned) and hand wm to m. */
-static int tp_attach(tp_msg *m, wire_msg *wm, ep_err *err)
+static int tpz_attach(tp_msg *m, wire_msg *wm, ep_err *err)
 {
-    struct tp_buf *b = calloc(1, sizeof *b);
-    size_t spare_len = tp_spare_size(wm, wm->n_payloads);
+    struct tpz_buf *b = calloc(1, sizeof *b);
+    size_t spare_len = tpz_spare_size(wm, wm->n_payloads);
     if (b == NULL || (spare_len && (b->data = aligned_alloc(TP_ALIGN, spare_len)) == NULL)) {
         free(b);
         return ep_err_set(err, "out of memory receiving a message");
@@ -606,72 +602,72 @@ static int tp_attach(tp_msg *m, wire_msg *wm, ep_err *err)
     int i = 0;
     if (m->kind == TP_COMBINE) {
         if (!m->refused)
-            tp_view(wm, i++, 2, (void **)&m->out, &spare);
+            tpz_view(wm, i++, 2, (void **)&m->out, &spare);
     } else {
         if (m->format == TP_FMT_FP8) {
-            tp_view(wm, i++, 1, (void **)&m->codes, &spare);
-            tp_view(wm, i++, 4, &m->scales, &spare);
+            tpz_view(wm, i++, 1, (void **)&m->codes, &spare);
+            tpz_view(wm, i++, 4, &m->scales, &spare);
         } else {
-            tp_view(wm, i++, 2, (void **)&m->hidden, &spare);
+            tpz_view(wm, i++, 2, (void **)&m->hidden, &spare);
         }
-        tp_view(wm, i++, 4, (void **)&m->pair_row, &spare);
-        tp_view(wm, i++, 4, (void **)&m->pair_expert, &spare);
-        tp_view(wm, i++, 4, (void **)&m->pair_weight, &spare);
+        tpz_view(wm, i++, 4, (void **)&m->pair_row, &spare);
+        tpz_view(wm, i++, 4, (void **)&m->pair_expert, &spare);
+        tpz_view(wm, i++, 4, (void **)&m->pair_weight, &spare);
     }
     b->in = wm;
     m->buf = b;
     return 0;
 }
 
-static const char *tp_kind_name(tp_kind k)
+static const char *tpz_kind_name(tp_kind k)
 {
     return k == TP_DISPATCH ? "DISPATCH" : "COMBINE";
 }
 
 /* Validate wm; on success *m owns it. On failure the caller still owns wm. */
-static int tp_accept(tp_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
+static int tpz_accept(tpz_transport *tp, wire_msg *wm, tp_msg *m, ep_err *err)
 {
     int rc;
     if (wm->type == EPMOE__MSG_TYPE__MSG_DISPATCH)
-        rc = tp_parse_dispatch(tp, wm, m, err);
+        rc = tpz_parse_dispatch(tp, wm, m, err);
     else if (wm->type == EPMOE__MSG_TYPE__MSG_COMBINE)
-        rc = tp_parse_combine(tp, wm, m, err);
+        rc = tpz_parse_combine(tp, wm, m, err);
     else
         return ep_err_set(err, "%s is not a data-plane message", wire_type_name(wm->type));
     if (rc != 0)
         return -1;
-    if (tp_attach(m, wm, err) != 0)
+    if (tpz_attach(m, wm, err) != 0)
         return -1;
-    tp_check c = tp_checker(tp);
+    tp_check c = tpz_checker(tp);
     if (m->is_request)
         c.owned = NULL; /* the serving path refuses per layer what this rank does not hold */
     if (m->kind == TP_DISPATCH &&
         tp_check_pairs(&c, m->n_rows, m->n_pairs, m->pair_row, m->pair_expert, err) != 0) {
         m->buf->in = NULL; /* wm stays the caller's */
-        tp_msg_release(m);
+        tpz_msg_release(m);
         return ep_err_prefix(err, "DISPATCH of step %llu from rank %d",
                              (unsigned long long)m->step_id, m->src_rank);
     }
     return 0;
 }
 
-static void tp_reject(tp_transport *tp, tp_msg *m, const char *why)
+static void tpz_reject(tpz_transport *tp, tp_msg *m, const char *why)
 {
-    tp_drop(tp, "%s of step %llu from rank %d: %s", tp_kind_name(m->kind),
-            (unsigned long long)m->step_id, m->src_rank, why);
-    tp_msg_release(m);
+    tpz_drop(tp, "%s of step %llu from rank %d: %s", tpz_kind_name(m->kind),
+             (unsigned long long)m->step_id, m->src_rank, why);
+    tpz_msg_release(m);
 }
 
 /* A serving-path message: kept in arrival order within the peer's credits. */
-static bool tp_keep_request(tp_transport *tp, tp_msg *m)
+static bool tpz_keep_request(tpz_transport *tp, tp_msg *m)
 {
     int *count = &tp->rq_count[m->src_rank][m->kind];
-    tp_rq_node *n = *count < TP_SERVE_CREDITS ? malloc(sizeof *n) : NULL;
+    tpz_rq_node *n = *count < TPZ_SERVE_CREDITS ? malloc(sizeof *n) : NULL;
     if (n == NULL) {
-        tp_drop(tp, "%s of request %016llx from rank %d: %s", tp_kind_name(m->kind),
-                (unsigned long long)m->request, m->src_rank,
-                *count < TP_SERVE_CREDITS ? "out of memory" : "beyond the peer's credits");
-        tp_msg_release(m);
+        tpz_drop(tp, "%s of request %016llx from rank %d: %s", tpz_kind_name(m->kind),
+                 (unsigned long long)m->request, m->src_rank,
+                 *count < TPZ_SERVE_CREDITS ? "out of memory" : "beyond the peer's credits");
+        tpz_msg_release(m);
         return false;
     }
     n->m = *m;
@@ -681,14 +677,14 @@ static bool tp_keep_request(tp_transport *tp, tp_msg *m)
     (*count)++;
     tp->n_pending++;
     log_debug(LOG_SUB_DATA, "%s request %016llx/%u from rank %d: %d rows, %d pairs",
-              tp_kind_name(m->kind), (unsigned long long)m->request, m->attempt, m->src_rank,
+              tpz_kind_name(m->kind), (unsigned long long)m->request, m->attempt, m->src_rank,
               m->n_rows, m->n_pairs);
     return true;
 }
 
-int tp_take_request(tp_transport *tp, tp_msg *out)
+int tpz_take_request(tpz_transport *tp, tp_msg *out)
 {
-    tp_rq_node *n = tp->rq_head;
+    tpz_rq_node *n = tp->rq_head;
     if (n == NULL)
         return 0;
     tp->rq_head = n->next;
@@ -701,16 +697,16 @@ int tp_take_request(tp_transport *tp, tp_msg *out)
     return 1;
 }
 
-/* Keep m in its peer's slot if the peer may hold it (transport.h), else drop it. Returns
+/* Keep m in its peer's slot if the peer may hold it (transport_zmq.h), else drop it. Returns
  * whether it was kept. */
-static bool tp_keep(tp_transport *tp, tp_msg *m)
+static bool tpz_keep(tpz_transport *tp, tp_msg *m)
 {
     if (m->is_request)
-        return tp_keep_request(tp, m);
-    tp_peer *p = &tp->peer[m->src_rank];
+        return tpz_keep_request(tp, m);
+    tpz_peer *p = &tp->peer[m->src_rank];
     char why[160];
     if (tp->have_finished && m->step_id <= tp->finished_upto) {
-        tp_reject(tp, m, "that step is finished");
+        tpz_reject(tp, m, "that step is finished");
         return false;
     }
     if (m->kind == TP_COMBINE) {
@@ -720,13 +716,13 @@ static bool tp_keep(tp_transport *tp, tp_msg *m)
                          p->grant_pairs);
             else
                 snprintf(why, sizeof why, "no DISPATCH of that step went to that rank");
-            tp_reject(tp, m, why);
+            tpz_reject(tp, m, why);
             return false;
         }
         p->granted = false; /* one COMBINE per grant */
         if (p->has_combine) {
             /* kept under an earlier grant and never taken: the owner has moved on */
-            tp_reject(tp, &p->combine, "replaced by the COMBINE of a newer grant");
+            tpz_reject(tp, &p->combine, "replaced by the COMBINE of a newer grant");
             tp->n_pending--;
         }
         p->combine = *m;
@@ -737,82 +733,82 @@ static bool tp_keep(tp_transport *tp, tp_msg *m)
          * its peers' DISPATCHes of its first step back come before its STEP. The slot bounds
          * what a peer holds, whatever the id. */
         if (p->has_dispatch && p->dispatch.step_id == m->step_id) {
-            tp_reject(tp, m, "a duplicate (one DISPATCH per step and peer)");
+            tpz_reject(tp, m, "a duplicate (one DISPATCH per step and peer)");
             return false;
         }
         if (p->has_dispatch) {
             /* the peer moved on: what it sent before belongs to a step that was settled */
-            tp_reject(tp, &p->dispatch, "replaced by a newer one from the same peer");
+            tpz_reject(tp, &p->dispatch, "replaced by a newer one from the same peer");
             tp->n_pending--;
         }
         p->dispatch = *m;
         p->has_dispatch = true;
     }
     tp->n_pending++;
-    log_debug(LOG_SUB_DATA, "%s step %llu from rank %d: %d rows, %d pairs", tp_kind_name(m->kind),
+    log_debug(LOG_SUB_DATA, "%s step %llu from rank %d: %d rows, %d pairs", tpz_kind_name(m->kind),
               (unsigned long long)m->step_id, m->src_rank, m->n_rows, m->n_pairs);
     return true;
 }
 
 /* Validate wm (heap-allocated, taken) and keep or drop it: 1 kept, 0 dropped. */
-static int tp_accept_or_drop(tp_transport *tp, wire_msg *wm)
+static int tpz_accept_or_drop(tpz_transport *tp, wire_msg *wm)
 {
     ep_err err;
     tp_msg m = {0};
-    if (tp_accept(tp, wm, &m, &err) != 0) {
+    if (tpz_accept(tp, wm, &m, &err) != 0) {
         wire_msg_close(wm);
         free(wm);
-        tp_drop(tp, "%s", err.msg);
+        tpz_drop(tp, "%s", err.msg);
         return 0;
     }
-    return tp_keep(tp, &m) ? 1 : 0;
+    return tpz_keep(tp, &m) ? 1 : 0;
 }
 
-void tp_deliver(tp_transport *tp, wire_msg *wm)
+void tpz_deliver(tpz_transport *tp, wire_msg *wm)
 {
-    tp_accept_or_drop(tp, wm);
+    tpz_accept_or_drop(tp, wm);
 }
 
 /* One message: 1 kept, 0 dropped, -1 nothing to read. */
-static int tp_recv_one(tp_transport *tp)
+static int tpz_recv_one(tpz_transport *tp)
 {
     wire_msg *wm = malloc(sizeof *wm);
     if (wm == NULL)
         return -1;
     ep_err err;
-    wire_rc rc = wire_recv(tp->pull, false, TP_MAX_BODY, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, wm, &err);
+    wire_rc rc = wire_recv(tp->pull, false, TPZ_MAX_BODY, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, wm, &err);
     if (rc != WIRE_OK) {
         free(wm);
         if (rc == WIRE_AGAIN)
             return -1;
-        tp_drop(tp, "%s", err.msg);
+        tpz_drop(tp, "%s", err.msg);
         return 0;
     }
-    return tp_accept_or_drop(tp, wm);
+    return tpz_accept_or_drop(tp, wm);
 }
 
-int tp_pump(tp_transport *tp)
+int tpz_pump(tpz_transport *tp)
 {
     int kept = 0, rc;
-    while ((rc = tp_recv_one(tp)) >= 0)
+    while ((rc = tpz_recv_one(tp)) >= 0)
         kept += rc;
     return kept;
 }
 
-void tp_grant(tp_transport *tp, uint64_t step_id, int peer, int n_pairs)
+void tpz_grant(tpz_transport *tp, uint64_t step_id, int peer, int n_pairs)
 {
     if (peer < 0 || peer >= tp->world_size || peer == tp->rank)
         return;
-    tp_peer *p = &tp->peer[peer];
+    tpz_peer *p = &tp->peer[peer];
     p->granted = true;
     p->grant_step = step_id;
     p->grant_pairs = n_pairs;
 }
 
-int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out)
+int tpz_take(tpz_transport *tp, uint64_t step_id, tp_msg *out)
 {
     for (int r = 0; r < tp->world_size; r++) {
-        tp_peer *p = &tp->peer[r];
+        tpz_peer *p = &tp->peer[r];
         if (p->has_dispatch && p->dispatch.step_id == step_id) {
             *out = p->dispatch;
             p->has_dispatch = false;
@@ -828,20 +824,20 @@ int tp_take(tp_transport *tp, uint64_t step_id, tp_msg *out)
     return 0;
 }
 
-void tp_finish(tp_transport *tp, uint64_t step_id)
+void tpz_finish(tpz_transport *tp, uint64_t step_id)
 {
     if (!tp->have_finished || step_id > tp->finished_upto)
         tp->finished_upto = step_id;
     tp->have_finished = true;
     for (int r = 0; r < tp->world_size; r++) {
-        tp_peer *p = &tp->peer[r];
+        tpz_peer *p = &tp->peer[r];
         if (p->has_dispatch && p->dispatch.step_id <= tp->finished_upto) {
-            tp_msg_release(&p->dispatch);
+            tpz_msg_release(&p->dispatch);
             p->has_dispatch = false;
             tp->n_pending--;
         }
         if (p->has_combine && p->combine.step_id <= tp->finished_upto) {
-            tp_msg_release(&p->combine);
+            tpz_msg_release(&p->combine);
             p->has_combine = false;
             tp->n_pending--;
         }
@@ -850,7 +846,7 @@ void tp_finish(tp_transport *tp, uint64_t step_id)
     }
 }
 
-int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err)
+int tpz_set_placement_owned(tpz_transport *tp, uint64_t epoch, const uint8_t *owned, ep_err *err)
 {
     if (epoch <= tp->epoch)
         return ep_err_set(err, "data plane: epoch %llu does not follow epoch %llu",
@@ -861,37 +857,37 @@ int tp_set_placement_owned(tp_transport *tp, uint64_t epoch, const uint8_t *owne
     /* nothing of the old epoch is kept or granted any more (the coordinator starts the new
      * epoch's steps once every member has it, so nothing of the new one is in flight yet) */
     for (int r = 0; r < tp->world_size; r++) {
-        tp_peer *p = &tp->peer[r];
+        tpz_peer *p = &tp->peer[r];
         if (p->has_dispatch)
-            tp_msg_release(&p->dispatch);
+            tpz_msg_release(&p->dispatch);
         if (p->has_combine)
-            tp_msg_release(&p->combine);
+            tpz_msg_release(&p->combine);
         if (p->has_dispatch || p->has_combine)
             tp->n_pending -= p->has_dispatch + p->has_combine;
-        *p = (tp_peer){0};
+        *p = (tpz_peer){0};
     }
     /* the serving path's messages stay: a request outlives the epoch it started in */
     return 0;
 }
 
-int tp_set_placement(tp_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
+int tpz_set_placement(tpz_transport *tp, uint64_t epoch, const uint32_t *expert_owner, ep_err *err)
 {
     uint8_t *owned = malloc((size_t)tp->n_experts);
     if (owned == NULL)
         return ep_err_set(err, "data plane: out of memory");
     for (int e = 0; e < tp->n_experts; e++)
         owned[e] = expert_owner[e] == (uint32_t)tp->rank;
-    int rc = tp_set_placement_owned(tp, epoch, owned, err);
+    int rc = tpz_set_placement_owned(tp, epoch, owned, err);
     free(owned);
     return rc;
 }
 
-uint64_t tp_epoch(const tp_transport *tp)
+uint64_t tpz_epoch(const tpz_transport *tp)
 {
     return tp->epoch;
 }
 
-uint64_t tp_session(const tp_transport *tp)
+uint64_t tpz_session(const tpz_transport *tp)
 {
     return tp->session;
 }

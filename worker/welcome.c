@@ -1,8 +1,8 @@
 /*
- * welcome.c — WELCOME validation (control.h: wctl_welcome_parse): the session a worker will
+ * welcome.c — WELCOME validation (welcome.h: wctl_welcome_parse): the session a worker will
  * work under, checked field by field before anything of it is used.
  */
-#include "worker/control.h"
+#include "worker/welcome.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  *
  *   bench_a2a [--iters N] [--runs R] [--io-threads N] [--tokens T[,T...]]
  *
- * P = 4 ranks, one thread and one tp_transport each, on tcp loopback. DeepSeek-V4-Flash shapes:
+ * P = 4 ranks, one thread and one tpz_transport each, on tcp loopback. DeepSeek-V4-Flash shapes:
  * H = 4096, 256 experts contiguous over the 4 ranks (64 each), top-6 distinct experts per token
  * chosen at random. Per iteration each rank sends every peer one DISPATCH (fp8 codes + e8m0
  * scales of the distinct tokens that selected one of the peer's experts, and the pairs), each
@@ -23,8 +23,9 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "common/knobs.h"
 #include "common/log.h"
-#include "worker/transport.h"
+#include "worker/transport_zmq.h"
 
 #define P    4
 #define H    4096
@@ -50,7 +51,7 @@ static uint64_t rng_next(uint64_t *s)
 
 typedef struct rank_s {
     int rank, T;
-    tp_transport *tp;
+    tpz_transport *tp;
     void *pull, *push[P]; /* raw baseline */
     uint8_t *codes;       /* [T, H] */
     uint8_t *scales;      /* [T, SC] e8m0 */
@@ -93,7 +94,7 @@ static int tp_iteration(rank_s *r, uint64_t step)
         tp_msg m = {
             .kind = TP_DISPATCH, .step_id = step, .format = TP_FMT_FP8, .scales_e8m0 = true};
         count_for(r, dst, &m.n_rows, &m.n_pairs);
-        if (tp_msg_alloc(&m, H, &err) != 0)
+        if (tpz_msg_alloc(&m, H, &err) != 0)
             return snprintf(r->fail, sizeof r->fail, "%s", err.msg), -1;
         int row = 0, p = 0;
         for (int t = 0; t < r->T; t++) {
@@ -114,23 +115,23 @@ static int tp_iteration(rank_s *r, uint64_t step)
             }
         }
         r->bytes += tp_msg_bytes(&m, H);
-        if (tp_send(r->tp, dst, &m, &err) != 0)
+        if (tpz_send(r->tp, dst, &m, &err) != 0)
             return snprintf(r->fail, sizeof r->fail, "%s", err.msg), -1;
     }
     int got_d = 0, got_c = 0;
     while (got_d < P - 1 || got_c < P - 1) {
         tp_msg m;
-        if (!tp_take(r->tp, step, &m)) {
-            zmq_pollitem_t it = {.socket = tp_socket(r->tp), .events = ZMQ_POLLIN};
+        if (!tpz_take(r->tp, step, &m)) {
+            zmq_pollitem_t it = {.socket = tpz_socket(r->tp), .events = ZMQ_POLLIN};
             if (zmq_poll(&it, 1, 5000) <= 0)
                 return snprintf(r->fail, sizeof r->fail, "timeout"), -1;
-            tp_pump(r->tp);
+            tpz_pump(r->tp);
             continue;
         }
         if (m.kind == TP_DISPATCH) {
             got_d++;
             tp_msg c = {.kind = TP_COMBINE, .step_id = step, .n_pairs = m.n_pairs};
-            if (tp_msg_alloc(&c, H, &err) != 0)
+            if (tpz_msg_alloc(&c, H, &err) != 0)
                 return snprintf(r->fail, sizeof r->fail, "%s", err.msg), -1;
             for (int p = 0; p < m.n_pairs; p++) { /* echo: the row's codes, twice */
                 uint8_t *o = (uint8_t *)c.out + (size_t)p * H * 2;
@@ -140,15 +141,15 @@ static int tp_iteration(rank_s *r, uint64_t step)
             }
             r->bytes += tp_msg_bytes(&c, H);
             int src = m.src_rank;
-            tp_msg_release(&m);
-            if (tp_send(r->tp, src, &c, &err) != 0)
+            tpz_msg_release(&m);
+            if (tpz_send(r->tp, src, &c, &err) != 0)
                 return snprintf(r->fail, sizeof r->fail, "%s", err.msg), -1;
         } else {
             got_c++;
-            tp_msg_release(&m);
+            tpz_msg_release(&m);
         }
     }
-    tp_finish(r->tp, step);
+    tpz_finish(r->tp, step);
     return 0;
 }
 
@@ -249,17 +250,17 @@ static int setup(void *zctx, int T)
         memset(x, 0, sizeof *x);
         x->rank = r;
         x->T = T;
-        tp_config cfg = {.rank = r,
-                         .world_size = P,
-                         .epoch = 1,
-                         .hidden = H,
-                         .n_experts = E,
-                         .expert_owner = owners,
-                         .bind_endpoint = "tcp://127.0.0.1:*"};
+        tpz_config cfg = {.rank = r,
+                          .world_size = P,
+                          .epoch = 1,
+                          .hidden = H,
+                          .n_experts = E,
+                          .expert_owner = owners,
+                          .bind_endpoint = "tcp://127.0.0.1:*"};
         ep_err err;
-        if ((x->tp = tp_create(zctx, &cfg, &err)) == NULL)
+        if ((x->tp = tpz_create(zctx, &cfg, &err)) == NULL)
             return fprintf(stderr, "%s\n", err.msg), -1;
-        eps[r] = tp_endpoint(x->tp);
+        eps[r] = tpz_endpoint(x->tp);
         x->pull = zmq_socket(zctx, ZMQ_PULL);
         zmq_bind(x->pull, "tcp://127.0.0.1:*");
         size_t sz = sizeof raw_eps[r];
@@ -286,7 +287,7 @@ static int setup(void *zctx, int T)
     }
     for (int r = 0; r < P; r++) {
         ep_err err;
-        if (tp_connect(ranks[r].tp, eps, &err) != 0)
+        if (tpz_connect(ranks[r].tp, eps, &err) != 0)
             return fprintf(stderr, "%s\n", err.msg), -1;
         for (int d = 0; d < P; d++) {
             if (d == r)
@@ -304,7 +305,7 @@ static void teardown(void)
 {
     for (int r = 0; r < P; r++) {
         rank_s *x = &ranks[r];
-        tp_destroy(&x->tp);
+        tpz_destroy(&x->tp);
         zmq_close(x->pull);
         for (int d = 0; d < P; d++)
             if (x->push[d])
@@ -369,7 +370,13 @@ int main(int argc, char **argv)
     }
     if (runs < 1 || runs > MAXR)
         runs = runs < 1 ? 1 : MAXR;
-    log_init("bench_a2a");
+    knob_values kv;
+    ep_err kerr;
+    if (knob_load(&kv, KNOB_WORKER, &kerr) < 0) { /* EPMOE_DEBUG=data, as for a worker */
+        fprintf(stderr, "bench_a2a: %s\n", kerr.msg);
+        return 64;
+    }
+    log_init("bench_a2a", kv.debug, false);
     void *zctx = zmq_ctx_new();
     zmq_ctx_set(zctx, ZMQ_IO_THREADS, io_threads);
     printf("P=%d ranks, H=%d, E=%d, top-%d, fp8 dispatch + e8m0 scales, bf16 combine, tcp "

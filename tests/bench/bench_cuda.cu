@@ -25,6 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+extern "C" {
+#include "common/knobs.h" /* a C header without C++ guards */
+}
 #include "common/model_config.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/formats.h"
@@ -48,8 +51,10 @@ static const mb_cuda_tuning *bc_tune(void)
 {
     static mb_cuda_tuning t;
     t = (mb_cuda_tuning){};
-    for (const char *const *k = mb_cuda_knobs; *k; k++)
-        mb_cuda_tuning_parse(&t, *k, getenv(*k));
+    knob_values kv;
+    ep_err err = {};
+    if (knob_load(&kv, KNOB_WORKER, &err) == 0)
+        mb_cuda_tuning_from_knobs(&t, &kv);
     return &t;
 }
 static cudev *dev;

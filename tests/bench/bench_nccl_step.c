@@ -8,11 +8,11 @@
  * [T, H], e8m0 scales [T, H/128], pair_row/pair_expert/pair_weight [T*k]) and a COMBINE block
  * (bf16 [T*k, H]) back, laid out by tp_msg_layout.
  *
- *   nccl      the collective plane as the worker runs it (tp_comm over NCCL, P = 1): the
+ *   nccl      the collective plane as the worker runs it (tpc_comm over NCCL, P = 1): the
  *             dispatch block sent to itself and received, then the combine block, each a grouped
- *             ncclSend/ncclRecv on the stream waited for by tp_comm_exchange.
+ *             ncclSend/ncclRecv on the stream waited for by tpc_exchange.
  *   zmq+stage the ZeroMQ plane for GPU rows: device -> pinned host (cudaMemcpyAsync + sync) ->
- *             the message block -> tp_send over tcp loopback -> tp_pump/tp_take on the other
+ *             the message block -> tpz_send over tcp loopback -> tpz_pump/tpz_take on the other
  *             transport (validated) -> pinned -> device; then the combine block back the same
  *             way. Two transports (ranks 0 and 1) in this process, two ZeroMQ I/O threads as
  *             in the worker.
@@ -28,7 +28,8 @@
 #include <zmq.h>
 
 #include "common/limits.h"
-#include "worker/transport.h"
+#include "worker/transport_comm.h"
+#include "worker/transport_zmq.h"
 
 #define E_BENCH 16
 
@@ -105,22 +106,22 @@ static void case_free(bench_case *c)
 
 /* ---- the NCCL plane ---------------------------------------------------------------------- */
 
-static int nccl_step(tp_comm *comm, bench_case *c, ep_err *err)
+static int nccl_step(tpc_comm *comm, bench_case *c, ep_err *err)
 {
-    double deadline = tp_now() + 60;
-    tp_xfer s = {0, c->d_disp, c->disp_bytes}, r = {0, c->d_disp_in, c->disp_bytes};
-    if (tp_comm_exchange(comm, "dispatch", &s, 1, &r, 1, c->stream, deadline, NULL, NULL, err))
+    double deadline = tpc_now() + 60;
+    tpc_xfer s = {0, c->d_disp, c->disp_bytes}, r = {0, c->d_disp_in, c->disp_bytes};
+    if (tpc_exchange(comm, "dispatch", &s, 1, &r, 1, c->stream, deadline, NULL, NULL, err))
         return -1;
-    s = (tp_xfer){0, c->d_comb, c->comb_bytes};
-    r = (tp_xfer){0, c->d_comb_in, c->comb_bytes};
-    return tp_comm_exchange(comm, "combine", &s, 1, &r, 1, c->stream, deadline, NULL, NULL, err);
+    s = (tpc_xfer){0, c->d_comb, c->comb_bytes};
+    r = (tpc_xfer){0, c->d_comb_in, c->comb_bytes};
+    return tpc_exchange(comm, "combine", &s, 1, &r, 1, c->stream, deadline, NULL, NULL, err);
 }
 
 /* ---- the ZeroMQ plane with host staging -------------------------------------------------- */
 
-/* Device block -> pinned -> a message of shape `shape` -> tp_send(src -> dst) -> received and
+/* Device block -> pinned -> a message of shape `shape` -> tpz_send(src -> dst) -> received and
  * validated by dst -> pinned -> device. */
-static int zmq_hop(tp_transport *src, tp_transport *dst, int dst_rank, const tp_msg *shape,
+static int zmq_hop(tpz_transport *src, tpz_transport *dst, int dst_rank, const tp_msg *shape,
                    const void *d_from, void *d_to, size_t bytes, bench_case *c, ep_err *err)
 {
     if (!cuda_ok(cudaMemcpyAsync(c->h_pin, d_from, bytes, cudaMemcpyDeviceToHost, c->stream),
@@ -128,20 +129,20 @@ static int zmq_hop(tp_transport *src, tp_transport *dst, int dst_rank, const tp_
         !cuda_ok(cudaStreamSynchronize(c->stream), "sync"))
         return ep_err_set(err, "D2H failed");
     tp_msg m = *shape;
-    if (tp_msg_alloc(&m, c->H, err) != 0)
+    if (tpz_msg_alloc(&m, c->H, err) != 0)
         return -1;
     /* the message's block has the staging block's layout: copy it whole */
     memcpy(m.kind == TP_COMBINE ? (void *)m.out : (void *)m.codes, c->h_pin, bytes);
-    if (tp_send(src, dst_rank, &m, err) != 0)
+    if (tpz_send(src, dst_rank, &m, err) != 0)
         return -1;
     tp_msg got = {0};
-    double deadline = tp_now() + 60;
-    while (!tp_take(dst, shape->step_id, &got)) {
-        zmq_pollitem_t it = {.socket = tp_socket(dst), .events = ZMQ_POLLIN};
+    double deadline = tpc_now() + 60;
+    while (!tpz_take(dst, shape->step_id, &got)) {
+        zmq_pollitem_t it = {.socket = tpz_socket(dst), .events = ZMQ_POLLIN};
         zmq_poll(&it, 1, 100);
-        tp_pump(dst);
-        if (tp_now() > deadline)
-            return ep_err_set(err, "no message after 60 s (last drop: %s)", tp_last_drop(dst));
+        tpz_pump(dst);
+        if (tpc_now() > deadline)
+            return ep_err_set(err, "no message after 60 s (last drop: %s)", tpz_last_drop(dst));
     }
     /* the received arrays are views into the frames: copy them into the staging block */
     size_t off[TP_MAX_ARRAYS], len[TP_MAX_ARRAYS], total;
@@ -151,7 +152,7 @@ static int zmq_hop(tp_transport *src, tp_transport *dst, int dst_rank, const tp_
                                           got.pair_weight};
     for (int i = 0; i < n; i++)
         memcpy((uint8_t *)c->h_pin + off[i], src_arr[i], len[i]);
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     if (!cuda_ok(cudaMemcpyAsync(d_to, c->h_pin, bytes, cudaMemcpyHostToDevice, c->stream),
                  "H2D") ||
         !cuda_ok(cudaStreamSynchronize(c->stream), "sync"))
@@ -159,15 +160,15 @@ static int zmq_hop(tp_transport *src, tp_transport *dst, int dst_rank, const tp_
     return 0;
 }
 
-static int zmq_step(tp_transport *t0, tp_transport *t1, bench_case *c, uint64_t step, ep_err *err)
+static int zmq_step(tpz_transport *t0, tpz_transport *t1, bench_case *c, uint64_t step, ep_err *err)
 {
     tp_msg d = c->disp, b = c->comb;
     d.step_id = b.step_id = step;
     if (zmq_hop(t0, t1, 1, &d, c->d_disp, c->d_disp_in, c->disp_bytes, c, err) != 0 ||
         zmq_hop(t1, t0, 0, &b, c->d_comb, c->d_comb_in, c->comb_bytes, c, err) != 0)
         return -1;
-    tp_finish(t0, step);
-    tp_finish(t1, step);
+    tpz_finish(t0, step);
+    tpz_finish(t1, step);
     return 0;
 }
 
@@ -176,8 +177,8 @@ static int zmq_step(tp_transport *t0, tp_transport *t1, bench_case *c, uint64_t 
 typedef int (*step_fn)(void *ctx, bench_case *c, uint64_t step, ep_err *err);
 
 typedef struct planes {
-    tp_comm *comm;
-    tp_transport *t0, *t1;
+    tpc_comm *comm;
+    tpz_transport *t0, *t1;
 } planes;
 
 static int run_nccl(void *ctx, bench_case *c, uint64_t step, ep_err *err)
@@ -200,12 +201,12 @@ static double measure(step_fn fn, void *ctx, bench_case *c, uint64_t *step, ep_e
     for (int w = 0; w < 2; w++)
         if (fn(ctx, c, ++*step, err) != 0)
             return -1;
-    double start = tp_now();
-    while (n < 200 && (n < 5 || tp_now() - start < 0.5)) {
-        double t0 = tp_now();
+    double start = tpc_now();
+    while (n < 200 && (n < 5 || tpc_now() - start < 0.5)) {
+        double t0 = tpc_now();
         if (fn(ctx, c, ++*step, err) != 0)
             return -1;
-        t[n++] = tp_now() - t0;
+        t[n++] = tpc_now() - t0;
     }
     qsort(t, (size_t)n, sizeof t[0], cmp_double);
     return t[n / 2];
@@ -213,29 +214,29 @@ static double measure(step_fn fn, void *ctx, bench_case *c, uint64_t *step, ep_e
 
 static int open_planes(planes *p, void *zctx, int H, ep_err *err)
 {
-    tp_comm_id id;
-    p->comm = tp_comm_create(tp_nccl_ops(), NULL, err);
-    if (p->comm == NULL || tp_comm_new_id(p->comm, &id, err) != 0 ||
-        tp_comm_begin_init(p->comm, 1, 0, 0, 1, &id, err) != 0 ||
-        tp_comm_wait_ready(p->comm, tp_now() + 60, NULL, NULL, err) != 0)
+    tpc_id id;
+    p->comm = tpc_create(tpc_nccl_ops(), NULL, err);
+    if (p->comm == NULL || tpc_new_id(p->comm, &id, err) != 0 ||
+        tpc_begin_init(p->comm, 1, 0, 0, 1, &id, err) != 0 ||
+        tpc_wait_ready(p->comm, tpc_now() + 60, NULL, NULL, err) != 0)
         return -1;
     uint32_t owner[E_BENCH];
     for (int e = 0; e < E_BENCH; e++)
         owner[e] = 1;
-    tp_config cfg = {.rank = 0,
-                     .world_size = 2,
-                     .epoch = 1,
-                     .hidden = H,
-                     .n_experts = E_BENCH,
-                     .expert_owner = owner,
-                     .bind_endpoint = "tcp://127.0.0.1:*"};
-    p->t0 = tp_create(zctx, &cfg, err);
+    tpz_config cfg = {.rank = 0,
+                      .world_size = 2,
+                      .epoch = 1,
+                      .hidden = H,
+                      .n_experts = E_BENCH,
+                      .expert_owner = owner,
+                      .bind_endpoint = "tcp://127.0.0.1:*"};
+    p->t0 = tpz_create(zctx, &cfg, err);
     cfg.rank = 1;
-    p->t1 = p->t0 ? tp_create(zctx, &cfg, err) : NULL;
+    p->t1 = p->t0 ? tpz_create(zctx, &cfg, err) : NULL;
     if (p->t1 == NULL)
         return -1;
-    const char *eps[2] = {tp_endpoint(p->t0), tp_endpoint(p->t1)};
-    return tp_connect(p->t0, eps, err) == 0 && tp_connect(p->t1, eps, err) == 0 ? 0 : -1;
+    const char *eps[2] = {tpz_endpoint(p->t0), tpz_endpoint(p->t1)};
+    return tpz_connect(p->t0, eps, err) == 0 && tpz_connect(p->t1, eps, err) == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -250,6 +251,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_nccl_step [H (multiple of 128) [k]]\n");
         return 64;
     }
+    tpc_nccl_set_library(getenv("EPMOE_NCCL_LIBRARY")); /* as the worker's main does */
     cudaSetDevice(0);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
@@ -290,9 +292,9 @@ int main(int argc, char **argv)
         case_free(&c);
     }
 done:
-    tp_destroy(&p.t0);
-    tp_destroy(&p.t1);
-    tp_comm_destroy(&p.comm);
+    tpz_destroy(&p.t0);
+    tpz_destroy(&p.t1);
+    tpc_destroy(&p.comm);
     zmq_ctx_term(zctx);
     return rc;
 }

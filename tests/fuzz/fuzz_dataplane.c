@@ -1,5 +1,5 @@
 /*
- * fuzz_dataplane.c — the data plane's validation, slots and grants (worker/transport.h) on a
+ * fuzz_dataplane.c — the data plane's validation, slots and grants (worker/transport_zmq.h) on a
  * transport without sockets: rank 1 of 3, H 128, 6 experts, top-2, fixed session and epoch.
  *
  * Input: records [op u8][arg u8][len u16 LE]: op 0 delivers a message made of the next len
@@ -15,7 +15,7 @@
 
 #include "common/log.h"
 #include "fuzz_frames.h"
-#include "worker/transport.h"
+#include "worker/transport_zmq.h"
 
 #define FUZZ_P 3
 #define FUZZ_E 6
@@ -42,16 +42,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     log_set_level(LOG_ERROR); /* a dropped or refused message is the expected case here */
     static const uint32_t owner[FUZZ_E] = {0, 0, 1, 1, 2, 2};
-    tp_config cfg = {.rank = 1,
-                     .world_size = FUZZ_P,
-                     .session = 0xDA7A,
-                     .epoch = 7,
-                     .hidden = 128,
-                     .n_experts = FUZZ_E,
-                     .topk = 2,
-                     .expert_owner = owner};
+    tpz_config cfg = {.rank = 1,
+                      .world_size = FUZZ_P,
+                      .session = 0xDA7A,
+                      .epoch = 7,
+                      .hidden = 128,
+                      .n_experts = FUZZ_E,
+                      .topk = 2,
+                      .expert_owner = owner};
     ep_err err;
-    tp_transport *tp = tp_create_unbound(&cfg, &err);
+    tpz_transport *tp = tpz_create_unbound(&cfg, &err);
     if (tp == NULL)
         abort();
     size_t i = 0;
@@ -65,21 +65,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             wire_msg *m = fuzz_message(data + i, len);
             i += len;
             if (m != NULL)
-                tp_deliver(tp, m);
+                tpz_deliver(tp, m);
         } else if (op == 1) {
-            tp_grant(tp, 100 + (arg & 15), arg >> 4 & 3, (int)(len & 63));
+            tpz_grant(tp, 100 + (arg & 15), arg >> 4 & 3, (int)(len & 63));
         } else if (op == 2) {
-            tp_finish(tp, 100 + arg);
+            tpz_finish(tp, 100 + arg);
         } else {
             tp_msg m;
-            while (tp_take(tp, 100 + arg, &m)) {
+            while (tpz_take(tp, 100 + arg, &m)) {
                 fuzz_check_taken(&m, 100 + arg);
-                tp_msg_release(&m);
+                tpz_msg_release(&m);
             }
         }
-        if (tp_pending(tp) > 2 * (FUZZ_P - 1))
+        if (tpz_pending(tp) > 2 * (FUZZ_P - 1))
             abort();
     }
-    tp_destroy(&tp);
+    tpz_destroy(&tp);
     return 0;
 }

@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "fuzz_frames.h"
-#include "worker/control.h"
+#include "worker/welcome.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

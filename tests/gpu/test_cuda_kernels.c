@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/knobs.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
@@ -32,8 +33,10 @@ static const mb_cuda_tuning *tk_tune(void)
 {
     static mb_cuda_tuning t;
     t = (mb_cuda_tuning){0};
-    for (const char *const *k = mb_cuda_knobs; *k; k++)
-        mb_cuda_tuning_parse(&t, *k, getenv(*k));
+    knob_values kv;
+    ep_err err = {{0}};
+    if (knob_load(&kv, KNOB_WORKER, &err) == 0)
+        mb_cuda_tuning_from_knobs(&t, &kv);
     return &t;
 }
 static cudev *dev;

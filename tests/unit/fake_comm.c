@@ -22,19 +22,19 @@ typedef struct fc_msg {
 
 /* One library communicator across its ranks. */
 typedef struct fc_group {
-    uint8_t key[TP_COMM_ID_BYTES + 8];
+    uint8_t key[TPC_ID_BYTES + 8];
     int nranks, joined;
     fc_msg *head; /* sends not yet received, in posting order */
 } fc_group;
 
-struct tp_comm_handle {
+struct tpc_handle {
     fc_world *w;
     fc_group *g;
     int rank;
 };
 
 typedef struct fc_recv {
-    tp_comm_handle *h;
+    tpc_handle *h;
     int peer;
     void *ptr;
     size_t bytes;
@@ -149,7 +149,7 @@ static fc_group *fc_group_of(fc_world *w, const uint8_t *key, int nranks)
     return g;
 }
 
-static int fc_join(fc_world *w, const uint8_t *key, int nranks, int rank, tp_comm_handle **out,
+static int fc_join(fc_world *w, const uint8_t *key, int nranks, int rank, tpc_handle **out,
                    ep_err *err)
 {
     pthread_mutex_lock(&w->mu);
@@ -161,13 +161,13 @@ static int fc_join(fc_world *w, const uint8_t *key, int nranks, int rank, tp_com
     g->joined++;
     w->live++;
     pthread_mutex_unlock(&w->mu);
-    tp_comm_handle *h = calloc(1, sizeof *h);
-    *h = (tp_comm_handle){.w = w, .g = g, .rank = rank};
+    tpc_handle *h = calloc(1, sizeof *h);
+    *h = (tpc_handle){.w = w, .g = g, .rank = rank};
     *out = h;
     return 0;
 }
 
-static int fc_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
+static int fc_unique_id(void *ctx, tpc_id *id, ep_err *err)
 {
     static unsigned counter;
     (void)ctx;
@@ -178,31 +178,30 @@ static int fc_unique_id(void *ctx, tp_comm_id *id, ep_err *err)
     return 0;
 }
 
-static int fc_init(void *ctx, int nranks, const tp_comm_id *id, int rank, tp_comm_handle **out,
-                   ep_err *err)
+static int fc_init(void *ctx, int nranks, const tpc_id *id, int rank, tpc_handle **out, ep_err *err)
 {
-    uint8_t key[TP_COMM_ID_BYTES + 8] = {0};
-    memcpy(key, id->bytes, TP_COMM_ID_BYTES);
+    uint8_t key[TPC_ID_BYTES + 8] = {0};
+    memcpy(key, id->bytes, TPC_ID_BYTES);
     return fc_join(ctx, key, nranks, rank, out, err);
 }
 
-static int fc_shrink(void *ctx, tp_comm_handle *h, const int *exclude, int n_exclude,
-                     tp_comm_handle **out, ep_err *err)
+static int fc_shrink(void *ctx, tpc_handle *h, const int *exclude, int n_exclude, tpc_handle **out,
+                     ep_err *err)
 {
     /* the child's key: the parent group's address and the excluded set (tests use < 255) */
-    uint8_t key[TP_COMM_ID_BYTES + 8] = {0};
+    uint8_t key[TPC_ID_BYTES + 8] = {0};
     uintptr_t parent = (uintptr_t)h->g;
     memcpy(key, &parent, sizeof parent);
     int below = 0;
-    for (int i = 0; i < n_exclude && 8 + i < TP_COMM_ID_BYTES; i++) {
+    for (int i = 0; i < n_exclude && 8 + i < TPC_ID_BYTES; i++) {
         key[8 + i] = (uint8_t)(exclude[i] + 1);
         below += exclude[i] < h->rank;
     }
-    key[TP_COMM_ID_BYTES] = 's';
+    key[TPC_ID_BYTES] = 's';
     return fc_join(ctx, key, h->g->nranks - n_exclude, h->rank - below, out, err);
 }
 
-static int fc_status(tp_comm_handle *h, ep_err *err)
+static int fc_status(tpc_handle *h, ep_err *err)
 {
     fc_world *w = h->w;
     pthread_mutex_lock(&w->mu);
@@ -215,7 +214,7 @@ static int fc_status(tp_comm_handle *h, ep_err *err)
     return rc;
 }
 
-static int fc_exchange(tp_comm_handle *h, const tp_xfer *sends, int n_sends, const tp_xfer *recvs,
+static int fc_exchange(tpc_handle *h, const tpc_xfer *sends, int n_sends, const tpc_xfer *recvs,
                        int n_recvs, void *stream, ep_err *err)
 {
     fc_world *w = h->w;
@@ -289,7 +288,7 @@ static int fc_stream_query(void *ctx, void *stream, ep_err *err)
     return rc < 0 ? -1 : j > 0;
 }
 
-static void fc_abort(tp_comm_handle *h)
+static void fc_abort(tpc_handle *h)
 {
     fc_world *w = h->w;
     pthread_mutex_lock(&w->mu);
@@ -307,16 +306,16 @@ static void fc_abort(tp_comm_handle *h)
     free(h);
 }
 
-static const tp_comm_ops fc_vtable = {.name = "fake",
-                                      .unique_id = fc_unique_id,
-                                      .init = fc_init,
-                                      .shrink = fc_shrink,
-                                      .status = fc_status,
-                                      .exchange = fc_exchange,
-                                      .stream_query = fc_stream_query,
-                                      .abort = fc_abort};
+static const tpc_ops fc_vtable = {.name = "fake",
+                                  .unique_id = fc_unique_id,
+                                  .init = fc_init,
+                                  .shrink = fc_shrink,
+                                  .status = fc_status,
+                                  .exchange = fc_exchange,
+                                  .stream_query = fc_stream_query,
+                                  .abort = fc_abort};
 
-const tp_comm_ops *fc_ops(void)
+const tpc_ops *fc_ops(void)
 {
     return &fc_vtable;
 }

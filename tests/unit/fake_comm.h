@@ -1,6 +1,6 @@
 /*
  * fake_comm.h — a communicator library for unit tests (prefix fc_): the collective plane's
- * vtable (worker/transport.h tp_comm_ops) over threads of one process exchanging host memory.
+ * vtable (worker/transport_comm_lib.h tpc_ops) over threads of one process exchanging host memory.
  *
  * Semantics follow NCCL where the state machine depends on them: a communicator is ready only
  * once every rank of it has called init with the same id (or, for a shrink, every survivor has
@@ -17,7 +17,7 @@
 #ifndef EPMOE_FAKE_COMM_H
 #define EPMOE_FAKE_COMM_H
 
-#include "worker/transport.h"
+#include "worker/transport_comm_lib.h"
 
 typedef struct fc_world fc_world;
 typedef struct fc_stream fc_stream;
@@ -25,8 +25,8 @@ typedef struct fc_stream fc_stream;
 fc_world *fc_world_new(void);
 void fc_world_free(fc_world **self_p);
 /* The vtable; its ctx is the world. */
-const tp_comm_ops *fc_ops(void);
-/* A stream of the world (what tp_comm_exchange gets as stream). Freed with the world. */
+const tpc_ops *fc_ops(void);
+/* A stream of the world (what tpc_exchange gets as stream). Freed with the world. */
 fc_stream *fc_stream_new(fc_world *w);
 
 /* From the next status poll on, after `after` more polls, every communicator of `rank` (its

@@ -1,5 +1,5 @@
 /*
- * test_comm.c — the collective plane's communicator (worker/transport.h tp_comm_*) over the fake
+ * test_comm.c — the collective plane's communicator (worker/transport_comm.h tpc_*) over the fake
  * library of tests/unit/fake_comm.c: P ranks are P threads of this process.
  *
  * Proves: P = 1, 2, 4 communicators become ready and exchange buffers with every rank including
@@ -15,6 +15,7 @@
  * watchdog turns that into a failure instead of a stuck test.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -23,14 +24,14 @@
 
 #include "fake_comm.h"
 #include "test.h"
-#include "worker/transport.h"
+#include "worker/transport_comm.h"
 
 #define MAX_P      8
 #define WATCHDOG_S 20
 
 typedef struct shared {
     pthread_barrier_t bar;
-    tp_comm_id id, id2;
+    tpc_id id, id2;
     fc_world *w;
     int P;
 } shared;
@@ -39,11 +40,11 @@ typedef struct rank_ctx {
     shared *sh;
     int rank;
     fc_stream *s;
-    tp_comm *c;
+    tpc_comm *c;
     int rc, rc2;
     ep_err err, err2;
     double took;
-    tp_comm_state states[8];
+    tpc_state states[8];
     int n_states;
     int idle_calls;
 } rank_ctx;
@@ -91,7 +92,7 @@ static void run_ranks(shared *sh, int P, rank_ctx *r, rank_fn fn)
 
 static void note_state(rank_ctx *r)
 {
-    r->states[r->n_states++] = tp_comm_get_state(r->c);
+    r->states[r->n_states++] = tpc_get_state(r->c);
 }
 
 /* Create the communicator, share rank 0's id, begin init of (epoch, gen). */
@@ -99,12 +100,12 @@ static int begin(rank_ctx *r, uint64_t epoch, uint32_t gen)
 {
     ep_err err = {{0}};
     if (r->c == NULL)
-        r->c = tp_comm_create(fc_ops(), r->sh->w, &err);
+        r->c = tpc_create(fc_ops(), r->sh->w, &err);
     if (r->rank == 0)
-        tp_comm_new_id(r->c, gen == 0 ? &r->sh->id : &r->sh->id2, &err);
+        tpc_new_id(r->c, gen == 0 ? &r->sh->id : &r->sh->id2, &err);
     pthread_barrier_wait(&r->sh->bar);
-    const tp_comm_id *id = gen == 0 ? &r->sh->id : &r->sh->id2;
-    return tp_comm_begin_init(r->c, epoch, gen, r->rank, r->sh->P, id, &r->err);
+    const tpc_id *id = gen == 0 ? &r->sh->id : &r->sh->id2;
+    return tpc_begin_init(r->c, epoch, gen, r->rank, r->sh->P, id, &r->err);
 }
 
 /* Every rank sends bytes (src, dst, i) to every rank, itself included; 0 when all arrived. */
@@ -122,17 +123,17 @@ static int exchange_all(rank_ctx *r, const char *what, double timeout, ep_err *e
 {
     int P = r->sh->P;
     uint8_t *out[MAX_P], *in[MAX_P];
-    tp_xfer sends[MAX_P], recvs[MAX_P];
+    tpc_xfer sends[MAX_P], recvs[MAX_P];
     for (int p = 0; p < P; p++) {
         out[p] = malloc(pattern_len(r->rank, p));
         in[p] = calloc(1, pattern_len(p, r->rank));
         for (size_t i = 0; i < pattern_len(r->rank, p); i++)
             out[p][i] = pattern_byte(r->rank, p, i);
-        sends[p] = (tp_xfer){.peer = p, .ptr = out[p], .bytes = pattern_len(r->rank, p)};
-        recvs[p] = (tp_xfer){.peer = p, .ptr = in[p], .bytes = pattern_len(p, r->rank)};
+        sends[p] = (tpc_xfer){.peer = p, .ptr = out[p], .bytes = pattern_len(r->rank, p)};
+        recvs[p] = (tpc_xfer){.peer = p, .ptr = in[p], .bytes = pattern_len(p, r->rank)};
     }
     int rc =
-        tp_comm_exchange(r->c, what, sends, P, recvs, P, r->s, tp_now() + timeout, NULL, NULL, err);
+        tpc_exchange(r->c, what, sends, P, recvs, P, r->s, tpc_now() + timeout, NULL, NULL, err);
     for (int p = 0; p < P && rc == 0; p++)
         for (size_t i = 0; i < pattern_len(p, r->rank); i++)
             if (in[p][i] != pattern_byte(p, r->rank, i)) {
@@ -153,7 +154,7 @@ static void body_ready_exchange(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     note_state(r);
     for (int round = 0; round < 3 && r->rc == 0; round++)
         r->rc = exchange_all(r, "dispatch", 10, &r->err);
@@ -169,17 +170,17 @@ static void check_ready_exchange(int P)
         CHECK_EQ(r[i].rc, 0);
         if (r[i].rc)
             printf("  rank %d: %s\n", i, r[i].err.msg);
-        CHECK_EQ(r[i].states[0], TP_COMM_INIT);
-        CHECK_EQ(r[i].states[1], TP_COMM_READY);
-        CHECK_EQ(r[i].states[2], TP_COMM_READY);
-        CHECK_EQ(tp_comm_rank(r[i].c), i);
-        CHECK_EQ(tp_comm_size(r[i].c), P);
-        CHECK_EQ(tp_comm_epoch(r[i].c), 5);
+        CHECK_EQ(r[i].states[0], TPC_INIT);
+        CHECK_EQ(r[i].states[1], TPC_READY);
+        CHECK_EQ(r[i].states[2], TPC_READY);
+        CHECK_EQ(tpc_rank(r[i].c), i);
+        CHECK_EQ(tpc_size(r[i].c), P);
+        CHECK_EQ(tpc_epoch(r[i].c), 5);
     }
     CHECK_EQ(fc_aborts(sh.w), 0);
     CHECK_EQ(fc_live(sh.w), P);
     for (int i = 0; i < P; i++)
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     CHECK_EQ(fc_live(sh.w), 0); /* destroy releases the library communicator */
     fc_world_free(&sh.w);
 }
@@ -200,10 +201,10 @@ static void body_init_dead_peer(rank_ctx *r)
         return;
     }
     r->rc = begin(r, 5, 0);
-    double t0 = tp_now();
+    double t0 = tpc_now();
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 0.3, NULL, NULL, &r->err);
-    r->took = tp_now() - t0;
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 0.3, NULL, NULL, &r->err);
+    r->took = tpc_now() - t0;
     note_state(r);
 }
 
@@ -221,11 +222,11 @@ TEST(a_dead_peer_at_init_fails_by_the_deadline_and_aborts)
                  i);
         CHECK_STR_HAS(r[i].err.msg, want);
         CHECK_STR_HAS(r[i].err.msg, "; aborted");
-        CHECK_EQ(r[i].states[0], TP_COMM_ABORTED);
-        CHECK_STR_HAS(tp_comm_last_error(r[i].c), "not ready: init not done after");
-        CHECK_EQ(tp_comm_last_fault(r[i].c), TP_FAULT_DEADLINE);
+        CHECK_EQ(r[i].states[0], TPC_ABORTED);
+        CHECK_STR_HAS(tpc_last_error(r[i].c), "not ready: init not done after");
+        CHECK_EQ(tpc_last_fault(r[i].c), TPC_FAULT_DEADLINE);
         CHECK(r[i].took >= 0.3 && r[i].took < 10);
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     }
     CHECK_EQ(fc_aborts(sh.w), 2);
     CHECK_EQ(fc_live(sh.w), 0);
@@ -238,7 +239,7 @@ static void body_init_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 9, 0);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     note_state(r);
 }
 
@@ -251,11 +252,11 @@ TEST(an_async_error_during_init_aborts_naming_the_library_error)
     CHECK_EQ(r[1].rc, -1);
     CHECK_STR_HAS(r[1].err.msg, "fake communicator of epoch 9.0, rank 1 of 2: not ready: init: "
                                 "injected: unhandled system error; aborted");
-    CHECK_EQ(r[1].states[0], TP_COMM_ABORTED);
-    CHECK_EQ(tp_comm_last_fault(r[1].c), TP_FAULT_LIBRARY);
+    CHECK_EQ(r[1].states[0], TPC_ABORTED);
+    CHECK_EQ(tpc_last_fault(r[1].c), TPC_FAULT_LIBRARY);
     CHECK_EQ(fc_aborts(sh.w), 1);
     for (int i = 0; i < 2; i++)
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     fc_world_free(&sh.w);
 }
 
@@ -265,13 +266,13 @@ static void body_exchange_dead_peer(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rc != 0 || r->rank == r->sh->P - 1)
         return; /* the last rank dies between steps */
-    double t0 = tp_now();
+    double t0 = tpc_now();
     r->rc = exchange_all(r, "dispatch", 0.3, &r->err);
-    r->took = tp_now() - t0;
+    r->took = tpc_now() - t0;
     note_state(r);
     r->rc2 = exchange_all(r, "combine", 10, &r->err2);
     note_state(r);
@@ -287,17 +288,17 @@ TEST(a_dead_peer_in_an_exchange_fails_by_the_deadline_aborts_and_refuses_more)
         CHECK_STR_HAS(r[i].err.msg, "dispatch not done after");
         CHECK_STR_HAS(r[i].err.msg, "; aborted");
         CHECK(r[i].took >= 0.3 && r[i].took < 10);
-        CHECK_EQ(r[i].states[0], TP_COMM_ABORTED);
+        CHECK_EQ(r[i].states[0], TPC_ABORTED);
         /* the next exchange is refused at once, naming why */
         CHECK_EQ(r[i].rc2, -1);
         CHECK_STR_HAS(r[i].err2.msg, "combine impossible: the communicator is aborted after: "
                                      "dispatch not done after");
-        CHECK_EQ(r[i].states[1], TP_COMM_ABORTED);
+        CHECK_EQ(r[i].states[1], TPC_ABORTED);
     }
     CHECK_EQ(fc_aborts(sh.w), 2);
     CHECK_EQ(fc_live(sh.w), 1); /* only the dead rank's, which never aborted */
     for (int i = 0; i < 3; i++)
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     fc_world_free(&sh.w);
 }
 
@@ -307,7 +308,7 @@ static void body_exchange_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 0)
         fc_fail_status(r->sh->w, 0, 0, "injected: remote process exited");
@@ -325,9 +326,9 @@ TEST(an_async_error_in_an_exchange_aborts_at_once)
     /* with P = 1 the exchange is all self sends: it would complete, were it not for the error */
     CHECK_EQ(r[0].rc, -1);
     CHECK_STR_HAS(r[0].err.msg, "combine: injected: remote process exited; aborted");
-    CHECK_EQ(r[0].states[0], TP_COMM_ABORTED);
+    CHECK_EQ(r[0].states[0], TPC_ABORTED);
     CHECK_EQ(fc_aborts(sh.w), 1);
-    tp_comm_destroy(&r[0].c);
+    tpc_destroy(&r[0].c);
     fc_world_free(&sh.w);
 }
 
@@ -348,10 +349,10 @@ static void body_interrupt(rank_ctx *r)
         return;
     }
     r->rc = begin(r, 5, 0);
-    double t0 = tp_now();
+    double t0 = tpc_now();
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 30, idle_abort_third, r, &r->err);
-    r->took = tp_now() - t0;
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 30, idle_abort_third, r, &r->err);
+    r->took = tpc_now() - t0;
     note_state(r);
 }
 
@@ -363,11 +364,11 @@ TEST(the_owner_interrupts_a_wait_and_the_communicator_is_aborted)
     CHECK_EQ(r[0].rc, -1);
     CHECK_STR_HAS(r[0].err.msg, "abandoned: STEP_ABORT from the coordinator; aborted");
     CHECK_EQ(r[0].idle_calls, 3);
-    CHECK_EQ(tp_comm_last_fault(r[0].c), TP_FAULT_ABANDONED);
+    CHECK_EQ(tpc_last_fault(r[0].c), TPC_FAULT_ABANDONED);
     CHECK(r[0].took < 10);
-    CHECK_EQ(r[0].states[0], TP_COMM_ABORTED);
+    CHECK_EQ(r[0].states[0], TPC_ABORTED);
     CHECK_EQ(fc_aborts(sh.w), 1);
-    tp_comm_destroy(&r[0].c);
+    tpc_destroy(&r[0].c);
     fc_world_free(&sh.w);
 }
 
@@ -378,15 +379,15 @@ static void body_rebuild(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     note_state(r);
     /* both abort their part of a failed step (as a worker does on its own failure) */
-    tp_comm_abort(r->c, "step 3: local experts failed");
+    tpc_abort(r->c, "step 3: local experts failed");
     note_state(r);
     r->rc2 = begin(r, 5, 1); /* the coordinator's next COMM_INIT: generation 1 */
     note_state(r);
     if (r->rc2 == 0)
-        r->rc2 = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err2);
+        r->rc2 = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err2);
     note_state(r);
     if (r->rc2 == 0)
         r->rc2 = exchange_all(r, "dispatch", 10, &r->err2);
@@ -397,8 +398,7 @@ TEST(an_aborted_communicator_is_rebuilt_and_works)
     shared sh = {.w = fc_world_new()};
     rank_ctx r[MAX_P] = {0};
     run_ranks(&sh, 2, r, body_rebuild);
-    const tp_comm_state want[] = {TP_COMM_INIT, TP_COMM_READY, TP_COMM_ABORTED, TP_COMM_INIT,
-                                  TP_COMM_READY};
+    const tpc_state want[] = {TPC_INIT, TPC_READY, TPC_ABORTED, TPC_INIT, TPC_READY};
     for (int i = 0; i < 2; i++) {
         CHECK_EQ(r[i].rc, 0);
         CHECK_EQ(r[i].rc2, 0);
@@ -407,14 +407,14 @@ TEST(an_aborted_communicator_is_rebuilt_and_works)
         CHECK_EQ(r[i].n_states, 5);
         for (int k = 0; k < 5; k++)
             CHECK_EQ(r[i].states[k], want[k]);
-        CHECK_EQ(tp_comm_generation(r[i].c), 1);
-        CHECK_STR_EQ(tp_comm_last_error(r[i].c), ""); /* the rebuilt one never failed */
-        CHECK_EQ(tp_comm_last_fault(r[i].c), TP_FAULT_NONE);
+        CHECK_EQ(tpc_generation(r[i].c), 1);
+        CHECK_STR_EQ(tpc_last_error(r[i].c), ""); /* the rebuilt one never failed */
+        CHECK_EQ(tpc_last_fault(r[i].c), TPC_FAULT_NONE);
     }
     CHECK_EQ(fc_aborts(sh.w), 2);
     CHECK_EQ(fc_live(sh.w), 2);
     for (int i = 0; i < 2; i++)
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     fc_world_free(&sh.w);
 }
 
@@ -424,7 +424,7 @@ static void body_shrink(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 2)
         return; /* lost; the survivors 0, 1, 3 shrink */
@@ -432,18 +432,18 @@ static void body_shrink(rank_ctx *r)
     int new_rank = r->rank == 3 ? 2 : r->rank;
     /* refused without touching the communicator: wrong parent, wrong rank */
     ep_err e;
-    CHECK_EQ(tp_comm_begin_shrink(r->c, 6, 0, 4, 0, ex, 1, new_rank, 3, &e), -1);
+    CHECK_EQ(tpc_begin_shrink(r->c, 6, 0, 4, 0, ex, 1, new_rank, 3, &e), -1);
     CHECK_STR_HAS(e.msg, "holds no ready communicator of epoch 4.0 (it holds ready epoch 5.0)");
-    CHECK_EQ(tp_comm_begin_shrink(r->c, 6, 0, 5, 0, ex, 1, r->rank, 3, &e), r->rank == 3 ? -1 : 0);
+    CHECK_EQ(tpc_begin_shrink(r->c, 6, 0, 5, 0, ex, 1, r->rank, 3, &e), r->rank == 3 ? -1 : 0);
     if (r->rank == 3) {
         CHECK_STR_HAS(e.msg, "rank 3 of 3 does not follow from rank 3 of 4 less 1 ranks (expected "
                              "rank 2 of 3)");
-        CHECK_EQ(tp_comm_get_state(r->c), TP_COMM_READY);
-        r->rc = tp_comm_begin_shrink(r->c, 6, 0, 5, 0, ex, 1, new_rank, 3, &r->err);
+        CHECK_EQ(tpc_get_state(r->c), TPC_READY);
+        r->rc = tpc_begin_shrink(r->c, 6, 0, 5, 0, ex, 1, new_rank, 3, &r->err);
     }
     note_state(r);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     note_state(r);
     /* exchange among the survivors with their new ranks */
     if (r->rc == 0) {
@@ -467,24 +467,24 @@ TEST(shrink_keeps_the_survivors_order_and_refuses_what_does_not_follow)
         CHECK_EQ(r[i].rc, 0);
         if (r[i].rc)
             printf("  rank %d: %s\n", i, r[i].err.msg);
-        CHECK_EQ(r[i].states[0], TP_COMM_INIT);
-        CHECK_EQ(r[i].states[1], TP_COMM_READY);
-        CHECK_EQ(tp_comm_size(r[i].c), 3);
-        CHECK_EQ(tp_comm_rank(r[i].c), i == 3 ? 2 : i);
-        CHECK_EQ(tp_comm_epoch(r[i].c), 6);
+        CHECK_EQ(r[i].states[0], TPC_INIT);
+        CHECK_EQ(r[i].states[1], TPC_READY);
+        CHECK_EQ(tpc_size(r[i].c), 3);
+        CHECK_EQ(tpc_rank(r[i].c), i == 3 ? 2 : i);
+        CHECK_EQ(tpc_epoch(r[i].c), 6);
     }
     /* each survivor's parent was released once its child was ready */
     CHECK_EQ(fc_aborts(sh.w), 3);
     ep_err e;
     const uint32_t self[1] = {0};
-    CHECK_EQ(tp_comm_begin_shrink(r[0].c, 7, 0, 6, 0, self, 1, 0, 2, &e), -1);
+    CHECK_EQ(tpc_begin_shrink(r[0].c, 7, 0, 6, 0, self, 1, 0, 2, &e), -1);
     CHECK_STR_HAS(e.msg, "this worker's rank 0 is excluded");
-    tp_comm_abort(r[0].c, "test");
+    tpc_abort(r[0].c, "test");
     const uint32_t one[1] = {1};
-    CHECK_EQ(tp_comm_begin_shrink(r[0].c, 7, 0, 6, 0, one, 1, 0, 2, &e), -1);
+    CHECK_EQ(tpc_begin_shrink(r[0].c, 7, 0, 6, 0, one, 1, 0, 2, &e), -1);
     CHECK_STR_HAS(e.msg, "holds no ready communicator of epoch 6.0 (it holds aborted");
     for (int i = 0; i < 4; i++)
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     CHECK_EQ(fc_live(sh.w), 0);
     fc_world_free(&sh.w);
 }
@@ -499,7 +499,7 @@ static void body_slow_peer(rank_ctx *r)
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)
-        r->rc = tp_comm_wait_ready(r->c, tp_now() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, tpc_now() + 10, NULL, NULL, &r->err);
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)
@@ -515,31 +515,31 @@ TEST(a_slow_peer_inside_the_deadline_is_waited_for)
         CHECK_EQ(r[i].rc, 0);
         if (r[i].rc)
             printf("  rank %d: %s\n", i, r[i].err.msg);
-        tp_comm_destroy(&r[i].c);
+        tpc_destroy(&r[i].c);
     }
     CHECK_EQ(fc_aborts(sh.w), 2); /* the two teardowns */
     fc_world_free(&sh.w);
 }
 
 #ifdef EPMOE_HAVE_NCCL
-/* tp_nccl_ops() opens libnccl once per process, so each case runs in a child: 0 when the
- * library given in EPMOE_NCCL_LIBRARY loaded (want_ok) or was refused with its name in the
- * error (!want_ok). */
+/* tpc_nccl_ops() opens libnccl once per process, so each case runs in a child: 0 when the
+ * library given to tpc_nccl_set_library (EPMOE_NCCL_LIBRARY) loaded (want_ok) or was refused
+ * with its name in the error (!want_ok). */
 static int nccl_load_child(const char *file, bool want_ok)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        setenv("EPMOE_NCCL_LIBRARY", file, 1);
-        const tp_comm_ops *ops = tp_nccl_ops();
+        tpc_nccl_set_library(file);
+        const tpc_ops *ops = tpc_nccl_ops();
         ep_err e;
-        tp_comm *c = tp_comm_create(ops, NULL, &e);
-        int ok = want_ok ? ops != NULL && c != NULL && tp_nccl_why() == NULL
+        tpc_comm *c = tpc_create(ops, NULL, &e);
+        int ok = want_ok ? ops != NULL && c != NULL && tpc_nccl_why() == NULL
                          : ops == NULL && c == NULL && strstr(e.msg, file) != NULL &&
                                strstr(e.msg, "cannot be loaded") != NULL;
         if (!ok)
             fprintf(stderr, "  %s: ops %p, why: %s, create: %s\n", file, (const void *)ops,
-                    tp_nccl_why() ? tp_nccl_why() : "-", c ? "ok" : e.msg);
-        tp_comm_destroy(&c);
+                    tpc_nccl_why() ? tpc_nccl_why() : "-", c ? "ok" : e.msg);
+        tpc_destroy(&c);
         _exit(ok ? 0 : 1);
     }
     int st = 0;
@@ -558,8 +558,8 @@ TEST(nccl_is_opened_at_run_time_and_a_missing_library_is_named)
 #endif
 #else
     ep_err e;
-    CHECK(tp_nccl_ops() == NULL);
-    CHECK(tp_comm_create(tp_nccl_ops(), NULL, &e) == NULL);
+    CHECK(tpc_nccl_ops() == NULL);
+    CHECK(tpc_create(tpc_nccl_ops(), NULL, &e) == NULL);
     CHECK_STR_HAS(e.msg, "this build has no NCCL");
 #endif
 }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "backend_check.h"
+#include "common/knobs.h"
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "kernels/cuda/cuda_dev.h"
@@ -797,64 +798,61 @@ TEST(without_a_device_the_errors_say_why)
     CHECK_EQ(mb_parse_device("", &kind, &ord, &err), -1);
 }
 
-/* The EPMOE_CUDA_* knobs' text means what it meant when the kernels read the environment
- * (docs/operations.md): numbers clamped to their ranges, a bad number or an empty value the
- * default, an integer of 0 or less "none", cuBLASLt's four settings. */
-TEST(cuda_knobs_parse_as_the_environment_did)
+/* The EPMOE_CUDA_* knobs as knob_load reads them become the tuning that means what the text
+ * meant when kernels/cuda read the environment (docs/operations.md): unset, the defaults; a
+ * row count of 0, "none"; cuBLASLt's "0", "1" and "require". */
+static mb_cuda_tuning tuning_with(const char *name, const char *text)
 {
+    static const char *const names[] = {"EPMOE_CUDA_WAIT_S",    "EPMOE_CUDA_STAGE_BYTES",
+                                        "EPMOE_CUDA_CUBLASLT",  "EPMOE_CUDA_CUBLASLT_ROWS",
+                                        "EPMOE_CUDA_FAST_ROWS", "EPMOE_CUDA_EXACT",
+                                        "EPMOE_CUDA_SPLIT",     "EPMOE_CUDA_MODULE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        unsetenv(names[i]);
+    if (name)
+        setenv(name, text, 1);
+    knob_values kv;
+    ep_err err = {{0}};
     mb_cuda_tuning t = {0};
-    CHECK_EQ(mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "0.2"), 0);
-    CHECK(t.wait_s == 0.2);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "0");
-    CHECK(t.wait_s == 0.01); /* clamped, not the default */
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "1e9");
-    CHECK(t.wait_s == 3600);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_WAIT_S", "soon");
-    CHECK(t.wait_s == 0);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", "1");
-    CHECK_EQ(t.stage_bytes, 4096);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", "65536");
-    CHECK_EQ(t.stage_bytes, 65536);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_STAGE_BYTES", NULL);
-    CHECK_EQ(t.stage_bytes, 0);
-    static const struct {
-        const char *text;
-        mb_cublaslt want;
-    } lt[] = {{NULL, MB_LT_AUTO},  {"", MB_LT_AUTO},    {"0", MB_LT_NEVER},
-              {"1", MB_LT_ALWAYS}, {"2", MB_LT_ALWAYS}, {"require", MB_LT_REQUIRE}};
-    for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) {
-        mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT", lt[i].text);
-        CHECK_EQ(t.cublaslt, lt[i].want);
-    }
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "64");
-    CHECK_EQ(cu_tune_lt_rows(&t), 64);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "0");
-    CHECK_EQ(cu_tune_lt_rows(&t), 0);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_CUBLASLT_ROWS", "");
+    CHECK_EQ(knob_load(&kv, KNOB_WORKER, &err), 0);
+    mb_cuda_tuning_from_knobs(&t, &kv);
+    if (name)
+        unsetenv(name);
+    return t;
+}
+
+TEST(cuda_knobs_keep_their_meaning_as_options)
+{
+    mb_cuda_tuning t = tuning_with(NULL, NULL);
+    CHECK(t.wait_s == 120);
+    CHECK_EQ(t.stage_bytes, 32u << 20);
+    CHECK_EQ(t.cublaslt, MB_LT_AUTO);
     CHECK_EQ(cu_tune_lt_rows(&t), 96);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_FAST_ROWS", "0");
-    CHECK_EQ(cu_tune_fast_rows(&t), 0);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_FAST_ROWS", NULL);
     CHECK_EQ(cu_tune_fast_rows(&t), 16);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", "16");
-    CHECK_EQ(cu_tune_split(&t), 16);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", "0");
-    CHECK_EQ(cu_tune_split(&t), 1);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_SPLIT", NULL);
     CHECK_EQ(cu_tune_split(&t), 4);
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_EXACT", "ref");
-    CHECK(cu_tune_exact_ref(&t));
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_EXACT", "fast");
     CHECK(!cu_tune_exact_ref(&t));
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_MODULE", "/opt/libepmoe_cuda.so");
-    CHECK_STR_EQ(t.module, "/opt/libepmoe_cuda.so");
-    mb_cuda_tuning_parse(&t, "EPMOE_CUDA_MODULE", "");
     CHECK(t.module == NULL);
-    CHECK_EQ(mb_cuda_tuning_parse(&t, "EPMOE_CUDA_NOPE", "1"), -1);
-    int n = 0;
-    for (const char *const *k = mb_cuda_knobs; *k; k++)
-        n += mb_cuda_tuning_parse(&t, *k, NULL) == 0;
-    CHECK_EQ(n, 8);
+    t = tuning_with("EPMOE_CUDA_WAIT_S", "0.2");
+    CHECK(t.wait_s == 0.2);
+    t = tuning_with("EPMOE_CUDA_STAGE_BYTES", "65536");
+    CHECK_EQ(t.stage_bytes, 65536);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "0").cublaslt, MB_LT_NEVER);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "1").cublaslt, MB_LT_ALWAYS);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "require").cublaslt, MB_LT_REQUIRE);
+    t = tuning_with("EPMOE_CUDA_CUBLASLT_ROWS", "64");
+    CHECK_EQ(cu_tune_lt_rows(&t), 64);
+    t = tuning_with("EPMOE_CUDA_CUBLASLT_ROWS", "0");
+    CHECK_EQ(cu_tune_lt_rows(&t), 0);
+    t = tuning_with("EPMOE_CUDA_FAST_ROWS", "0");
+    CHECK_EQ(cu_tune_fast_rows(&t), 0);
+    t = tuning_with("EPMOE_CUDA_SPLIT", "16");
+    CHECK_EQ(cu_tune_split(&t), 16);
+    t = tuning_with("EPMOE_CUDA_SPLIT", "1");
+    CHECK_EQ(cu_tune_split(&t), 1);
+    t = tuning_with("EPMOE_CUDA_EXACT", "ref");
+    CHECK(cu_tune_exact_ref(&t));
+    t = tuning_with("EPMOE_CUDA_MODULE", "/opt/libepmoe_cuda.so");
+    CHECK_STR_EQ(t.module, "/opt/libepmoe_cuda.so");
 }
 
 int main(void)
@@ -866,6 +864,6 @@ int main(void)
     RUN(device_failures_are_explicit_errors);
     RUN(device_resident_steps_give_the_cpu_bits);
     RUN(without_a_device_the_errors_say_why);
-    RUN(cuda_knobs_parse_as_the_environment_did);
+    RUN(cuda_knobs_keep_their_meaning_as_options);
     return test_report();
 }

@@ -107,7 +107,7 @@ static uint16_t x_of(int g, int h)
 typedef struct world {
     fc_world *w;
     pthread_barrier_t bar;
-    tp_comm_id id;
+    tpc_id id;
     int P;
     int session_world;      /* worker ranks of the session (P: the communicator is all of them) */
     uint32_t member[MAX_P]; /* worker rank of each communicator rank */
@@ -131,14 +131,14 @@ typedef struct rank_ctx {
     mb_backend *be, *ref_be; /* ref: the whole layer, for the expected outputs */
     mb_layer *layer, *ref;
     bool touched; /* the last step wrote routing results */
-    tp_comm *comm;
+    tpc_comm *comm;
     sn_driver *drv;
     int rc, code, failed_step;
     ep_err err;
     int bad_outputs, steps_done;
     uint32_t expert_tokens[E];
     uint64_t dispatch_bytes;
-    tp_comm_state state_after;
+    tpc_state state_after;
     int idle_calls;
 } rank_ctx;
 
@@ -207,7 +207,7 @@ static void run_step(rank_ctx *r, int step)
                   .topk_w = w,
                   .out = out,
                   .expert_tokens = r->expert_tokens,
-                  .deadline = tp_now() + wd->timeout,
+                  .deadline = tpc_now() + wd->timeout,
                   .idle = r->rank == wd->interrupt_rank ? idle_give_up : NULL,
                   .idle_ctx = r};
     r->rc = sn_run(r->drv, &io, &r->code, &r->err);
@@ -232,12 +232,12 @@ static void *rank_main(void *p)
     rank_ctx *r = p;
     world *wd = r->wd;
     ep_err err = {{0}};
-    r->comm = tp_comm_create(fc_ops(), wd->w, &err);
+    r->comm = tpc_create(fc_ops(), wd->w, &err);
     if (r->rank == 0)
-        tp_comm_new_id(r->comm, &wd->id, &err);
+        tpc_new_id(r->comm, &wd->id, &err);
     pthread_barrier_wait(&wd->bar);
-    tp_comm_begin_init(r->comm, EPOCH, 0, r->rank, wd->P, &wd->id, &err);
-    if (tp_comm_wait_ready(r->comm, tp_now() + 10, NULL, NULL, &r->err) != 0) {
+    tpc_begin_init(r->comm, EPOCH, 0, r->rank, wd->P, &wd->id, &err);
+    if (tpc_wait_ready(r->comm, tpc_now() + 10, NULL, NULL, &r->err) != 0) {
         r->rc = -1;
         return NULL;
     }
@@ -264,7 +264,7 @@ static void *rank_main(void *p)
             break;
         run_step(r, step);
     }
-    r->state_after = tp_comm_get_state(r->comm);
+    r->state_after = tpc_get_state(r->comm);
     return NULL;
 }
 
@@ -310,7 +310,7 @@ static void free_world(world *wd, rank_ctx *r)
 {
     for (int i = 0; i < wd->P; i++) {
         sn_destroy(&r[i].drv);
-        tp_comm_destroy(&r[i].comm);
+        tpc_destroy(&r[i].comm);
         mb_layer_free(&r[i].layer);
         mb_layer_free(&r[i].ref);
         mb_destroy(&r[i].be);
@@ -412,7 +412,7 @@ static void check_world_in(int P, bool e8m0, int session_world, const uint32_t *
         CHECK_EQ(r[i].steps_done, wd.steps);
         CHECK_EQ(r[i].bad_outputs, 0);
         CHECK_EQ(r[i].dispatch_bytes, want_bytes[i]);
-        CHECK_EQ(r[i].state_after, TP_COMM_READY);
+        CHECK_EQ(r[i].state_after, TPC_READY);
         for (int e = 0; e < E; e++)
             if (wd.owner[e] == wd.member[i])
                 CHECK_EQ(r[i].expert_tokens[e], want_tokens[e]);
@@ -450,7 +450,7 @@ TEST(a_communicator_of_some_workers_maps_its_ranks_to_theirs)
                      .n_experts = E,
                      .expert_owner = owner};
     fc_world *w = fc_world_new();
-    tp_comm *c = tp_comm_create(fc_ops(), w, &e);
+    tpc_comm *c = tpc_create(fc_ops(), w, &e);
     mb_backend *be = backend_new();
     CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "expert 0 is owned by rank 0, which is not in the communicator");
@@ -458,7 +458,7 @@ TEST(a_communicator_of_some_workers_maps_its_ranks_to_theirs)
     CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "communicator rank 0 of 3 is not worker rank 3");
     mb_destroy(&be);
-    tp_comm_destroy(&c);
+    tpc_destroy(&c);
     fc_world_free(&w);
 }
 
@@ -480,7 +480,7 @@ TEST(a_dead_peer_fails_the_step_by_its_deadline_and_aborts)
         CHECK_EQ(r[i].code, EPMOE__ERROR_CODE__ERR_TIMEOUT);
         CHECK_STR_HAS(r[i].err.msg, "step 11: fake communicator of epoch 7.0");
         CHECK_STR_HAS(r[i].err.msg, "dispatch counts not done after");
-        CHECK_EQ(r[i].state_after, TP_COMM_ABORTED);
+        CHECK_EQ(r[i].state_after, TPC_ABORTED);
     }
     free_world(&wd, r);
 }
@@ -497,7 +497,7 @@ TEST(counts_from_another_epoch_are_refused_naming_the_sender)
     CHECK_EQ(r[0].rc, -1);
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     CHECK_STR_HAS(r[0].err.msg, "step 10: DISPATCH counts from rank 1 (w1): epoch 8, expected 7");
-    CHECK_EQ(r[0].state_after, TP_COMM_ABORTED);
+    CHECK_EQ(r[0].state_after, TPC_ABORTED);
     CHECK_STR_HAS(r[1].err.msg, "DISPATCH counts from rank 0 (w0): epoch 7, expected 8");
     free_world(&wd, r);
 }
@@ -520,7 +520,7 @@ TEST(pairs_of_experts_the_receiver_does_not_own_are_refused)
     CHECK(refused >= 1);
     for (int i = 0; i < 3; i++) {
         CHECK_EQ(r[i].rc, -1);
-        CHECK_EQ(r[i].state_after, TP_COMM_ABORTED);
+        CHECK_EQ(r[i].state_after, TPC_ABORTED);
     }
     free_world(&wd, r);
 }
@@ -537,7 +537,7 @@ TEST(a_device_failure_fails_the_step_and_aborts)
     CHECK_EQ(r[1].code, EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     CHECK_STR_HAS(r[1].err.msg, "step 10: experts for rank");
     CHECK_STR_HAS(r[1].err.msg, "is not loaded here"); /* the backend refuses: a device fault */
-    CHECK_EQ(r[1].state_after, TP_COMM_ABORTED);       /* the driver's own abort */
+    CHECK_EQ(r[1].state_after, TPC_ABORTED);           /* the driver's own abort */
     CHECK_EQ(r[0].rc, -1);                             /* left waiting for rank 1's combine */
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_TIMEOUT);
     CHECK_STR_HAS(r[0].err.msg, "combine not done after");
@@ -557,7 +557,7 @@ TEST(the_owner_abandons_a_waiting_step)
     CHECK_EQ(r[0].rc, -1);
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     CHECK_STR_HAS(r[0].err.msg, "dispatch counts abandoned: STEP_ABORT from the coordinator");
-    CHECK_EQ(r[0].state_after, TP_COMM_ABORTED);
+    CHECK_EQ(r[0].state_after, TPC_ABORTED);
     free_world(&wd, r);
 }
 
@@ -568,7 +568,7 @@ TEST(a_step_on_an_aborted_communicator_fails_without_touching_the_device)
     world_init(&wd, 1);
     wd.steps = 0;
     run_world(&wd, r);
-    tp_comm_abort(r[0].comm, "step 9: experts failed");
+    tpc_abort(r[0].comm, "step 9: experts failed");
     run_step(&r[0], 0);
     CHECK_EQ(r[0].rc, -1);
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_COMM_FAILED);
@@ -586,7 +586,7 @@ TEST(bad_configurations_are_refused)
     sn_config cfg = {
         .rank = 0, .world_size = 2, .hidden = H, .topk = K, .n_experts = E, .expert_owner = owner};
     fc_world *w = fc_world_new();
-    tp_comm *c = tp_comm_create(fc_ops(), w, &e);
+    tpc_comm *c = tpc_create(fc_ops(), w, &e);
     mb_backend *be = backend_new();
     CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "expert 3 owned by rank 2 of 2");
@@ -598,7 +598,7 @@ TEST(bad_configurations_are_refused)
     CHECK(sn_create(&cfg, NULL, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "nccl step: no backend");
     mb_destroy(&be);
-    tp_comm_destroy(&c);
+    tpc_destroy(&c);
     fc_world_free(&w);
 }
 

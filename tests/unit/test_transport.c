@@ -1,5 +1,5 @@
 /*
- * test_transport.c — the ZeroMQ data plane (worker/transport.h) over tcp loopback.
+ * test_transport.c — the ZeroMQ data plane (worker/transport_zmq.h) over tcp loopback.
  *
  * Proves: P = 2, 3, 4 transports, one thread each, exchange DISPATCH and COMBINE for several
  * steps in every format (fp8 with e8m0 scales, fp8 with f32 scales, bf16), including empty
@@ -12,7 +12,7 @@
  * bodies (bad counts, payload size mismatch, pair_row out of range, unowned expert, wrong or
  * missing session, wrong epoch, own rank as source, wrong type) are each dropped with a reason
  * naming the fault, and a later well-formed step still completes; the PULL's MAXMSGSIZE is the
- * model's largest frame and RCVHWM is TP_RCVHWM, and a frame one byte above it never reaches the
+ * model's largest frame and RCVHWM is TPZ_RCVHWM, and a frame one byte above it never reaches the
  * transport (before, every frame up to 1 GiB was buffered whole). With security (CURVE + ZAP),
  * the ranks exchange as before, a stranger's key cannot connect, and a rank's key cannot speak
  * for another rank.
@@ -26,7 +26,7 @@
 #include "common/limits.h"
 #include "common/wire.h"
 #include "test.h"
-#include "worker/transport.h"
+#include "worker/transport_zmq.h"
 
 #define H       256
 #define E       16
@@ -122,7 +122,7 @@ static int make_dispatch(tp_msg *m, uint64_t step, int src, int dst, int P)
 {
     uint64_t s;
     gen_shape(m, step, src, dst, &s);
-    if (tp_msg_alloc(m, H, NULL) != 0)
+    if (tpz_msg_alloc(m, H, NULL) != 0)
         return -1;
     gen_fill(m, step, src, dst, P);
     return 0;
@@ -131,7 +131,7 @@ static int make_dispatch(tp_msg *m, uint64_t step, int src, int dst, int P)
 static int make_combine(tp_msg *m, uint64_t step, int src, int dst, int n_pairs)
 {
     gen_combine(m, step, src, dst, n_pairs, false);
-    if (tp_msg_alloc(m, H, NULL) != 0)
+    if (tpz_msg_alloc(m, H, NULL) != 0)
         return -1;
     gen_combine(m, step, src, dst, n_pairs, true);
     return 0;
@@ -160,7 +160,7 @@ static bool dispatch_matches(const tp_msg *got, int dst, int P)
     ok = ok && same_bytes(got->pair_row, want.pair_row, pairs * 4) &&
          same_bytes(got->pair_expert, want.pair_expert, pairs * 4) &&
          same_bytes(got->pair_weight, want.pair_weight, pairs * 4);
-    tp_msg_release(&want);
+    tpz_msg_release(&want);
     return ok;
 }
 
@@ -172,7 +172,7 @@ static bool combine_matches(const tp_msg *got, int dst, int expect_pairs)
         return false;
     bool ok =
         got->kind == TP_COMBINE && same_bytes(got->out, want.out, (size_t)expect_pairs * H * 2);
-    tp_msg_release(&want);
+    tpz_msg_release(&want);
     return ok;
 }
 
@@ -188,82 +188,82 @@ typedef struct world_sec {
     const char *names[8];
 } world_sec;
 
-static void world_open_with(tp_transport **tp, int P, const world_sec *sec)
+static void world_open_with(tpz_transport **tp, int P, const world_sec *sec)
 {
     for (int e = 0; e < E; e++)
         owners[e] = (uint32_t)owner_of(e, P);
     const char *eps[8];
     for (int r = 0; r < P; r++) {
-        tp_config cfg = {.rank = r,
-                         .world_size = P,
-                         .session = SESSION,
-                         .epoch = EPOCH,
-                         .hidden = H,
-                         .n_experts = E,
-                         .topk = TOPK,
-                         .expert_owner = owners,
-                         .bind_endpoint = "tcp://127.0.0.1:*"};
+        tpz_config cfg = {.rank = r,
+                          .world_size = P,
+                          .session = SESSION,
+                          .epoch = EPOCH,
+                          .hidden = H,
+                          .n_experts = E,
+                          .topk = TOPK,
+                          .expert_owner = owners,
+                          .bind_endpoint = "tcp://127.0.0.1:*"};
         if (sec) {
             cfg.key = &sec->keys[r];
             cfg.peer_key = sec->pubs;
             cfg.peer_name = sec->names;
         }
         ep_err err = {{0}};
-        tp[r] = tp_create(zctx, &cfg, &err);
+        tp[r] = tpz_create(zctx, &cfg, &err);
         if (tp[r] == NULL)
-            printf("  tp_create: %s\n", err.msg);
+            printf("  tpz_create: %s\n", err.msg);
         CHECK(tp[r] != NULL);
-        eps[r] = tp[r] ? tp_endpoint(tp[r]) : "";
+        eps[r] = tp[r] ? tpz_endpoint(tp[r]) : "";
         CHECK_STR_HAS(eps[r], "tcp://127.0.0.1:");
     }
     for (int r = 0; r < P; r++) {
         ep_err err;
-        CHECK(tp[r] && tp_connect(tp[r], eps, &err) == 0);
+        CHECK(tp[r] && tpz_connect(tp[r], eps, &err) == 0);
     }
 }
 
-static void world_open(tp_transport **tp, int P)
+static void world_open(tpz_transport **tp, int P)
 {
     world_open_with(tp, P, NULL);
 }
 
-static void world_close(tp_transport **tp, int P)
+static void world_close(tpz_transport **tp, int P)
 {
     for (int r = 0; r < P; r++) {
-        tp_destroy(&tp[r]);
+        tpz_destroy(&tp[r]);
         CHECK(tp[r] == NULL);
     }
 }
 
 /* Wait up to 5 s for a kept message of step; 1 when one was taken. */
-static int wait_take(tp_transport *tp, uint64_t step, tp_msg *out)
+static int wait_take(tpz_transport *tp, uint64_t step, tp_msg *out)
 {
     for (int i = 0; i < 500; i++) {
-        if (tp_take(tp, step, out))
+        if (tpz_take(tp, step, out))
             return 1;
-        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+        zmq_pollitem_t it = {.socket = tpz_socket(tp), .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp);
+            tpz_pump(tp);
     }
     return 0;
 }
 
 /* Wait up to 5 s until tp has dropped n messages in all. */
-static bool wait_dropped(tp_transport *tp, uint64_t n)
+static bool wait_dropped(tpz_transport *tp, uint64_t n)
 {
-    for (int i = 0; i < 500 && tp_dropped(tp) < n; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+    for (int i = 0; i < 500 && tpz_dropped(tp) < n; i++) {
+        zmq_pollitem_t it = {.socket = tpz_socket(tp), .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp);
+            tpz_pump(tp);
     }
-    return tp_dropped(tp) >= n;
+    return tpz_dropped(tp) >= n;
 }
 
 /* ---- one rank's steps, on its own thread ------------------------------------------------------
  */
 
 typedef struct rank_ctx {
-    tp_transport *tp;
+    tpz_transport *tp;
     int rank, P, steps;
     char fail[256]; /* first failure, "" when none */
     uint64_t bytes;
@@ -281,8 +281,8 @@ static int run_step(rank_ctx *c, uint64_t step)
             return snprintf(c->fail, sizeof c->fail, "alloc"), -1;
         sent_pairs[dst] = m.n_pairs;
         c->bytes += tp_msg_bytes(&m, H);
-        tp_grant(c->tp, step, dst, m.n_pairs);
-        if (tp_send(c->tp, dst, &m, &err) != 0)
+        tpz_grant(c->tp, step, dst, m.n_pairs);
+        if (tpz_send(c->tp, dst, &m, &err) != 0)
             return snprintf(c->fail, sizeof c->fail, "send: %s", err.msg), -1;
     }
     while (got_d < P - 1 || got_c < P - 1) {
@@ -298,7 +298,7 @@ static int run_step(rank_ctx *c, uint64_t step)
                          (unsigned long long)step, m.src_rank);
             tp_msg r;
             if (make_combine(&r, step, c->rank, m.src_rank, m.n_pairs) != 0 ||
-                tp_send(c->tp, m.src_rank, &r, &err) != 0)
+                tpz_send(c->tp, m.src_rank, &r, &err) != 0)
                 snprintf(c->fail, sizeof c->fail, "combine send failed");
         } else {
             got_c++;
@@ -306,9 +306,9 @@ static int run_step(rank_ctx *c, uint64_t step)
                 snprintf(c->fail, sizeof c->fail, "step %llu: combine from %d differs",
                          (unsigned long long)step, m.src_rank);
         }
-        tp_msg_release(&m);
+        tpz_msg_release(&m);
     }
-    tp_finish(c->tp, step);
+    tpz_finish(c->tp, step);
     return c->fail[0] ? -1 : 0;
 }
 
@@ -331,7 +331,7 @@ static void *rank_main(void *arg)
 
 static void run_world(int P, int steps)
 {
-    tp_transport *tp[8] = {0};
+    tpz_transport *tp[8] = {0};
     world_open(tp, P);
     rank_ctx ctx[8];
     pthread_t th[8];
@@ -345,8 +345,8 @@ static void run_world(int P, int steps)
             printf("  P=%d rank %d: %s\n", P, r, ctx[r].fail);
         CHECK(ctx[r].fail[0] == '\0');
         CHECK(ctx[r].bytes > 0);
-        CHECK_EQ(tp_dropped(tp[r]), 0);
-        CHECK_EQ(tp_pending(tp[r]), 0);
+        CHECK_EQ(tpz_dropped(tp[r]), 0);
+        CHECK_EQ(tpz_pending(tp[r]), 0);
     }
     world_close(tp, P);
 }
@@ -368,13 +368,13 @@ TEST(round_trip_four_ranks_all_formats)
 
 TEST(empty_messages_round_trip)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     tp_msg m = {.kind = TP_DISPATCH, .step_id = 4, .format = TP_FMT_FP8, .scales_e8m0 = true};
     ep_err err;
-    CHECK(tp_msg_alloc(&m, H, &err) == 0);
+    CHECK(tpz_msg_alloc(&m, H, &err) == 0);
     CHECK_EQ(tp_msg_bytes(&m, H), 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(m.buf == NULL && m.codes == NULL); /* handed to ZeroMQ */
     tp_msg got;
     CHECK(wait_take(tp[1], 4, &got));
@@ -382,82 +382,82 @@ TEST(empty_messages_round_trip)
     CHECK_EQ(got.n_rows, 0);
     CHECK_EQ(got.n_pairs, 0);
     CHECK_EQ(got.src_rank, 0);
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     tp_msg c = {.kind = TP_COMBINE, .step_id = 4};
-    CHECK(tp_msg_alloc(&c, H, &err) == 0);
-    tp_grant(tp[0], 4, 1, 0);
-    CHECK(tp_send(tp[1], 0, &c, &err) == 0);
+    CHECK(tpz_msg_alloc(&c, H, &err) == 0);
+    tpz_grant(tp[0], 4, 1, 0);
+    CHECK(tpz_send(tp[1], 0, &c, &err) == 0);
     CHECK(wait_take(tp[0], 4, &got));
     CHECK_EQ(got.kind, TP_COMBINE);
     CHECK_EQ(got.n_pairs, 0);
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     world_close(tp, 2);
 }
 
 /* Pump tp until it keeps n messages (up to 5 s). */
-static void wait_pending(tp_transport *tp, int n)
+static void wait_pending(tpz_transport *tp, int n)
 {
-    for (int i = 0; i < 500 && tp_pending(tp) < n; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp), .events = ZMQ_POLLIN};
+    for (int i = 0; i < 500 && tpz_pending(tp) < n; i++) {
+        zmq_pollitem_t it = {.socket = tpz_socket(tp), .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp);
+            tpz_pump(tp);
     }
 }
 
 TEST(future_steps_are_kept_and_finished_steps_dropped)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     ep_err err;
     tp_msg m, got;
     /* rank 0 is ahead: its step 5 arrives while rank 1 still runs step 4 */
     CHECK(make_dispatch(&m, 5, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     wait_pending(tp[1], 1);
-    CHECK_EQ(tp_pending(tp[1]), 1);
-    tp_finish(tp[1], 4);
-    CHECK_EQ(tp_pending(tp[1]), 1); /* step 5's message survives the end of step 4 */
-    CHECK(tp_take(tp[1], 5, &got) == 1);
+    CHECK_EQ(tpz_pending(tp[1]), 1);
+    tpz_finish(tp[1], 4);
+    CHECK_EQ(tpz_pending(tp[1]), 1); /* step 5's message survives the end of step 4 */
+    CHECK(tpz_take(tp[1], 5, &got) == 1);
     CHECK(dispatch_matches(&got, 1, 2));
-    tp_msg_release(&got);
-    tp_finish(tp[1], 5);
+    tpz_msg_release(&got);
+    tpz_finish(tp[1], 5);
     /* late messages of finished steps (an aborted step's stragglers) are dropped */
-    uint64_t d0 = tp_dropped(tp[1]);
+    uint64_t d0 = tpz_dropped(tp[1]);
     CHECK(make_dispatch(&m, 3, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_dropped(tp[1], d0 + 1));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "of step 3 from rank 0: that step is finished");
-    /* tp_finish also discards what was kept for the finished step */
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "of step 3 from rank 0: that step is finished");
+    /* tpz_finish also discards what was kept for the finished step */
     CHECK(make_dispatch(&m, 6, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     wait_pending(tp[1], 1);
-    CHECK_EQ(tp_pending(tp[1]), 1);
-    tp_finish(tp[1], 6);
-    CHECK_EQ(tp_pending(tp[1]), 0);
-    CHECK(tp_take(tp[1], 6, &got) == 0);
+    CHECK_EQ(tpz_pending(tp[1]), 1);
+    tpz_finish(tp[1], 6);
+    CHECK_EQ(tpz_pending(tp[1]), 0);
+    CHECK(tpz_take(tp[1], 6, &got) == 0);
     /* rank 1 was away for 10,000 steps (drained): the DISPATCH of its first step back comes
      * before its STEP, and is kept for it (before, a window of 1,024 steps dropped it and the
      * step waited for its timeout) */
-    d0 = tp_dropped(tp[1]);
+    d0 = tpz_dropped(tp[1]);
     CHECK(make_dispatch(&m, 6 + 10000, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     wait_pending(tp[1], 1);
-    CHECK_EQ(tp_pending(tp[1]), 1);
-    CHECK_EQ(tp_dropped(tp[1]), d0);
-    tp_finish(tp[1], 6 + 10000 - 1); /* its STEP: every earlier step is settled */
-    int taken = tp_take(tp[1], 6 + 10000, &got);
+    CHECK_EQ(tpz_pending(tp[1]), 1);
+    CHECK_EQ(tpz_dropped(tp[1]), d0);
+    tpz_finish(tp[1], 6 + 10000 - 1); /* its STEP: every earlier step is settled */
+    int taken = tpz_take(tp[1], 6 + 10000, &got);
     CHECK_EQ(taken, 1);
     if (taken == 1) {
         CHECK(dispatch_matches(&got, 1, 2));
-        tp_msg_release(&got);
+        tpz_msg_release(&got);
     }
-    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK_EQ(tpz_pending(tp[1]), 0);
     world_close(tp, 2);
 }
 
 TEST(a_peer_holds_one_dispatch_and_only_granted_combines)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     ep_err err;
     tp_msg m, got;
@@ -465,66 +465,66 @@ TEST(a_peer_holds_one_dispatch_and_only_granted_combines)
      * many a peer queued, it holds one slot */
     for (uint64_t step = 10; step <= 40; step++) {
         CHECK(make_dispatch(&m, step, 0, 1, 2) == 0);
-        CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+        CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     }
     CHECK(wait_dropped(tp[1], 30));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "of step 39 from rank 0: replaced by a newer one");
-    CHECK_EQ(tp_pending(tp[1]), 1);
-    CHECK(tp_take(tp[1], 40, &got) == 1);
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "of step 39 from rank 0: replaced by a newer one");
+    CHECK_EQ(tpz_pending(tp[1]), 1);
+    CHECK(tpz_take(tp[1], 40, &got) == 1);
     CHECK(dispatch_matches(&got, 1, 2));
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     /* a second DISPATCH of the same step from the same peer is a duplicate */
     CHECK(make_dispatch(&m, 41, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(make_dispatch(&m, 41, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_dropped(tp[1], 31));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "a duplicate");
-    CHECK(tp_take(tp[1], 41, &got) == 1);
-    tp_msg_release(&got);
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "a duplicate");
+    CHECK(tpz_take(tp[1], 41, &got) == 1);
+    tpz_msg_release(&got);
     /* COMBINEs: not granted (a forged answer for the next step), granted with other n_pairs,
      * then the granted one; a second after it was used is not kept either */
-    uint64_t d0 = tp_dropped(tp[0]);
+    uint64_t d0 = tpz_dropped(tp[0]);
     CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 1));
-    CHECK_STR_HAS(tp_last_drop(tp[0]), "COMBINE of step 42 from rank 1: no DISPATCH of that step");
-    tp_grant(tp[0], 42, 1, 3);
+    CHECK_STR_HAS(tpz_last_drop(tp[0]), "COMBINE of step 42 from rank 1: no DISPATCH of that step");
+    tpz_grant(tp[0], 42, 1, 3);
     CHECK(make_combine(&m, 42, 1, 0, 2) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 2));
-    CHECK_STR_HAS(tp_last_drop(tp[0]), "2 pairs, 3 were dispatched");
+    CHECK_STR_HAS(tpz_last_drop(tp[0]), "2 pairs, 3 were dispatched");
     CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_take(tp[0], 42, &got));
     CHECK(combine_matches(&got, 0, 3));
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     CHECK(make_combine(&m, 42, 1, 0, 3) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 3));
-    /* tp_finish withdraws a grant not used */
-    tp_grant(tp[0], 43, 1, 1);
-    tp_finish(tp[0], 43);
+    /* tpz_finish withdraws a grant not used */
+    tpz_grant(tp[0], 43, 1, 1);
+    tpz_finish(tp[0], 43);
     CHECK(make_combine(&m, 44, 1, 0, 1) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 4));
-    CHECK_EQ(tp_pending(tp[0]), 0);
+    CHECK_EQ(tpz_pending(tp[0]), 0);
     /* a COMBINE kept under a grant and never taken gives way to the one of a newer grant (the
      * peer still holds one slot; found by fuzz_dataplane: the first was leaked) */
-    tp_grant(tp[0], 45, 1, 1);
+    tpz_grant(tp[0], 45, 1, 1);
     CHECK(make_combine(&m, 45, 1, 0, 1) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     wait_pending(tp[0], 1);
-    tp_grant(tp[0], 46, 1, 2);
+    tpz_grant(tp[0], 46, 1, 2);
     CHECK(make_combine(&m, 46, 1, 0, 2) == 0);
-    CHECK(tp_send(tp[1], 0, &m, &err) == 0);
+    CHECK(tpz_send(tp[1], 0, &m, &err) == 0);
     CHECK(wait_dropped(tp[0], d0 + 5));
-    CHECK_STR_HAS(tp_last_drop(tp[0]), "COMBINE of step 45 from rank 1: replaced by the COMBINE");
-    CHECK_EQ(tp_pending(tp[0]), 1);
-    CHECK(tp_take(tp[0], 46, &got) == 1);
+    CHECK_STR_HAS(tpz_last_drop(tp[0]), "COMBINE of step 45 from rank 1: replaced by the COMBINE");
+    CHECK_EQ(tpz_pending(tp[0]), 1);
+    CHECK(tpz_take(tp[0], 46, &got) == 1);
     CHECK(combine_matches(&got, 0, 2));
-    tp_msg_release(&got);
-    CHECK_EQ(tp_pending(tp[0]), 0);
+    tpz_msg_release(&got);
+    CHECK_EQ(tpz_pending(tp[0]), 0);
     world_close(tp, 2);
 }
 
@@ -532,37 +532,37 @@ TEST(a_peer_holds_one_dispatch_and_only_granted_combines)
  * one's pass over the connections already made, and the epoch only moves forward. */
 TEST(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     ep_err err;
     tp_msg m, got;
     /* kept for a step of the old epoch, then the epoch moves on: gone */
     CHECK(make_dispatch(&m, 7, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     wait_pending(tp[1], 1);
-    CHECK_EQ(tp_pending(tp[1]), 1);
-    CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), 0);
-    CHECK_EQ(tp_pending(tp[1]), 0);
-    CHECK_EQ(tp_epoch(tp[1]), EPOCH + 1);
+    CHECK_EQ(tpz_pending(tp[1]), 1);
+    CHECK_EQ(tpz_set_placement(tp[1], EPOCH + 1, owners, &err), 0);
+    CHECK_EQ(tpz_pending(tp[1]), 0);
+    CHECK_EQ(tpz_epoch(tp[1]), EPOCH + 1);
     /* a straggler of the old epoch is dropped */
-    uint64_t d0 = tp_dropped(tp[1]);
+    uint64_t d0 = tpz_dropped(tp[1]);
     CHECK(make_dispatch(&m, 8, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_dropped(tp[1], d0 + 1));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "epoch");
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "epoch");
     /* the sender moves too: its message arrives over the same connection */
-    CHECK_EQ(tp_set_placement(tp[0], EPOCH + 1, owners, &err), 0);
+    CHECK_EQ(tpz_set_placement(tp[0], EPOCH + 1, owners, &err), 0);
     CHECK(make_dispatch(&m, 9, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_take(tp[1], 9, &got));
     CHECK_EQ(got.epoch, EPOCH + 1);
     got.epoch = EPOCH; /* dispatch_matches compares the rest with the generator's message */
     CHECK(dispatch_matches(&got, 1, 2));
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     /* never back, never the same */
-    CHECK_EQ(tp_set_placement(tp[1], EPOCH + 1, owners, &err), -1);
+    CHECK_EQ(tpz_set_placement(tp[1], EPOCH + 1, owners, &err), -1);
     CHECK_STR_HAS(err.msg, "does not follow epoch");
-    CHECK_EQ(tp_set_placement(tp[1], 1, owners, &err), -1);
+    CHECK_EQ(tpz_set_placement(tp[1], 1, owners, &err), -1);
     world_close(tp, 2);
 }
 
@@ -608,18 +608,18 @@ static Epmoe__Dispatch good_body(uint64_t step, int n_rows, int n_pairs)
 
 TEST(garbage_and_malformed_messages_are_dropped)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     /* a stranger that speaks raw ZeroMQ to rank 1's data endpoint */
     void *raw = zmq_socket(zctx, ZMQ_PUSH);
-    CHECK(zmq_connect(raw, tp_endpoint(tp[1])) == 0);
+    CHECK(zmq_connect(raw, tpz_endpoint(tp[1])) == 0);
     uint64_t dropped = 0;
     const uint8_t t_disp[2] = {60, 0}, t_step[2] = {17, 0};
 #define EXPECT_DROP(needle)                                                                        \
     do {                                                                                           \
         dropped++;                                                                                 \
         CHECK(wait_dropped(tp[1], dropped));                                                       \
-        CHECK_STR_HAS(tp_last_drop(tp[1]), needle);                                                \
+        CHECK_STR_HAS(tpz_last_drop(tp[1]), needle);                                               \
     } while (0)
     {
         const void *f[] = {"hello"};
@@ -735,12 +735,12 @@ TEST(garbage_and_malformed_messages_are_dropped)
               0);
         EXPECT_DROP("out payload has 1534 bytes, expected 1536");
     }
-    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK_EQ(tpz_pending(tp[1]), 0);
     /* the well-formed exchange still works, with garbage interleaved mid-step */
     tp_msg m;
     ep_err err;
     CHECK(make_dispatch(&m, 9, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     const void *f[] = {"EPMOE1"};
     size_t l[] = {6};
     send_frames(raw, f, l, 1);
@@ -748,34 +748,34 @@ TEST(garbage_and_malformed_messages_are_dropped)
     tp_msg got;
     CHECK(wait_take(tp[1], 9, &got));
     CHECK(dispatch_matches(&got, 1, 2));
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     /* a frame above the largest this model can produce never reaches the transport: libzmq
      * drops the connection at the frame header (MAXMSGSIZE), before buffering it */
     int64_t max = 0;
     int hwm = 0;
     size_t len = sizeof max;
-    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_MAXMSGSIZE, &max, &len) == 0);
-    CHECK(max == tp_max_frame(H, TOPK) && max == (int64_t)EP_MAX_TOKENS * TOPK * H * 2);
+    CHECK(zmq_getsockopt(tpz_socket(tp[1]), ZMQ_MAXMSGSIZE, &max, &len) == 0);
+    CHECK(max == tpz_max_frame(H, TOPK) && max == (int64_t)EP_MAX_TOKENS * TOPK * H * 2);
     len = sizeof hwm;
-    CHECK(zmq_getsockopt(tp_socket(tp[1]), ZMQ_RCVHWM, &hwm, &len) == 0);
-    CHECK_EQ(hwm, TP_RCVHWM);
-    size_t over = (size_t)tp_max_frame(H, TOPK) + 1;
+    CHECK(zmq_getsockopt(tpz_socket(tp[1]), ZMQ_RCVHWM, &hwm, &len) == 0);
+    CHECK_EQ(hwm, TPZ_RCVHWM);
+    size_t over = (size_t)tpz_max_frame(H, TOPK) + 1;
     void *big = calloc(1, over);
     Epmoe__Combine c = EPMOE__COMBINE__INIT;
     wire_payload bp = {.data = big, .len = over};
     CHECK(big &&
           wire_send(raw, NULL, 0, EPMOE__MSG_TYPE__MSG_COMBINE, &c.base, &bp, 1, false, NULL) == 0);
     CHECK(make_dispatch(&m, 10, 0, 1, 2) == 0);
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     CHECK(wait_take(tp[1], 10, &got));
-    tp_msg_release(&got);
+    tpz_msg_release(&got);
     /* the oversized message is never seen (with a 1 GiB bound it arrived and was dropped) */
-    for (int i = 0; i < 300 && tp_dropped(tp[1]) == dropped; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+    for (int i = 0; i < 300 && tpz_dropped(tp[1]) == dropped; i++) {
+        zmq_pollitem_t it = {.socket = tpz_socket(tp[1]), .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp[1]);
+            tpz_pump(tp[1]);
     }
-    CHECK_EQ(tp_dropped(tp[1]), dropped);
+    CHECK_EQ(tpz_dropped(tp[1]), dropped);
     free(big);
     zmq_close(raw);
     world_close(tp, 2);
@@ -789,12 +789,12 @@ TEST(garbage_and_malformed_messages_are_dropped)
  * empty answer is dropped there, and the real request completes). */
 TEST(a_forged_request_dispatch_does_not_displace_the_real_one)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     ep_err err;
     const uint64_t request = 0x1234000500000007ull;
     void *raw = zmq_socket(zctx, ZMQ_PUSH);
-    CHECK(zmq_connect(raw, tp_endpoint(tp[1])) == 0);
+    CHECK(zmq_connect(raw, tpz_endpoint(tp[1])) == 0);
     Epmoe__Dispatch d = good_body(0, 0, 0);
     d.has_step_id = 0;
     d.has_request = d.has_attempt = 1;
@@ -803,68 +803,68 @@ TEST(a_forged_request_dispatch_does_not_displace_the_real_one)
     size_t len[5] = {0, 0, 0, 0, 0};
     send_dispatch(raw, &d, len, 5, NULL, NULL);
     wait_pending(tp[1], 1);
-    CHECK_EQ(tp_pending(tp[1]), 1);
+    CHECK_EQ(tpz_pending(tp[1]), 1);
     tp_msg m, got;
     CHECK(make_dispatch(&m, 0, 0, 1, 2) == 0); /* step 0's generator: the contents to check */
     CHECK(m.n_pairs > 0);
     m.is_request = true;
     m.request = request;
     m.attempt = 2;
-    CHECK(tp_send(tp[0], 1, &m, &err) == 0);
+    CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
     wait_pending(tp[1], 2);
-    CHECK_EQ(tp_pending(tp[1]), 2);
-    CHECK_EQ(tp_dropped(tp[1]), 0);
-    int taken = tp_take_request(tp[1], &got); /* the forgery, first */
+    CHECK_EQ(tpz_pending(tp[1]), 2);
+    CHECK_EQ(tpz_dropped(tp[1]), 0);
+    int taken = tpz_take_request(tp[1], &got); /* the forgery, first */
     CHECK_EQ(taken, 1);
     if (taken == 1) {
         CHECK(got.is_request && got.request == request && got.n_pairs == 0);
-        tp_msg_release(&got);
+        tpz_msg_release(&got);
     }
-    taken = tp_take_request(tp[1], &got); /* the real one, whole */
+    taken = tpz_take_request(tp[1], &got); /* the real one, whole */
     CHECK_EQ(taken, 1);
     if (taken == 1) {
         CHECK(got.is_request && got.request == request && got.attempt == 2 && got.src_rank == 0);
         CHECK(dispatch_matches(&got, 1, 2));
-        tp_msg_release(&got);
+        tpz_msg_release(&got);
     }
-    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK_EQ(tpz_pending(tp[1]), 0);
     zmq_close(raw);
     world_close(tp, 2);
 }
 
 TEST(send_to_self_or_unknown_rank_fails)
 {
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open(tp, 2);
     tp_msg m = {.kind = TP_COMBINE, .step_id = 1, .n_pairs = 1};
     ep_err err = {{0}};
-    CHECK(tp_msg_alloc(&m, H, &err) == 0);
-    CHECK(tp_send(tp[0], 0, &m, &err) != 0);
+    CHECK(tpz_msg_alloc(&m, H, &err) == 0);
+    CHECK(tpz_send(tp[0], 0, &m, &err) != 0);
     CHECK_STR_HAS(err.msg, "no connection to rank 0");
     CHECK(m.buf == NULL); /* released on failure too */
-    CHECK(tp_msg_alloc(&m, H, &err) == 0);
-    CHECK(tp_send(tp[0], 5, &m, &err) != 0);
+    CHECK(tpz_msg_alloc(&m, H, &err) == 0);
+    CHECK(tpz_send(tp[0], 5, &m, &err) != 0);
     CHECK_STR_HAS(err.msg, "rank 5");
     world_close(tp, 2);
 }
 
 TEST(bind_failure_names_the_endpoint)
 {
-    tp_config cfg = {.rank = 0,
-                     .world_size = 1,
-                     .epoch = 1,
-                     .hidden = H,
-                     .n_experts = E,
-                     .topk = TOPK,
-                     .expert_owner = owners,
-                     .bind_endpoint = "tcp://300.1.1.1:5"};
+    tpz_config cfg = {.rank = 0,
+                      .world_size = 1,
+                      .epoch = 1,
+                      .hidden = H,
+                      .n_experts = E,
+                      .topk = TOPK,
+                      .expert_owner = owners,
+                      .bind_endpoint = "tcp://300.1.1.1:5"};
     ep_err err = {{0}};
-    CHECK(tp_create(zctx, &cfg, &err) == NULL);
+    CHECK(tpz_create(zctx, &cfg, &err) == NULL);
     CHECK_STR_HAS(err.msg, "cannot bind tcp://300.1.1.1:5");
 }
 
 /* A step between rank 0 and rank 1 of a secure world: both DISPATCH, both COMBINE. */
-static void secure_exchange(tp_transport **tp, uint64_t step)
+static void secure_exchange(tpz_transport **tp, uint64_t step)
 {
     rank_ctx c0 = {.tp = tp[0], .rank = 0, .P = 2, .steps = (int)step};
     rank_ctx c1 = {.tp = tp[1], .rank = 1, .P = 2, .steps = (int)step};
@@ -897,7 +897,7 @@ TEST(with_security_only_each_ranks_own_key_gets_through)
         CHECK(auth_list_add(allow, sec.keys[r].pub, names[r], &err) == 0);
     }
     CHECK(auth_zap_allow(zap, AUTH_DOMAIN_DATA, allow, &err) == 0);
-    tp_transport *tp[2] = {0};
+    tpz_transport *tp[2] = {0};
     world_open_with(tp, 2, &sec);
     secure_exchange(tp, 1);
     /* w2's key is admitted (it is in the list) but may not speak for rank 0 */
@@ -905,13 +905,13 @@ TEST(with_security_only_each_ranks_own_key_gets_through)
     int linger = 0;
     zmq_setsockopt(liar, ZMQ_LINGER, &linger, sizeof linger);
     CHECK(auth_client(liar, &sec.keys[2], sec.pubs[1], &err) == 0);
-    CHECK(zmq_connect(liar, tp_endpoint(tp[1])) == 0);
+    CHECK(zmq_connect(liar, tpz_endpoint(tp[1])) == 0);
     Epmoe__Dispatch d = good_body(2, 0, 0);
     size_t l[] = {0, 0, 0, 0, 0};
     send_dispatch(liar, &d, l, 5, NULL, NULL);
     CHECK(wait_dropped(tp[1], 1));
-    CHECK_STR_HAS(tp_last_drop(tp[1]), "claims rank 0 (w0) but comes with the key of w2");
-    CHECK_EQ(tp_pending(tp[1]), 0);
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "claims rank 0 (w0) but comes with the key of w2");
+    CHECK_EQ(tpz_pending(tp[1]), 0);
     /* a key nobody listed cannot even connect: refused by ZAP, nothing reaches the transport */
     auth_keypair stranger;
     char pub[AUTH_Z85_LEN + 1], secz[AUTH_Z85_LEN + 1];
@@ -921,17 +921,17 @@ TEST(with_security_only_each_ranks_own_key_gets_through)
     void *out = zmq_socket(zctx, ZMQ_PUSH);
     zmq_setsockopt(out, ZMQ_LINGER, &linger, sizeof linger);
     CHECK(auth_client(out, &stranger, sec.pubs[1], &err) == 0);
-    CHECK(zmq_connect(out, tp_endpoint(tp[1])) == 0);
+    CHECK(zmq_connect(out, tpz_endpoint(tp[1])) == 0);
     zmq_send(out, "", 0, ZMQ_DONTWAIT); /* queued: the handshake fails before it can leave */
     for (int i = 0; i < 500 && auth_zap_refused(zap) == 0; i++)
         usleep(10000);
     CHECK(auth_zap_refused(zap) >= 1);
     for (int i = 0; i < 20; i++) {
-        zmq_pollitem_t it = {.socket = tp_socket(tp[1]), .events = ZMQ_POLLIN};
+        zmq_pollitem_t it = {.socket = tpz_socket(tp[1]), .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 10) > 0)
-            tp_pump(tp[1]);
+            tpz_pump(tp[1]);
     }
-    CHECK_EQ(tp_dropped(tp[1]), 1); /* only the liar's message ever arrived */
+    CHECK_EQ(tpz_dropped(tp[1]), 1); /* only the liar's message ever arrived */
     /* and the ranks go on */
     secure_exchange(tp, 4);
     zmq_close(out);

@@ -16,7 +16,7 @@
 
 #include "common/model_msg.h"
 #include "test.h"
-#include "worker/control.h"
+#include "worker/welcome.h"
 
 #define P 3
 #define E 8
