@@ -28,7 +28,7 @@
 
 #include "common/error.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 
 /* "layers.L." for a main layer, "mtp.I." for an MTP layer (layer index as in mc_num_layers).
  * Returns the length written, or -1 when the layer is out of range or the name does not fit. */

@@ -1,5 +1,5 @@
 /*
- * safetensors.h — read and write safetensors files and sharded checkpoints (prefix st_).
+ * safetensors.h — read one safetensors file (prefix st_).
  *
  * Format (spec §2.1): u64 little-endian header length N; N bytes of UTF-8 JSON mapping tensor
  * names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to byte 8+N,
@@ -18,10 +18,7 @@
  *   begin > end; an end past the data region; two tensors overlapping; a duplicate name.
  * Lookup by name is O(1) (hash table).
  *
- * A sharded checkpoint is a directory with model.safetensors.index.json
- * ({"metadata": {...}, "weight_map": {name: file}}); a directory without an index holds one
- * model.safetensors (or exactly one *.safetensors). Every name in the index must exist in the
- * shard it points to; a shard file that is missing or broken fails the open with its name.
+ * A checkpoint directory: safetensors_model.h; writing: safetensors_writer.h.
  */
 #ifndef EPMOE_SAFETENSORS_H
 #define EPMOE_SAFETENSORS_H
@@ -90,51 +87,5 @@ const st_tensor *st_find(const st_file *f, const char *name); /* NULL when absen
  * st_parse image a copy), never a fault of the mapping. A file that no longer holds those bytes
  * fails naming the file, the tensor and where the file now ends. */
 int st_tensor_read(const st_tensor *t, uint64_t off, void *dst, size_t n, ep_err *err);
-
-/* ---- a checkpoint directory (sharded or not) ---- */
-typedef struct st_model st_model;
-st_model *st_model_open(const char *dir, ep_err *err);
-void st_model_close(st_model **self_p);
-int st_model_count(const st_model *m);
-const st_tensor *st_model_at(const st_model *m, int i); /* sorted by name */
-const st_tensor *st_model_find(const st_model *m, const char *name);
-const char *st_model_dir(const st_model *m);
-
-/* A checkpoint's fingerprint: per safetensors file, what it was when opened. The coordinator
- * broadcasts its own (WELCOME.checkpoint); a worker whose files differ refuses to load, so a
- * checkpoint regenerated or truncated under a running cluster is never mixed with the old. */
-typedef struct st_file_print {
-    char name[EP_MAX_NAME]; /* relative to the model directory */
-    uint64_t size;          /* bytes */
-    int64_t mtime_ns;       /* modification time, ns since the epoch */
-    uint64_t header_hash;   /* FNV-1a 64 of the length prefix and the JSON header */
-} st_file_print;
-int st_model_nfiles(const st_model *m);
-/* Whether dir holds a checkpoint at all (an index or a *.safetensors file), as opposed to, say,
- * a directory with a config.json only. */
-bool st_model_has_files(const char *dir);
-void st_model_print(const st_model *m, int i, st_file_print *out);
-/* The opened files against want[0..n): the same set of names, each with equal size, mtime and
- * header hash. The first difference fails, naming the file and both values. */
-int st_model_check_prints(const st_model *m, const st_file_print *want, int n, ep_err *err);
-
-/* ---- writing ---- */
-typedef struct st_writer st_writer;
-st_writer *st_writer_create(void);
-void st_writer_destroy(st_writer **self_p);
-/* Add a tensor; data (numel * dtype size bytes) is copied. Names must be unique. */
-int st_writer_add(st_writer *w, const char *name, st_dtype dt, int ndim, const int64_t *shape,
-                  const void *data, ep_err *err);
-/* Total data bytes added so far (what "total_size" in an index counts). */
-uint64_t st_writer_bytes(const st_writer *w);
-/* Write the file: header with "__metadata__": {"format": "pt"}, padded with spaces so the data
- * starts 8-byte aligned, tensors in the order added. Writes to path.tmp and renames, so a
- * reader never sees a half-written file. */
-int st_writer_write(const st_writer *w, const char *path, ep_err *err);
-
-/* Write model.safetensors.index.json: names[i] lives in files[i] (file names relative to the
- * directory of the index). */
-int st_index_write(const char *path, int n, const char *const *names, const char *const *files,
-                   uint64_t total_size, ep_err *err);
 
 #endif

@@ -4,8 +4,9 @@
  *
  * One thread owns everything (anchors-ops-style §1.1, §2.9 mdbroker): the ROUTER for workers
  * (coordinator.listen), the ROUTER for operators (coordinator.admin), and a signalfd, all in one
- * zmq_poll loop whose timeout is never infinite. coord.c is the only module that reads or
- * writes a socket and the only one that calls the others:
+ * zmq_poll loop whose timeout is never infinite. The coord module (coord.c, the loop, and the
+ * coord_*.c files it calls; coord_state.h maps them) is the only one that reads or writes a
+ * socket and the only one that calls the others:
  *
  *   registry  (reg_)  worker lifecycle: REGISTER .. READY, heartbeats, liveness
  *   planner   (plan_) the placement tables and their epochs
@@ -43,14 +44,6 @@
 #include "coordinator/planner.h"
 #include "coordinator/spec.h"
 
-typedef enum coord_state {
-    COORD_FORMING = 0,  /* the first placement: some worker of the spec has not registered */
-    COORD_LOADING = 1,  /* a placement epoch is being applied (or a member reloads its shard) */
-    COORD_READY = 2,    /* every member of the epoch is ready: forward steps run */
-    COORD_STOPPING = 3, /* SHUTDOWN or SIGTERM: no new work */
-    COORD_BLOCKED = 4   /* no placement over the workers left (STATUS.problem says why) */
-} coord_state;
-
 typedef struct coord coord;
 
 /* Create the daemon and bind both sockets. Takes the spec (*spec_p is cleared, also on
@@ -59,9 +52,5 @@ coord *coord_create(spec_cluster **spec_p, const mc_config *cfg, ep_err *err);
 /* Serve until stopped; returns 0 after an orderly stop, -1 when the loop itself failed. */
 int coord_run(coord *c, ep_err *err);
 void coord_destroy(coord **self_p);
-
-/* "forming", "loading", "ready", "stopping", "blocked" */
-const char *coord_state_name(coord_state s);
-int64_t coord_clock_ms(void); /* CLOCK_MONOTONIC in ms */
 
 #endif

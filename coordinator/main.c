@@ -21,7 +21,7 @@
 #include "common/knobs.h"
 #include "common/log.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/sdnotify.h"
 #include "common/version.h"
 #include "coordinator/coord.h"

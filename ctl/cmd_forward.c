@@ -34,7 +34,7 @@
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "ctl/cmds.h"
 #include "ctl/fwd_io.h"
 #include "common/auth.h"

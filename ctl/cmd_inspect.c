@@ -24,7 +24,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "ctl/cmds.h"
 #include "ctl/show.h"
 

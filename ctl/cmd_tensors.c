@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_writer.h"
 #include "ctl/cmds.h"
 #include "kernels/formats.h"
 

@@ -14,7 +14,7 @@
 
 #include "common/checkpoint.h"
 #include "common/limits.h"
-#include "common/safetensors.h"
+#include "common/safetensors_writer.h"
 #include "ctl/cmds.h"
 #include "kernels/formats.h"
 

@@ -24,7 +24,7 @@
 
 #include "common/error.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/moe.h"
 #include "kernels/moe_backend.h"
 

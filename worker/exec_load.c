@@ -10,7 +10,7 @@
 #include "common/checkpoint.h"
 #include "common/log.h"
 #include "common/model_msg.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/wire.h"
 #include "kernels/formats.h"
 #include "worker/exec_state.h"

@@ -15,7 +15,7 @@
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/placement.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/wire.h"
 #include "epmoe.pb-c.h"
 #include "kernels/moe_backend.h"

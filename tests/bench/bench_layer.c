@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"

@@ -27,7 +27,7 @@
 #include <epmoe.h>
 
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "kernels/moe_backend.h"
 #include "shard/shard.h"

@@ -15,7 +15,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/moe.h"
 #include "kernels/route.h"
 #include "mathf_mpfr.h"

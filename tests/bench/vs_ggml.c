@@ -35,7 +35,7 @@
 
 #include "bench_bounds.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "kernels/formats.h"

@@ -26,7 +26,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
+#include "common/safetensors_writer.h"
 #include "kernels/formats.h"
 #include "kernels/moe.h"
 #include "shard/shard.h"

@@ -26,7 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_writer.h"
 #include "itest.h"
 #include "test.h"
 

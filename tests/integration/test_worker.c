@@ -49,7 +49,7 @@
 #include "common/auth.h"
 #include "common/limits.h"
 #include "common/model_msg.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/wire.h"
 #include "kernels/moe.h"
 #include "shard/shard.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "shard/shard.h"
 

@@ -28,10 +28,12 @@ forbid() { # FILE WHAT PATTERN
 # plan_is_member, plan_same) read data a caller passes in and may be used anywhere.
 PLAN_SM='plan_(epochs_|phase|current|latest|base|problem|rejoin|drained|set_drained|last_epoch|replan|try|send|why|applied|block|reconfigure)'
 
-forbid registry.c "the sequencer" 'seq_'
-forbid registry.c "the planner's state machine" "$PLAN_SM"
-forbid registry.c "the daemon" 'coord_'
-forbid registry.c "the admin module" 'adm_'
+for f in registry.c registry_recv.c registry_send.c; do
+    forbid $f "the sequencer" 'seq_'
+    forbid $f "the planner's state machine" "$PLAN_SM"
+    forbid $f "the daemon" 'coord_'
+    forbid $f "the admin module" 'adm_'
+done
 forbid sequencer.c "the registry" 'reg_'
 forbid sequencer.c "the planner's state machine" "$PLAN_SM"
 forbid sequencer.c "the daemon" 'coord_'
@@ -43,12 +45,12 @@ forbid admin.c "the registry" 'reg_'
 forbid admin.c "the sequencer" 'seq_'
 forbid admin.c "the planner's state machine" "$PLAN_SM"
 forbid admin.c "the daemon" 'coord_'
-for f in registry.c sequencer.c planner.c admin.c outbox.c reload.c; do
+for f in registry.c registry_recv.c registry_send.c sequencer.c planner.c admin.c outbox.c reload.c; do
     [ -z "$(calls "$f" 'zmq_send|zmq_msg_send|wire_send')" ] ||
         { echo "FAIL $f sends on a socket (only coord.c does)"; fails=$((fails + 1)); }
 done
 # only coord.c lets the sequencer start the next step
-for f in registry.c sequencer.c planner.c admin.c; do
+for f in registry.c registry_recv.c registry_send.c sequencer.c planner.c admin.c; do
     [ "$f" = sequencer.c ] && continue
     [ -z "$(calls "$f" 'seq_pump')" ] || { echo "FAIL $f calls seq_pump"; fails=$((fails + 1)); }
 done

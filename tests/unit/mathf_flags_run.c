@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "kernels/mathf.h"

@@ -11,7 +11,7 @@
 
 #include "common/checkpoint.h"
 #include "common/limits.h"
-#include "common/safetensors.h"
+#include "common/safetensors_writer.h"
 #include "kernels/formats.h"
 
 uint64_t gen_rand(uint64_t *s)

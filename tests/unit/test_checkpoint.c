@@ -12,7 +12,8 @@
 #include "common/checkpoint.h"
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
+#include "common/safetensors_writer.h"
 #include "test.h"
 
 /* ---- ck_map_name ------------------------------------------------------------------------ */

@@ -29,7 +29,7 @@
 #include "backend_check.h"
 #include "common/knobs.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_tuning.h"
 #include "kernels/formats.h"

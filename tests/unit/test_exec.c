@@ -28,7 +28,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "common/wire.h"
 #include "moe_gen.h"
 #include "test.h"

@@ -19,7 +19,7 @@
 
 #include "common/checkpoint.h"
 #include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "ctl/mkmodel.h"
 #include "kernels/formats.h"
 #include "test.h"

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "kernels/moe.h"
 #include "kernels/moe_backend.h"

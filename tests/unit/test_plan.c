@@ -15,7 +15,7 @@
 
 #include "common/model_config.h"
 #include "common/placement.h"
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
 #include "kernels/formats.h"
 #include "kernels/moe_backend.h"
 #include "moe_gen.h"

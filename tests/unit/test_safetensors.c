@@ -18,7 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "common/safetensors_model.h"
+#include "common/safetensors_writer.h"
 #include "test.h"
 
 static char tmp_root[64];
