@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "ctl/cmds.h"
+#include "kernels/isa.h"
 
 #define CTL_DEFAULT_TIMEOUT_MS 10000
 
@@ -217,6 +218,8 @@ int main(int argc, char **argv)
         return CMD_USAGE;
     }
     log_init("epmoectl", kv.debug, kv.journal_stream != NULL);
+    /* the kernels read no environment: their ISA cap comes from the knobs (kernels/isa.h) */
+    gemm_impl_set_cap(gemm_impl_cap_parse(kv.isa, kv.gemm));
     cmd_ctx ctx = {.output = CMD_OUT_TABLE,
                    .coordinator = kv.coordinator,
                    .key_path = kv.key,

@@ -21,7 +21,7 @@
  * Activations are bf16 (uint16_t bit patterns), row-major.
  *
  * A loaded layer is immutable: any of these functions may run on one layer from several threads
- * at once, each caller with its own gemm_pool (a pool serves one caller at a time).
+ * at once, each caller with its own tpool (a pool serves one caller at a time).
  */
 #ifndef EPMOE_MOE_H
 #define EPMOE_MOE_H
@@ -46,8 +46,8 @@ typedef struct moe_layer moe_layer;
  * likes. The weights are packed by the threads of pool (may be NULL); progress (may be NULL)
  * is called from the caller's thread only. */
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
-                           mb_progress_fn progress, void *progress_ctx, ep_err *err);
+                           moe_layer *reuse, gemm_impl impl, tpool *pool, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err);
 void moe_layer_free(moe_layer **self_p);
 size_t moe_layer_bytes(const moe_layer *l); /* weight memory held */
 const mc_config *moe_layer_config(const moe_layer *l);
@@ -60,7 +60,7 @@ int moe_layer_owns(const moe_layer *l, int expert);
  * topk_w f32 [T, k]. The gate may use the threads of pool (may be NULL). Errors: ids missing on
  * a hash layer, an id outside [0, vocab), a tid2eid entry outside [0, E). */
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err);
+              int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err);
 
 /* Quantize xn bf16 [T, H] to the FP8 dispatch format: q e4m3 [T, H], qs f32 [T, H/128]
  * (powers of two when the config's act_ue8m0). */
@@ -71,12 +71,12 @@ void moe_quant(const moe_layer *l, int T, const uint16_t *xn, uint8_t *q, float 
  * [n_pairs, H] is that expert's output for that row. Pairs may come in any order. */
 int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
                 const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
-                uint16_t *out, gemm_pool *pool, ep_err *err);
+                uint16_t *out, tpool *pool, ep_err *err);
 
 /* The shared expert on T rows: out bf16 [T, H]. Fails only when its scratch memory cannot be
  * allocated. */
 int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
-               gemm_pool *pool, ep_err *err);
+               tpool *pool, ep_err *err);
 
 /* Combine: out[t] = bf16( sum over slots j in ascending order of topk_ids[t][j] (ties: slot
  * order; id -1 skipped) of fp32(eo[t][j]), then + fp32(shared[t]) ), fp32 accumulation from
@@ -86,6 +86,6 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
 
 /* The whole layer in one process (this layer must own every expert the tokens select). */
 int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *out,
-                int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err);
+                int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err);
 
 #endif

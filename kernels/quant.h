@@ -29,7 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/gemm.h"
+#include "kernels/isa.h"
 
 void qt_act_rows(const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q, float *scale);
 void qt_act_rows_f32(const float *x, int M, int K, bool pow2, uint8_t *q, float *scale);

@@ -22,7 +22,8 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "kernels/gemm.h"
+#include "kernels/isa.h"
+#include "kernels/pool.h"
 
 /* The implementation the route functions actually run for impl (AUTO resolved; AVX512 and AVX2
  * only when the CPU has them). */
@@ -49,7 +50,7 @@ void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
  * multiply-add gives the same bits as a multiply and an add. The AVX-512 path splits the
  * experts over the threads of pool (may be NULL); the others run on the caller. */
 void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
-                  float *logits, gemm_pool *pool);
+                  float *logits, tpool *pool);
 
 /* score = sqrtf(softplus(l)), softplus(l) = l > 20 ? l : log1p(exp(l)), fp32 with exp and
  * log1p correctly rounded (mf_expf, mf_log1pf: kernels/mathf.h), so no host's libm is part of

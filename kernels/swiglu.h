@@ -31,7 +31,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kernels/gemm.h"
+#include "kernels/isa.h"
 
 void swiglu_rows(const float *acc1, const float *acc3, int M, int I, const float *w_row,
                  float limit, bool pow2, uint8_t *q, float *scale);

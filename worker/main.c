@@ -21,6 +21,7 @@
 #include "common/sdnotify.h"
 #include "common/version.h"
 #include "common/wire.h"
+#include "kernels/isa.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
 #include "worker/transport_comm_lib.h"
@@ -179,6 +180,8 @@ static int load_knobs(knob_values *kv)
     log_init("epmoe-worker", kv->debug, kv->journal_stream != NULL);
     sdn_init(&(sdn_env){kv->notify_socket, kv->watchdog_usec, kv->watchdog_pid});
     tpc_nccl_set_library(kv->nccl_library);
+    /* the kernels read no environment: their ISA cap is handed over once, before any runs */
+    gemm_impl_set_cap(gemm_impl_cap_parse(kv->isa, kv->gemm));
     return -1;
 }
 

@@ -22,7 +22,7 @@
 
 typedef struct cpu_backend {
     mb_backend base;
-    gemm_pool *pool;
+    tpool *pool;
     gemm_impl impl;
 } cpu_backend;
 
@@ -57,7 +57,7 @@ static const moe_layer *layer_of(const mb_layer *l)
 
 static void cpu_destroy(mb_backend *be)
 {
-    gemm_pool_destroy(&cpu_of(be)->pool);
+    tpool_destroy(&cpu_of(be)->pool);
     free(be);
 }
 
@@ -423,7 +423,7 @@ mb_backend *mb_cpu_create(const mb_options *o, ep_err *err)
     b->base.kind = MB_DEV_CPU;
     b->impl = o->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : o->impl;
     snprintf(b->base.name, sizeof b->base.name, "cpu-%s", gemm_impl_name(b->impl));
-    b->pool = gemm_pool_create(o->threads, err);
+    b->pool = tpool_create(o->threads, err);
     if (!b->pool) {
         free(b);
         return NULL;

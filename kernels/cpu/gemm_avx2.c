@@ -59,19 +59,7 @@
  * that block's P (nanrows, recorded at pack time). NaN results are NaN; their sign and payload
  * are not part of the contract. e8m0 codes 0 and 255 decode as fmt_e8m0_to_f32 does.
  *
- * ---- packed layouts ----
- * MXFP4: data [N/8][K/32][128 bytes], bscale [N/8][K/32][8 e8m0 codes].
- *   The 128 bytes of (octet o, block c) are 4 chunks q of 32 bytes; byte b of chunk q holds,
- *   for row 8o + b/4, t = (b>>1)&1, p = b&1: low nibble = k 32c + 8q + 2p + t, high nibble =
- *   k 32c + 8q + 4 + 2p + t. Masking and shifting a chunk then yields four int16 vectors, each
- *   8 rows x 1 k-pair (k, k+1) — the layout vpmaddwd wants against a broadcast (a_k, a_k+1);
- *   vpmaddubsw takes the bytes as they are, each 16-bit lane pairing k and k+2 of one row.
- * FP8: data [N/8][K/4][32 bytes]: chunk j of octet o holds k 4j..4j+3 of its 8 rows, row r at
- *   k 4j+i in byte 16*((r>>1)&1) + 8*((r>>2)&1) + 2i + (r&1): one byte interleave and one
- *   pshufb per vector lay 32 bytes into eight 4-double vectors (f8_q), and the int16 panel
- *   build gathers k-pairs of rows with one pshufb and one 64-bit interleave (f8i_panel).
- *   Beside it: nanrows [N/8][K/128] when any NaN code exists; for the integer path the lists
- *   of |w| < 2^-3 weights and the per-block overflow flags (gemm_internal.h).
+ * The packed layouts and the packers are in gemm_avx2_pack.c.
  *
  * ---- threads ----
  * gemm_avx2_run is called by every thread of the pool. The work items are (token tile, chunk
@@ -89,124 +77,6 @@
 #include "kernels/cpu/gemm_simd.h"
 #include "kernels/formats.h"
 #include "kernels/fp_exact.h" /* last: no contraction below (docs/numerics.md §0) */
-
-/* ---- packing ---- */
-
-/* The nibbles of 8 MXFP4 dwords (k0..k7 each, low nibble first) in the layout's order: byte
- * 2t + p = k(2p + t) | k(2p + t + 4) << 4, i.e. nibbles k0 k4 k2 k6 k1 k5 k3 k7: a perfect
- * shuffle of the nibbles (two delta swaps) and a swap of bytes 1 and 2. */
-static inline __m256i mx_nibbles8(__m256i x)
-{
-    __m256i t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(x, 8), x),
-                                 _mm256_set1_epi32(0x0000FF00));
-    x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 8)));
-    t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi32(x, 4), x),
-                         _mm256_set1_epi32(0x00F000F0));
-    x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi32(t, 4)));
-    const __m256i swap12 = _mm256_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0,
-                                            2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
-    return _mm256_shuffle_epi8(x, swap12);
-}
-
-/* In place: r[i] dword j <-> r[j] dword i (an 8 x 8 dword transpose). */
-static void transpose8x8(__m256i r[8])
-{
-    __m256i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) /* u[i + b]: rows i..i+3, dword (0, 2, 1, 3)[b] of a lane */
-        for (int j = 0; j < 2; j++) {
-            u[i + j] = _mm256_unpacklo_epi64(t[i + j], t[i + 2 + j]);
-            u[i + 2 + j] = _mm256_unpackhi_epi64(t[i + j], t[i + 2 + j]);
-        }
-    for (int b = 0; b < 4; b++) {
-        int d = b == 1 ? 2 : b == 2 ? 1 : b;
-        r[d] = _mm256_permute2x128_si256(u[b], u[4 + b], 0x20);     /* lane 0: dwords 0-3 */
-        r[d + 4] = _mm256_permute2x128_si256(u[b], u[4 + b], 0x31); /* lane 1: dwords 4-7 */
-    }
-}
-
-/* The e8m0 codes of 8 rows x blocks [c, c+16) (rows KG apart) into [block][row] order at dst;
- * returns whether a code is 0 or 255. */
-static int mx_scales16(const uint8_t *scale, int KG, uint8_t *dst)
-{
-    __m128i v[8], a[8], b[8], sp = _mm_setzero_si128();
-    for (int r = 0; r < 8; r++) {
-        v[r] = _mm_loadu_si128((const __m128i *)(scale + (size_t)r * KG));
-        sp = _mm_or_si128(sp, _mm_or_si128(_mm_cmpeq_epi8(v[r], _mm_setzero_si128()),
-                                           _mm_cmpeq_epi8(v[r], _mm_set1_epi8((char)0xFF))));
-    }
-    for (int i = 0; i < 4; i++) { /* rows 2i, 2i+1 paired per block: blocks 0-7 / 8-15 */
-        a[i] = _mm_unpacklo_epi8(v[2 * i], v[2 * i + 1]);
-        a[4 + i] = _mm_unpackhi_epi8(v[2 * i], v[2 * i + 1]);
-    }
-    for (int h = 0; h < 8; h += 4) /* rows 0-3 and 4-7 per block, 4 blocks a vector */
-        for (int i = 0; i < 2; i++) {
-            b[h + 2 * i] = _mm_unpacklo_epi16(a[h + 2 * i], a[h + 2 * i + 1]);
-            b[h + 2 * i + 1] = _mm_unpackhi_epi16(a[h + 2 * i], a[h + 2 * i + 1]);
-        }
-    /* b[h + 0/1]: rows 0-3 of blocks h*2 + 0-3 / 4-7; b[h + 2/3]: rows 4-7 of the same */
-    for (int h = 0; h < 8; h += 4)
-        for (int i = 0; i < 2; i++) {
-            int blk = 2 * h + 4 * i; /* first block of b[h + i] */
-            _mm_storeu_si128((__m128i *)(dst + 8 * blk),
-                             _mm_unpacklo_epi32(b[h + i], b[h + 2 + i]));
-            _mm_storeu_si128((__m128i *)(dst + 8 * (blk + 2)),
-                             _mm_unpackhi_epi32(b[h + i], b[h + 2 + i]));
-        }
-    return !_mm_testz_si128(sp, sp);
-}
-
-int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err)
-{
-    int N = w->N, K = w->K, KG = K / 32;
-    size_t rb = (size_t)K / 2;
-    if (gemm_pack_alloc(w, (size_t)N * rb, (size_t)N * (size_t)KG, err) < 0)
-        return -1;
-    for (int o = 0; o < N / 8; o++) {
-        const uint8_t *rows = src + (size_t)8 * o * rb;
-        /* two blocks (32 bytes of each row) at a time: dword d of a row is chunk d % 4 of block
-         * 2c' + d / 4 */
-        for (int c = 0; c < KG; c += 2) {
-            __m256i r[8];
-            for (int i = 0; i < 8; i++)
-                r[i] = _mm256_loadu_si256((const __m256i *)(rows + (size_t)i * rb + 16 * c));
-            transpose8x8(r);
-            uint8_t *dst = w->data + ((size_t)o * KG + c) * 128;
-            for (int d = 0; d < 8; d++)
-                _mm256_store_si256((__m256i *)(dst + 32 * d), mx_nibbles8(r[d]));
-        }
-        const uint8_t *sc = scale + (size_t)8 * o * KG;
-        int c = 0;
-        for (; c + 16 <= KG; c += 16)
-            w->scale_special |= mx_scales16(sc + c, KG, w->bscale + ((size_t)o * KG + c) * 8);
-        for (; c < KG; c++) /* K not a multiple of 512 */
-            for (int r = 0; r < 8; r++) {
-                uint8_t v = sc[(size_t)r * KG + c];
-                w->scale_special |= v == 0 || v == 255;
-                w->bscale[((size_t)o * KG + c) * 8 + r] = v;
-            }
-    }
-    return 0;
-}
-
-int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
-{
-    int N = w->N, K = w->K;
-    if (gemm_pack_alloc(w, (size_t)N * (size_t)K, 0, err) < 0)
-        return -1;
-    for (int o = 0; o < N / 8; o++)
-        for (int j = 0; j < K / 4; j++) {
-            uint8_t *dst = w->data + ((size_t)o * (K / 4) + j) * 32;
-            for (int r = 0; r < 8; r++)
-                for (int i = 0; i < 4; i++)
-                    dst[16 * ((r >> 1) & 1) + 8 * ((r >> 2) & 1) + 2 * i + (r & 1)] =
-                        src[(size_t)(8 * o + r) * K + 4 * j + i];
-        }
-    return f8_pack_tables(w, src, err);
-}
 
 /* ---- FP8 x MXFP4 ---- */
 

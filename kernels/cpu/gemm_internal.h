@@ -1,7 +1,6 @@
 /*
- * gemm_internal.h — what kernels/gemm.c shares with its implementations in kernels/cpu/
- * (gemm_ref.c, gemm_avx2.c, gemm_avx512.c, gemm_pack.c). Not a public header: callers use
- * kernels/gemm.h.
+ * gemm_internal.h — what kernels/cpu/gemm.c shares with its implementations (gemm_ref.c,
+ * gemm_avx2*.c, gemm_avx512.c, gemm_pack.c). Not a public header: callers use kernels/gemm.h.
  *
  * A gemm_weight holds the weights in the layout of the implementation it was packed for; the
  * implementations never see each other's layouts. Work is split over N in units of 8 rows
@@ -21,10 +20,8 @@
 /* Largest N or K accepted by the packers: keeps every [N, K] size and every per-row int32
  * index far from overflow (V4 uses 4096 at most; limits.h bounds model dims at 65536). */
 #define GEMM_MAX_DIM 65536
-/* Threads in one gemm_pool (one per CPU on any machine we target). */
-#define GEMM_MAX_THREADS 256
 /* Scratch each pool thread owns for one tile of preprocessed activations (gemm_drive). */
-#define GEMM_THREAD_SCRATCH (1u << 20)
+#define GEMM_THREAD_SCRATCH TPOOL_SCRATCH
 /* Prepared activations of one token tile at most (when more than one micro-tile of tokens
  * fits): about a third of a core's L2 on the machines we measured. */
 #ifndef GEMM_TILE_BYTES
@@ -38,7 +35,8 @@ struct gemm_weight {
     gemm_impl impl;
     int N, K;
     /* REF: w [N, K] e4m3 (FP8) or [N, K/2] packed nibbles (MXFP4), as given.
-     * AVX2 / AVX512: see the layout comments at the top of gemm_avx2.c / gemm_avx512.c. */
+     * AVX2 / AVX512: see the layout comments at the top of gemm_avx2_pack.c /
+     * gemm_avx512_pack.c. */
     uint8_t *data;
     size_t data_bytes;
     /* FP8: w_scale [N/128, K/128] fp32 (every impl). */
@@ -62,27 +60,12 @@ struct gemm_weight {
 /* One gemm_run call, as the implementations see it: a gemm_job (gemm.h). */
 typedef gemm_job gemm_call;
 
-/* ---- thread pool (gemm.c) ---- */
-
-/* Run fn(ctx, tid, nthreads) on every thread of the pool (the caller is tid 0) and return when
- * all have finished. pool NULL: fn(ctx, 0, 1) on the caller. Calls on one pool must not
- * overlap (a pool belongs to one caller thread at a time). */
-typedef void (*gemm_task_fn)(void *ctx, int tid, int nthreads);
-void gemm_pool_run(gemm_pool *pool, gemm_task_fn fn, void *ctx);
-
-/* Scratch owned by thread tid of the pool: GEMM_THREAD_SCRATCH bytes, 64-byte aligned.
- * NULL for a NULL pool. */
-void *gemm_pool_scratch(gemm_pool *pool, int tid);
-
 /* ---- reference (gemm_ref.c) ---- */
 
 /* out[m][n] for every m and n in [n0, n1), straight from the definition in gemm.h. */
 void gemm_ref_rows(const gemm_call *c, int n0, int n1);
 
 /* ---- the SIMD implementations (gemm_avx2.c, gemm_avx512.c; x86-64 builds only) ---- */
-
-int gemm_avx2_supported(void);
-int gemm_avx512_supported(void);
 
 /* Fill w->data / bscale / nanrows (and the integer FP8 path's tables) in the implementation's
  * layout; w->kind, impl, N, K, fscale already set. Returns 0, or -1 on allocation failure (err
@@ -91,6 +74,10 @@ int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
 int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err);
 int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scale, ep_err *err);
+/* The FP8 tables both SIMD layouts carry beside the weights (w->nanrows, lo_off, lo_ent,
+ * int_safe; gemm_avx2_pack.c), from the [N, K] codes src. Returns 0, or -1 on allocation
+ * failure (err filled). */
+int gemm_f8_pack_tables(gemm_weight *w, const uint8_t *src, ep_err *err);
 
 /* The packed weights' memory (gemm_pack.c): w->data of `data` bytes, 64-byte aligned (huge
  * pages from 2 MiB on), and w->bscale of `scale` bytes when scale > 0. */

@@ -1,6 +1,6 @@
 /*
- * gemm_pack.c — the packed weights' memory, shared by the SIMD packers (gemm_avx2.c,
- * gemm_avx512.c; the FP8 tables they share are f8_pack_tables in gemm_simd.h).
+ * gemm_pack.c — the packed weights' memory, shared by the SIMD packers (gemm_avx2_pack.c,
+ * gemm_avx512_pack.c; the FP8 tables they share are gemm_f8_pack_tables in gemm_avx2_pack.c).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -188,13 +188,12 @@ static void pack_task(void *vctx, int i, int tid)
     build_progress(pc->bc, linear_src_bytes(jb->t), tid);
 }
 
-static int pack_all(pack_job *jobs, int n, gemm_impl impl, build_ctx *bc, gemm_pool *pool,
-                    ep_err *err)
+static int pack_all(pack_job *jobs, int n, gemm_impl impl, build_ctx *bc, tpool *pool, ep_err *err)
 {
     pack_ctx pc = {.jobs = jobs, .impl = impl, .bc = bc, .err = err};
     atomic_init(&pc.failed, 0);
     pthread_mutex_init(&pc.mu, NULL);
-    gemm_pool_for(pool, n, pack_task, &pc);
+    tpool_for(pool, n, pack_task, &pc);
     pthread_mutex_destroy(&pc.mu);
     for (int i = 0; i < n; i++)
         if (jobs[i].m->w[jobs[i].j])
@@ -306,7 +305,7 @@ static int plan_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *wa
 }
 
 static int build_experts(moe_layer *l, const mb_layer_src *src, const uint8_t *want,
-                         moe_layer *reuse, build_ctx *bc, gemm_pool *pool, ep_err *err)
+                         moe_layer *reuse, build_ctx *bc, tpool *pool, ep_err *err)
 {
     pack_job *jobs = malloc(3 * ((size_t)l->E + 1) * sizeof *jobs);
     if (!jobs)
@@ -333,8 +332,8 @@ static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
 }
 
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, gemm_pool *pool,
-                           mb_progress_fn progress, void *progress_ctx, ep_err *err)
+                           moe_layer *reuse, gemm_impl impl, tpool *pool, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err)
 {
     if (mc_validate(c, err) < 0)
         return NULL;
@@ -421,7 +420,7 @@ static int check_tokens(const moe_layer *l, int T, ep_err *err)
 }
 
 int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err)
+              int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;
@@ -540,7 +539,7 @@ static void round_task(void *ctx, int i, int tid)
  * parallel passes: w1 and w3 of every piece, SwiGLU (weights wrow, or 1.0 when NULL) of every
  * row, w2 of every piece. fp32 results in s->o [R, H]. */
 static void mlp_batch(const moe_layer *l, const mlp_piece *pc, int np, int R, const float *wrow,
-                      mlp_scratch *s, gemm_pool *pool)
+                      mlp_scratch *s, tpool *pool)
 {
     size_t H = (size_t)l->H, I = (size_t)l->I;
     gemm_job jobs[2 * MOE_BATCH_PIECES] = {{0}};
@@ -553,7 +552,7 @@ static void mlp_batch(const moe_layer *l, const mlp_piece *pc, int np, int R, co
     }
     gemm_run_many(jobs, 2 * np, pool);
     rows_task t = {.l = l, .s = s, .R = R, .wrow = wrow};
-    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, swiglu_task, &t);
+    tpool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, swiglu_task, &t);
     for (int i = 0; i < np; i++) {
         size_t r = (size_t)pc[i].row0;
         jobs[i] = (gemm_job){pc[i].w[W2], pc[i].M, s->hq + r * I, s->hqs + r * (I / EP_FP8_BLOCK),
@@ -564,10 +563,10 @@ static void mlp_batch(const moe_layer *l, const mlp_piece *pc, int np, int R, co
 
 /* bf16 rounding of the batch's R result rows, row r to out row dst[r] (dst NULL: r). */
 static void round_rows(const moe_layer *l, mlp_scratch *s, int R, uint16_t *out,
-                       const uint32_t *dst, gemm_pool *pool)
+                       const uint32_t *dst, tpool *pool)
 {
     rows_task t = {.l = l, .s = s, .R = R, .out = out, .dst = dst};
-    gemm_pool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, round_task, &t);
+    tpool_for(pool, (R + MOE_ROW_TASK - 1) / MOE_ROW_TASK, round_task, &t);
 }
 
 /* Group the pairs by expert, keeping their order within an expert (counting sort): the pairs
@@ -599,7 +598,7 @@ static int group_pairs(const moe_layer *l, int n_pairs, const uint32_t *pair_exp
 static void experts_batched(const moe_layer *l, const uint8_t *q, const float *qs,
                             const uint32_t *pair_row, const float *pair_w, const uint32_t *start,
                             const uint32_t *order, uint16_t *out, mlp_scratch *s, uint32_t *dst,
-                            gemm_pool *pool)
+                            tpool *pool)
 {
     size_t H = (size_t)l->H, nb = H / EP_FP8_BLOCK;
     mlp_piece pc[MOE_BATCH_PIECES];
@@ -636,7 +635,7 @@ static void experts_batched(const moe_layer *l, const uint8_t *q, const float *q
 /* moe_experts on checked pairs; pair_expert E means the shared expert (with pair_w 1). */
 static int experts_run(const moe_layer *l, const uint8_t *q, const float *qs, int n_pairs,
                        const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
-                       uint16_t *out, gemm_pool *pool, ep_err *err)
+                       uint16_t *out, tpool *pool, ep_err *err)
 {
     if (n_pairs == 0)
         return 0;
@@ -666,7 +665,7 @@ out:
 
 int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *qs, int n_pairs,
                 const uint32_t *pair_row, const uint32_t *pair_expert, const float *pair_w,
-                uint16_t *out, gemm_pool *pool, ep_err *err)
+                uint16_t *out, tpool *pool, ep_err *err)
 {
     if (n_rows < 0 || n_pairs < 0)
         return ep_err_set(err, "%s: moe_experts: %d rows, %d pairs", l->name, n_rows, n_pairs);
@@ -682,7 +681,7 @@ int moe_experts(const moe_layer *l, int n_rows, const uint8_t *q, const float *q
 }
 
 int moe_shared(const moe_layer *l, int T, const uint8_t *q, const float *qs, uint16_t *out,
-               gemm_pool *pool, ep_err *err)
+               tpool *pool, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;
@@ -744,7 +743,7 @@ static void fwd_free(fwd_bufs *b)
 }
 
 static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids,
-                     uint16_t *out, int32_t *topk_ids, float *topk_w, fwd_bufs *b, gemm_pool *pool,
+                     uint16_t *out, int32_t *topk_ids, float *topk_w, fwd_bufs *b, tpool *pool,
                      ep_err *err)
 {
     size_t k = (size_t)l->k;
@@ -777,7 +776,7 @@ static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t
 }
 
 int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *out,
-                int32_t *topk_ids, float *topk_w, gemm_pool *pool, ep_err *err)
+                int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;

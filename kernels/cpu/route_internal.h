@@ -1,7 +1,7 @@
 /*
- * route_internal.h — what kernels/route.c shares with its fast paths (kernels/cpu/route_avx2.c,
- * compiled with -mavx2 -mfma; kernels/cpu/route_avx512.c, with the AVX-512 flags). Not a public
- * header: callers use kernels/route.h. route.c calls these only after cpuid reported the
+ * route_internal.h — what kernels/cpu/route.c shares with its fast paths (route_avx2.c, compiled
+ * with -mavx2 -mfma; route_avx512.c, with the AVX-512 flags). Not a public header: callers use
+ * kernels/route.h. route.c calls these only after cpuid reported the
  * instructions they use.
  */
 #ifndef EPMOE_ROUTE_INTERNAL_H

@@ -30,7 +30,8 @@ void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, fl
 /* y[i] = mf_expf(x[i]) for 8 floats (kernels/cpu/mathf_avx2.c); x and y may be the same. */
 void mf_expf8_avx2(const float *x, float *y);
 #else
-/* Builds without the AVX2 files: gemm_avx2_supported() is 0, so these are never reached. */
+/* Builds without the AVX2 files: gemm_impl_supported(GEMM_IMPL_AVX2) is 0, so these are never
+ * reached. */
 static inline void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *s) {}
 static inline void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *s) {}
 static inline void qt_avx2_e4m3_n(const float *x, size_t n, uint8_t *q) {}

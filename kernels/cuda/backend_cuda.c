@@ -345,7 +345,7 @@ static void cuda_destroy(mb_backend *be)
         b->ops->close(b->d);
     }
     free(b->h_exp_table);
-    gemm_pool_destroy(&b->pool);
+    tpool_destroy(&b->pool);
     free(b);
 }
 
@@ -435,7 +435,7 @@ mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_op
     }
     b->info.kind = MB_DEV_CUDA;
     b->info.ordinal = ordinal;
-    if (!(b->pool = gemm_pool_create(o->threads, err)))
+    if (!(b->pool = tpool_create(o->threads, err)))
         goto fail;
     for (int i = 0; i < 2; i++)
         if (ops->alloc_host(b->d, &b->stage[i], b->stage_bytes, err) < 0)

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "kernels/backend_internal.h"
-#include "kernels/cpu/gemm_internal.h"
+#include "kernels/pool.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_tuning.h"
 
@@ -71,7 +71,7 @@ typedef struct cuda_backend {
     cudev *d;
     mb_device_info info;
     mb_gemm_mode gemm;
-    gemm_pool *pool;  /* host threads: scores */
+    tpool *pool;      /* host threads: scores */
     cu_arena *arena;  /* where the next layers are carved from */
     float *exp_table; /* device [65536] */
     float *h_exp_table;

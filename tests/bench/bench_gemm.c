@@ -35,6 +35,7 @@
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "kernels/swiglu.h"
+#include "tests/isa_env.h"
 
 #ifdef EPMOE_HAVE_OPENBLAS
 #include <cblas.h>
@@ -141,7 +142,7 @@ static gemm_weight *pack_one(int fp8, int N, int K, const weights *w, gemm_impl 
 
 /* The input of shape s for M tokens: hidden states for w1; for w2 the SwiGLU outputs of those
  * rows through a real w1 and w3 of the same format. */
-static void make_input(int fp8, int s, int M, uint8_t *a, float *as, gemm_pool *pool)
+static void make_input(int fp8, int s, int M, uint8_t *a, float *as, tpool *pool)
 {
     if (s == 0) {
         hidden_act(M, 4096, a, as);
@@ -222,7 +223,7 @@ typedef struct {
     float *as, *out;
 } shape_data;
 
-static void shape_data_make(int fp8, int s, int Mmax, gemm_pool *pool, shape_data *d)
+static void shape_data_make(int fp8, int s, int Mmax, tpool *pool, shape_data *d)
 {
     int N = shapes[s].N, K = shapes[s].K;
     make_weights(fp8, N, K, &d->wt);
@@ -258,7 +259,7 @@ static void result_add(const char *kind, int s, int M, gemm_impl impl, double by
 static const int DECODE_M[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_DECODE ((int)(sizeof DECODE_M / sizeof DECODE_M[0]))
 
-static void bench_decode(int fp8, const gemm_impl *impls, int ni, gemm_pool *pool, int nthreads,
+static void bench_decode(int fp8, const gemm_impl *impls, int ni, tpool *pool, int nthreads,
                          double fma)
 {
     const char *kind = fp8 ? "fp8" : "mxfp4";
@@ -320,7 +321,7 @@ static double sgemm_time(int M, int N, int K, const float *A, const float *W, fl
 }
 #endif
 
-static void bench_prefill(int fp8, const gemm_impl *impls, int ni, gemm_pool *pool, double bw,
+static void bench_prefill(int fp8, const gemm_impl *impls, int ni, tpool *pool, double bw,
                           double fma)
 {
     const char *kind = fp8 ? "fp8" : "mxfp4";
@@ -405,6 +406,7 @@ static void print_table(void)
 
 int main(int argc, char **argv)
 {
+    test_isa_cap_from_env();
     int threads = 2, runs = 1, only = -1, phase = -1;
     const char *isa = "all";
     for (int i = 1; i < argc; i++) {
@@ -454,7 +456,7 @@ int main(int argc, char **argv)
     printf("OpenBLAS core %s\n", openblas_get_corename());
 #endif
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(threads, &err);
+    tpool *pool = tpool_create(threads, &err);
     if (!pool) {
         fprintf(stderr, "bench_gemm: %s\n", err.msg);
         return 1;
@@ -485,6 +487,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "run %d done\n", run + 1);
     }
     print_table();
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
     return 0;
 }

@@ -41,6 +41,7 @@
 #include "kernels/swiglu.h"
 #include "moe_gen.h"
 #include "shard/shard.h"
+#include "tests/isa_env.h"
 
 #define MAX_RUNS 32
 #define MAX_T    4096
@@ -149,7 +150,7 @@ enum { PH_ROUTE, PH_QUANT, PH_EXPERTS, PH_SHARED, PH_COMBINE, PH_N };
 static const char *const PH_NAME[PH_N] = {"route", "quant", "experts", "shared", "combine"};
 
 /* One forward of T tokens, phase times in t[]. */
-static void run_layer(const bench *b, int T, bufs *u, gemm_pool *pool, double t[PH_N])
+static void run_layer(const bench *b, int T, bufs *u, tpool *pool, double t[PH_N])
 {
     ep_err err = {{0}};
     int k = b->c.num_experts_per_tok, H = b->c.hidden_size;
@@ -205,7 +206,7 @@ static double run_swiglu(const bench *b, int T, bufs *u)
 }
 
 static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const int *Ts, int nT,
-                        int runs, gemm_pool *pool)
+                        int runs, tpool *pool)
 {
     bench b;
     if (model) {
@@ -297,6 +298,7 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
 
 int main(int argc, char **argv)
 {
+    test_isa_cap_from_env();
     int threads = 0, made = 16, runs = 5, only = -1;
     const char *model = NULL;
     int Ts[16] = {1, 8, 64, 256}, nT = 4;
@@ -342,7 +344,7 @@ int main(int argc, char **argv)
             return 64;
         }
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(threads, &err);
+    tpool *pool = tpool_create(threads, &err);
     if (!pool) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         return 1;
@@ -358,7 +360,7 @@ int main(int argc, char **argv)
     printf("bench_layer: H 4096, I 2048, 256 experts (%s), top-6, %d threads, %s, best of %d "
            "runs, each after reading %d MiB of other memory (the weights come from DRAM, as in a "
            "forward pass after the other layers, not from a cache warm from the last run)\n\n",
-           loaded, gemm_pool_size(pool), gemm_impl_name(gemm_impl_best()), runs, FLUSH_MIB);
+           loaded, tpool_size(pool), gemm_impl_name(gemm_impl_best()), runs, FLUSH_MIB);
     printf("| dtype | T | experts hit | tokens/s | ms/layer |");
     for (int p = 0; p < PH_N; p++)
         printf(" %s %% |", PH_NAME[p]);
@@ -368,6 +370,6 @@ int main(int argc, char **argv)
     for (int d = MC_FP4; d <= MC_FP8 && !model; d++)
         if (only < 0 || only == d)
             bench_dtype((mc_expert_dtype)d, made, NULL, Ts, nT, runs, pool);
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
     return 0;
 }

@@ -41,6 +41,7 @@
 #include "kernels/formats.h"
 #include "kernels/moe_backend.h"
 #include "shard/shard.h"
+#include "tests/isa_env.h"
 
 #define MAX_T    16
 #define MAX_RUNS 32
@@ -295,6 +296,7 @@ static int run_ggml(const mc_config *c, int threads, int runs, layer_run *lr, in
 
 int main(int argc, char **argv)
 {
+    test_isa_cap_from_env();
     const char *dir = NULL;
     int layer = 0, threads = 2, runs = 5, Ts[MAX_T] = {1, 8, 64, 256}, nT = 4;
     for (int i = 1; i + 1 < argc; i += 2) {

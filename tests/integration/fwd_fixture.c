@@ -32,6 +32,7 @@
 #include "kernels/moe.h"
 #include "shard/shard.h"
 #include "moe_gen.h"
+#include "tests/isa_env.h"
 
 enum { T = 5, H = 256, K = 4, VOCAB = 500 };
 
@@ -86,6 +87,7 @@ static int write_expect(const char *dir, const char *name, const st_model *m, co
 
 int main(int argc, char **argv)
 {
+    test_isa_cap_from_env();
     if (argc != 2) {
         fprintf(stderr, "usage: fwd_fixture DIR\n");
         return 64;

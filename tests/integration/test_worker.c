@@ -56,6 +56,7 @@
 #include "worker/transport.h"
 #include "moe_gen.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 #ifndef EPMOE_WORKER_BIN
 #error "EPMOE_WORKER_BIN must name the epmoe-worker binary"
@@ -1647,6 +1648,7 @@ TEST(real_coordinator_cluster_is_bit_exact)
 
 int main(void)
 {
+    test_isa_cap_from_env();
     signal(SIGPIPE, SIG_IGN);
     zctx = zmq_ctx_new();
     fx4_ok = fixture_init(&fx4, MC_FP4, 0, true) == 0;

@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 /* ---- random data ---- */
 
@@ -289,7 +290,7 @@ static gemm_weight *pack(const problem *p, gemm_impl impl)
 }
 
 /* Run every implementation on p (pool may be NULL) and compare with the model. */
-static void check_problem(const problem *p, gemm_pool *pool, const char *what)
+static void check_problem(const problem *p, tpool *pool, const char *what)
 {
     gemm_impl impls[GEMM_IMPL_COUNT];
     int ni = n_impls(impls);
@@ -319,7 +320,7 @@ static const int shapes[][3] = {
     {64, 256, 512}, {300, 128, 384}, {5, 2048, 128}, {2, 128, 4096},
 };
 
-static void run_grid(int kind, gemm_pool *pool)
+static void run_grid(int kind, tpool *pool)
 {
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
     for (int s = 0; s < ns; s++)
@@ -337,19 +338,19 @@ static void run_grid(int kind, gemm_pool *pool)
 TEST(fp8_equals_float64_model)
 {
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(2, &err);
+    tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     run_grid(GEMM_KIND_FP8, pool);
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
 }
 
 TEST(mxfp4_equals_float64_model)
 {
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(2, &err);
+    tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     run_grid(GEMM_KIND_MXFP4, pool);
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
 }
 
 /* The exactness claim itself: a block where summing the products in fp32, in order, gives a
@@ -491,9 +492,9 @@ TEST(results_independent_of_batch_order_and_threads)
             CHECK_EQ(count_mismatch(base, p.want, (size_t)M * N, &first), 0);
             for (int nt = 1; nt <= 3; nt++) {
                 ep_err err = {{0}};
-                gemm_pool *pool = gemm_pool_create(nt, &err);
+                tpool *pool = tpool_create(nt, &err);
                 CHECK(pool != NULL);
-                CHECK_EQ(gemm_pool_size(pool), nt);
+                CHECK_EQ(tpool_size(pool), nt);
                 gemm_run(w, M, p.a, p.as, got, pool);
                 CHECK_EQ(count_mismatch(got, base, (size_t)M * N, &first), 0);
                 /* one row at a time, in a shuffled order */
@@ -527,7 +528,7 @@ TEST(results_independent_of_batch_order_and_threads)
                              0);
                 free(sa);
                 free(ss);
-                gemm_pool_destroy(&pool);
+                tpool_destroy(&pool);
                 CHECK(pool == NULL);
             }
             free(base);
@@ -559,7 +560,7 @@ TEST(run_many_equals_the_model)
     for (int i = 0; i < ni; i++)
         for (int nt = 1; nt <= 3; nt++) {
             ep_err err = {{0}};
-            gemm_pool *pool = gemm_pool_create(nt, &err);
+            tpool *pool = tpool_create(nt, &err);
             gemm_weight *w[NJ];
             gemm_job jobs[NJ];
             for (int j = 0; j < NJ; j++) {
@@ -588,7 +589,7 @@ TEST(run_many_equals_the_model)
                 free(jobs[j].out);
                 gemm_weight_free(&w[j]);
             }
-            gemm_pool_destroy(&pool);
+            tpool_destroy(&pool);
         }
     for (int j = 0; j < NJ; j++)
         unmake(&p[j]);
@@ -626,13 +627,13 @@ TEST(simd_tiling_small_scratch_and_long_k)
             }
     /* K = 49152: 6 tokens do not fit the 1 MiB pool scratch, so K is split in chunks */
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(2, &err);
+    tpool *pool = tpool_create(2, &err);
     for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
         problem p = make(kind, 7, 128, 49152, ACT_UNIFORM, 1);
         check_problem(&p, pool, "long K");
         unmake(&p);
     }
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
 }
 
 TEST(pack_rejects_bad_shapes_and_reports_sizes)
@@ -664,35 +665,42 @@ TEST(pack_rejects_bad_shapes_and_reports_sizes)
         CHECK(a == NULL && b == NULL);
     }
     gemm_weight_free(NULL);
-    gemm_pool_destroy(NULL);
+    tpool_destroy(NULL);
     CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_REF), "ref");
     CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX2), "avx2");
     CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX512), "avx512");
 }
 
 /* $EPMOE_ISA caps the choice (what the per-ISA test runs rely on); EPMOE_GEMM=ref still works;
- * unknown names are refused by gemm_impl_parse and ignored by gemm_impl_best. */
+ * unknown names are refused by gemm_impl_parse and ignored by gemm_impl_best. The knobs reach
+ * the kernels the way a daemon hands them over (tests/isa_env.h). */
 TEST(isa_override)
 {
     char *old_isa = getenv("EPMOE_ISA") ? strdup(getenv("EPMOE_ISA")) : NULL;
     char *old_gemm = getenv("EPMOE_GEMM") ? strdup(getenv("EPMOE_GEMM")) : NULL;
     unsetenv("EPMOE_ISA");
     unsetenv("EPMOE_GEMM");
+    test_isa_cap_from_env();
     gemm_impl best = gemm_impl_best();
     CHECK(gemm_impl_supported(best));
     for (int i = GEMM_IMPL_AVX512; i > (int)best; i--)
         CHECK(!gemm_impl_supported((gemm_impl)i));
     setenv("EPMOE_ISA", "ref", 1);
+    test_isa_cap_from_env();
     CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
     setenv("EPMOE_ISA", "avx2", 1);
+    test_isa_cap_from_env();
     CHECK_EQ(gemm_impl_best(),
              gemm_impl_supported(GEMM_IMPL_AVX2) ? GEMM_IMPL_AVX2 : GEMM_IMPL_REF);
     setenv("EPMOE_ISA", "avx512", 1);
+    test_isa_cap_from_env();
     CHECK_EQ(gemm_impl_best(), best);
     setenv("EPMOE_ISA", "sse9", 1);
+    test_isa_cap_from_env();
     CHECK_EQ(gemm_impl_best(), best);
     unsetenv("EPMOE_ISA");
     setenv("EPMOE_GEMM", "ref", 1);
+    test_isa_cap_from_env();
     CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
     unsetenv("EPMOE_GEMM");
     gemm_impl got;
@@ -704,12 +712,14 @@ TEST(isa_override)
         setenv("EPMOE_ISA", old_isa, 1);
     if (old_gemm)
         setenv("EPMOE_GEMM", old_gemm, 1);
+    test_isa_cap_from_env();
     free(old_isa);
     free(old_gemm);
 }
 
 int main(void)
 {
+    test_isa_cap_from_env();
     RUN(fp8_equals_float64_model);
     RUN(mxfp4_equals_float64_model);
     RUN(block_sum_is_exact_then_rounded_once);

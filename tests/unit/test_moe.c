@@ -26,6 +26,7 @@
 #include "moe_gen.h"
 #include "mathf_mpfr.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 /* ---- independent number formats ---- */
 
@@ -441,7 +442,7 @@ static int outs_diff(const mc_config *c, const outs *a, int a0, const outs *b, i
 }
 
 static int run_forward(const fixture *f, const moe_layer *l, int t0, int T, outs *o, int o0,
-                       gemm_pool *pool)
+                       tpool *pool)
 {
     ep_err err = {{0}};
     int H = f->c.hidden_size, k = f->c.num_experts_per_tok;
@@ -454,7 +455,7 @@ static int run_forward(const fixture *f, const moe_layer *l, int t0, int T, outs
 
 /* ---- bit-exactness against the float64 model ---- */
 
-static void check_layer_bitwise(fixture *f, int layer, gemm_pool *pool)
+static void check_layer_bitwise(fixture *f, int layer, tpool *pool)
 {
     const mc_config *c = &f->c;
     t_layer ref;
@@ -500,7 +501,7 @@ static int fx_ok[2];
 TEST(layer_matches_float64_model_bitwise)
 {
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(2, &err);
+    tpool *pool = tpool_create(2, &err);
     CHECK(pool != NULL);
     for (int d = 0; d < 2; d++) {
         if (!fx_ok[d])
@@ -509,7 +510,7 @@ TEST(layer_matches_float64_model_bitwise)
         check_layer_bitwise(&FX[d], 1, pool); /* score */
         check_layer_bitwise(&FX[d], 3, pool); /* mtp.0 */
     }
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
 }
 
 /* ---- invariances ---- */
@@ -519,8 +520,7 @@ static void check_invariance(fixture *f, int layer)
     const mc_config *c = &f->c;
     int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts;
     ep_err err = {{0}};
-    gemm_pool *pools[3] = {gemm_pool_create(1, &err), gemm_pool_create(2, &err),
-                           gemm_pool_create(3, &err)};
+    tpool *pools[3] = {tpool_create(1, &err), tpool_create(2, &err), tpool_create(3, &err)};
     moe_layer *l = load(f, layer, NULL, GEMM_IMPL_AUTO);
     if (!l || !pools[0] || !pools[1] || !pools[2])
         goto out;
@@ -639,7 +639,7 @@ static void check_invariance(fixture *f, int layer)
 out:
     moe_layer_free(&l);
     for (int p = 0; p < 3; p++)
-        gemm_pool_destroy(&pools[p]);
+        tpool_destroy(&pools[p]);
 }
 
 TEST(outputs_independent_of_batch_order_threads_and_shards)
@@ -665,13 +665,13 @@ static void *caller_main(void *arg)
 {
     caller *c = arg;
     ep_err err = {{0}};
-    gemm_pool *pool = gemm_pool_create(2, &err);
+    tpool *pool = tpool_create(2, &err);
     int H = c->f->c.hidden_size;
     c->rc = pool ? 0 : -1;
     for (int rep = 0; rep < 3 && c->rc == 0; rep++) /* overlapping runs */
         c->rc = moe_forward(c->l, 64, c->f->x + (size_t)100 * H, c->f->tok + 100, c->o.out,
                             c->o.ids, c->o.w, pool, &err);
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
     return NULL;
 }
 
@@ -949,6 +949,7 @@ TEST(load_errors_name_the_tensor)
 
 int main(void)
 {
+    test_isa_cap_from_env();
     /* a per-instruction-set run (EPMOE_ISA) on a CPU without that set would only repeat the
      * default run */
     const char *isa = getenv("EPMOE_ISA");

@@ -18,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 static uint64_t rng_s = 0x3C6EF372FE94F82Bull;
 static uint32_t rnd(void)
@@ -394,6 +395,7 @@ TEST(bf16_outputs_equal_model)
 
 int main(void)
 {
+    test_isa_cap_from_env();
     RUN(rows_f32_equal_model);
     RUN(rows_bf16_equal_model);
     RUN(scale_rules_from_the_spec);

@@ -12,6 +12,7 @@
 #include "kernels/route.h"
 #include "mathf_mpfr.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 /* ---- independent helpers ---- */
 
@@ -141,7 +142,7 @@ TEST(rmsnorm_matches_definition_bitwise)
 static void check_logits(int T, int H, int E, int threads)
 {
     ep_err err = {{0}};
-    gemm_pool *pool = threads > 0 ? gemm_pool_create(threads, &err) : NULL;
+    tpool *pool = threads > 0 ? tpool_create(threads, &err) : NULL;
     uint16_t *x = xalloc((size_t)T * H * 2), *w = xalloc((size_t)E * H * 2);
     float *want = xalloc((size_t)T * E * 4), *got = xalloc((size_t)T * E * 4);
     for (int i = 0; i < T * H; i++)
@@ -168,7 +169,7 @@ static void check_logits(int T, int H, int E, int threads)
                          gemm_impl_name(IMPLS[i]), T, H, E, bad / E, bad % E, got[bad], want[bad]);
         free(packed);
     }
-    gemm_pool_destroy(&pool);
+    tpool_destroy(&pool);
     free(x);
     free(w);
     free(want);
@@ -434,6 +435,7 @@ TEST(weights_sum_left_to_right_and_skip_padding)
 
 int main(void)
 {
+    test_isa_cap_from_env();
     RUN(rmsnorm_matches_definition_bitwise);
     RUN(logits_match_double_sum_bitwise);
     RUN(logits_accumulate_in_double_in_k_order);

@@ -17,6 +17,7 @@
 #include "kernels/swiglu.h"
 #include "mathf_mpfr.h"
 #include "test.h"
+#include "tests/isa_env.h"
 
 static uint64_t rng_s = 0xA54FF53A5F1D36F1ull;
 static uint32_t rnd(void)
@@ -253,6 +254,7 @@ TEST(clamp_directions)
 
 int main(void)
 {
+    test_isa_cap_from_env();
     RUN(equals_model_routed_and_shared);
     RUN(clamp_directions);
     return test_report();

@@ -7,7 +7,6 @@
 
 #include <math.h>
 
-#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/formats.h"
 #include "kernels/mathf.h"
@@ -44,7 +43,7 @@ void swiglu_rows_impl(gemm_impl impl, const float *acc1, const float *acc3, int 
     if (impl == GEMM_IMPL_AUTO)
         impl = gemm_impl_best();
     /* the AVX-512 implementation uses the AVX2 epilogue (about 2 % of a layer) */
-    int avx2 = impl >= GEMM_IMPL_AVX2 && gemm_avx2_supported();
+    int avx2 = impl >= GEMM_IMPL_AVX2 && gemm_impl_supported(GEMM_IMPL_AVX2);
     for (int m = 0; m < M; m++) {
         const float *a1 = acc1 + (size_t)m * I, *a3 = acc3 + (size_t)m * I;
         uint8_t *qr = q + (size_t)m * I;

@@ -159,7 +159,7 @@ static void logits_item(void *vctx, int i, int tid)
 }
 
 static void logits_avx512(int T, int H, int E, const uint16_t *xn, const uint16_t *gate,
-                          float *logits, gemm_pool *pool)
+                          float *logits, tpool *pool)
 {
     int chunk = T < LOGITS_TOKENS ? T : LOGITS_TOKENS;
     double *xd = malloc((size_t)chunk * (size_t)H * sizeof(double));
@@ -183,13 +183,13 @@ static void logits_avx512(int T, int H, int E, const uint16_t *xn, const uint16_
         for (size_t i = 0; i < (size_t)n * H; i++)
             xd[i] = (double)fmt_bf16_to_f32(xn[(size_t)t0 * H + i]);
         logits_ctx c = {n, H, E, G, xd, gate, logits + (size_t)t0 * E};
-        gemm_pool_for(pool, (n + 3) / 4 * ((G + 3) / 4), logits_item, &c);
+        tpool_for(pool, (n + 3) / 4 * ((G + 3) / 4), logits_item, &c);
     }
     free(xd);
 }
 
 void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
-                  float *logits, gemm_pool *pool)
+                  float *logits, tpool *pool)
 {
     if (T <= 0)
         return;

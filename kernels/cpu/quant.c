@@ -8,7 +8,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/simd_internal.h"
 #include "kernels/formats.h"
 
@@ -46,7 +45,7 @@ static int use_avx2(gemm_impl impl)
         impl = gemm_impl_best();
     /* The AVX-512 implementation uses the AVX2 quantizer (it is < 0.1 % of a layer). A SIMD
      * request on a CPU without AVX2 falls back to the reference: same bits. */
-    return impl >= GEMM_IMPL_AVX2 && gemm_avx2_supported();
+    return impl >= GEMM_IMPL_AVX2 && gemm_impl_supported(GEMM_IMPL_AVX2);
 }
 
 void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow2, uint8_t *q,

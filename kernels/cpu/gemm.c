@@ -1,39 +1,25 @@
 /*
- * gemm.c — the public face of the expert GEMMs (gemm.h): implementation choice, argument
- * checks, packing, the split over N, and the thread pool.
+ * gemm.c — the CPU expert GEMMs behind gemm.h: argument checks, packing, the tiling driver
+ * that splits a call over the threads of a pool (kernels/pool.h), and running one or many
+ * calls. The instruction set is chosen in kernels/isa.c; the kernels themselves are in
+ * gemm_ref.c, gemm_avx2*.c and gemm_avx512.c.
  *
- * The pool is a fixed set of pthreads that wait for a job generation number to change. A new
- * job bumps the generation under the mutex and broadcasts; a worker first spins briefly on
- * the generation (back-to-back GEMMs of a MoE layer arrive microseconds apart, and a sleeping
- * thread costs tens of microseconds to wake) and then sleeps on the condition variable. The
- * caller runs share 0 itself and waits the same way for the pending count to reach zero.
  * Every output element is computed by one thread from its own row and column, so the split
  * never changes a result.
  */
 #include "kernels/gemm.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "kernels/cpu/gemm_internal.h"
 
-/* ---- implementation choice ---- */
+/* ---- instruction sets this build lacks ---- */
 
-#ifdef EPMOE_AVX2_KERNELS
-int gemm_avx2_supported(void)
-{
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-/* Not an x86-64 build: the SIMD files are not compiled, and nothing may reach them. */
-int gemm_avx2_supported(void)
-{
-    return 0;
-}
-
+#ifndef EPMOE_AVX2_KERNELS
+/* Not an x86-64 build: the SIMD files are not compiled, and gemm_impl_supported never lets a
+ * caller reach these. */
 int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
     return ep_err_set(err, "gemm: AVX2 kernels are not built on this architecture");
@@ -45,21 +31,8 @@ int gemm_avx2_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *scal
 }
 #endif
 
-#ifdef EPMOE_AVX512_KERNELS
-int gemm_avx512_supported(void)
-{
-    /* libgcc's cpuid also checks that the OS saves the zmm state (XCR0) */
-    return gemm_avx2_supported() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
-}
-#else
+#ifndef EPMOE_AVX512_KERNELS
 /* The compiler cannot build the AVX-512 file (or not x86-64): never chosen. */
-int gemm_avx512_supported(void)
-{
-    return 0;
-}
-
 int gemm_avx512_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
     return ep_err_set(err, "gemm: AVX-512 kernels are not built");
@@ -70,55 +43,6 @@ int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *sc
     return ep_err_set(err, "gemm: AVX-512 kernels are not built");
 }
 #endif
-
-static const char *const IMPL_NAME[GEMM_IMPL_COUNT] = {"auto", "ref", "avx2", "avx512"};
-
-int gemm_impl_supported(gemm_impl impl)
-{
-    switch (impl) {
-    case GEMM_IMPL_AUTO:
-    case GEMM_IMPL_REF:
-        return 1;
-    case GEMM_IMPL_AVX2:
-        return gemm_avx2_supported();
-    case GEMM_IMPL_AVX512:
-        return gemm_avx512_supported();
-    }
-    return 0;
-}
-
-int gemm_impl_parse(const char *name, gemm_impl *impl)
-{
-    for (int i = 0; i < GEMM_IMPL_COUNT; i++)
-        if (name && strcmp(name, IMPL_NAME[i]) == 0) {
-            *impl = (gemm_impl)i;
-            return 0;
-        }
-    return -1;
-}
-
-/* The one place the instruction set is chosen: the widest one the CPU has, at or below the
- * cap set by $EPMOE_ISA (or the older EPMOE_GEMM=ref). */
-gemm_impl gemm_impl_best(void)
-{
-    gemm_impl cap = GEMM_IMPL_AVX512;
-    const char *env = getenv("EPMOE_GEMM");
-    if (env && strcmp(env, "ref") == 0)
-        cap = GEMM_IMPL_REF;
-    env = getenv("EPMOE_ISA");
-    gemm_impl want;
-    if (env && gemm_impl_parse(env, &want) == 0 && want != GEMM_IMPL_AUTO && want < cap)
-        cap = want;
-    for (int i = cap; i > GEMM_IMPL_REF; i--)
-        if (gemm_impl_supported((gemm_impl)i))
-            return (gemm_impl)i;
-    return GEMM_IMPL_REF;
-}
-
-const char *gemm_impl_name(gemm_impl impl)
-{
-    return (unsigned)impl < GEMM_IMPL_COUNT ? IMPL_NAME[impl] : "unknown";
-}
 
 const gemm_kops *gemm_kops_of(gemm_impl impl)
 {
@@ -271,235 +195,6 @@ size_t gemm_weight_bytes(const gemm_weight *w)
     return w->bytes;
 }
 
-/* ---- thread pool ---- */
-
-/* Spin iterations (each one pause, ~10-60 ns) before a waiting thread sleeps. */
-#define POOL_SPIN 4000
-
-struct gemm_pool {
-    int n; /* compute threads, the caller included */
-    pthread_t *threads;
-    void **scratch;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
-    atomic_uint gen;
-    atomic_int pending;
-    int stop;
-    gemm_task_fn fn;
-    void *ctx;
-};
-
-typedef struct pool_arg {
-    gemm_pool *pool;
-    int tid;
-} pool_arg;
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-static void *pool_main(void *argp)
-{
-    pool_arg arg = *(pool_arg *)argp;
-    free(argp);
-    gemm_pool *p = arg.pool;
-    unsigned seen = 0;
-    for (;;) {
-        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        for (int i = 0; g == seen && i < POOL_SPIN; i++) {
-            cpu_relax();
-            g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        }
-        int stop;
-        pthread_mutex_lock(&p->mu);
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && !p->stop)
-            pthread_cond_wait(&p->work_cv, &p->mu);
-        stop = p->stop;
-        gemm_task_fn fn = p->fn;
-        void *ctx = p->ctx;
-        pthread_mutex_unlock(&p->mu);
-        if (stop)
-            return NULL;
-        seen = g;
-        fn(ctx, arg.tid, p->n);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
-        }
-    }
-}
-
-static void pool_stop_threads(gemm_pool *p, int started)
-{
-    pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < started; i++)
-        pthread_join(p->threads[i], NULL);
-}
-
-static void pool_free_buffers(gemm_pool *p)
-{
-    if (p->scratch)
-        for (int i = 0; i < p->n; i++)
-            free(p->scratch[i]);
-    free(p->scratch);
-    free(p->threads);
-}
-
-gemm_pool *gemm_pool_create(int nthreads, ep_err *err)
-{
-    if (nthreads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = n > 0 ? (int)n : 1;
-    }
-    if (nthreads > GEMM_MAX_THREADS)
-        nthreads = GEMM_MAX_THREADS;
-    gemm_pool *p = calloc(1, sizeof *p);
-    if (!p) {
-        ep_err_set(err, "gemm_pool_create: out of memory");
-        return NULL;
-    }
-    p->n = nthreads;
-    atomic_init(&p->gen, 0);
-    atomic_init(&p->pending, 0);
-    int started = 1;
-    if (pthread_mutex_init(&p->mu, NULL) != 0) {
-        ep_err_set(err, "gemm_pool_create: cannot initialise a mutex");
-        goto fail_mutex;
-    }
-    if (pthread_cond_init(&p->work_cv, NULL) != 0) {
-        ep_err_set(err, "gemm_pool_create: cannot initialise a condition variable");
-        goto fail_work_cv;
-    }
-    if (pthread_cond_init(&p->done_cv, NULL) != 0) {
-        ep_err_set(err, "gemm_pool_create: cannot initialise a condition variable");
-        goto fail_done_cv;
-    }
-    p->threads = calloc((size_t)nthreads, sizeof *p->threads);
-    p->scratch = calloc((size_t)nthreads, sizeof *p->scratch);
-    int ok = p->threads && p->scratch;
-    for (int i = 0; ok && i < nthreads; i++)
-        if (posix_memalign(&p->scratch[i], 64, GEMM_THREAD_SCRATCH) != 0) {
-            p->scratch[i] = NULL;
-            ok = 0;
-        }
-    if (!ok) {
-        ep_err_set(err, "gemm_pool_create: out of memory for %d threads", nthreads);
-        goto fail_buffers;
-    }
-    for (; started < nthreads; started++) {
-        pool_arg *arg = malloc(sizeof *arg);
-        if (arg) {
-            arg->pool = p;
-            arg->tid = started;
-        }
-        if (!arg || pthread_create(&p->threads[started], NULL, pool_main, arg) != 0) {
-            free(arg);
-            ep_err_set(err, "gemm_pool_create: cannot start thread %d of %d", started, nthreads);
-            goto fail_threads;
-        }
-    }
-    return p;
-
-fail_threads:
-    pool_stop_threads(p, started);
-fail_buffers:
-    pool_free_buffers(p);
-    pthread_cond_destroy(&p->done_cv);
-fail_done_cv:
-    pthread_cond_destroy(&p->work_cv);
-fail_work_cv:
-    pthread_mutex_destroy(&p->mu);
-fail_mutex:
-    free(p);
-    return NULL;
-}
-
-void gemm_pool_destroy(gemm_pool **self_p)
-{
-    if (!self_p || !*self_p)
-        return;
-    gemm_pool *p = *self_p;
-    pool_stop_threads(p, p->n);
-    pool_free_buffers(p);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_cond_destroy(&p->work_cv);
-    pthread_mutex_destroy(&p->mu);
-    free(p);
-    *self_p = NULL;
-}
-
-int gemm_pool_size(const gemm_pool *p)
-{
-    return p ? p->n : 1;
-}
-
-void *gemm_pool_scratch(gemm_pool *pool, int tid)
-{
-    return pool ? pool->scratch[tid] : NULL;
-}
-
-void gemm_pool_run(gemm_pool *p, gemm_task_fn fn, void *ctx)
-{
-    if (!p || p->n == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->mu);
-    fn(ctx, 0, p->n);
-    for (int i = 0; i < POOL_SPIN; i++) {
-        if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
-            return;
-        cpu_relax();
-    }
-    pthread_mutex_lock(&p->mu);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
-        pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* ---- gemm_pool_for ---- */
-
-typedef struct for_ctx {
-    gemm_for_fn fn;
-    void *ctx;
-    int n;
-    atomic_int next;
-} for_ctx;
-
-static void for_share(void *vctx, int tid, int nthreads)
-{
-    for_ctx *f = vctx;
-    (void)nthreads;
-    for (;;) {
-        int i = atomic_fetch_add_explicit(&f->next, 1, memory_order_relaxed);
-        if (i >= f->n)
-            return;
-        f->fn(f->ctx, i, tid);
-    }
-}
-
-void gemm_pool_for(gemm_pool *pool, int n, gemm_for_fn fn, void *ctx)
-{
-    if (n <= 0)
-        return;
-    for_ctx f = {.fn = fn, .ctx = ctx, .n = n};
-    atomic_init(&f.next, 0);
-    gemm_pool_run(n > 1 ? pool : NULL, for_share, &f);
-}
-
 /* ---- the tiling driver (every SIMD implementation) ---- */
 
 static void zero_out(const gemm_call *c, int m0, int mt, int r0, int r1)
@@ -621,7 +316,7 @@ void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int
 
 typedef struct run_ctx {
     gemm_call call;
-    gemm_pool *pool;
+    tpool *pool;
     const gemm_kops *ops;
     gemm_sched sched;
 } run_ctx;
@@ -638,7 +333,7 @@ static void run_share(void *vctx, int tid, int nthreads)
             gemm_ref_rows(&r->call, ro0 * 8, ro1 * 8);
         return;
     }
-    void *scratch = gemm_pool_scratch(r->pool, tid);
+    void *scratch = tpool_scratch(r->pool, tid);
     if (scratch) {
         gemm_drive(&r->call, r->ops, &r->sched, tid, nthreads, scratch, GEMM_THREAD_SCRATCH);
         return;
@@ -663,7 +358,7 @@ typedef struct many_ctx {
     const long *first; /* first[i]: index of call i's first item; first[n] = all items */
     int n;
     const gemm_kops *ops;
-    gemm_pool *pool;
+    tpool *pool;
     /* the items not taken yet: [head, tail) as head << 32 | tail */
     atomic_uint_least64_t range;
 } many_ctx;
@@ -691,7 +386,7 @@ static long many_take(many_ctx *r, int from_back)
 static void many_share(void *vctx, int tid, int nthreads)
 {
     many_ctx *r = vctx;
-    void *scratch = gemm_pool_scratch(r->pool, tid);
+    void *scratch = tpool_scratch(r->pool, tid);
     int cur = -1, back = tid % 2;
     long prepared = -1;
     for (;;) {
@@ -714,12 +409,12 @@ static void many_share(void *vctx, int tid, int nthreads)
 /* Items are numbered call by call, so a thread moving through them prepares each call's
  * activations about once. Calls that need K in chunks, or another implementation than the
  * first, run on their own. */
-void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool)
+void gemm_run_many(const gemm_job *jobs, int n, tpool *pool)
 {
     enum { BATCH = 64 };
     if (n <= 0)
         return;
-    if (!pool || gemm_pool_size(pool) == 1 || jobs[0].w->impl == GEMM_IMPL_REF) {
+    if (!pool || tpool_size(pool) == 1 || jobs[0].w->impl == GEMM_IMPL_REF) {
         for (int i = 0; i < n; i++)
             gemm_run(jobs[i].w, jobs[i].M, jobs[i].a, jobs[i].a_scale, jobs[i].out, pool);
         return;
@@ -728,7 +423,7 @@ void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool)
     gemm_call calls[BATCH];
     gemm_plan plans[BATCH];
     long first[BATCH + 1];
-    int nthreads = gemm_pool_size(pool);
+    int nthreads = tpool_size(pool);
     for (int i0 = 0; i0 < n; i0 += BATCH) {
         int m = 0;
         first[0] = 0;
@@ -754,12 +449,12 @@ void gemm_run_many(const gemm_job *jobs, int n, gemm_pool *pool)
         many_ctx r = {
             .calls = calls, .plans = plans, .first = first, .n = m, .ops = ops, .pool = pool};
         atomic_init(&r.range, (uint_least64_t)first[m]); /* head 0, tail: every item */
-        gemm_pool_run(pool, many_share, &r);
+        tpool_run(pool, many_share, &r);
     }
 }
 
 void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scale, float *out,
-              gemm_pool *pool)
+              tpool *pool)
 {
     if (M <= 0)
         return;
@@ -767,5 +462,5 @@ void gemm_run(const gemm_weight *w, int M, const uint8_t *a, const float *a_scal
                  .pool = pool,
                  .ops = gemm_kops_of(w->impl)};
     atomic_init(&r.sched.next, 0);
-    gemm_pool_run(pool, run_share, &r);
+    tpool_run(pool, run_share, &r);
 }
