@@ -238,6 +238,15 @@ static int fwd_prepare(const mc_config *c, const fwd_args *a, int *layer, char *
     return rc;
 }
 
+/* The CUDA backend's tuning from the knobs main read (a ctx without them: the defaults). */
+static mb_cuda_tuning fwd_cuda_tuning(const cmd_ctx *ctx)
+{
+    mb_cuda_tuning t = {0};
+    if (ctx->knobs)
+        mb_cuda_tuning_from_knobs(&t, ctx->knobs);
+    return t;
+}
+
 static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
 {
     mc_config c;
@@ -265,7 +274,8 @@ static int fwd_local(const cmd_ctx *ctx, const fwd_args *a)
     mb_options bo = {.device = a->device ? a->device : "cpu",
                      .threads = a->threads,
                      .gemm = a->gpu_gemm && strcmp(a->gpu_gemm, "fast") == 0 ? MB_GEMM_FAST
-                                                                             : MB_GEMM_EXACT};
+                                                                             : MB_GEMM_EXACT,
+                     .cuda = fwd_cuda_tuning(ctx)};
     if (!(be = mb_create(&bo, &err))) {
         fprintf(stderr, "epmoectl forward: %s\n", err.msg);
         rc = CMD_UNAVAILABLE;

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/moe_backend.h"
+
 enum {
     CMD_OK = 0,           /* success */
     CMD_FAILED = 1,       /* the request was valid but failed (check failed, step failed) */

@@ -4,7 +4,9 @@
  *
  * Every backend object starts with the common part below, so the front can dispatch on
  * be->vt without knowing the rest (Redis ae.c picks ae_epoll.c the same way, at build time;
- * here the device string picks at run time).
+ * here the device string picks at run time). The entries after the host ones are the optional
+ * device operations (moe_backend.h, mb_dev_*): NULL means unsupported, and the front refuses
+ * the call (ggml-backend-impl.h's optional entries of ggml_backend_i).
  */
 #ifndef EPMOE_BACKEND_INTERNAL_H
 #define EPMOE_BACKEND_INTERNAL_H
@@ -43,6 +45,34 @@ typedef struct mb_vtable {
                  float *qs, ep_err *err);
     int (*forward)(mb_backend *be, const mb_layer *l, int T, const uint16_t *x, const int64_t *ids,
                    uint16_t *out, int32_t *topk_ids, float *topk_w, ep_err *err);
+
+    /* ---- optional device operations (NULL: unsupported; all or none) ---- */
+    void *(*dev_stream)(mb_backend *be);
+    int (*dev_poll)(mb_backend *be, ep_err *err);
+    int (*dev_wait)(mb_backend *be, double deadline, ep_err *err);
+    int (*dev_alloc)(mb_backend *be, void **d_p, size_t bytes, ep_err *err);
+    void (*dev_free)(mb_backend *be, void *d_p);
+    int (*dev_alloc_host)(mb_backend *be, void **h_p, size_t bytes, ep_err *err);
+    void (*dev_free_host)(mb_backend *be, void *h_p);
+    int (*dev_h2d)(mb_backend *be, void *d_dst, const void *h_src, size_t bytes, ep_err *err);
+    int (*dev_d2h)(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, ep_err *err);
+    mb_step *(*dev_step_begin)(mb_backend *be, const mb_layer *l, int T, const uint16_t *h_x,
+                               const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
+                               double deadline, ep_err *err);
+    const uint8_t *(*dev_step_q)(const mb_step *s);
+    const float *(*dev_step_qs)(const mb_step *s);
+    int (*dev_gather)(mb_backend *be, int H, int n, const uint32_t *d_rows, const uint8_t *d_q,
+                      const float *d_qs, bool e8m0, uint8_t *d_codes, void *d_scales, ep_err *err);
+    int (*dev_scales_to_f32)(mb_backend *be, size_t n, const uint8_t *d_e8m0, float *d_f32,
+                             ep_err *err);
+    int (*dev_experts)(mb_backend *be, const mb_layer *l, int n_rows, const uint8_t *d_q,
+                       const float *d_qs, int n_pairs, const uint32_t *h_pair_row,
+                       const uint32_t *h_pair_expert, const float *h_pair_w, uint16_t *d_out,
+                       ep_err *err);
+    int (*dev_scatter)(mb_backend *be, int H, int n, const uint32_t *d_slots,
+                       const uint16_t *d_rows, uint16_t *d_eo, ep_err *err);
+    uint16_t *(*dev_step_eo)(mb_step *s, ep_err *err);
+    int (*dev_step_finish)(mb_step *s, uint16_t *h_out, double deadline, ep_err *err);
 } mb_vtable;
 
 struct mb_backend {
@@ -54,6 +84,7 @@ struct mb_backend {
 struct mb_layer {
     mb_backend *be;
     int index;
+    int hidden; /* H (set by the front) */
 };
 
 struct mb_step {

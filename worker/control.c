@@ -123,22 +123,14 @@ static void wctl_send_register(wctl *w)
 {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
-    char sm[16];
-    snprintf(sm, sizeof sm, "sm_%d%d", w->dev.sm_major, w->dev.sm_minor);
-    /* "cpu" and every instruction set this CPU can run the kernels with (the chosen one is in
-     * device_info.backend, e.g. cpu-avx512; EPMOE_ISA may have capped it below the best), then
-     * the GPU's */
-    char *caps[GEMM_IMPL_COUNT + 4] = {"cpu"};
-    size_t n_caps = 1;
-    for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
-        if (gemm_impl_supported((gemm_impl)i))
-            caps[n_caps++] = (char *)gemm_impl_name((gemm_impl)i);
-    if (w->dev.kind == MB_DEV_CUDA) {
-        caps[n_caps++] = "cuda";
-        caps[n_caps++] = sm;
-        if (tpc_nccl_ops() != NULL)
-            caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
-    }
+    /* the backend's (mb_device_info.caps: "cpu", the instruction sets, the GPU's), then the data
+     * planes this build adds */
+    char *caps[MB_MAX_CAPS + 1];
+    size_t n_caps = 0;
+    for (int i = 0; i < w->dev.n_caps; i++)
+        caps[n_caps++] = w->dev.caps[i];
+    if (w->dev.kind == MB_DEV_CUDA && tpc_nccl_ops() != NULL)
+        caps[n_caps++] = "nccl"; /* this build can serve data_plane nccl */
     Epmoe__DeviceInfo d = EPMOE__DEVICE_INFO__INIT;
     d.name = w->dev.name;
     d.backend = w->backend;
@@ -849,7 +841,8 @@ int wctl_run(const wctl_options *opt)
     zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, WCTL_IO_THREADS);
     /* The device first: a worker that cannot serve its device says why and exits 78 at once
      * (retrying cannot make a GPU appear). */
-    mb_options bo = {.device = opt->device, .threads = opt->threads, .impl = opt->impl};
+    mb_options bo = {
+        .device = opt->device, .threads = opt->threads, .impl = opt->impl, .cuda = opt->cuda};
     mb_backend *be = mb_create(&bo, &err);
     if (be == NULL) {
         log_error("cannot serve device %s: %s", opt->device, err.msg);

@@ -44,6 +44,7 @@
 #include "common/auth.h"
 #include "common/error.h"
 #include "kernels/gemm.h"
+#include "kernels/moe_backend.h"
 
 /* Heartbeat settings before the first WELCOME (zguide Paranoid Pirate values). */
 #define WCTL_DEFAULT_HEARTBEAT_MS 1000
@@ -71,6 +72,7 @@ typedef struct wctl_options {
     /* EPMOE_METRICS_PER_LAYER=1: the step histograms by layer and the pairs by (layer, expert)
      * (thousands of series at V4-Flash size; off: about 110) */
     bool metrics_per_layer;
+    mb_cuda_tuning cuda; /* the EPMOE_CUDA_* knobs (main.c reads them) */
 } wctl_options;
 
 /* Run the worker until it is told to stop; returns the process exit code (above). */

@@ -13,7 +13,6 @@
 #include "common/model_msg.h"
 #include "common/safetensors.h"
 #include "common/wire.h"
-#include "kernels/formats.h"
 #include "worker/exec_state.h"
 #include "worker/plan.h"
 #include "shard/shard.h"
@@ -287,12 +286,14 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
         }
     size_t H = (size_t)s->H, SC = H / EP_FP8_BLOCK, rows = (size_t)d->n_rows;
     uint8_t *q = d->codes, *qbuf = NULL;
-    float *qs = d->scales, *qsbuf = NULL;
+    const void *qs = d->scales;
+    float *qsbuf = NULL;
+    bool e8m0 = d->format != TP_FMT_BF16 && d->scales_e8m0; /* the backend widens the codes */
     tp_msg c = {.kind = TP_COMBINE, .step_id = s->step_id, .n_pairs = d->n_pairs};
     int rc = 0;
     if (d->format == TP_FMT_BF16)
         q = qbuf = exec_alloc(rows * H);
-    if (d->format == TP_FMT_BF16 || d->scales_e8m0)
+    if (d->format == TP_FMT_BF16)
         qs = qsbuf = exec_alloc(rows * SC * 4);
     if ((d->format == TP_FMT_BF16 && !qbuf) || (qs == NULL && rows) ||
         tpz_msg_alloc(&c, s->H, &s->err) != 0) {
@@ -301,15 +302,14 @@ static int exec_on_dispatch(exec_step_s *s, tp_msg *d)
     }
     double t0 = clk_mono_s();
     if (d->format == TP_FMT_BF16 && rows &&
-        mb_quant(s->st->be, s->layer, d->n_rows, d->hidden, q, qs, &s->err)) {
+        mb_quant(s->st->be, s->layer, d->n_rows, d->hidden, q, qsbuf, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "quantizing rank %d's rows: %s", src,
                        s->err.msg);
         goto done;
-    } else if (d->scales_e8m0)
-        for (size_t i = 0; i < rows * SC; i++)
-            qs[i] = fmt_e8m0_to_f32(((const uint8_t *)d->scales)[i]);
-    if (d->n_pairs && mb_experts(s->st->be, s->layer, d->n_rows, q, qs, d->n_pairs, d->pair_row,
-                                 d->pair_expert, d->pair_weight, c.out, &s->err)) {
+    }
+    if (d->n_pairs &&
+        mb_experts_scaled(s->st->be, s->layer, d->n_rows, q, qs, e8m0, d->n_pairs, d->pair_row,
+                          d->pair_expert, d->pair_weight, c.out, &s->err)) {
         rc = exec_fail(s, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "experts for rank %d (%s): %s", src,
                        ses->peer_name[src], s->err.msg);
         goto done;
@@ -669,7 +669,7 @@ static int exec_nccl_driver(exec_state *st, const Epmoe__CommInit *ci, ep_err *e
                      .scales_e8m0 = s->config.act_ue8m0,
                      .peer_name = (const char *const *)s->peer_name};
     sn_destroy(&st->sn);
-    st->sn = sn_create(&cfg, sn_cuda_dev_ops(), st->be, st->comm, err);
+    st->sn = sn_create(&cfg, st->be, st->comm, err);
     return st->sn != NULL ? 0 : -1;
 }
 

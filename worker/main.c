@@ -199,6 +199,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc < 0)
         rc = check_args(&a, &kp, server);
+    mb_cuda_tuning_from_knobs(&a.opt.cuda, &kv);
     if (rc < 0)
         rc = wctl_run(&a.opt);
     explicit_bzero(&kp, sizeof kp);

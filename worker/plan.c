@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/limits.h"
-#include "kernels/formats.h"
+#include "kernels/moe_backend.h"
 
 /* The replica of reps[n] for the i-th pair at origin, skipping ranks not ok when another one
  * is: the rule's pick first, then the next ones in order. */
@@ -107,14 +107,11 @@ static int dp_scales(const float *qs, size_t SC, int t, bool e8m0, void *dst, si
         memcpy((float *)dst + row * SC, qs, SC * 4);
         return 0;
     }
-    uint8_t *d = (uint8_t *)dst + row * SC;
-    for (size_t b = 0; b < SC; b++) {
-        d[b] = fmt_e8m0_ceil(qs[b]);
-        if (fmt_e8m0_to_f32(d[b]) != qs[b])
-            return ep_err_set(err,
-                              "token %d: activation scale %g is not a power of two (e8m0 dispatch)",
-                              t, (double)qs[b]);
-    }
+    size_t b; /* the backend's format math */
+    if (mb_narrow_scales(SC, qs, (uint8_t *)dst + row * SC, &b) != 0)
+        return ep_err_set(err,
+                          "token %d: activation scale %g is not a power of two (e8m0 dispatch)", t,
+                          (double)qs[b]);
     return 0;
 }
 

@@ -12,7 +12,6 @@
 
 #include "common/limits.h"
 #include "common/log.h"
-#include "kernels/formats.h"
 #include "worker/serve_experts.h"
 #include "worker/wmetrics.h"
 
@@ -132,8 +131,7 @@ static int srv_msg_rows(const srv_env *env, const mb_layer *l, tp_msg *d, srv_ro
         r->qs = r->qsbuf = srv_alloc(rows * SC * 4);
         if (!r->qsbuf)
             return ep_err_set(err, "out of memory");
-        for (size_t i = 0; i < rows * SC; i++)
-            r->qsbuf[i] = fmt_e8m0_to_f32(((const uint8_t *)d->scales)[i]);
+        mb_widen_scales(rows * SC, d->scales, r->qsbuf); /* the backend's format math */
     }
     return 0;
 }

@@ -40,8 +40,7 @@ struct sn_driver {
     pl_table *flat_c;  /* the same as a one-layer table over communicator ranks (dp_route) */
     uint8_t *owned;    /* [E] */
     tp_check check;
-    const sn_dev_ops *dev;
-    void *ctx;
+    mb_backend *be;
     tpc_comm *comm;
     sn_buf da, db, ha, hb;
 };
@@ -68,9 +67,10 @@ typedef struct sn_peer {
 
 typedef struct sn_ctx {
     sn_driver *d;
-    const sn_dev_ops *dev;
+    mb_backend *be;
     sn_step *io;
-    void *step, *stream;
+    mb_step *step;
+    void *stream;
     int P, H, k, SC, rank;
     sn_peer *peer;     /* [P] */
     uint32_t *h_slots; /* [sum pairs_to]: t*k + j, per destination in wire order */
@@ -142,12 +142,14 @@ static int sn_world(sn_driver *d, const sn_config *cfg, ep_err *err)
     return d->flat_c ? 0 : -1;
 }
 
-sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx, tpc_comm *comm,
-                     ep_err *err)
+sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tpc_comm *comm, ep_err *err)
 {
-    if (dev == NULL || comm == NULL) {
-        ep_err_set(err, "nccl step: %s",
-                   dev == NULL ? "this build has no CUDA device operations" : "no communicator");
+    if (be == NULL || comm == NULL) {
+        ep_err_set(err, "nccl step: %s", be == NULL ? "no backend" : "no communicator");
+        return NULL;
+    }
+    if (!mb_has_dev(be)) {
+        ep_err_set(err, "nccl step: the %s backend has no device operations", mb_name(be));
         return NULL;
     }
     if (sn_check_config(cfg, err) != 0)
@@ -177,8 +179,7 @@ sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx,
                           .epoch = cfg->epoch,
                           .owned = d->owned,
                           .self_ok = true};
-    d->dev = dev;
-    d->ctx = dev_ctx;
+    d->be = be;
     d->comm = comm;
     return d;
 }
@@ -188,15 +189,11 @@ void sn_destroy(sn_driver **self_p)
     sn_driver *d = *self_p;
     if (d == NULL)
         return;
-    if (d->dev) {
-        if (d->da.p)
-            d->dev->free(d->ctx, d->da.p);
-        if (d->db.p)
-            d->dev->free(d->ctx, d->db.p);
-        if (d->ha.p)
-            d->dev->free_host(d->ctx, d->ha.p);
-        if (d->hb.p)
-            d->dev->free_host(d->ctx, d->hb.p);
+    if (d->be) {
+        mb_dev_free(d->be, d->da.p);
+        mb_dev_free(d->be, d->db.p);
+        mb_dev_free_host(d->be, d->ha.p);
+        mb_dev_free_host(d->be, d->hb.p);
     }
     free(d->owner);
     free(d->owner_c);
@@ -265,11 +262,11 @@ static int sn_reserve(sn_ctx *c, sn_buf *b, size_t need, bool host)
     sn_driver *d = c->d;
     size_t cap = need > 2 * b->cap ? need : 2 * b->cap;
     if (b->p)
-        host ? d->dev->free_host(d->ctx, b->p) : d->dev->free(d->ctx, b->p);
+        host ? mb_dev_free_host(d->be, b->p) : mb_dev_free(d->be, b->p);
     b->p = NULL;
     b->cap = 0;
-    int rc = host ? d->dev->alloc_host(d->ctx, &b->p, cap, c->err)
-                  : d->dev->alloc(d->ctx, &b->p, cap, c->err);
+    int rc = host ? mb_dev_alloc_host(d->be, &b->p, cap, c->err)
+                  : mb_dev_alloc(d->be, &b->p, cap, c->err);
     if (rc != 0)
         return sn_dev_fail(c, host ? "pinned host workspace" : "device workspace");
     b->cap = cap;
@@ -288,7 +285,7 @@ static int sn_exchange(sn_ctx *c, const char *what, const tpc_xfer *s, int ns, c
 /* Wait for the device's copies (to the host) before the host reads them. */
 static int sn_wait(sn_ctx *c, const char *what)
 {
-    if (c->dev->wait(c->d->ctx, c->io->deadline, c->err) != 0)
+    if (mb_dev_wait(c->be, c->io->deadline, c->err) != 0)
         return sn_dev_fail(c, what);
     return 0;
 }
@@ -474,7 +471,7 @@ static int sn_counts(sn_ctx *c)
     if (sn_pack_counts(c) != 0)
         return -1;
     size_t bytes = (size_t)c->P * SN_COUNTS_SLOT;
-    if (c->dev->h2d(c->d->ctx, c->d_counts_out, c->h_counts_out, bytes, c->err) != 0)
+    if (mb_dev_h2d(c->be, c->d_counts_out, c->h_counts_out, bytes, c->err) != 0)
         return sn_dev_fail(c, "counts upload");
     tpc_xfer s[EP_MAX_WORKERS], r[EP_MAX_WORKERS];
     for (int p = 0; p < c->P; p++) {
@@ -483,7 +480,7 @@ static int sn_counts(sn_ctx *c)
     }
     if (sn_exchange(c, "dispatch counts", s, c->P, r, c->P) != 0)
         return -1;
-    if (c->dev->d2h(c->d->ctx, c->h_counts_in, c->d_counts_in, bytes, c->err) != 0)
+    if (mb_dev_d2h(c->be, c->h_counts_in, c->d_counts_in, bytes, c->err) != 0)
         return sn_dev_fail(c, "counts download");
     if (sn_wait(c, "counts download") != 0)
         return -1;
@@ -567,27 +564,27 @@ static void sn_fill_pairs(sn_ctx *c, int r)
 /* Gather codes and scales into each block and upload the pairs, rows and slots. */
 static int sn_fill_blocks(sn_ctx *c)
 {
-    void *X = c->d->ctx;
     size_t n_slots = 0, n_rows = 0;
     for (int r = 0; r < c->P; r++) {
         n_slots += (size_t)c->peer[r].pairs_to;
         n_rows += (size_t)c->peer[r].rows_to;
     }
-    if ((n_rows && c->dev->h2d(X, c->d_rows, c->h_rows, n_rows * 4, c->err) != 0) ||
-        (n_slots && c->dev->h2d(X, c->d_slots, c->h_slots, n_slots * 4, c->err) != 0))
+    if ((n_rows && mb_dev_h2d(c->be, c->d_rows, c->h_rows, n_rows * 4, c->err) != 0) ||
+        (n_slots && mb_dev_h2d(c->be, c->d_slots, c->h_slots, n_slots * 4, c->err) != 0))
         return sn_dev_fail(c, "row and slot upload");
-    const uint8_t *q = c->dev->step_q(c->step);
-    const float *qs = c->dev->step_qs(c->step);
+    const uint8_t *q = mb_dev_step_q(c->step);
+    const float *qs = mb_dev_step_qs(c->step);
     for (int r = 0; r < c->P; r++) {
         sn_peer *p = &c->peer[r];
         if (p->pairs_to == 0)
             continue;
-        if (c->dev->gather(X, c->H, p->rows_to, c->d_rows + p->rows_at, q, qs, p->send.scales_e8m0,
-                           p->d_send + p->send_off[0], p->d_send + p->send_off[1], c->err) != 0)
+        if (mb_dev_gather(c->be, c->H, p->rows_to, c->d_rows + p->rows_at, q, qs,
+                          p->send.scales_e8m0, p->d_send + p->send_off[0],
+                          p->d_send + p->send_off[1], c->err) != 0)
             return sn_dev_fail(c, "gather");
         sn_fill_pairs(c, r);
-        if (c->dev->h2d(X, p->d_send + p->send_pairs_at, p->h_send_pairs,
-                        p->send_bytes - p->send_pairs_at, c->err) != 0)
+        if (mb_dev_h2d(c->be, p->d_send + p->send_pairs_at, p->h_send_pairs,
+                       p->send_bytes - p->send_pairs_at, c->err) != 0)
             return sn_dev_fail(c, "pair upload");
     }
     return 0;
@@ -611,8 +608,8 @@ static int sn_dispatch(sn_ctx *c)
         return -1;
     for (int i = 0; i < c->P; i++) {
         sn_peer *p = &c->peer[i];
-        if (p->recv.n_pairs && c->dev->d2h(c->d->ctx, p->h_recv_pairs, p->d_recv + p->recv_pairs_at,
-                                           p->recv_bytes - p->recv_pairs_at, c->err) != 0)
+        if (p->recv.n_pairs && mb_dev_d2h(c->be, p->h_recv_pairs, p->d_recv + p->recv_pairs_at,
+                                          p->recv_bytes - p->recv_pairs_at, c->err) != 0)
             return sn_dev_fail(c, "pair download");
     }
     return sn_wait(c, "pair download");
@@ -641,7 +638,6 @@ static int sn_validate(sn_ctx *c)
 
 static int sn_experts(sn_ctx *c)
 {
-    void *X = c->d->ctx;
     for (int s = 0; s < c->P; s++) {
         sn_peer *p = &c->peer[s];
         if (p->recv.n_pairs == 0)
@@ -650,12 +646,12 @@ static int sn_experts(sn_ctx *c)
         const float *qs = (const float *)(const void *)(p->d_recv + p->recv_off[1]);
         if (p->recv.scales_e8m0) {
             size_t n = (size_t)p->recv.n_rows * (size_t)c->SC;
-            if (c->dev->scales_to_f32(X, n, p->d_recv + p->recv_off[1], c->d_qsf, c->err) != 0)
+            if (mb_dev_scales_to_f32(c->be, n, p->d_recv + p->recv_off[1], c->d_qsf, c->err) != 0)
                 return sn_dev_fail(c, "e8m0 scales");
             qs = c->d_qsf; /* reused per source: the stream orders the uses */
         }
-        if (c->dev->experts(X, c->io->layer, p->recv.n_rows, codes, qs, p->recv.n_pairs,
-                            p->pair_row, p->pair_expert, p->pair_w, p->d_cout, c->err) != 0) {
+        if (mb_dev_experts(c->be, c->io->layer, p->recv.n_rows, codes, qs, p->recv.n_pairs,
+                           p->pair_row, p->pair_expert, p->pair_w, p->d_cout, c->err) != 0) {
             char who[EP_MAX_NAME + 32];
             char what[EP_MAX_NAME + 64];
             snprintf(what, sizeof what, "experts for %s", sn_name(c, s, who, sizeof who));
@@ -682,16 +678,16 @@ static int sn_combine(sn_ctx *c)
 
 static int sn_finish(sn_ctx *c)
 {
-    uint16_t *eo = c->dev->step_eo(c->step, c->err);
+    uint16_t *eo = mb_dev_step_eo(c->step, c->err);
     if (eo == NULL)
         return sn_dev_fail(c, "expert output buffer");
     for (int i = 0; i < c->P; i++) {
         sn_peer *p = &c->peer[i];
-        if (p->pairs_to && c->dev->scatter(c->d->ctx, c->H, p->pairs_to, c->d_slots + p->slots_at,
-                                           p->d_crecv, eo, c->err) != 0)
+        if (p->pairs_to && mb_dev_scatter(c->be, c->H, p->pairs_to, c->d_slots + p->slots_at,
+                                          p->d_crecv, eo, c->err) != 0)
             return sn_dev_fail(c, "scatter");
     }
-    if (c->dev->step_finish(c->step, c->io->out, c->io->deadline, c->err) != 0)
+    if (mb_dev_step_finish(c->step, c->io->out, c->io->deadline, c->err) != 0)
         return sn_dev_fail(c, "combine");
     for (int i = 0; i < c->P; i++) {
         if (i == c->rank)
@@ -718,13 +714,13 @@ static int sn_begin(sn_ctx *c)
                        "step %llu: the communicator is rank %d of %d, the driver's rank %d of %d",
                        (unsigned long long)c->io->step_id, tpc_rank(comm), tpc_size(comm), c->rank,
                        c->P);
-    c->stream = c->dev->stream(d->ctx);
-    c->step = c->dev->step_begin(d->ctx, c->io->layer, c->io->T, c->io->x, c->io->ids,
-                                 c->io->topk_ids, c->io->topk_w, c->io->deadline, c->err);
+    c->stream = mb_dev_stream(d->be);
+    c->step = mb_dev_step_begin(d->be, c->io->layer, c->io->T, c->io->x, c->io->ids,
+                                c->io->topk_ids, c->io->topk_w, c->io->deadline, c->err);
     if (c->step == NULL)
         return sn_fail(c, EPMOE__ERROR_CODE__ERR_BAD_REQUEST, "STEP %llu: %s",
                        (unsigned long long)c->io->step_id, c->err->msg);
-    if (c->dev->step_shared(c->step, c->err) != 0)
+    if (mb_step_shared(c->step, c->err) != 0)
         return sn_dev_fail(c, "shared expert");
     return 0;
 }
@@ -732,7 +728,7 @@ static int sn_begin(sn_ctx *c)
 int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
 {
     sn_ctx c = {.d = d,
-                .dev = d->dev,
+                .be = d->be,
                 .io = io,
                 .P = d->P,
                 .H = d->cfg.hidden,
@@ -754,8 +750,7 @@ int sn_run(sn_driver *d, sn_step *io, int *code, ep_err *err)
      * is rebuilt before the next step) */
     if (rc != 0 && tpc_get_state(d->comm) == TPC_READY)
         tpc_abort(d->comm, err->msg);
-    if (c.step)
-        d->dev->step_free(&c.step);
+    mb_step_free(&c.step);
     free(c.peer);
     free(c.h_slots);
     free(c.h_rows);

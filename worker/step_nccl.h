@@ -5,7 +5,7 @@
  * plane"). Every rank, including one alone (P = 1 sends to itself), runs the same sequence on
  * its device stream:
  *
- *   route + quantize own tokens (q/qs stay on the device)      dev->step_begin, step_shared
+ *   route + quantize own tokens (q/qs stay on the device)      mb_dev_step_begin, step_shared
  *   counts:   one DISPATCH body to every rank (a 128-byte slot: u32 LE length + the packed
  *             Epmoe__Dispatch), validated on receipt by tp_check_dispatch  tpc_exchange
  *   payloads: one block to every rank, laid out by tp_msg_layout exactly as the ZeroMQ plane's
@@ -24,8 +24,9 @@
  * the communicator was not ready), ERR_STEP_FAILED (a peer's message failed validation, the
  * device failed, the owner abandoned the step). The coordinator rebuilds the communicator.
  *
- * The device is a vtable (sn_dev_ops): kernels/cuda/cuda_step.h's functions in the worker
- * (sn_cuda_dev_ops), host memory in the unit tests, which so run everything here on the CPU.
+ * The device is the worker's backend, through the seam's optional device operations
+ * (kernels/moe_backend.h, mb_dev_*): the CUDA backend's device in the worker, the CPU backend's
+ * host memory in the unit tests, which so run everything here on the CPU with its real math.
  * Owned by the executor thread.
  */
 #ifndef EPMOE_STEP_NCCL_H
@@ -36,47 +37,12 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "kernels/moe_backend.h"
 #include "worker/transport.h"
 #include "worker/transport_comm.h"
 
 /* Bytes of one rank's counts message to another: a u32 length and the packed Dispatch. */
 #define SN_COUNTS_SLOT 128
-
-/* The device side of a step (kernels/cuda/cuda_step.h; dev is the mb_backend, layer an
- * mb_layer, step an mb_step). Enqueue-and-return unless the function says it waits. */
-typedef struct sn_dev_ops {
-    void *(*stream)(void *dev);
-    int (*wait)(void *dev, double deadline, ep_err *err);
-    int (*alloc)(void *dev, void **d_p, size_t bytes, ep_err *err);
-    void (*free)(void *dev, void *d_p);
-    int (*alloc_host)(void *dev, void **h_p, size_t bytes, ep_err *err);
-    void (*free_host)(void *dev, void *h_p);
-    int (*h2d)(void *dev, void *d_dst, const void *h_src, size_t bytes, ep_err *err);
-    int (*d2h)(void *dev, void *h_dst, const void *d_src, size_t bytes, ep_err *err);
-    /* mbc_step_begin: waits for topk (until deadline); NULL with err on failure */
-    void *(*step_begin)(void *dev, const void *layer, int T, const uint16_t *h_x,
-                        const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w, double deadline,
-                        ep_err *err);
-    int (*step_shared)(void *step, ep_err *err);
-    const uint8_t *(*step_q)(const void *step);
-    const float *(*step_qs)(const void *step);
-    int (*gather)(void *dev, int H, int n, const uint32_t *d_rows, const uint8_t *d_q,
-                  const float *d_qs, bool e8m0, uint8_t *d_codes, void *d_scales, ep_err *err);
-    int (*scales_to_f32)(void *dev, size_t n, const uint8_t *d_e8m0, float *d_f32, ep_err *err);
-    int (*experts)(void *dev, const void *layer, int n_rows, const uint8_t *d_q, const float *d_qs,
-                   int n_pairs, const uint32_t *h_pair_row, const uint32_t *h_pair_expert,
-                   const float *h_pair_w, uint16_t *d_out, ep_err *err);
-    int (*scatter)(void *dev, int H, int n, const uint32_t *d_slots, const uint16_t *d_rows,
-                   uint16_t *d_eo, ep_err *err);
-    uint16_t *(*step_eo)(void *step, ep_err *err);
-    /* waits for the output (until deadline) */
-    int (*step_finish)(void *step, uint16_t *h_out, double deadline, ep_err *err);
-    void (*step_free)(void **step_p);
-} sn_dev_ops;
-
-/* cuda_step.h's functions (dev: an mb_backend of a cuda:N device), or NULL in a build without
- * CUDA. */
-const sn_dev_ops *sn_cuda_dev_ops(void);
 
 typedef struct sn_config {
     int rank, world_size; /* the session's (worker ranks): what DISPATCH bodies carry */
@@ -93,15 +59,15 @@ typedef struct sn_config {
 
 typedef struct sn_driver sn_driver;
 
-/* The driver of one session: comm is borrowed (the executor owns it), dev/dev_ctx too. */
-sn_driver *sn_create(const sn_config *cfg, const sn_dev_ops *dev, void *dev_ctx, tpc_comm *comm,
-                     ep_err *err);
+/* The driver of one session: be and comm are borrowed (the executor owns them); be must have
+ * device operations (mb_has_dev). */
+sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tpc_comm *comm, ep_err *err);
 void sn_destroy(sn_driver **self_p);
 
 /* One step's inputs and outputs (host memory). */
 typedef struct sn_step {
     uint64_t step_id;
-    const void *layer; /* the backend's layer */
+    const mb_layer *layer;
     uint32_t layer_index;
     int T;
     const uint16_t *x;       /* bf16 [T, H] */

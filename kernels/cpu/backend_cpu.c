@@ -4,6 +4,11 @@
  * memory already, so each operation is a direct call; a step keeps pointers to the caller's
  * q/qs/topk_ids (the seam's contract keeps them alive until mb_step_free) and the shared
  * expert's output.
+ *
+ * The optional device operations (mb_dev_*) run on host memory: "device" buffers are malloc'd,
+ * copies are memcpy, there is no stream (each operation is done when it returns), and a
+ * device-resident step owns its q/qs and expert-output buffers. So the NCCL plane's step runs
+ * on the CPU with the CPU's bits, which is how its unit test checks it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +16,7 @@
 
 #include "common/limits.h"
 #include "kernels/backend_internal.h"
+#include "kernels/formats.h"
 #include "kernels/moe.h"
 #include "kernels/route.h"
 
@@ -33,6 +39,10 @@ typedef struct cpu_step {
     const float *qs;
     const int32_t *topk_ids;
     uint16_t *shared; /* bf16 [T, H] once computed */
+    /* a device-resident step's own buffers (mb_dev_step_begin) */
+    uint8_t *own_q; /* e4m3 [T, H] */
+    float *own_qs;  /* f32 [T, H/128] */
+    uint16_t *eo;   /* bf16 [T*k, H], zeroed */
 } cpu_step;
 
 static cpu_backend *cpu_of(mb_backend *be)
@@ -215,7 +225,11 @@ static int cpu_step_finish(mb_step *ms, const uint16_t *eo, uint16_t *out, ep_er
 
 static void cpu_step_free(mb_step *ms)
 {
-    free(((cpu_step *)ms)->shared);
+    cpu_step *s = (cpu_step *)ms;
+    free(s->shared);
+    free(s->own_q);
+    free(s->own_qs);
+    free(s->eo);
     free(ms);
 }
 
@@ -241,6 +255,125 @@ static int cpu_forward(mb_backend *be, const mb_layer *l, int T, const uint16_t 
     return moe_forward(layer_of(l), T, x, ids, out, topk_ids, topk_w, cpu_of(be)->pool, err);
 }
 
+/* ---- device operations on host memory ---------------------------------------------------- */
+
+/* The backend itself: a handle that names this backend's (empty) queue to a communicator, which
+ * then waits on it only for its own transfers; every operation below is done when it
+ * returns. */
+static void *cpu_dev_stream(mb_backend *be)
+{
+    return be;
+}
+
+static int cpu_dev_poll(mb_backend *be, ep_err *err)
+{
+    return 0;
+}
+
+static int cpu_dev_wait(mb_backend *be, double deadline, ep_err *err)
+{
+    return 0;
+}
+
+static int cpu_dev_alloc(mb_backend *be, void **p, size_t bytes, ep_err *err)
+{
+    *p = malloc(bytes);
+    return *p ? 0 : ep_err_set(err, "out of memory for a %zu-byte buffer", bytes);
+}
+
+static void cpu_dev_free(mb_backend *be, void *p)
+{
+    free(p);
+}
+
+static int cpu_dev_copy(mb_backend *be, void *dst, const void *src, size_t bytes, ep_err *err)
+{
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static mb_step *cpu_dev_step_begin(mb_backend *be, const mb_layer *ml, int T, const uint16_t *x,
+                                   const int64_t *ids, int32_t *topk_ids, float *topk_w,
+                                   double deadline, ep_err *err)
+{
+    const mc_config *c = moe_layer_config(layer_of(ml));
+    size_t H = (size_t)c->hidden_size, k = (size_t)c->num_experts_per_tok;
+    uint8_t *q = malloc((size_t)T * H + 1);
+    float *qs = malloc((size_t)T * (H / EP_FP8_BLOCK) * sizeof *qs + 1);
+    uint16_t *eo = calloc((size_t)T * k * H + 1, 2);
+    mb_step *ms = q && qs && eo
+                      ? cpu_step_begin(be, ml, T, x, ids, topk_ids, topk_w, q, qs, NULL, err)
+                      : NULL;
+    if (ms == NULL) {
+        if (!q || !qs || !eo)
+            ep_err_set(err, "out of memory for a step of %d tokens", T);
+        free(q);
+        free(qs);
+        free(eo);
+        return NULL;
+    }
+    cpu_step *s = (cpu_step *)ms;
+    s->own_q = q;
+    s->own_qs = qs;
+    s->eo = eo;
+    return ms;
+}
+
+static const uint8_t *cpu_dev_step_q(const mb_step *ms)
+{
+    return ((const cpu_step *)ms)->own_q;
+}
+
+static const float *cpu_dev_step_qs(const mb_step *ms)
+{
+    return ((const cpu_step *)ms)->own_qs;
+}
+
+/* The CUDA gather's arithmetic: e8m0 codes by fmt_e8m0_ceil of scales known to be powers of
+ * two. */
+static int cpu_dev_gather(mb_backend *be, int H, int n, const uint32_t *rows, const uint8_t *q,
+                          const float *qs, bool e8m0, uint8_t *codes, void *scales, ep_err *err)
+{
+    size_t SC = (size_t)H / EP_FP8_BLOCK;
+    for (size_t i = 0; i < (size_t)n; i++) {
+        memcpy(codes + i * (size_t)H, q + (size_t)rows[i] * (size_t)H, (size_t)H);
+        const float *from = qs + (size_t)rows[i] * SC;
+        if (!e8m0) {
+            memcpy((float *)scales + i * SC, from, SC * sizeof *from);
+            continue;
+        }
+        for (size_t b = 0; b < SC; b++)
+            ((uint8_t *)scales)[i * SC + b] = fmt_e8m0_ceil(from[b]);
+    }
+    return 0;
+}
+
+static int cpu_dev_scales_to_f32(mb_backend *be, size_t n, const uint8_t *e8m0, float *f32,
+                                 ep_err *err)
+{
+    for (size_t i = 0; i < n; i++)
+        f32[i] = fmt_e8m0_to_f32(e8m0[i]);
+    return 0;
+}
+
+static int cpu_dev_scatter(mb_backend *be, int H, int n, const uint32_t *slots,
+                           const uint16_t *rows, uint16_t *eo, ep_err *err)
+{
+    for (size_t i = 0; i < (size_t)n; i++)
+        memcpy(eo + (size_t)slots[i] * (size_t)H, rows + i * (size_t)H, (size_t)H * 2);
+    return 0;
+}
+
+static uint16_t *cpu_dev_step_eo(mb_step *ms, ep_err *err)
+{
+    return ((cpu_step *)ms)->eo;
+}
+
+static int cpu_dev_step_finish(mb_step *ms, uint16_t *out, double deadline, ep_err *err)
+{
+    return cpu_step_finish(ms, ((cpu_step *)ms)->eo, out, err);
+}
+
 static const mb_vtable CPU_VT = {
     .destroy = cpu_destroy,
     .device = cpu_device,
@@ -259,6 +392,24 @@ static const mb_vtable CPU_VT = {
     .experts = cpu_experts,
     .quant = cpu_quant,
     .forward = cpu_forward,
+    .dev_stream = cpu_dev_stream,
+    .dev_poll = cpu_dev_poll,
+    .dev_wait = cpu_dev_wait,
+    .dev_alloc = cpu_dev_alloc,
+    .dev_free = cpu_dev_free,
+    .dev_alloc_host = cpu_dev_alloc,
+    .dev_free_host = cpu_dev_free,
+    .dev_h2d = cpu_dev_copy,
+    .dev_d2h = cpu_dev_copy,
+    .dev_step_begin = cpu_dev_step_begin,
+    .dev_step_q = cpu_dev_step_q,
+    .dev_step_qs = cpu_dev_step_qs,
+    .dev_gather = cpu_dev_gather,
+    .dev_scales_to_f32 = cpu_dev_scales_to_f32,
+    .dev_experts = cpu_experts, /* host memory already; moe_experts checks the pairs */
+    .dev_scatter = cpu_dev_scatter,
+    .dev_step_eo = cpu_dev_step_eo,
+    .dev_step_finish = cpu_dev_step_finish,
 };
 
 mb_backend *mb_cpu_create(const mb_options *o, ep_err *err)

@@ -24,6 +24,7 @@
 #include "kernels/combine_order.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/cuda_tuning.h"
 
 /* A cached cuBLASLt algorithm for one (m, n, k, output type). */
 typedef struct lt_algo {
@@ -507,12 +508,6 @@ __global__ static void k_rows_out(int N, int M, const uint32_t *rows, const uint
         d4[i] = s4[i];
 }
 
-static int env_int(const char *name, int def)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : def;
-}
-
 /* The cached algorithm for an FP8 (e4m3 x e4m3, 128x128 weight and 1x128 activation scales)
  * GEMM D[m, n] (col-major, leading dimension ldd) = W[m, k] . X[n, k]^T, or NULL when
  * cuBLASLt offers none. */
@@ -633,20 +628,17 @@ static const char *lt_unfit(const cudev *d, const cudev_gemm *g)
  * its own kernel; -1 on an error. */
 static int lt_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
 {
-    /* Default: cuBLASLt where the groups average EPMOE_CUDA_CUBLASLT_ROWS (96) rows or more.
+    /* Default: cuBLASLt where the groups average cublaslt_rows (96) rows or more.
      * Measured on an H200 at V4-Flash shapes (docs/performance.md): 5.6x our tensor-core
      * kernel at 512 rows per expert, 0.83x at 64 (a near-constant ~17 us per call); it was
-     * checked against the CPU backend there (test_cuda_kernels, "require"). "0": never;
-     * "1": wherever it fits; "require" (tests): a shape it cannot take is an error instead
-     * of a quiet fallback, so a test knows which path it checked. */
-    const char *want = getenv("EPMOE_CUDA_CUBLASLT");
-    bool require = want && strcmp(want, "require") == 0;
-    if (g->format != MB_W_FP8)
+     * checked against the CPU backend there (test_cuda_kernels, "require"). MB_LT_NEVER;
+     * MB_LT_ALWAYS: wherever it fits; MB_LT_REQUIRE (tests): a shape it cannot take is an
+     * error instead of a quiet fallback, so a test knows which path it checked. */
+    mb_cublaslt want = cu_tune_lt(g->tune);
+    bool require = want == MB_LT_REQUIRE;
+    if (g->format != MB_W_FP8 || want == MB_LT_NEVER)
         return 1;
-    bool set = want && *want;
-    if (!require && set && !env_int("EPMOE_CUDA_CUBLASLT", 0))
-        return 1;
-    if (!set && (int64_t)g->M < (int64_t)env_int("EPMOE_CUDA_CUBLASLT_ROWS", 96) * g->n_groups)
+    if (want == MB_LT_AUTO && (int64_t)g->M < (int64_t)cu_tune_lt_rows(g->tune) * g->n_groups)
         return 1;
     const char *why = lt_unfit(d, g);
     if (why != NULL) {
@@ -710,12 +702,11 @@ static int dev_gemm(cudev *d, const cudev_gemm *g, ep_err *err)
         return ep_err_set(err, "grouped GEMM: N=%d K=%d mats=%d", g->N, g->K, g->n_mats);
     const char *what = "exact GEMM launch";
     if (g->mode == MB_GEMM_EXACT) {
-        const char *k = getenv("EPMOE_CUDA_EXACT");
-        if (k && strcmp(k, "ref") == 0)
+        if (cu_tune_exact_ref(g->tune))
             cuk_gemm_exact_ref(g, d->stream);
         else
             cuk_gemm_exact(g, d->stream);
-    } else if (g->max_rows <= env_int("EPMOE_CUDA_FAST_ROWS", 16)) {
+    } else if (g->max_rows <= cu_tune_fast_rows(g->tune)) {
         /* a few rows per expert: streaming the weights is all that matters; MXFP4 runs the
          * exact kernel (memory-bound already), FP8 its fp32-summing twin */
         what = "few-row GEMM launch";

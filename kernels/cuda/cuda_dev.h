@@ -63,6 +63,10 @@ typedef struct cudev_gemm {
     int ld_out;
     uint16_t *out_bf16;      /* [., N] */
     const uint32_t *out_row; /* [M] or NULL */
+    /* which kernels run (cuBLASLt, the few-row and reference kernels, row splits): the
+     * backend's options (cuda_tuning.h); NULL: the defaults. Last, so positional initialisers
+     * of the fields above stay valid. */
+    const mb_cuda_tuning *tune;
 } cudev_gemm;
 
 typedef struct cudev_ops {
@@ -137,15 +141,17 @@ typedef struct cudev_module {
 #define CUDEV_MODULE_ENTRY "epmoe_cudev_module"
 typedef const cudev_module *(*cudev_module_fn)(void);
 
-/* The real device: the CUDA module, opened at the first call (cuda_module.c). NULL with err
- * saying why (a build without CUDA, a module or CUDA library that cannot be loaded, naming the
- * file and the loader's reason); later calls give the same answer. Thread-safe. */
-const cudev_ops *cudev_cuda_ops(ep_err *err);
-/* The module's runtime calls (cudev_rt), loading it like cudev_cuda_ops. */
+/* The real device: the CUDA module, opened at the first call (cuda_module.c) from file (NULL or
+ * "": CUDEV_MODULE_FILE through the loader's search). NULL with err saying why (a build without
+ * CUDA, a module or CUDA library that cannot be loaded, naming the file and the loader's
+ * reason); later calls give the same answer, whatever file they name. Thread-safe. */
+const cudev_ops *cudev_cuda_ops(const char *file, ep_err *err);
+/* The module's runtime calls (cudev_rt), loading it like cudev_cuda_ops(NULL) if no backend
+ * has yet. */
 int cudev_set_device(int ordinal, ep_err *err);
 int cudev_stream_query(void *stream, ep_err *err);
 
-/* The CUDA backend over any device ops (the front's mb_cuda_create passes cudev_cuda_ops()). */
+/* The CUDA backend over any device ops (the front's mb_cuda_create passes cudev_cuda_ops). */
 mb_backend *mb_cuda_create_with(const mb_options *o, int ordinal, const cudev_ops *ops,
                                 ep_err *err);
 

@@ -10,7 +10,8 @@
  * instead of failing to start them, while a cuda:N request there fails with an error naming
  * the library that is missing.
  *
- * Where: $EPMOE_CUDA_MODULE (a path) when set, else CUDEV_MODULE_FILE through the loader's
+ * Where: the file the first caller names (mb_cuda_tuning.module, which a program's main fills
+ * from $EPMOE_CUDA_MODULE) when it names one, else CUDEV_MODULE_FILE through the loader's
  * search: the binaries' RUNPATH ($ORIGIN/../lib/epmoe when installed, the module's build folder
  * in a build tree), LD_LIBRARY_PATH, the system's library folders.
  */
@@ -25,15 +26,10 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
-static pthread_once_t cum_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t cum_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool cum_tried;              /* loaded once: the first caller's file holds */
 static const cudev_module *cum_mod; /* NULL: cum_why says why */
 static char cum_why[EP_ERR_MSG_MAX];
-
-static const char *cum_file(void)
-{
-    const char *f = getenv("EPMOE_CUDA_MODULE");
-    return f && f[0] ? f : CUDEV_MODULE_FILE;
-}
 
 /* A module built from this header: every table the size this build expects. */
 static int cum_check(const cudev_module *m, const char *file)
@@ -48,9 +44,8 @@ static int cum_check(const cudev_module *m, const char *file)
     return -1;
 }
 
-static void cum_load(void)
+static void cum_load(const char *file)
 {
-    const char *file = cum_file();
     void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
         const char *e = dlerror();
@@ -78,9 +73,13 @@ static void cum_load(void)
     cum_mod = m; /* never closed: its kernels stay registered for the process's life */
 }
 
-static const cudev_module *cum_get(ep_err *err)
+static const cudev_module *cum_get(const char *file, ep_err *err)
 {
-    pthread_once(&cum_once, cum_load);
+    pthread_mutex_lock(&cum_mu);
+    if (!cum_tried)
+        cum_load(file && file[0] ? file : CUDEV_MODULE_FILE);
+    cum_tried = true;
+    pthread_mutex_unlock(&cum_mu);
     if (cum_mod == NULL)
         ep_err_set(err, "%s", cum_why);
     return cum_mod;
@@ -88,7 +87,7 @@ static const cudev_module *cum_get(ep_err *err)
 
 #else /* a build without CUDA: there is no module to load */
 
-static const cudev_module *cum_get(ep_err *err)
+static const cudev_module *cum_get(const char *file, ep_err *err)
 {
     ep_err_set(err, "this build of epmoe has no CUDA support (rebuild with the CUDA toolkit "
                     "installed, EPMOE_CUDA=ON)");
@@ -97,20 +96,20 @@ static const cudev_module *cum_get(ep_err *err)
 
 #endif
 
-const cudev_ops *cudev_cuda_ops(ep_err *err)
+const cudev_ops *cudev_cuda_ops(const char *file, ep_err *err)
 {
-    const cudev_module *m = cum_get(err);
+    const cudev_module *m = cum_get(file, err);
     return m ? m->ops : NULL;
 }
 
 int cudev_set_device(int ordinal, ep_err *err)
 {
-    const cudev_module *m = cum_get(err);
+    const cudev_module *m = cum_get(NULL, err);
     return m ? m->rt->set_device(ordinal, err) : -1;
 }
 
 int cudev_stream_query(void *stream, ep_err *err)
 {
-    const cudev_module *m = cum_get(err);
+    const cudev_module *m = cum_get(NULL, err);
     return m ? m->rt->stream_query(stream, err) : -1;
 }

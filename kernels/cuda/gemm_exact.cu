@@ -29,6 +29,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
+#include "kernels/cuda/cuda_tuning.h"
 #include "kernels/cuda/gemm_rows_math.h"
 
 #define RX_THREADS 128 /* threads per block */
@@ -341,15 +342,15 @@ static void rx_optin(const void *fn, size_t bytes)
 
 /* Split rows 4 ways when one thread per row would leave most of the GPU idle (a few experts of
  * a few rows: decode) and the blocks divide evenly (per thread a multiple of `step` blocks, the
- * prefetch step). EPMOE_CUDA_SPLIT=16 (benches and tests, until a device run has measured it)
- * allows 16 ways where the blocks divide: four times the loads in flight for a small grid. */
+ * prefetch step). tune->split = 16 (EPMOE_CUDA_SPLIT: benches and tests, until a device run has
+ * measured it) allows 16 ways where the blocks divide: four times the loads in flight for a small
+ * grid. */
 static int rx_split(const cudev_gemm *g, int nb, int step)
 {
     long blocks = (long)((g->N + RX_THREADS - 1) / RX_THREADS) * g->n_groups * g->n_mats;
     if (blocks >= 4L * 132)
         return 1;
-    const char *cap = getenv("EPMOE_CUDA_SPLIT");
-    int most = cap && *cap ? atoi(cap) : 4, split = 1;
+    int most = cu_tune_split(g->tune), split = 1;
     for (int s = 4; s <= most && s <= 16; s *= 4) {
         if (nb % (s * step) != 0)
             break;

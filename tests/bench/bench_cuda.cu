@@ -25,6 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+extern "C" {
+#include "common/knobs.h" /* a C header without C++ guards */
+}
 #include "common/model_config.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/formats.h"
@@ -41,6 +44,19 @@
 
 static const int H = 4096, I = 2048, E = 256, TOPK = 6;
 static const cudev_ops *D;
+
+/* The EPMOE_CUDA_* knobs as the environment sets them now (this program sets some itself): the
+ * kernels take them from each GEMM and backend's options, never from the environment. */
+static const mb_cuda_tuning *bc_tune(void)
+{
+    static mb_cuda_tuning t;
+    t = (mb_cuda_tuning){};
+    knob_values kv;
+    ep_err err = {};
+    if (knob_load(&kv, KNOB_WORKER, &err) == 0)
+        mb_cuda_tuning_from_knobs(&t, &kv);
+    return &t;
+}
 static cudev *dev;
 static cudaStream_t st;
 static char table[8192];
@@ -229,6 +245,7 @@ static void mlp(act *x, mb_wformat f, mb_gemm_mode mode, int M, int ng, cudev_gr
                     max_rows, x->a, x->as, x->acc1, x->acc3, 2 * I, NULL, NULL};
     cudev_gemm g2 = {f,        mode,  H,      I,    M,    1, ng,     x->g2, h2,
                      max_rows, x->hq, x->hqs, NULL, NULL, 0, x->out, NULL};
+    g.tune = g2.tune = bc_tune();
     if (D->gemm(dev, &g, &err) ||
         D->swiglu(dev, M, I, x->acc1, x->acc3, 2 * I, weights ? x->w : NULL, 10.0f, true, x->tab,
                   0.0f, x->hq, x->hqs, &err) ||
@@ -356,6 +373,7 @@ static void bench_decode_parts(double copy_bps)
                                     1, x.a, x.as, x.acc1, x.acc3, 2 * I, NULL, NULL};
                     cudev_gemm g2 = {f, gm,   H,     I,    ng,   1, ng,    d + 7, t + 7,
                                      1, x.hq, x.hqs, NULL, NULL, 0, x.out, NULL};
+                    g.tune = g2.tune = bc_tune();
                     int rc = kind == 0 ? D->gemm(dev, &g, &err)
                              : kind == 2
                                  ? D->gemm(dev, &g2, &err)
@@ -524,6 +542,7 @@ static void bench_grouped(void)
                                 2 * I,
                                 NULL,
                                 NULL};
+                g.tune = bc_tune();
                 int reps = mode == 0 && R >= 64 ? 1 : 3;
                 double best = 1e30;
                 for (int rep = 0; rep < 2; rep++) {
@@ -655,6 +674,7 @@ static void bench_layer(void)
     for (int mode = 0; mode < 2; mode++) {
         ep_err err;
         mb_options o = {"cuda:0", 0, GEMM_IMPL_AUTO, mode ? MB_GEMM_FAST : MB_GEMM_EXACT};
+        o.cuda = *bc_tune();
         mb_backend *be = mb_create(&o, &err);
         if (!be) {
             printf("backend: %s\n", err.msg);
@@ -717,7 +737,7 @@ int main(int argc, char **argv)
 {
     mb_device_info info;
     ep_err err;
-    D = cudev_cuda_ops(&err);
+    D = cudev_cuda_ops(bc_tune()->module, &err);
     memset(&info, 0, sizeof info);
     if (!D || D->open(0, &dev, &info, &err) != 0) {
         printf("bench_cuda: no CUDA device (%s), skipped\n", err.msg);

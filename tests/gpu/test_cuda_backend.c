@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend_check.h"
+#include "common/knobs.h"
 #include "kernels/moe_backend.h"
 #include "moe_gen.h"
 #include "test.h"
@@ -22,6 +23,10 @@ static mb_backend *make(const char *device, mb_gemm_mode mode)
 {
     ep_err err = {0};
     mb_options o = {.device = device, .threads = 0, .gemm = mode};
+    /* the EPMOE_CUDA_* knobs as check.sh sets them (EPMOE_CUDA_WAIT_S) */
+    knob_values kv;
+    if (knob_load(&kv, KNOB_WORKER, &err) == 0)
+        mb_cuda_tuning_from_knobs(&o.cuda, &kv);
     mb_backend *be = mb_create(&o, &err);
     if (!be)
         printf("  %s: %s\n", device, err.msg);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/knobs.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
@@ -25,6 +26,19 @@
 #include "test.h"
 
 static const cudev_ops *D;
+
+/* The EPMOE_CUDA_* knobs as this test sets them (setenv): the kernels take them from each GEMM
+ * (cudev_gemm.tune), never from the environment. */
+static const mb_cuda_tuning *tk_tune(void)
+{
+    static mb_cuda_tuning t;
+    t = (mb_cuda_tuning){0};
+    knob_values kv;
+    ep_err err = {0};
+    if (knob_load(&kv, KNOB_WORKER, &err) == 0)
+        mb_cuda_tuning_from_knobs(&t, &kv);
+    return &t;
+}
 static cudev *dev;
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -410,7 +424,8 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
                         .a_scale = das,
                         .out_f32 = do1,
                         .out2_f32 = do3,
-                        .ld_out = ld};
+                        .ld_out = ld,
+                        .tune = tk_tune()};
         int grc = D->gemm(dev, &G, &err);
         if (grc != 0)
             printf("  gemm: %s\n", err.msg);
@@ -557,7 +572,8 @@ static void bf16_rows_case(bool fp4, mb_gemm_mode mode, int M, int N, int K, dou
                     .a = da,
                     .a_scale = das,
                     .out_bf16 = dout,
-                    .out_row = dor};
+                    .out_row = dor,
+                    .tune = tk_tune()};
     int grc = D->gemm(dev, &G, &err);
     if (grc != 0)
         printf("  gemm: %s\n", err.msg);
@@ -604,7 +620,7 @@ int main(void)
 {
     mb_device_info info;
     ep_err err;
-    D = cudev_cuda_ops(&err);
+    D = cudev_cuda_ops(tk_tune()->module, &err);
     memset(&info, 0, sizeof info);
     if (D && D->open(0, &dev, &info, &err) == 0)
         printf("device: %s (sm_%d%d, %.0f GiB)\n", info.name, info.sm_major, info.sm_minor,

@@ -43,6 +43,7 @@ typedef struct fc_recv {
 struct fc_stream {
     fc_recv pending[FC_MAX_PENDING];
     int n_pending;
+    const void *key; /* a foreign stream handle this one stands for, or NULL */
 };
 
 struct fc_world {
@@ -80,6 +81,24 @@ void fc_world_free(fc_world **self_p)
     pthread_mutex_destroy(&w->mu);
     free(w);
     *self_p = NULL;
+}
+
+/* The fc_stream of a stream handle: one of ours, or the stand-in for a foreign handle (a CPU
+ * backend's mb_dev_stream: its operations are done when they return, so only the
+ * communicator's receives are ever pending on it), made at its first use. Mutex held. */
+static fc_stream *fc_stream_of(fc_world *w, void *stream)
+{
+    for (int i = 0; i < w->n_streams; i++)
+        if (w->streams[i] == stream || w->streams[i]->key == stream)
+            return w->streams[i];
+    fc_stream *s = calloc(1, sizeof *s);
+    if (s == NULL || w->n_streams == FC_MAX_STREAMS) {
+        free(s);
+        return NULL;
+    }
+    s->key = stream;
+    w->streams[w->n_streams++] = s;
+    return s;
 }
 
 fc_stream *fc_stream_new(fc_world *w)
@@ -199,9 +218,9 @@ static int fc_exchange(tpc_handle *h, const tpc_xfer *sends, int n_sends, const 
                        int n_recvs, void *stream, ep_err *err)
 {
     fc_world *w = h->w;
-    fc_stream *s = stream;
     pthread_mutex_lock(&w->mu);
-    if (s->n_pending + n_recvs > FC_MAX_PENDING) {
+    fc_stream *s = fc_stream_of(w, stream);
+    if (s == NULL || s->n_pending + n_recvs > FC_MAX_PENDING) {
         pthread_mutex_unlock(&w->mu);
         return ep_err_set(err, "fake: too many receives pending");
     }
@@ -250,8 +269,12 @@ static int fc_match(fc_recv *r, ep_err *err)
 static int fc_stream_query(void *ctx, void *stream, ep_err *err)
 {
     fc_world *w = ctx;
-    fc_stream *s = stream;
     pthread_mutex_lock(&w->mu);
+    fc_stream *s = fc_stream_of(w, stream);
+    if (s == NULL) {
+        pthread_mutex_unlock(&w->mu);
+        return ep_err_set(err, "fake: too many streams");
+    }
     int j = 0, rc = 0;
     for (int i = 0; i < s->n_pending; i++) {
         int m = rc < 0 ? 0 : fc_match(&s->pending[i], err);

@@ -7,8 +7,9 @@
  * called shrink with the same exclusions); a receive completes only when the peer's matching
  * send was posted (FIFO per source and destination, sizes must match); nothing ever completes
  * for a rank that does not take part, so a dead peer leaves its peers waiting, as on a GPU.
- * "Streams" are fc_stream objects the test creates per rank; abort frees the handle (so a use
- * after abort is a use after free under ASan) and drops the receives it left pending.
+ * "Streams" are fc_stream objects the test creates per rank, or any other handle (what a CPU
+ * backend's mb_dev_stream gives), which stands for a stream of its own; abort frees the handle
+ * (so a use after abort is a use after free under ASan) and drops the receives it left pending.
  *
  * Injection: fc_fail_status makes a rank's communicators report an asynchronous error after a
  * number of polls; fc_aborts counts the aborts.

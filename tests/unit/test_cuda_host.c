@@ -13,8 +13,8 @@
  * inputs), so the equality also proves the table trick gives the C library's bits.
  *
  * Properties proved: bit identity with the CPU backend for forward, the step API and the
- * device-resident step API (cuda_step.h) on every layer kind and both expert dtypes, including
- * requests larger than one pass (chunking); one device allocation for a reserved shard's
+ * device-resident step API (moe_backend.h mb_dev_*) on every layer kind and both expert dtypes,
+ * including requests larger than one pass (chunking); one device allocation for a reserved shard's
  * weights; the device-memory check names both sizes; a failing copy or kernel, a device error
  * and a stream that never drains are explicit errors, never hangs.
  */
@@ -27,10 +27,11 @@
 #include <unistd.h>
 
 #include "backend_check.h"
+#include "common/knobs.h"
 #include "common/model_config.h"
 #include "common/safetensors_model.h"
 #include "kernels/cuda/cuda_dev.h"
-#include "kernels/cuda/cuda_step.h"
+#include "kernels/cuda/cuda_tuning.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
@@ -481,14 +482,19 @@ static int fixture_make(fixture *f, mc_expert_dtype dt, int H, int I, int E, int
     return rc;
 }
 
-static mb_backend *fake_backend(mb_gemm_mode mode)
+static mb_backend *fake_backend_tuned(mb_gemm_mode mode, const mb_cuda_tuning *t)
 {
     ep_err err = {0};
-    mb_options o = {.device = "cuda:0", .threads = 2, .gemm = mode};
+    mb_options o = {.device = "cuda:0", .threads = 2, .gemm = mode, .cuda = *t};
     mb_backend *be = mb_cuda_create_with(&o, 0, &FAKE, &err);
     if (!be)
         printf("  fake backend: %s\n", err.msg);
     return be;
+}
+
+static mb_backend *fake_backend(mb_gemm_mode mode)
+{
+    return fake_backend_tuned(mode, &(mb_cuda_tuning){0});
 }
 
 static mb_backend *cpu_backend(void)
@@ -566,7 +572,7 @@ TEST(a_reserved_shard_is_one_device_arena)
         cudev *d = NULL;
         /* the fake device's allocation counter lives in its context; reach it through a
          * device-resident call's stream (the fake's stream is its context) */
-        d = (cudev *)mbc_stream(be);
+        d = (cudev *)mb_dev_stream(be);
         CHECK(d != NULL);
         int before = d ? d->allocs : 0;
         CHECK_EQ(shard_load(be, m, &f.c, want, NULL, 64, layers, NULL, NULL, &err), 0);
@@ -637,8 +643,7 @@ TEST(device_failures_are_explicit_errors)
         return;
     }
     ep_err err = {0};
-    setenv("EPMOE_CUDA_WAIT_S", "0.2", 1);
-    mb_backend *be = fake_backend(MB_GEMM_EXACT);
+    mb_backend *be = fake_backend_tuned(MB_GEMM_EXACT, &(mb_cuda_tuning){.wait_s = 0.2});
     st_model *m = st_model_open(f.dir, &err);
     mb_layer *l = be && m ? shard_load_layer(be, m, &f.c, 1, NULL, NULL, NULL, NULL, &err) : NULL;
     CHECK(l != NULL);
@@ -676,7 +681,7 @@ TEST(device_failures_are_explicit_errors)
         fk.never_drains = 0;
         (void)k;
         /* and the backend still works afterwards */
-        fk_query((cudev *)mbc_stream(be), &err);
+        fk_query((cudev *)mb_dev_stream(be), &err);
         CHECK_EQ(mb_forward(be, l, T, x, NULL, out, ids, w, &err), 0);
         free(x);
         free(out);
@@ -684,8 +689,55 @@ TEST(device_failures_are_explicit_errors)
     mb_layer_free(&l);
     st_model_close(&m);
     mb_destroy(&be);
-    unsetenv("EPMOE_CUDA_WAIT_S");
     gen_model_remove(f.dir);
+}
+
+/* One rank's NCCL-plane path through the device operations: every slot's row through a gather
+ * into a "send buffer", the experts on it, the outputs scattered back into eo, the finish.
+ * want_ids: the routing the step must give. */
+static int dev_path(mb_backend *be, const mb_layer *la, int T, int H, int k, const uint16_t *x,
+                    const int32_t *want_ids, uint16_t *got)
+{
+    ep_err err = {0};
+    int rc = -1;
+    int32_t ids_a[64];
+    float w_a[64];
+    mb_step *s = mb_dev_step_begin(be, la, T, x, NULL, ids_a, w_a, 1e30, &err);
+    CHECK(s != NULL);
+    if (s == NULL)
+        return -1;
+    CHECK(memcmp(ids_a, want_ids, (size_t)T * k * 4) == 0);
+    int n = T * k;
+    uint32_t rows[64], slots[64], prow[64], pexp[64];
+    float pw[64];
+    for (int i = 0; i < n; i++) {
+        rows[i] = (uint32_t)(i / k);
+        prow[i] = (uint32_t)i;
+        pexp[i] = (uint32_t)ids_a[i];
+        pw[i] = w_a[i];
+        slots[i] = (uint32_t)i;
+    }
+    void *d_rows = NULL, *d_codes = NULL, *d_scales = NULL, *d_out = NULL, *d_slots = NULL;
+    if (mb_dev_alloc(be, &d_rows, 256, &err) == 0 && mb_dev_alloc(be, &d_slots, 256, &err) == 0 &&
+        mb_dev_alloc(be, &d_codes, (size_t)n * H, &err) == 0 &&
+        mb_dev_alloc(be, &d_scales, (size_t)n * H / 128 * 4, &err) == 0 &&
+        mb_dev_alloc(be, &d_out, (size_t)n * H * 2, &err) == 0) {
+        rc = mb_dev_h2d(be, d_rows, rows, (size_t)n * 4, &err) ||
+                     mb_dev_h2d(be, d_slots, slots, (size_t)n * 4, &err) ||
+                     mb_dev_gather(be, H, n, d_rows, mb_dev_step_q(s), mb_dev_step_qs(s), false,
+                                   d_codes, d_scales, &err) ||
+                     mb_dev_experts(be, la, n, d_codes, d_scales, n, prow, pexp, pw, d_out, &err) ||
+                     mb_dev_scatter(be, H, n, d_slots, d_out, mb_dev_step_eo(s, &err), &err) ||
+                     mb_dev_step_finish(s, got, 1e30, &err)
+                 ? -1
+                 : 0;
+        mb_dev_free(be, d_rows), mb_dev_free(be, d_slots), mb_dev_free(be, d_codes);
+        mb_dev_free(be, d_scales), mb_dev_free(be, d_out);
+    }
+    if (rc != 0)
+        printf("  %s: %s\n", mb_name(be), err.msg);
+    mb_step_free(&s);
+    return rc;
 }
 
 /* The device-resident step API (what the NCCL plane uses) gives the CPU backend's bits. */
@@ -708,49 +760,18 @@ TEST(device_resident_steps_give_the_cpu_bits)
     if (la && lb) {
         uint16_t *x = malloc((size_t)T * H * 2), *want = malloc((size_t)T * H * 2);
         uint16_t *got = malloc((size_t)T * H * 2);
-        int32_t ids_a[64], ids_b[64];
-        float w_a[64], w_b[64];
+        int32_t ids_b[64];
+        float w_b[64];
         for (int i = 0; i < T * H; i++)
             x[i] = fmt_f32_to_bf16((float)((i * 7919) % 211 - 105) / 13.0f);
         CHECK_EQ(mb_forward(ref, lb, T, x, NULL, want, ids_b, w_b, &err), 0);
-        mb_step *s = mbc_step_begin(be, la, T, x, NULL, ids_a, w_a, 1e30, &err);
-        CHECK(s != NULL);
-        if (s) {
-            CHECK(memcmp(ids_a, ids_b, (size_t)T * k * 4) == 0);
-            /* every slot's row through a gather into a "send buffer", the experts on it, and
-             * the outputs scattered back into eo: the NCCL plane's path with one rank */
-            int n = T * k;
-            uint32_t rows[64], slots[64], prow[64], pexp[64];
-            float pw[64];
-            for (int i = 0; i < n; i++) {
-                rows[i] = (uint32_t)(i / k);
-                prow[i] = (uint32_t)i;
-                pexp[i] = (uint32_t)ids_a[i];
-                pw[i] = w_a[i];
-                slots[i] = (uint32_t)i;
-            }
-            void *d_rows, *d_codes, *d_scales, *d_out, *d_slots;
-            CHECK_EQ(mbc_alloc(be, &d_rows, 256, &err), 0);
-            CHECK_EQ(mbc_alloc(be, &d_slots, 256, &err), 0);
-            CHECK_EQ(mbc_alloc(be, &d_codes, (size_t)n * H, &err), 0);
-            CHECK_EQ(mbc_alloc(be, &d_scales, (size_t)n * H / 128 * 4, &err), 0);
-            CHECK_EQ(mbc_alloc(be, &d_out, (size_t)n * H * 2, &err), 0);
-            CHECK_EQ(mbc_h2d(be, d_rows, rows, (size_t)n * 4, &err), 0);
-            CHECK_EQ(mbc_h2d(be, d_slots, slots, (size_t)n * 4, &err), 0);
-            CHECK_EQ(mbc_gather(be, H, n, d_rows, mbc_step_q(s), mbc_step_qs(s), false, d_codes,
-                                d_scales, &err),
-                     0);
-            CHECK_EQ(mbc_experts(be, la, n, d_codes, d_scales, n, prow, pexp, pw, d_out, &err), 0);
-            CHECK_EQ(mbc_scatter(be, H, n, d_slots, d_out, mbc_step_eo(s, &err), &err), 0);
-            CHECK_EQ(mbc_step_finish(s, got, 1e30, &err), 0);
-            CHECK(memcmp(got, want, (size_t)T * H * 2) == 0);
-            mbc_free(be, d_rows), mbc_free(be, d_slots), mbc_free(be, d_codes);
-            mbc_free(be, d_scales), mbc_free(be, d_out);
-            mb_step_free(&s);
-        }
-        /* a CPU backend is refused with a message, not a crash */
-        CHECK(mbc_step_begin(ref, lb, T, x, NULL, ids_a, w_a, 1e30, &err) == NULL);
-        CHECK_STR_HAS(err.msg, "not a CUDA backend");
+        CHECK_EQ(dev_path(be, la, T, H, k, x, ids_b, got), 0);
+        CHECK(memcmp(got, want, (size_t)T * H * 2) == 0);
+        /* the CPU backend's device operations (host memory) take the same path to the same
+         * bits */
+        memset(got, 0, (size_t)T * H * 2);
+        CHECK_EQ(dev_path(ref, lb, T, H, k, x, ids_b, got), 0);
+        CHECK(memcmp(got, want, (size_t)T * H * 2) == 0);
         free(x), free(want), free(got);
     }
     mb_layer_free(&la);
@@ -777,6 +798,63 @@ TEST(without_a_device_the_errors_say_why)
     CHECK_EQ(mb_parse_device("", &kind, &ord, &err), -1);
 }
 
+/* The EPMOE_CUDA_* knobs as knob_load reads them become the tuning that means what the text
+ * meant when kernels/cuda read the environment (docs/operations.md): unset, the defaults; a
+ * row count of 0, "none"; cuBLASLt's "0", "1" and "require". */
+static mb_cuda_tuning tuning_with(const char *name, const char *text)
+{
+    static const char *const names[] = {"EPMOE_CUDA_WAIT_S",    "EPMOE_CUDA_STAGE_BYTES",
+                                        "EPMOE_CUDA_CUBLASLT",  "EPMOE_CUDA_CUBLASLT_ROWS",
+                                        "EPMOE_CUDA_FAST_ROWS", "EPMOE_CUDA_EXACT",
+                                        "EPMOE_CUDA_SPLIT",     "EPMOE_CUDA_MODULE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        unsetenv(names[i]);
+    if (name)
+        setenv(name, text, 1);
+    knob_values kv;
+    ep_err err = {0};
+    mb_cuda_tuning t = {0};
+    CHECK_EQ(knob_load(&kv, KNOB_WORKER, &err), 0);
+    mb_cuda_tuning_from_knobs(&t, &kv);
+    if (name)
+        unsetenv(name);
+    return t;
+}
+
+TEST(cuda_knobs_keep_their_meaning_as_options)
+{
+    mb_cuda_tuning t = tuning_with(NULL, NULL);
+    CHECK(t.wait_s == 120);
+    CHECK_EQ(t.stage_bytes, 32u << 20);
+    CHECK_EQ(t.cublaslt, MB_LT_AUTO);
+    CHECK_EQ(cu_tune_lt_rows(&t), 96);
+    CHECK_EQ(cu_tune_fast_rows(&t), 16);
+    CHECK_EQ(cu_tune_split(&t), 4);
+    CHECK(!cu_tune_exact_ref(&t));
+    CHECK(t.module == NULL);
+    t = tuning_with("EPMOE_CUDA_WAIT_S", "0.2");
+    CHECK(t.wait_s == 0.2);
+    t = tuning_with("EPMOE_CUDA_STAGE_BYTES", "65536");
+    CHECK_EQ(t.stage_bytes, 65536);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "0").cublaslt, MB_LT_NEVER);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "1").cublaslt, MB_LT_ALWAYS);
+    CHECK_EQ(tuning_with("EPMOE_CUDA_CUBLASLT", "require").cublaslt, MB_LT_REQUIRE);
+    t = tuning_with("EPMOE_CUDA_CUBLASLT_ROWS", "64");
+    CHECK_EQ(cu_tune_lt_rows(&t), 64);
+    t = tuning_with("EPMOE_CUDA_CUBLASLT_ROWS", "0");
+    CHECK_EQ(cu_tune_lt_rows(&t), 0);
+    t = tuning_with("EPMOE_CUDA_FAST_ROWS", "0");
+    CHECK_EQ(cu_tune_fast_rows(&t), 0);
+    t = tuning_with("EPMOE_CUDA_SPLIT", "16");
+    CHECK_EQ(cu_tune_split(&t), 16);
+    t = tuning_with("EPMOE_CUDA_SPLIT", "1");
+    CHECK_EQ(cu_tune_split(&t), 1);
+    t = tuning_with("EPMOE_CUDA_EXACT", "ref");
+    CHECK(cu_tune_exact_ref(&t));
+    t = tuning_with("EPMOE_CUDA_MODULE", "/opt/libepmoe_cuda.so");
+    CHECK_STR_EQ(t.module, "/opt/libepmoe_cuda.so");
+}
+
 int main(void)
 {
     RUN(backend_over_a_fake_device_gives_the_cpu_bits);
@@ -786,5 +864,6 @@ int main(void)
     RUN(device_failures_are_explicit_errors);
     RUN(device_resident_steps_give_the_cpu_bits);
     RUN(without_a_device_the_errors_say_why);
+    RUN(cuda_knobs_keep_their_meaning_as_options);
     return test_report();
 }

@@ -1,18 +1,21 @@
 /*
  * test_step_nccl.c — the NCCL plane's step driver (worker/step_nccl.h) on the CPU: P ranks are P
- * threads, the communicator library is tests/unit/fake_comm.c and the "device" a fake of
- * cuda_step.h over host memory whose routing and expert arithmetic are simple closed formulas of
- * a token's global number g (stored in x[t][0]).
+ * threads, the communicator library is tests/unit/fake_comm.c and the device the CPU backend's
+ * device operations on host memory (kernels/moe_backend.h mb_dev_*), so every rank runs the real
+ * routing, quantization, expert and combine math of a generated checkpoint's layer, holding
+ * only the experts the placement gives it.
  *
  * Proves: for P = 1 .. 4, uneven token counts (0 included), e8m0 and f32 scales and several
- * steps, every token's output equals the value computed here directly from g, so each row went
- * to the rank owning each expert it selected, with its pairs in order, and came back to its
- * [token, slot]; the fake device refuses a pair of an expert its rank does not own; per-expert
- * counts and the data-plane byte counts match a direct count. Failures: a dead peer (ERR_TIMEOUT
- * by the deadline), a peer with another epoch (its counts refused, naming it), a peer that sends
- * pairs of experts the receiver does not own (refused by tp_check_pairs), a device failure and
- * an owner's interruption all fail the step with their code and leave the communicator aborted;
- * a step on an aborted communicator fails at once without touching the device.
+ * steps, every token's routing and output equal those of the whole layer in one process
+ * (mb_forward on a CPU backend holding every expert: an independent path through the seam), bit
+ * for bit, so each row went to the rank owning each expert it selected, with its pairs in
+ * order, and came back to its [token, slot]; per-expert counts and the data-plane byte counts
+ * match a direct count from that routing. Failures: a dead peer (ERR_TIMEOUT by the deadline),
+ * a peer with another epoch (its counts refused, naming it), a peer that sends pairs of experts
+ * the receiver does not own (refused by tp_check_pairs), a device failure (a rank whose backend
+ * lacks the experts it is told it owns) and an owner's interruption all fail the step with their
+ * code and leave the communicator aborted; a step on an aborted communicator fails at once
+ * without touching the device.
  */
 #include <pthread.h>
 #include <time.h>
@@ -20,6 +23,9 @@
 
 #include "epmoe.pb-c.h"
 #include "fake_comm.h"
+#include "kernels/formats.h"
+#include "moe_gen.h"
+#include "shard/shard.h"
 #include "test.h"
 #include "worker/step_nccl.h"
 
@@ -28,262 +34,73 @@
 #define SC         (H / 128)
 #define K          3
 #define E          12
+#define LAYER      1 /* a score layer (layer 0 is the hash layer) */
 #define EPOCH      7
 #define WATCHDOG_S 30
 
-/* ---- the closed formulas ------------------------------------------------------------------- */
+/* ---- the checkpoint ------------------------------------------------------------------------ */
 
-static uint16_t f2bf(float f) /* truncation: any fixed rounding does for a transport test */
+/* Two generated checkpoints: [0] act_ue8m0 off (f32 scales travel), [1] on (e8m0). */
+typedef struct fixture {
+    char dir[64];
+    mc_config c;
+    st_model *m;
+} fixture;
+
+static fixture fx[2];
+
+static int fixture_make(fixture *f, bool ue8m0, int seed)
 {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
+    ep_err err = {0};
+    f->c = gen_config(MC_FP4, H, 128, E, K, 97);
+    f->c.act_ue8m0 = ue8m0;
+    gen_opts o = {.seed = (uint64_t)seed};
+    gen_model *g = gen_model_create(&f->c, &o);
+    snprintf(f->dir, sizeof f->dir, "/tmp/epmoe_step_nccl_XXXXXX");
+    int rc = g && mkdtemp(f->dir) && gen_model_write(g, f->dir, &err) == 0 ? 0 : -1;
+    gen_model_free(&g);
+    if (rc == 0 && (f->m = st_model_open(f->dir, &err)) == NULL)
+        rc = -1;
+    if (rc)
+        printf("  fixture: %s\n", err.msg);
+    return rc;
 }
 
-static float bf2f(uint16_t b)
+static void fixture_free(fixture *f)
 {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    st_model_close(&f->m);
+    gen_model_remove(f->dir);
 }
 
-static int route_expert(int g, int j)
+/* One thread's CPU backend and layer LAYER holding the experts want names (NULL: all). */
+static mb_backend *backend_new(void)
 {
-    return (g + j) % 7 == 0 ? -1 : (g * 5 + j * 3) % E;
+    ep_err err = {0};
+    mb_options o = {.device = "cpu", .threads = 1};
+    mb_backend *be = mb_create(&o, &err);
+    if (be == NULL)
+        printf("  backend: %s\n", err.msg);
+    return be;
 }
 
-static float route_weight(int j)
+static mb_layer *layer_new(mb_backend *be, const fixture *f, const uint8_t *want)
 {
-    return (float)(j + 1) / 8.0f;
+    ep_err err = {0};
+    mb_layer *l = shard_load_layer(be, f->m, &f->c, LAYER, want, NULL, NULL, NULL, &err);
+    if (l == NULL)
+        printf("  layer: %s\n", err.msg);
+    return l;
 }
 
-static uint8_t code_of(uint16_t x)
-{
-    return (uint8_t)(x ^ (x >> 8));
-}
-
-static float scale_of(int g, int b)
-{
-    return ldexpf(1.0f, (g + b) % 5 - 2);
-}
-
+/* Hidden state h of the token numbered g: a spread of values, different for every token. */
 static uint16_t x_of(int g, int h)
 {
-    return h == 0 ? (uint16_t)g : (uint16_t)(g * 131 + h * 7);
+    uint32_t u = (uint32_t)g * 2654435761u ^ (uint32_t)h * 40503u;
+    u ^= u >> 13;
+    u *= 0x5bd1e995u;
+    u ^= u >> 15;
+    return fmt_f32_to_bf16(((float)(u % 4001) - 2000.0f) / 500.0f);
 }
-
-static uint16_t expert_value(uint8_t code, float scale, int e, float w)
-{
-    return f2bf((float)code * scale * (float)(e + 1) * w);
-}
-
-static uint16_t expected_out(int g, int h)
-{
-    float acc = (float)code_of(x_of(g, h)); /* the fake's shared expert */
-    for (int j = 0; j < K; j++) {
-        int e = route_expert(g, j);
-        if (e >= 0)
-            acc +=
-                bf2f(expert_value(code_of(x_of(g, h)), scale_of(g, h / 128), e, route_weight(j)));
-    }
-    return f2bf(acc);
-}
-
-/* ---- the fake device ------------------------------------------------------------------------- */
-
-typedef struct fd_dev {
-    fc_stream *stream;
-    int rank;
-    const uint32_t *owner; /* the true placement: experts refuse pairs that are not theirs */
-    int step_begins;
-    const char *fail_experts; /* inject: experts fail with this */
-} fd_dev;
-
-typedef struct fd_step {
-    int T;
-    uint8_t *q;
-    float *qs;
-    uint16_t *eo;
-    int32_t *ids;
-    bool shared;
-} fd_step;
-
-static void *fd_stream(void *dev)
-{
-    return ((fd_dev *)dev)->stream;
-}
-
-static int fd_wait(void *dev, double deadline, ep_err *err)
-{
-    return 0; /* every fake operation is done when it returns */
-}
-
-static int fd_alloc(void *dev, void **p, size_t bytes, ep_err *err)
-{
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? 0 : ep_err_set(err, "fake: out of memory");
-}
-
-static void fd_free(void *dev, void *p)
-{
-    free(p);
-}
-
-static int fd_copy(void *dev, void *dst, const void *src, size_t bytes, ep_err *err)
-{
-    memcpy(dst, src, bytes);
-    return 0;
-}
-
-static void *fd_step_begin(void *dev, const void *layer, int T, const uint16_t *x,
-                           const int64_t *ids, int32_t *topk_ids, float *topk_w, double deadline,
-                           ep_err *err)
-{
-    ((fd_dev *)dev)->step_begins++;
-    fd_step *s = calloc(1, sizeof *s);
-    s->T = T;
-    s->q = malloc((size_t)T * H + 1);
-    s->qs = malloc((size_t)T * SC * 4 + 1);
-    s->eo = calloc((size_t)T * K * H + 1, 2);
-    s->ids = malloc((size_t)T * K * 4 + 1);
-    for (int t = 0; t < T; t++) {
-        int g = x[(size_t)t * H];
-        for (int j = 0; j < K; j++) {
-            topk_ids[t * K + j] = s->ids[t * K + j] = route_expert(g, j);
-            topk_w[t * K + j] = route_weight(j);
-        }
-        for (int h = 0; h < H; h++)
-            s->q[(size_t)t * H + h] = code_of(x[(size_t)t * H + h]);
-        for (int b = 0; b < SC; b++)
-            s->qs[t * SC + b] = scale_of(g, b);
-    }
-    return s;
-}
-
-static int fd_step_shared(void *step, ep_err *err)
-{
-    ((fd_step *)step)->shared = true;
-    return 0;
-}
-
-static const uint8_t *fd_step_q(const void *step)
-{
-    return ((const fd_step *)step)->q;
-}
-
-static const float *fd_step_qs(const void *step)
-{
-    return ((const fd_step *)step)->qs;
-}
-
-static int fd_gather(void *dev, int h_, int n, const uint32_t *rows, const uint8_t *q,
-                     const float *qs, bool e8m0, uint8_t *codes, void *scales, ep_err *err)
-{
-    for (int i = 0; i < n; i++) {
-        memcpy(codes + (size_t)i * H, q + (size_t)rows[i] * H, H);
-        for (int b = 0; b < SC; b++) {
-            float v = qs[rows[i] * SC + b];
-            uint32_t u;
-            memcpy(&u, &v, 4);
-            if (e8m0)
-                ((uint8_t *)scales)[i * SC + b] = (uint8_t)(u >> 23); /* power of two */
-            else
-                ((float *)scales)[i * SC + b] = v;
-        }
-    }
-    return 0;
-}
-
-static int fd_scales_to_f32(void *dev, size_t n, const uint8_t *e8m0, float *f32, ep_err *err)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)e8m0[i] << 23;
-        memcpy(&f32[i], &u, 4);
-    }
-    return 0;
-}
-
-static int fd_experts(void *dev, const void *layer, int n_rows, const uint8_t *q, const float *qs,
-                      int n_pairs, const uint32_t *row, const uint32_t *ex, const float *w,
-                      uint16_t *out, ep_err *err)
-{
-    fd_dev *d = dev;
-    if (d->fail_experts)
-        return ep_err_set(err, "%s", d->fail_experts);
-    for (int p = 0; p < n_pairs; p++) {
-        if (d->owner[ex[p]] != (uint32_t)d->rank)
-            return ep_err_set(err, "fake: expert %u is not on rank %d", ex[p], d->rank);
-        if (row[p] >= (uint32_t)n_rows)
-            return ep_err_set(err, "fake: row %u of %d", row[p], n_rows);
-        for (int h = 0; h < H; h++)
-            out[(size_t)p * H + h] = expert_value(q[(size_t)row[p] * H + h],
-                                                  qs[row[p] * SC + h / 128], (int)ex[p], w[p]);
-    }
-    return 0;
-}
-
-static int fd_scatter(void *dev, int h_, int n, const uint32_t *slots, const uint16_t *rows,
-                      uint16_t *eo, ep_err *err)
-{
-    for (int i = 0; i < n; i++)
-        memcpy(eo + (size_t)slots[i] * H, rows + (size_t)i * H, H * 2);
-    return 0;
-}
-
-static uint16_t *fd_step_eo(void *step, ep_err *err)
-{
-    return ((fd_step *)step)->eo;
-}
-
-static int fd_step_finish(void *step, uint16_t *out, double deadline, ep_err *err)
-{
-    fd_step *s = step;
-    if (!s->shared)
-        return ep_err_set(err, "fake: the shared expert was never started");
-    for (int t = 0; t < s->T; t++)
-        for (int h = 0; h < H; h++) {
-            float acc = (float)s->q[(size_t)t * H + h];
-            for (int j = 0; j < K; j++)
-                if (s->ids[t * K + j] >= 0)
-                    acc += bf2f(s->eo[((size_t)t * K + j) * H + h]);
-            out[(size_t)t * H + h] = f2bf(acc);
-        }
-    return 0;
-}
-
-static void fd_step_free(void **step_p)
-{
-    fd_step *s = *step_p;
-    if (s) {
-        free(s->q);
-        free(s->qs);
-        free(s->eo);
-        free(s->ids);
-        free(s);
-    }
-    *step_p = NULL;
-}
-
-static const sn_dev_ops fd_ops = {.stream = fd_stream,
-                                  .wait = fd_wait,
-                                  .alloc = fd_alloc,
-                                  .free = fd_free,
-                                  .alloc_host = fd_alloc,
-                                  .free_host = fd_free,
-                                  .h2d = fd_copy,
-                                  .d2h = fd_copy,
-                                  .step_begin = fd_step_begin,
-                                  .step_shared = fd_step_shared,
-                                  .step_q = fd_step_q,
-                                  .step_qs = fd_step_qs,
-                                  .gather = fd_gather,
-                                  .scales_to_f32 = fd_scales_to_f32,
-                                  .experts = fd_experts,
-                                  .scatter = fd_scatter,
-                                  .step_eo = fd_step_eo,
-                                  .step_finish = fd_step_finish,
-                                  .step_free = fd_step_free};
 
 /* ---- ranks ----------------------------------------------------------------------------------- */
 
@@ -296,13 +113,14 @@ typedef struct world {
     uint32_t member[MAX_P]; /* worker rank of each communicator rank */
     uint32_t owner[E];      /* worker ranks */
     bool e8m0;
+    const fixture *f; /* fx[e8m0] */
     int steps;
     int tokens[MAX_P]; /* per rank and step: tokens[rank] + step */
     /* injections */
     int dead_rank, dead_from_step;
     int epoch_rank;     /* this rank runs at epoch EPOCH + 1 */
     int liar_rank;      /* this rank believes expert e belongs to (owner[e] + 1) % P */
-    int fail_rank;      /* this rank's experts fail */
+    int fail_rank;      /* this rank's backend lacks the experts it owns: its experts fail */
     int interrupt_rank; /* this rank's idle function gives up */
     double timeout;
 } world;
@@ -310,7 +128,9 @@ typedef struct world {
 typedef struct rank_ctx {
     world *wd;
     int rank;
-    fd_dev dev;
+    mb_backend *be, *ref_be; /* ref: the whole layer, for the expected outputs */
+    mb_layer *layer, *ref;
+    bool touched; /* the last step wrote routing results */
     tpc_comm *comm;
     sn_driver *drv;
     int rc, code, failed_step;
@@ -341,6 +161,31 @@ static int idle_give_up(void *ctx, ep_err *err)
     return ep_err_set(err, "STEP_ABORT from the coordinator");
 }
 
+/* Values of the step that differ from the whole layer's in one process. */
+static int check_outputs(rank_ctx *r, int T, const uint16_t *x, const uint16_t *out,
+                         const int32_t *ids, const float *w)
+{
+    uint16_t *want = malloc((size_t)T * H * 2 + 1);
+    int32_t *want_ids = malloc((size_t)T * K * 4 + 1);
+    float *want_w = malloc((size_t)T * K * 4 + 1);
+    ep_err err = {0};
+    int bad = T;
+    if (want && want_ids && want_w &&
+        mb_forward(r->ref_be, r->ref, T, x, NULL, want, want_ids, want_w, &err) == 0) {
+        bad = 0;
+        for (size_t i = 0; i < (size_t)T * H; i++)
+            bad += out[i] != want[i];
+        for (size_t i = 0; i < (size_t)T * K; i++)
+            bad += ids[i] != want_ids[i] || memcmp(&w[i], &want_w[i], 4) != 0;
+    } else {
+        printf("  reference: %s\n", err.msg);
+    }
+    free(want);
+    free(want_ids);
+    free(want_w);
+    return bad;
+}
+
 static void run_step(rank_ctx *r, int step)
 {
     world *wd = r->wd;
@@ -351,9 +196,11 @@ static void run_step(rank_ctx *r, int step)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
             x[(size_t)t * H + h] = x_of(token_g(r->rank, step, t), h);
+    for (int i = 0; i < T * K; i++)
+        ids[i] = -2; /* no expert: tells whether routing ran */
     sn_step io = {.step_id = (uint64_t)(10 + step),
-                  .layer = NULL,
-                  .layer_index = 2,
+                  .layer = r->layer,
+                  .layer_index = LAYER,
                   .T = T,
                   .x = x,
                   .topk_ids = ids,
@@ -364,13 +211,13 @@ static void run_step(rank_ctx *r, int step)
                   .idle = r->rank == wd->interrupt_rank ? idle_give_up : NULL,
                   .idle_ctx = r};
     r->rc = sn_run(r->drv, &io, &r->code, &r->err);
+    r->touched = false;
+    for (int i = 0; i < T * K; i++)
+        r->touched |= ids[i] != -2;
     if (r->rc == 0) {
         r->steps_done++;
         r->dispatch_bytes += io.dispatch_bytes;
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < H; h++)
-                r->bad_outputs +=
-                    out[(size_t)t * H + h] != expected_out(token_g(r->rank, step, t), h);
+        r->bad_outputs += check_outputs(r, T, x, out, ids, w);
     } else {
         r->failed_step = step;
     }
@@ -385,10 +232,6 @@ static void *rank_main(void *p)
     rank_ctx *r = p;
     world *wd = r->wd;
     ep_err err = {0};
-    r->dev = (fd_dev){
-        .stream = fc_stream_new(wd->w), .rank = (int)wd->member[r->rank], .owner = wd->owner};
-    if (r->rank == wd->fail_rank)
-        r->dev.fail_experts = "fake: injected device fault";
     r->comm = tpc_create(fc_ops(), wd->w, &err);
     if (r->rank == 0)
         tpc_new_id(r->comm, &wd->id, &err);
@@ -415,7 +258,7 @@ static void *rank_main(void *p)
                      .expert_owner = owner,
                      .scales_e8m0 = wd->e8m0,
                      .peer_name = names};
-    r->drv = sn_create(&cfg, &fd_ops, &r->dev, r->comm, &r->err);
+    r->drv = sn_create(&cfg, r->be, r->comm, &r->err);
     for (int step = 0; step < wd->steps && r->drv && r->rc == 0; step++) {
         if (r->rank == wd->dead_rank && step >= wd->dead_from_step)
             break;
@@ -425,14 +268,31 @@ static void *rank_main(void *p)
     return NULL;
 }
 
+/* Rank i's backend with the experts the placement gives it (none on the failing rank), and the
+ * whole layer for its expected outputs; loaded here, one at a time, before the threads start. */
+static void rank_load(world *wd, rank_ctx *r)
+{
+    uint8_t want[E];
+    for (int e = 0; e < E; e++)
+        want[e] = r->rank != wd->fail_rank && wd->owner[e] == wd->member[r->rank];
+    r->be = backend_new();
+    r->ref_be = backend_new();
+    r->layer = r->be ? layer_new(r->be, wd->f, want) : NULL;
+    r->ref = r->ref_be ? layer_new(r->ref_be, wd->f, NULL) : NULL;
+    if (r->layer == NULL || r->ref == NULL)
+        r->rc = -1;
+}
+
 static void run_world(world *wd, rank_ctx *r)
 {
     pthread_t t[MAX_P];
     pthread_barrier_init(&wd->bar, NULL, (unsigned)wd->P);
     for (int i = 0; i < wd->P; i++) {
         r[i] = (rank_ctx){.wd = wd, .rank = i};
-        pthread_create(&t[i], NULL, rank_main, &r[i]);
+        rank_load(wd, &r[i]);
     }
+    for (int i = 0; i < wd->P; i++)
+        pthread_create(&t[i], NULL, rank_main, &r[i]);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += WATCHDOG_S;
@@ -451,6 +311,10 @@ static void free_world(world *wd, rank_ctx *r)
     for (int i = 0; i < wd->P; i++) {
         sn_destroy(&r[i].drv);
         tpc_destroy(&r[i].comm);
+        mb_layer_free(&r[i].layer);
+        mb_layer_free(&r[i].ref);
+        mb_destroy(&r[i].be);
+        mb_destroy(&r[i].ref_be);
     }
     fc_world_free(&wd->w);
 }
@@ -465,6 +329,7 @@ static void world_init(world *wd, int P)
                   .liar_rank = -1,
                   .fail_rank = -1,
                   .interrupt_rank = -1,
+                  .f = &fx[0],
                   .timeout = 10,
                   .session_world = P};
     for (int i = 0; i < P; i++)
@@ -478,6 +343,46 @@ static void world_init(world *wd, int P)
 
 /* ---- the data path --------------------------------------------------------------------------- */
 
+/* The routing of rank src's tokens in step (the whole layer's, on ref's backend), counted: pairs
+ * per expert, and the payload bytes src sends to other ranks. */
+static void count_traffic(const world *wd, rank_ctx *ref, int src, int step, uint32_t *tokens,
+                          uint64_t *bytes)
+{
+    int T = rank_tokens(wd, src, step);
+    uint16_t *x = malloc((size_t)T * H * 2 + 1), *out = malloc((size_t)T * H * 2 + 1);
+    int32_t *ids = malloc((size_t)T * K * 4 + 1);
+    float *w = malloc((size_t)T * K * 4 + 1);
+    ep_err err = {0};
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            x[(size_t)t * H + h] = x_of(token_g(src, step, t), h);
+    CHECK_EQ(mb_forward(ref->ref_be, ref->ref, T, x, NULL, out, ids, w, &err), 0);
+    int rows[MAX_P] = {0}, pairs[MAX_P] = {0};
+    for (int t = 0; t < T; t++) {
+        int seen[MAX_P] = {0};
+        for (int j = 0; j < K; j++) {
+            int e = ids[t * K + j];
+            if (e < 0)
+                continue;
+            int dst = 0;
+            while (wd->member[dst] != wd->owner[e])
+                dst++;
+            tokens[e]++;
+            pairs[dst]++;
+            rows[dst] += !seen[dst];
+            seen[dst] = 1;
+        }
+    }
+    for (int dst = 0; dst < wd->P; dst++)
+        if (dst != src)
+            bytes[src] +=
+                (uint64_t)rows[dst] * (H + SC * (wd->e8m0 ? 1 : 4)) + (uint64_t)pairs[dst] * 12;
+    free(x);
+    free(out);
+    free(ids);
+    free(w);
+}
+
 /* members: the worker ranks of the communicator's ranks in a session of session_world ranks
  * (NULL: the communicator is the session) */
 static void check_world_in(int P, bool e8m0, int session_world, const uint32_t *members)
@@ -486,6 +391,7 @@ static void check_world_in(int P, bool e8m0, int session_world, const uint32_t *
     rank_ctx r[MAX_P];
     world_init(&wd, P);
     wd.e8m0 = e8m0;
+    wd.f = &fx[e8m0];
     if (members) {
         wd.session_world = session_world;
         for (int i = 0; i < P; i++)
@@ -497,28 +403,8 @@ static void check_world_in(int P, bool e8m0, int session_world, const uint32_t *
     uint32_t want_tokens[E] = {0};
     uint64_t want_bytes[MAX_P] = {0};
     for (int src = 0; src < P; src++)
-        for (int step = 0; step < wd.steps; step++) {
-            int rows[MAX_P] = {0}, pairs[MAX_P] = {0};
-            for (int t = 0; t < rank_tokens(&wd, src, step); t++) {
-                int seen[MAX_P] = {0};
-                for (int j = 0; j < K; j++) {
-                    int e = route_expert(token_g(src, step, t), j);
-                    if (e < 0)
-                        continue;
-                    int dst = 0;
-                    while (wd.member[dst] != wd.owner[e])
-                        dst++;
-                    want_tokens[e]++;
-                    pairs[dst]++;
-                    rows[dst] += !seen[dst];
-                    seen[dst] = 1;
-                }
-            }
-            for (int dst = 0; dst < P; dst++)
-                if (dst != src)
-                    want_bytes[src] +=
-                        (uint64_t)rows[dst] * (H + SC * (e8m0 ? 1 : 4)) + (uint64_t)pairs[dst] * 12;
-        }
+        for (int step = 0; step < wd.steps; step++)
+            count_traffic(&wd, &r[0], src, step, want_tokens, want_bytes);
     for (int i = 0; i < P; i++) {
         CHECK_EQ(r[i].rc, 0);
         if (r[i].rc)
@@ -565,11 +451,13 @@ TEST(a_communicator_of_some_workers_maps_its_ranks_to_theirs)
                      .expert_owner = owner};
     fc_world *w = fc_world_new();
     tpc_comm *c = tpc_create(fc_ops(), w, &e);
-    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    mb_backend *be = backend_new();
+    CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "expert 0 is owned by rank 0, which is not in the communicator");
     cfg.comm_rank = 0;
-    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "communicator rank 0 of 3 is not worker rank 3");
+    mb_destroy(&be);
     tpc_destroy(&c);
     fc_world_free(&w);
 }
@@ -648,9 +536,9 @@ TEST(a_device_failure_fails_the_step_and_aborts)
     CHECK_EQ(r[1].rc, -1);
     CHECK_EQ(r[1].code, EPMOE__ERROR_CODE__ERR_STEP_FAILED);
     CHECK_STR_HAS(r[1].err.msg, "step 10: experts for rank");
-    CHECK_STR_HAS(r[1].err.msg, "fake: injected device fault");
-    CHECK_EQ(r[1].state_after, TPC_ABORTED); /* the driver's own abort */
-    CHECK_EQ(r[0].rc, -1);                   /* left waiting for rank 1's combine */
+    CHECK_STR_HAS(r[1].err.msg, "is not loaded here"); /* the backend refuses: a device fault */
+    CHECK_EQ(r[1].state_after, TPC_ABORTED);           /* the driver's own abort */
+    CHECK_EQ(r[0].rc, -1);                             /* left waiting for rank 1's combine */
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_TIMEOUT);
     CHECK_STR_HAS(r[0].err.msg, "combine not done after");
     free_world(&wd, r);
@@ -681,13 +569,12 @@ TEST(a_step_on_an_aborted_communicator_fails_without_touching_the_device)
     wd.steps = 0;
     run_world(&wd, r);
     tpc_abort(r[0].comm, "step 9: experts failed");
-    int before = r[0].dev.step_begins;
     run_step(&r[0], 0);
     CHECK_EQ(r[0].rc, -1);
     CHECK_EQ(r[0].code, EPMOE__ERROR_CODE__ERR_COMM_FAILED);
     CHECK_STR_HAS(r[0].err.msg, "step 10: the nccl communicator is aborted after: step 9: experts "
                                 "failed");
-    CHECK_EQ(r[0].dev.step_begins, before);
+    CHECK(!r[0].touched); /* routing never ran */
     free_world(&wd, r);
 }
 
@@ -700,21 +587,27 @@ TEST(bad_configurations_are_refused)
         .rank = 0, .world_size = 2, .hidden = H, .topk = K, .n_experts = E, .expert_owner = owner};
     fc_world *w = fc_world_new();
     tpc_comm *c = tpc_create(fc_ops(), w, &e);
-    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    mb_backend *be = backend_new();
+    CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "expert 3 owned by rank 2 of 2");
     owner[3] = 1;
     cfg.hidden = 200;
-    CHECK(sn_create(&cfg, &fd_ops, NULL, c, &e) == NULL);
+    CHECK(sn_create(&cfg, be, c, &e) == NULL);
     CHECK_STR_HAS(e.msg, "H 200");
     cfg.hidden = H;
-    CHECK(sn_create(&cfg, NULL, NULL, c, &e) == NULL);
-    CHECK_STR_HAS(e.msg, "this build has no CUDA device operations");
+    CHECK(sn_create(&cfg, NULL, c, &e) == NULL);
+    CHECK_STR_HAS(e.msg, "nccl step: no backend");
+    mb_destroy(&be);
     tpc_destroy(&c);
     fc_world_free(&w);
 }
 
 int main(void)
 {
+    if (fixture_make(&fx[0], false, 41) != 0 || fixture_make(&fx[1], true, 43) != 0) {
+        printf("FAIL: cannot make the checkpoints\n");
+        return 1;
+    }
     RUN(outputs_match_the_direct_computation_for_one_to_four_ranks);
     RUN(a_communicator_of_some_workers_maps_its_ranks_to_theirs);
     RUN(a_dead_peer_fails_the_step_by_its_deadline_and_aborts);
@@ -724,5 +617,7 @@ int main(void)
     RUN(the_owner_abandons_a_waiting_step);
     RUN(a_step_on_an_aborted_communicator_fails_without_touching_the_device);
     RUN(bad_configurations_are_refused);
+    fixture_free(&fx[0]);
+    fixture_free(&fx[1]);
     return test_report();
 }
