@@ -4,8 +4,8 @@
  * One row per variable in knobs.c's table: name, type, default, range or choices, the programs
  * that read it, one line of doc (NCCL's NCCL_PARAM table). A program reads the environment
  * once, at the top of its main (knob_load), refuses a bad value there as a usage error, and
- * passes the values down as options: no module below a main calls getenv, so a kernel never
- * reads the environment per launch and a test sets a knob through the option, not setenv.
+ * passes the values down as options: no module below a main reads the environment, so a kernel
+ * never reads the environment per launch and a test sets a knob through the option, not setenv.
  *
  * docs/operations.md "Environment" lists exactly these rows, each line the one knob_doc_row
  * writes (test_knobs fails otherwise). An unset variable and an empty one mean the same: the

@@ -16,7 +16,7 @@
 /* Threads in one pool (one per CPU on any machine we target). */
 #define TPOOL_MAX_THREADS 256
 /* Scratch each thread of a pool owns, 64-byte aligned: one tile of a GEMM's preprocessed
- * activations (kernels/cpu/gemm.c). */
+ * activations (kernels/cpu/gemm_drive.c). */
 #define TPOOL_SCRATCH (1u << 20)
 
 typedef struct tpool tpool;

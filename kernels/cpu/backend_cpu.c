@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/limits.h"
-#include "kernels/backend_internal.h"
+#include "kernels/backend.h"
 #include "kernels/formats.h"
 #include "kernels/moe.h"
 #include "kernels/route.h"

@@ -1,5 +1,5 @@
 /*
- * gemm_avx2.c — the AVX2+FMA expert GEMMs (compiled with -mavx2 -mfma; gemm.c calls in only
+ * gemm_avx2.c — the AVX2+FMA expert GEMMs (compiled with -mavx2 -mfma; gemm_drive.c calls in only
  * when cpuid reports both). Results equal gemm_ref.c bit for bit; tests/unit/test_gemm.c
  * proves it against an independent float64 model.
  *

@@ -1,6 +1,6 @@
 /*
- * gemm_avx2_pack.c — the AVX2 weight layouts (compiled with -mavx2 -mfma; gemm.c calls in only
- * when cpuid reports both): the packers that lay a checkpoint's [N, K] weights out for the
+ * gemm_avx2_pack.c — the AVX2 weight layouts (compiled with -mavx2 -mfma; gemm_drive.c calls in
+ * only when cpuid reports both): the packers that lay a checkpoint's [N, K] weights out for the
  * kernels of gemm_avx2.c, and the FP8 tables both SIMD layouts carry beside the weights (the
  * AVX-512 packer, gemm_avx512_pack.c, calls gemm_f8_pack_tables too: it is integer code, the same
  * tables for any instruction set).

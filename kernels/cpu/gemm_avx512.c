@@ -1,6 +1,6 @@
 /*
  * gemm_avx512.c — the AVX-512 (F, BW, VL, DQ) + VNNI expert GEMMs (compiled with those flags;
- * gemm.c calls in only when cpuid reports all of them). Results equal gemm_ref.c bit for bit;
+ * gemm_drive.c calls in only when cpuid reports all of them). Results equal gemm_ref.c bit for bit;
  * tests/unit/test_gemm.c proves it against an independent float64 model.
  *
  * As in gemm_avx2.c, every kernel vectorises across output rows, so a block partial P lands in
@@ -42,7 +42,7 @@
  * The packed layouts and the packers are in gemm_avx512_pack.c.
  *
  * ---- threads ----
- * The tiling and the split over rows (units of 16) are gemm_drive's (gemm.c).
+ * The tiling and the split over rows (units of 16) are gemm_drive's (gemm_drive.c).
  */
 #include <immintrin.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * gemm_avx512_pack.c — the AVX-512 weight layouts (compiled with the AVX-512 flags; gemm.c
+ * gemm_avx512_pack.c — the AVX-512 weight layouts (compiled with the AVX-512 flags; gemm_drive.c
  * calls in only when cpuid reports all of them): the packers that lay a checkpoint's [N, K]
  * weights out for the kernels of gemm_avx512.c.
  *

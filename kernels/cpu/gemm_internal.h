@@ -1,5 +1,5 @@
 /*
- * gemm_internal.h — what kernels/cpu/gemm.c shares with its implementations (gemm_ref.c,
+ * gemm_internal.h — what kernels/cpu/gemm_drive.c shares with its implementations (gemm_ref.c,
  * gemm_avx2*.c, gemm_avx512.c, gemm_pack.c). Not a public header: callers use kernels/gemm.h.
  *
  * A gemm_weight holds the weights in the layout of the implementation it was packed for; the
@@ -83,7 +83,7 @@ int gemm_f8_pack_tables(gemm_weight *w, const uint8_t *src, ep_err *err);
  * pages from 2 MiB on), and w->bscale of `scale` bytes when scale > 0. */
 int gemm_pack_alloc(gemm_weight *w, size_t data, size_t scale, ep_err *err);
 
-/* What a SIMD implementation gives the tiling driver (gemm_drive in gemm.c). Rows are handed
+/* What a SIMD implementation gives the tiling driver (gemm_drive in gemm_drive.c). Rows are handed
  * out in units of `unit` rows (8 or 16); activations are preprocessed per token tile into the
  * thread's scratch (tile_prep) and then run against units [u0, u1) (tile_run, which adds to
  * out: the driver zeroes it first). ipath selects the many-token FP8 path. */

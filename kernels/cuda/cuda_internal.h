@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/backend_internal.h"
+#include "kernels/backend.h"
 #include "kernels/pool.h"
 #include "kernels/cuda/cuda_dev.h"
 #include "kernels/cuda/cuda_tuning.h"

@@ -1,7 +1,8 @@
 /*
- * moe_backend.c — the front of the backend seam (moe_backend.h): device parsing, the choice of
- * backend, and dispatch to the chosen one's table. Argument checks shared by every backend
- * live here, so each backend sees only well-formed calls.
+ * backend.c — the front of the backend seam (moe_backend.h): device parsing and dispatch to
+ * the chosen backend's table (backend.h). Argument checks shared by every backend live here,
+ * so each backend sees only well-formed calls. Which backend a device string makes is
+ * kernels/backend_create.c's, above the backends, so this front stays below them.
  */
 #include "kernels/moe_backend.h"
 
@@ -10,7 +11,7 @@
 #include <string.h>
 
 #include "common/limits.h"
-#include "kernels/backend_internal.h"
+#include "kernels/backend.h"
 #include "kernels/formats.h"
 
 int mb_parse_device(const char *text, mb_device_kind *kind, int *ordinal, ep_err *err)
@@ -32,15 +33,6 @@ int mb_parse_device(const char *text, mb_device_kind *kind, int *ordinal, ep_err
     }
     return ep_err_set(err, "device \"%s\": expected \"cpu\" or \"cuda:N\" with N in 0..255",
                       text ? text : "");
-}
-
-mb_backend *mb_create(const mb_options *o, ep_err *err)
-{
-    mb_device_kind kind;
-    int ordinal;
-    if (mb_parse_device(o->device ? o->device : "cpu", &kind, &ordinal, err) < 0)
-        return NULL;
-    return kind == MB_DEV_CPU ? mb_cpu_create(o, err) : mb_cuda_create(o, ordinal, err);
 }
 
 void mb_destroy(mb_backend **self_p)

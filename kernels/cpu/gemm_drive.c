@@ -1,5 +1,6 @@
 /*
- * gemm.c — the CPU expert GEMMs behind gemm.h: argument checks, packing, the tiling driver
+ * gemm_drive.c — the CPU expert GEMMs behind gemm.h (the contract, a header of its own, so the
+ * implementations below this driver can include it): argument checks, packing, the tiling driver
  * that splits a call over the threads of a pool (kernels/pool.h), and running one or many
  * calls. The instruction set is chosen in kernels/isa.c; the kernels themselves are in
  * gemm_ref.c, gemm_avx2*.c and gemm_avx512.c.

@@ -1,6 +1,9 @@
 /*
- * backend_internal.h — what kernels/moe_backend.c (the front) shares with the backends behind
- * it (kernels/cpu/backend_cpu.c, kernels/cuda/backend_cuda.c). Not a public header.
+ * backend.h — what kernels/backend.c (the front of moe_backend.h) shares with the backends
+ * behind it (kernels/cpu/backend_cpu.c, kernels/cuda/backend_cuda.c). Not a public header: the
+ * public face is moe_backend.h, a header of its own below this one, so every backend includes
+ * the seam's types without reaching up to the front; kernels/backend_create.c, above the
+ * backends, is the one place that names them.
  *
  * Every backend object starts with the common part below, so the front can dispatch on
  * be->vt without knowing the rest (Redis ae.c picks ae_epoll.c the same way, at build time;
@@ -8,8 +11,8 @@
  * device operations (moe_backend.h, mb_dev_*): NULL means unsupported, and the front refuses
  * the call (ggml-backend-impl.h's optional entries of ggml_backend_i).
  */
-#ifndef EPMOE_BACKEND_INTERNAL_H
-#define EPMOE_BACKEND_INTERNAL_H
+#ifndef EPMOE_KERNELS_BACKEND_H
+#define EPMOE_KERNELS_BACKEND_H
 
 #include "kernels/moe_backend.h"
 
