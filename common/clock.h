@@ -11,7 +11,7 @@
  * client's timeout_ms, epmoectl --timeout), and zmq_poll waits in milliseconds, so a deadline
  * compares and subtracts with no conversion on the way. Durations that are reported in seconds
  * (a step's phases, load times) are clk_mono_s differences. (The worker's data plane still
- * takes its deadlines as clk_mono_s seconds: tp_comm_*, sn_step, the CUDA backend's stream
+ * takes its deadlines as clk_mono_s seconds: tpc_*, sn_step, the CUDA backend's stream
  * waits. They move to milliseconds with the split of worker/transport.h, not before, so that
  * the two changes do not fight over the same lines.)
  *
