@@ -6,6 +6,7 @@
  */
 #include "common/placement.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -562,4 +563,19 @@ pl_table *pl_decode(int n_layers, int n_experts, int n_ranks, const uint8_t *lay
     }
     t->off[n_tables * E] = (uint32_t)o;
     return t;
+}
+
+void pl_ranges_text(const uint32_t *e, size_t n, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && len + 24 < cap;) {
+        size_t j = i;
+        while (j + 1 < n && e[j + 1] == e[j] + 1)
+            j++;
+        int k = j > i ? snprintf(buf + len, cap - len, "%s%u-%u", i ? "," : "", e[i], e[j])
+                      : snprintf(buf + len, cap - len, "%s%u", i ? "," : "", e[i]);
+        len += (size_t)k;
+        i = j + 1;
+    }
 }

@@ -99,4 +99,7 @@ pl_table *pl_decode(int n_layers, int n_experts, int n_ranks, const uint8_t *lay
                     size_t layer_table_len, const uint8_t *count, size_t count_len,
                     const uint8_t *rank, size_t rank_len, ep_err *err);
 
+/* An ascending list of expert ids as text for people: "0-3,8,10-11" (cut short to fit cap). */
+void pl_ranges_text(const uint32_t *e, size_t n, char *buf, size_t cap);
+
 #endif

@@ -21,6 +21,7 @@
 #include "common/knobs.h"
 #include "common/log.h"
 #include "common/model_config.h"
+#include "common/placement.h"
 #include "common/safetensors_model.h"
 #include "common/sdnotify.h"
 #include "common/version.h"
@@ -61,21 +62,6 @@ static int load_knobs(void)
     return 0;
 }
 
-/* "0-3,8,10-11" */
-static void ranges_text(const int *e, int n, char *buf, size_t cap)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && len + 24 < cap;) {
-        int j = i;
-        while (j + 1 < n && e[j + 1] == e[j] + 1)
-            j++;
-        len += (size_t)(j > i ? snprintf(buf + len, cap - len, "%s%d-%d", i ? "," : "", e[i], e[j])
-                              : snprintf(buf + len, cap - len, "%s%d", i ? "," : "", e[i]));
-        i = j + 1;
-    }
-}
-
 static void print_summary(const spec_cluster *s, const mc_config *c, const plan_table *p)
 {
     printf("cluster %s (spec %s)\n", s->name, s->file);
@@ -100,15 +86,19 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
     printf("  %-4s  %-16s  %-16s  %-8s  %-28s  %s\n", "RANK", "WORKER", "NODE", "DEVICE", "DATA",
            "EXPERTS");
     int *e = malloc((size_t)p->n_experts * sizeof *e);
+    uint32_t *u = malloc((size_t)p->n_experts * sizeof *u);
     char buf[4096];
-    for (int r = 0; r < s->n_workers && e != NULL; r++) {
+    for (int r = 0; r < s->n_workers && e != NULL && u != NULL; r++) {
         const spec_worker *w = &s->workers[r];
         int n = plan_rank_experts(p, 0, r, e, p->n_experts);
-        ranges_text(e, n, buf, sizeof buf);
+        for (int i = 0; i < n; i++)
+            u[i] = (uint32_t)e[i];
+        pl_ranges_text(u, (size_t)n, buf, sizeof buf);
         printf("  %-4d  %-16s  %-16s  %-8s  %-28s  %s\n", r, w->name, w->node, w->device, w->data,
                buf);
     }
     free(e);
+    free(u);
 }
 
 /* A device this build's workers cannot serve (cuda:N without CUDA): an error for --check, a

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
+#include "common/placement.h"
 #include "ctl/cmds.h"
 #include "ctl/rpc.h"
 #include "ctl/show.h"
@@ -112,22 +113,6 @@ static void out_print(const cmd_ctx *ctx, json_t *o)
     json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
     printf("\n");
     json_decref(o);
-}
-
-/* "0-3,8,10-11" for an ascending list. */
-static void ranges_text(const uint32_t *e, size_t n, char *buf, size_t cap)
-{
-    size_t len = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < n && len + 24 < cap;) {
-        size_t j = i;
-        while (j + 1 < n && e[j + 1] == e[j] + 1)
-            j++;
-        int k = j > i ? snprintf(buf + len, cap - len, "%s%u-%u", i ? "," : "", e[i], e[j])
-                      : snprintf(buf + len, cap - len, "%s%u", i ? "," : "", e[i]);
-        len += (size_t)k;
-        i = j + 1;
-    }
 }
 
 static void ago_text(const Epmoe__WorkerInfo *w, char *buf, size_t cap)
@@ -544,7 +529,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
             json_t *so = json_object(), *ex = json_array();
             for (size_t e = 0; e < s->n_experts; e++)
                 json_array_append_new(ex, json_integer(s->experts[e]));
-            ranges_text(s->experts, s->n_experts, ranges, 65536);
+            pl_ranges_text(s->experts, s->n_experts, ranges, 65536);
             json_object_set_new(so, "rank", json_integer(s->rank));
             json_object_set_new(so, "worker", jstr(s->worker));
             json_object_set_new(so, "experts", ex);
@@ -567,7 +552,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
             char rank[16], count[16];
             snprintf(rank, sizeof rank, "%u", s->rank);
             snprintf(count, sizeof count, "%zu", s->n_experts);
-            ranges_text(s->experts, s->n_experts, ranges, 65536);
+            pl_ranges_text(s->experts, s->n_experts, ranges, 65536);
             tbl_row(&t, rank, s->worker, count, ranges);
         }
         tbl_print(&t);

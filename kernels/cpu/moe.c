@@ -419,15 +419,23 @@ static int check_tokens(const moe_layer *l, int T, ep_err *err)
     return 0;
 }
 
-int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
-              int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err)
+/* What routing needs besides the token count: a hash-routed layer routes by token id. */
+static int check_route_input(const moe_layer *l, int T, const int64_t *ids, ep_err *err)
 {
     if (check_tokens(l, T, err) < 0)
         return -1;
+    if (T > 0 && l->hash && !ids)
+        return ep_err_set(err, "%s is hash-routed (tid2eid): token ids are required", l->name);
+    return 0;
+}
+
+int moe_route(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *xn,
+              int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err)
+{
+    if (check_route_input(l, T, ids, err) < 0)
+        return -1;
     if (T == 0)
         return 0;
-    if (l->hash && !ids)
-        return ep_err_set(err, "%s is hash-routed (tid2eid): token ids are required", l->name);
     /* Hash lookups first: a bad token id fails before any arithmetic. */
     if (l->hash && route_hash(T, l->k, l->E, l->cfg.vocab_size, ids, l->tid2eid, topk_ids, err) < 0)
         return ep_err_prefix(err, "%s", l->name);
@@ -778,12 +786,10 @@ static int fwd_piece(const moe_layer *l, int T, const uint16_t *x, const int64_t
 int moe_forward(const moe_layer *l, int T, const uint16_t *x, const int64_t *ids, uint16_t *out,
                 int32_t *topk_ids, float *topk_w, tpool *pool, ep_err *err)
 {
-    if (check_tokens(l, T, err) < 0)
+    if (check_route_input(l, T, ids, err) < 0)
         return -1;
     if (T == 0)
         return 0;
-    if (l->hash && !ids)
-        return ep_err_set(err, "%s is hash-routed (tid2eid): token ids are required", l->name);
     size_t P = (size_t)(T < MOE_FORWARD_TOKENS ? T : MOE_FORWARD_TOKENS);
     size_t H = (size_t)l->H, k = (size_t)l->k;
     fwd_bufs b = {
