@@ -64,24 +64,23 @@ typedef struct ep_err {
  * when too long. Returns the length written. cap may be 0 (nothing written). */
 size_t ep_vformat(char *buf, size_t cap, const char *fmt, va_list ap);
 
-/* Format the variadic arguments of the enclosing printf-style function, whose last named
- * parameter is fmt, into buf[cap]. */
-#define EP_FORMAT_ARGS(buf, cap, fmt)                                                              \
+/* Run call with the variadic arguments of the enclosing printf-style function (whose last
+ * named parameter is fmt) as the va_list named ap. */
+#define EP_WITH_ARGS(fmt, ap, call)                                                                \
     do {                                                                                           \
-        va_list ep_ap_;                                                                            \
-        va_start(ep_ap_, fmt);                                                                     \
-        ep_vformat((buf), (cap), fmt, ep_ap_);                                                     \
-        va_end(ep_ap_);                                                                            \
+        va_list ap;                                                                                \
+        va_start(ap, fmt);                                                                         \
+        call;                                                                                      \
+        va_end(ap);                                                                                \
     } while (0)
+
+/* Format those arguments into buf[cap]. */
+#define EP_FORMAT_ARGS(buf, cap, fmt)                                                              \
+    EP_WITH_ARGS(fmt, ep_ap_, ep_vformat((buf), (cap), fmt, ep_ap_))
 
 /* The same into an error record with its code (ep_err_vsetc). */
 #define EP_ERR_FROM_ARGS(err, code, fmt)                                                           \
-    do {                                                                                           \
-        va_list ep_ap_;                                                                            \
-        va_start(ep_ap_, fmt);                                                                     \
-        ep_err_vsetc((err), (code), fmt, ep_ap_);                                                  \
-        va_end(ep_ap_);                                                                            \
-    } while (0)
+    EP_WITH_ARGS(fmt, ep_ap_, ep_err_vsetc((err), (code), fmt, ep_ap_))
 
 /* Set code and message. The arguments may include err->msg itself (the message is formatted
  * aside first), so `ep_err_setc(err, c, "STEP 3: %s", err->msg)` is safe. Returns -1 so that
