@@ -10,10 +10,8 @@
  * timeout an operator or a caller sets is in milliseconds (the spec's *_timeout_ms, the
  * client's timeout_ms, epmoectl --timeout), and zmq_poll waits in milliseconds, so a deadline
  * compares and subtracts with no conversion on the way. Durations that are reported in seconds
- * (a step's phases, load times) are clk_mono_s differences. (The worker's data plane still
- * takes its deadlines as clk_mono_s seconds: tpc_*, sn_step, the CUDA backend's stream
- * waits. They move to milliseconds with the split of worker/transport.h, not before, so that
- * the two changes do not fight over the same lines.)
+ * (a step's phases, load times) are clk_mono_s differences. The data plane's waits (the
+ * collective plane, the NCCL step, a device's stream) take clk_mono_ms deadlines too.
  *
  * The wall clock (CLOCK_REALTIME) is for what is reported as a time of day or must differ
  * between runs: timestamps, ids seeded from the time, pthread_cond_timedwait on a default

@@ -300,7 +300,7 @@ int mb_dev_poll(mb_backend *be, ep_err *err)
     return be->vt->dev_poll ? be->vt->dev_poll(be, err) : mb_no_dev(be, "mb_dev_poll", err);
 }
 
-int mb_dev_wait(mb_backend *be, double deadline, ep_err *err)
+int mb_dev_wait(mb_backend *be, int64_t deadline, ep_err *err)
 {
     return be->vt->dev_wait ? be->vt->dev_wait(be, deadline, err)
                             : mb_no_dev(be, "mb_dev_wait", err);
@@ -348,7 +348,7 @@ int mb_dev_d2h(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, ep_
 
 mb_step *mb_dev_step_begin(mb_backend *be, const mb_layer *l, int T, const uint16_t *h_x,
                            const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
-                           double deadline, ep_err *err)
+                           int64_t deadline, ep_err *err)
 {
     if (be->vt->dev_step_begin == NULL) {
         mb_no_dev(be, "mb_dev_step_begin", err);
@@ -417,7 +417,7 @@ uint16_t *mb_dev_step_eo(mb_step *s, ep_err *err)
     return s->be->vt->dev_step_eo(s, err);
 }
 
-int mb_dev_step_finish(mb_step *s, uint16_t *h_out, double deadline, ep_err *err)
+int mb_dev_step_finish(mb_step *s, uint16_t *h_out, int64_t deadline, ep_err *err)
 {
     if (s->be->vt->dev_step_finish == NULL)
         return mb_no_dev(s->be, "mb_dev_step_finish", err);

@@ -52,7 +52,7 @@ typedef struct mb_vtable {
     /* ---- optional device operations (NULL: unsupported; all or none) ---- */
     void *(*dev_stream)(mb_backend *be);
     int (*dev_poll)(mb_backend *be, ep_err *err);
-    int (*dev_wait)(mb_backend *be, double deadline, ep_err *err);
+    int (*dev_wait)(mb_backend *be, int64_t deadline, ep_err *err);
     int (*dev_alloc)(mb_backend *be, void **d_p, size_t bytes, ep_err *err);
     void (*dev_free)(mb_backend *be, void *d_p);
     int (*dev_alloc_host)(mb_backend *be, void **h_p, size_t bytes, ep_err *err);
@@ -61,7 +61,7 @@ typedef struct mb_vtable {
     int (*dev_d2h)(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, ep_err *err);
     mb_step *(*dev_step_begin)(mb_backend *be, const mb_layer *l, int T, const uint16_t *h_x,
                                const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
-                               double deadline, ep_err *err);
+                               int64_t deadline, ep_err *err);
     const uint8_t *(*dev_step_q)(const mb_step *s);
     const float *(*dev_step_qs)(const mb_step *s);
     int (*dev_gather)(mb_backend *be, int H, int n, const uint32_t *d_rows, const uint8_t *d_q,
@@ -75,7 +75,7 @@ typedef struct mb_vtable {
     int (*dev_scatter)(mb_backend *be, int H, int n, const uint32_t *d_slots,
                        const uint16_t *d_rows, uint16_t *d_eo, ep_err *err);
     uint16_t *(*dev_step_eo)(mb_step *s, ep_err *err);
-    int (*dev_step_finish)(mb_step *s, uint16_t *h_out, double deadline, ep_err *err);
+    int (*dev_step_finish)(mb_step *s, uint16_t *h_out, int64_t deadline, ep_err *err);
 } mb_vtable;
 
 struct mb_backend {

@@ -249,8 +249,8 @@ int mb_narrow_scales(size_t n, const float *f32, uint8_t *e8m0, size_t *bad);
 
 /* For data planes that move device memory themselves (the NCCL plane). Everything is enqueued
  * on the backend's one stream (mb_dev_stream) in call order and returns without waiting,
- * except where a function says it waits; nothing waits without a deadline (CLOCK_MONOTONIC
- * seconds). Pointers named d_* are device memory (host memory on the CPU backend), h_* host
+ * except where a function says it waits; nothing waits without a deadline (clk_mono_ms of
+ * common/clock.h). Pointers named d_* are device memory (host memory on the CPU backend), h_* host
  * memory (pinned where the backend has such a thing). The bits are those of the host API above
  * (same kernels, same order); only where the data lives differs. A backend without device
  * operations (mb_has_dev false) fails every call below with a message naming itself. */
@@ -265,7 +265,7 @@ void *mb_dev_stream(mb_backend *be);
 int mb_dev_poll(mb_backend *be, ep_err *err);
 /* Poll until the stream drains or deadline passes: 0, or -1 with err "... timed out" / the
  * device error. */
-int mb_dev_wait(mb_backend *be, double deadline, ep_err *err);
+int mb_dev_wait(mb_backend *be, int64_t deadline, ep_err *err);
 
 /* Device and pinned host buffers for a data plane's own use; free with the matching function.
  * Sizes of 0 give a valid 1-byte allocation. */
@@ -283,7 +283,7 @@ int mb_dev_d2h(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, ep_
  * h_topk_ids must stay valid until mb_step_free. Free the step with mb_step_free. */
 mb_step *mb_dev_step_begin(mb_backend *be, const mb_layer *l, int T, const uint16_t *h_x,
                            const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
-                           double deadline, ep_err *err);
+                           int64_t deadline, ep_err *err);
 const uint8_t *mb_dev_step_q(const mb_step *s); /* d: e4m3 [T, H] */
 const float *mb_dev_step_qs(const mb_step *s);  /* d: f32 [T, H/128] */
 
@@ -314,7 +314,7 @@ int mb_dev_scatter(mb_backend *be, int H, int n, const uint32_t *d_slots, const 
 uint16_t *mb_dev_step_eo(mb_step *s, ep_err *err);
 /* Shared expert (if mb_step_shared was not called) + combine of the step's eo on the device,
  * then out bf16 [T, H] copied to h_out; waits until deadline for the copy. */
-int mb_dev_step_finish(mb_step *s, uint16_t *h_out, double deadline, ep_err *err);
+int mb_dev_step_finish(mb_step *s, uint16_t *h_out, int64_t deadline, ep_err *err);
 
 #ifdef __cplusplus
 }

@@ -441,7 +441,7 @@ static int exec_step_pipe(exec_step_s *s)
 }
 
 /* Wait for the COMBINEs of our DISPATCHes, answering peers' DISPATCHes as they come. */
-static int exec_wait_peers(exec_step_s *s, double deadline)
+static int exec_wait_peers(exec_step_s *s, int64_t deadline)
 {
     exec_state *st = s->st;
     while (s->need_c > 0) {
@@ -449,7 +449,7 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
             return -1;
         if (s->need_c == 0)
             break;
-        double left = deadline - clk_mono_s();
+        int64_t left = deadline - clk_mono_ms();
         if (left <= 0) {
             char who[EP_ERR_MSG_MAX / 2];
             exec_missing(s, who, sizeof who);
@@ -459,8 +459,7 @@ static int exec_wait_peers(exec_step_s *s, double deadline)
         }
         zmq_pollitem_t it[2] = {{.socket = st->pipe, .events = ZMQ_POLLIN},
                                 {.socket = tpz_socket(st->tp), .events = ZMQ_POLLIN}};
-        long ms = (long)(left * 1000) + 1;
-        if (zmq_poll(it, 2, ms > 1000 ? 1000 : ms) < 0)
+        if (zmq_poll(it, 2, left > 1000 ? 1000 : (long)left) < 0)
             continue; /* EINTR */
         if (it[1].revents)
             tpz_pump(st->tp);
@@ -552,7 +551,7 @@ static int exec_send_done(exec_step_s *s)
 static int exec_step_run(exec_step_s *s)
 {
     exec_state *st = s->st;
-    double deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0;
+    int64_t deadline = clk_deadline_ms(st->session->step_timeout_ms);
     double t0 = clk_mono_s();
     s->t0 = t0;
     s->ms = mb_step_begin(st->be, s->layer, s->T, s->x, s->ids, s->topk_ids, s->topk_w, s->q, s->qs,
@@ -700,7 +699,7 @@ static int exec_nccl_step(exec_step_s *s)
                   .topk_w = s->topk_w,
                   .out = s->out,
                   .expert_tokens = s->expert_tokens,
-                  .deadline = clk_mono_s() + st->session->step_timeout_ms / 1000.0,
+                  .deadline = clk_deadline_ms(st->session->step_timeout_ms),
                   .idle = exec_nccl_idle,
                   .idle_ctx = s};
     double t0 = clk_mono_s();
@@ -836,8 +835,7 @@ void exec_comm_init(exec_state *st, const wire_msg *m)
     if (rc == 0)
         rc = exec_comm_begin(st, ci, &err);
     if (rc == 0)
-        rc = tpc_wait_ready(st->comm, clk_mono_s() + ci->timeout_ms / 1000.0, exec_comm_idle, st,
-                            &err);
+        rc = tpc_wait_ready(st->comm, clk_deadline_ms(ci->timeout_ms), exec_comm_idle, st, &err);
     if (rc == 0 && exec_nccl_driver(st, ci, &err) != 0) {
         tpc_abort(st->comm, err.msg);
         rc = -1;

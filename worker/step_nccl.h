@@ -78,7 +78,7 @@ typedef struct sn_step {
     uint32_t *expert_tokens; /* [n_experts]: pairs computed per expert, added to */
     uint64_t dispatch_bytes; /* out: payload bytes sent to other ranks */
     uint64_t combine_bytes;
-    double deadline;  /* CLOCK_MONOTONIC seconds (clk_mono_s) */
+    int64_t deadline; /* clk_mono_ms */
     tpc_idle_fn idle; /* called while waiting; may be NULL */
     void *idle_ctx;
 } sn_step;

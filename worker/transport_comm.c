@@ -237,10 +237,10 @@ static int tpc_progress(tpc_comm *c, void *stream, ep_err *e)
 }
 
 /* Poll until done, the deadline, a library error or the owner's interruption. */
-static int tpc_wait(tpc_comm *c, const char *what, void *stream, double deadline, tpc_idle_fn idle,
+static int tpc_wait(tpc_comm *c, const char *what, void *stream, int64_t deadline, tpc_idle_fn idle,
                     void *idle_ctx, ep_err *err)
 {
-    double t0 = clk_mono_s();
+    int64_t t0 = clk_mono_ms();
     for (int polls = 0;; polls++) {
         ep_err e = {0};
         int rc = tpc_progress(c, stream, &e);
@@ -248,17 +248,17 @@ static int tpc_wait(tpc_comm *c, const char *what, void *stream, double deadline
             return 0;
         if (rc < 0)
             return tpc_fail(c, TPC_FAULT_LIBRARY, err, "%s: %s", what, e.msg);
-        double now = clk_mono_s();
+        int64_t now = clk_mono_ms();
         if (now >= deadline)
-            return tpc_fail(c, TPC_FAULT_DEADLINE, err, "%s not done after %.0f ms", what,
-                            (now - t0) * 1e3);
+            return tpc_fail(c, TPC_FAULT_DEADLINE, err, "%s not done after %lld ms", what,
+                            (long long)(now - t0));
         if (idle != NULL && idle(idle_ctx, &e) != 0)
             return tpc_fail(c, TPC_FAULT_ABANDONED, err, "%s abandoned: %s", what, e.msg);
         tpc_pause(polls);
     }
 }
 
-int tpc_wait_ready(tpc_comm *c, double deadline, tpc_idle_fn idle, void *idle_ctx, ep_err *err)
+int tpc_wait_ready(tpc_comm *c, int64_t deadline, tpc_idle_fn idle, void *idle_ctx, ep_err *err)
 {
     if (c->state != TPC_INIT)
         return ep_err_set(err, "%s communicator: nothing to wait for (state %s)", c->ops->name,
@@ -277,7 +277,7 @@ int tpc_wait_ready(tpc_comm *c, double deadline, tpc_idle_fn idle, void *idle_ct
 }
 
 int tpc_exchange(tpc_comm *c, const char *what, const tpc_xfer *sends, int n_sends,
-                 const tpc_xfer *recvs, int n_recvs, void *stream, double deadline,
+                 const tpc_xfer *recvs, int n_recvs, void *stream, int64_t deadline,
                  tpc_idle_fn idle, void *idle_ctx, ep_err *err)
 {
     if (c->state != TPC_READY) {

@@ -10,7 +10,7 @@
  * States: NONE -> INIT (tpc_begin_init / tpc_begin_shrink, non-blocking) -> READY
  * (tpc_wait_ready) -> ABORTED (any failure: an asynchronous error, a deadline passed, the
  * owner interrupted a wait) -> INIT again (rebuilt: a new communicator, or a shrink of a READY
- * one). Every wait has a deadline (CLOCK_MONOTONIC seconds); a wait that fails aborts the
+ * one). Every wait has a deadline (clk_mono_ms, common/clock.h); a wait that fails aborts the
  * library communicator (ncclCommAbort), so nothing stays queued on the stream, and the error
  * names the epoch, generation, rank and what was waited for. Only READY exchanges. One owner
  * thread.
@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "common/clock.h" /* clk_mono_s: the clock of every deadline here */
+#include "common/clock.h" /* clk_mono_ms: the clock of every deadline here */
 #include "common/error.h"
 #include "worker/transport_comm_lib.h"
 
@@ -59,12 +59,12 @@ int tpc_begin_shrink(tpc_comm *c, uint64_t epoch, uint32_t generation, uint64_t 
                      int size, ep_err *err);
 /* Wait for the communicator begun to become READY: 0, or -1 with the communicator ABORTED and
  * err naming it ("... not ready after N ms", the library's error, or the owner's reason). */
-int tpc_wait_ready(tpc_comm *c, double deadline, tpc_idle_fn idle, void *idle_ctx, ep_err *err);
+int tpc_wait_ready(tpc_comm *c, int64_t deadline, tpc_idle_fn idle, void *idle_ctx, ep_err *err);
 /* One grouped exchange on stream, waited for until everything enqueued on stream is done
  * (what = "dispatch counts", "dispatch", "combine" names it in errors). A communicator that is
  * not READY fails at once; a failed or late exchange aborts it. */
 int tpc_exchange(tpc_comm *c, const char *what, const tpc_xfer *sends, int n_sends,
-                 const tpc_xfer *recvs, int n_recvs, void *stream, double deadline,
+                 const tpc_xfer *recvs, int n_recvs, void *stream, int64_t deadline,
                  tpc_idle_fn idle, void *idle_ctx, ep_err *err);
 /* Abort now (the owner's own failure mid-step: nothing of the step may stay queued). */
 void tpc_abort(tpc_comm *c, const char *why);

@@ -270,7 +270,7 @@ static int cpu_dev_poll(mb_backend *be, ep_err *err)
     return 0;
 }
 
-static int cpu_dev_wait(mb_backend *be, double deadline, ep_err *err)
+static int cpu_dev_wait(mb_backend *be, int64_t deadline, ep_err *err)
 {
     return 0;
 }
@@ -294,7 +294,7 @@ static int cpu_dev_copy(mb_backend *be, void *dst, const void *src, size_t bytes
 
 static mb_step *cpu_dev_step_begin(mb_backend *be, const mb_layer *ml, int T, const uint16_t *x,
                                    const int64_t *ids, int32_t *topk_ids, float *topk_w,
-                                   double deadline, ep_err *err)
+                                   int64_t deadline, ep_err *err)
 {
     const mc_config *c = moe_layer_config(layer_of(ml));
     size_t H = (size_t)c->hidden_size, k = (size_t)c->num_experts_per_tok;
@@ -369,7 +369,7 @@ static uint16_t *cpu_dev_step_eo(mb_step *ms, ep_err *err)
     return ((cpu_step *)ms)->eo;
 }
 
-static int cpu_dev_step_finish(mb_step *ms, uint16_t *out, double deadline, ep_err *err)
+static int cpu_dev_step_finish(mb_step *ms, uint16_t *out, int64_t deadline, ep_err *err)
 {
     return cpu_step_finish(ms, ((cpu_step *)ms)->eo, out, err);
 }

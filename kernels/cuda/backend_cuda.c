@@ -51,7 +51,7 @@ size_t cu_align(size_t n)
  * without sleeping: a step's waits are tens to hundreds of microseconds, and a sleep costs more
  * than that in timer slack; longer waits (loading, huge steps) poll every 100 us. */
 #define CU_SPIN_S 0.01
-int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err *err)
+int cu_wait_until(const cudev_ops *ops, cudev *d, int64_t deadline, ep_err *err)
 {
     struct timespec nap = {0, 100000};
     double spin_end = clk_mono_s() + CU_SPIN_S;
@@ -59,17 +59,21 @@ int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err *err)
         int q = ops->query(d, err);
         if (q <= 0)
             return q;
-        double now = clk_mono_s();
-        if (now > deadline)
+        if (clk_mono_ms() > deadline)
             return ep_err_set(err, "the device did not finish its queued work in time");
-        if (now > spin_end)
+        if (clk_mono_s() > spin_end)
             nanosleep(&nap, NULL);
     }
 }
 
+int64_t cu_deadline(const cuda_backend *b)
+{
+    return clk_mono_ms() + (int64_t)(b->wait_s * 1000.0);
+}
+
 int cu_wait(cuda_backend *b, ep_err *err)
 {
-    return cu_wait_until(b->ops, b->d, clk_mono_s() + b->wait_s, err);
+    return cu_wait_until(b->ops, b->d, cu_deadline(b), err);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------- */

@@ -141,8 +141,10 @@ static inline const cuda_layer *cl(const mb_layer *l)
 /* ---- backend_cuda.c: waits, sizes, arenas, step buffers ---- */
 
 size_t cu_align(size_t n);
-int cu_wait_until(const cudev_ops *ops, cudev *d, double deadline, ep_err *err);
+int cu_wait_until(const cudev_ops *ops, cudev *d, int64_t deadline, ep_err *err);
 int cu_wait(cuda_backend *b, ep_err *err);
+/* clk_mono_ms when a wait started now must be over (EPMOE_CUDA_WAIT_S). */
+int64_t cu_deadline(const cuda_backend *b);
 uint64_t cuda_layer_footprint(const mb_backend *be, const mc_config *c, int n_experts);
 size_t cu_bufs_big_bytes(const cu_bufs *s);
 void cu_arena_unref(cu_arena **a_p);
@@ -200,7 +202,7 @@ int cuda_dev_experts(mb_backend *be, const mb_layer *ml, int n_rows, const uint8
                      ep_err *err);
 void *cuda_dev_stream(mb_backend *be);
 int cuda_dev_poll(mb_backend *be, ep_err *err);
-int cuda_dev_wait(mb_backend *be, double deadline, ep_err *err);
+int cuda_dev_wait(mb_backend *be, int64_t deadline, ep_err *err);
 int cuda_dev_alloc(mb_backend *be, void **d_p, size_t bytes, ep_err *err);
 void cuda_dev_free(mb_backend *be, void *d_p);
 int cuda_dev_alloc_host(mb_backend *be, void **h_p, size_t bytes, ep_err *err);
@@ -209,7 +211,7 @@ int cuda_dev_h2d(mb_backend *be, void *d_dst, const void *h_src, size_t bytes, e
 int cuda_dev_d2h(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, ep_err *err);
 mb_step *cuda_dev_step_begin(mb_backend *be, const mb_layer *ml, int T, const uint16_t *h_x,
                              const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
-                             double deadline, ep_err *err);
+                             int64_t deadline, ep_err *err);
 const uint8_t *cuda_dev_step_q(const mb_step *ms);
 const float *cuda_dev_step_qs(const mb_step *ms);
 uint16_t *cuda_dev_step_eo(mb_step *ms, ep_err *err);
@@ -219,6 +221,6 @@ int cuda_dev_scales_to_f32(mb_backend *be, size_t n, const uint8_t *d_e8m0, floa
                            ep_err *err);
 int cuda_dev_scatter(mb_backend *be, int H, int n, const uint32_t *d_slots, const uint16_t *d_rows,
                      uint16_t *d_eo, ep_err *err);
-int cuda_dev_step_finish(mb_step *ms, uint16_t *h_out, double deadline, ep_err *err);
+int cuda_dev_step_finish(mb_step *ms, uint16_t *h_out, int64_t deadline, ep_err *err);
 
 #endif

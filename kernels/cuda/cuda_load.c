@@ -26,7 +26,7 @@ typedef struct up_ctx {
     mb_progress_fn progress;
     void *progress_ctx;
     uint64_t done;
-    double deadline;
+    int64_t deadline; /* clk_mono_ms */
 } up_ctx;
 
 /* Copy `bytes` from host src (any memory) to device dst through the staging buffers: the
@@ -305,10 +305,8 @@ mb_layer *cuda_layer_load(mb_backend *be, const mc_config *c, const mb_layer_src
         l->arena = b->arena;
         atomic_fetch_add(&l->arena->refs, 1);
     }
-    up_ctx u = {.b = b,
-                .progress = progress,
-                .progress_ctx = progress_ctx,
-                .deadline = clk_mono_s() + b->wait_s};
+    up_ctx u = {
+        .b = b, .progress = progress, .progress_ctx = progress_ctx, .deadline = cu_deadline(b)};
     if (load_router(b, &u, l, src, err) < 0 || load_experts(b, &u, l, src, want, old, err) < 0)
         goto fail;
     if (cu_wait(b, err) < 0) /* the staging buffers are reused by the next layer */

@@ -69,7 +69,7 @@ int cuda_dev_poll(mb_backend *be, ep_err *err)
     return b->ops->query(b->d, err);
 }
 
-int cuda_dev_wait(mb_backend *be, double deadline, ep_err *err)
+int cuda_dev_wait(mb_backend *be, int64_t deadline, ep_err *err)
 {
     cuda_backend *b = cb(be);
     return cu_wait_until(b->ops, b->d, deadline, err);
@@ -113,7 +113,7 @@ int cuda_dev_d2h(mb_backend *be, void *h_dst, const void *d_src, size_t bytes, e
 
 mb_step *cuda_dev_step_begin(mb_backend *be, const mb_layer *ml, int T, const uint16_t *h_x,
                              const int64_t *h_ids, int32_t *h_topk_ids, float *h_topk_w,
-                             double deadline, ep_err *err)
+                             int64_t deadline, ep_err *err)
 {
     cuda_backend *b = cb(be);
     const cuda_layer *l = cl(ml);
@@ -184,7 +184,7 @@ int cuda_dev_scatter(mb_backend *be, int H, int n, const uint32_t *d_slots, cons
     return n ? b->ops->scatter(b->d, H, n, d_slots, d_rows, d_eo, err) : 0;
 }
 
-int cuda_dev_step_finish(mb_step *ms, uint16_t *h_out, double deadline, ep_err *err)
+int cuda_dev_step_finish(mb_step *ms, uint16_t *h_out, int64_t deadline, ep_err *err)
 {
     cuda_step *s = (cuda_step *)ms;
     cuda_backend *b = cb(ms->be);

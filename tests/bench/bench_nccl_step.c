@@ -108,7 +108,7 @@ static void case_free(bench_case *c)
 
 static int nccl_step(tpc_comm *comm, bench_case *c, ep_err *err)
 {
-    double deadline = clk_mono_s() + 60;
+    int64_t deadline = clk_mono_ms() + 60000;
     tpc_xfer s = {0, c->d_disp, c->disp_bytes}, r = {0, c->d_disp_in, c->disp_bytes};
     if (tpc_exchange(comm, "dispatch", &s, 1, &r, 1, c->stream, deadline, NULL, NULL, err))
         return -1;
@@ -136,12 +136,12 @@ static int zmq_hop(tpz_transport *src, tpz_transport *dst, int dst_rank, const t
     if (tpz_send(src, dst_rank, &m, err) != 0)
         return -1;
     tp_msg got = {0};
-    double deadline = clk_mono_s() + 60;
+    int64_t deadline = clk_mono_ms() + 60000;
     while (!tpz_take(dst, shape->step_id, &got)) {
         zmq_pollitem_t it = {.socket = tpz_socket(dst), .events = ZMQ_POLLIN};
         zmq_poll(&it, 1, 100);
         tpz_pump(dst);
-        if (clk_mono_s() > deadline)
+        if (clk_mono_ms() > deadline)
             return ep_err_set(err, "no message after 60 s (last drop: %s)", tpz_last_drop(dst));
     }
     /* the received arrays are views into the frames: copy them into the staging block */
@@ -218,7 +218,7 @@ static int open_planes(planes *p, void *zctx, int H, ep_err *err)
     p->comm = tpc_create(tpc_nccl_ops(), NULL, err);
     if (p->comm == NULL || tpc_new_id(p->comm, &id, err) != 0 ||
         tpc_begin_init(p->comm, 1, 0, 0, 1, &id, err) != 0 ||
-        tpc_wait_ready(p->comm, clk_mono_s() + 60, NULL, NULL, err) != 0)
+        tpc_wait_ready(p->comm, clk_mono_ms() + 60000, NULL, NULL, err) != 0)
         return -1;
     uint32_t owner[E_BENCH];
     for (int e = 0; e < E_BENCH; e++)

@@ -132,8 +132,8 @@ static int exchange_all(rank_ctx *r, const char *what, double timeout, ep_err *e
         sends[p] = (tpc_xfer){.peer = p, .ptr = out[p], .bytes = pattern_len(r->rank, p)};
         recvs[p] = (tpc_xfer){.peer = p, .ptr = in[p], .bytes = pattern_len(p, r->rank)};
     }
-    int rc =
-        tpc_exchange(r->c, what, sends, P, recvs, P, r->s, clk_mono_s() + timeout, NULL, NULL, err);
+    int rc = tpc_exchange(r->c, what, sends, P, recvs, P, r->s,
+                          clk_mono_ms() + (int64_t)(timeout * 1000), NULL, NULL, err);
     for (int p = 0; p < P && rc == 0; p++)
         for (size_t i = 0; i < pattern_len(p, r->rank); i++)
             if (in[p][i] != pattern_byte(p, r->rank, i)) {
@@ -154,7 +154,7 @@ static void body_ready_exchange(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     note_state(r);
     for (int round = 0; round < 3 && r->rc == 0; round++)
         r->rc = exchange_all(r, "dispatch", 10, &r->err);
@@ -203,7 +203,7 @@ static void body_init_dead_peer(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     double t0 = clk_mono_s();
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 0.3, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 300, NULL, NULL, &r->err);
     r->took = clk_mono_s() - t0;
     note_state(r);
 }
@@ -239,7 +239,7 @@ static void body_init_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 9, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     note_state(r);
 }
 
@@ -266,7 +266,7 @@ static void body_exchange_dead_peer(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rc != 0 || r->rank == r->sh->P - 1)
         return; /* the last rank dies between steps */
@@ -308,7 +308,7 @@ static void body_exchange_async_error(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 0)
         fc_fail_status(r->sh->w, 0, 0, "injected: remote process exited");
@@ -351,7 +351,7 @@ static void body_interrupt(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     double t0 = clk_mono_s();
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 30, idle_abort_third, r, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 30000, idle_abort_third, r, &r->err);
     r->took = clk_mono_s() - t0;
     note_state(r);
 }
@@ -379,7 +379,7 @@ static void body_rebuild(rank_ctx *r)
     r->rc = begin(r, 5, 0);
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     note_state(r);
     /* both abort their part of a failed step (as a worker does on its own failure) */
     tpc_abort(r->c, "step 3: local experts failed");
@@ -387,7 +387,7 @@ static void body_rebuild(rank_ctx *r)
     r->rc2 = begin(r, 5, 1); /* the coordinator's next COMM_INIT: generation 1 */
     note_state(r);
     if (r->rc2 == 0)
-        r->rc2 = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err2);
+        r->rc2 = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err2);
     note_state(r);
     if (r->rc2 == 0)
         r->rc2 = exchange_all(r, "dispatch", 10, &r->err2);
@@ -424,7 +424,7 @@ static void body_shrink(rank_ctx *r)
 {
     r->rc = begin(r, 5, 0);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     pthread_barrier_wait(&r->sh->bar);
     if (r->rank == 2)
         return; /* lost; the survivors 0, 1, 3 shrink */
@@ -443,7 +443,7 @@ static void body_shrink(rank_ctx *r)
     }
     note_state(r);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     note_state(r);
     /* exchange among the survivors with their new ranks */
     if (r->rc == 0) {
@@ -499,7 +499,7 @@ static void body_slow_peer(rank_ctx *r)
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)
-        r->rc = tpc_wait_ready(r->c, clk_mono_s() + 10, NULL, NULL, &r->err);
+        r->rc = tpc_wait_ready(r->c, clk_mono_ms() + 10000, NULL, NULL, &r->err);
     if (r->rank == 1)
         usleep(200000);
     if (r->rc == 0)

@@ -702,7 +702,7 @@ static int dev_path(mb_backend *be, const mb_layer *la, int T, int H, int k, con
     int rc = -1;
     int32_t ids_a[64];
     float w_a[64];
-    mb_step *s = mb_dev_step_begin(be, la, T, x, NULL, ids_a, w_a, 1e30, &err);
+    mb_step *s = mb_dev_step_begin(be, la, T, x, NULL, ids_a, w_a, INT64_MAX, &err);
     CHECK(s != NULL);
     if (s == NULL)
         return -1;
@@ -728,7 +728,7 @@ static int dev_path(mb_backend *be, const mb_layer *la, int T, int H, int k, con
                                    d_codes, d_scales, &err) ||
                      mb_dev_experts(be, la, n, d_codes, d_scales, n, prow, pexp, pw, d_out, &err) ||
                      mb_dev_scatter(be, H, n, d_slots, d_out, mb_dev_step_eo(s, &err), &err) ||
-                     mb_dev_step_finish(s, got, 1e30, &err)
+                     mb_dev_step_finish(s, got, INT64_MAX, &err)
                  ? -1
                  : 0;
         mb_dev_free(be, d_rows), mb_dev_free(be, d_slots), mb_dev_free(be, d_codes);

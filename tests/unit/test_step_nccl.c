@@ -207,7 +207,7 @@ static void run_step(rank_ctx *r, int step)
                   .topk_w = w,
                   .out = out,
                   .expert_tokens = r->expert_tokens,
-                  .deadline = clk_mono_s() + wd->timeout,
+                  .deadline = clk_mono_ms() + (int64_t)(wd->timeout * 1000),
                   .idle = r->rank == wd->interrupt_rank ? idle_give_up : NULL,
                   .idle_ctx = r};
     r->rc = sn_run(r->drv, &io, &r->code, &r->err);
@@ -237,7 +237,7 @@ static void *rank_main(void *p)
         tpc_new_id(r->comm, &wd->id, &err);
     pthread_barrier_wait(&wd->bar);
     tpc_begin_init(r->comm, EPOCH, 0, r->rank, wd->P, &wd->id, &err);
-    if (tpc_wait_ready(r->comm, clk_mono_s() + 10, NULL, NULL, &r->err) != 0) {
+    if (tpc_wait_ready(r->comm, clk_mono_ms() + 10000, NULL, NULL, &r->err) != 0) {
         r->rc = -1;
         return NULL;
     }
