@@ -197,7 +197,7 @@ static void exec_loop(exec_state *st)
                 it[1] = it[2];
             n++;
         }
-        long timeout = st->srv ? (long)(srv_idle_timeout(st->srv) * 1000) + 1 : 1000;
+        long timeout = st->srv ? (long)srv_idle_timeout_ms(st->srv) + 1 : 1000;
         int rc_poll = zmq_poll(items, n, timeout > 1000 ? 1000 : timeout);
         bool client_in = st->srv && rc_poll > 0 && it[1].revents;
         bool data_in = st->tp && rc_poll > 0 && it[n - 1].revents;

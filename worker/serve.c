@@ -513,8 +513,8 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
         q->t_arrive = clk_mono_s();
         uint32_t ms = r->has_timeout_ms && r->timeout_ms ? r->timeout_ms
                                                          : (uint32_t)env->session->step_timeout_ms;
-        q->deadline = q->t_arrive + ms / 1000.0;
-        q->backoff = SRV_RETRY_S;
+        q->deadline = clk_deadline_ms(ms);
+        q->backoff = SRV_RETRY_MS;
         q->phase = SRV_WAITING;
         if (srv_req_alloc(q, m, r->has_has_ids && r->has_ids) != 0)
             srv_fail(s, q, EPMOE__ERROR_CODE__ERR_BUSY, "out of memory for %d tokens", q->T);
@@ -569,7 +569,7 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     if (c->refused) {
         p->refused = true;
         if (q->retry_at == 0)
-            q->retry_at = clk_mono_s() + q->backoff;
+            q->retry_at = clk_mono_ms() + q->backoff;
         log_debug(LOG_SUB_DATA, "request %016llx: rank %d (epoch %llu) refused %d pairs",
                   (unsigned long long)q->id, c->src_rank, (unsigned long long)c->server_epoch,
                   p->n);
@@ -679,7 +679,7 @@ static void srv_missing(const srv_req *q, const srv_env *env, char *buf, size_t 
                  env->ready ? "ready" : "not ready");
 }
 
-static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double now)
+static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, int64_t now)
 {
     ep_err err = {0};
     if (now >= q->deadline) {
@@ -687,8 +687,8 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double n
         srv_missing(q, env, who, sizeof who);
         srv_fail(s, q, EPMOE__ERROR_CODE__ERR_TIMEOUT,
                  "request %llu (layer %d, %d tokens) timed out after %.0f ms waiting for %s",
-                 (unsigned long long)q->seq, q->layer, q->T, (q->deadline - q->t_arrive) * 1e3,
-                 who);
+                 (unsigned long long)q->seq, q->layer, q->T,
+                 (double)q->deadline - q->t_arrive * 1e3, who);
         return;
     }
     if (!env->ready)
@@ -705,7 +705,7 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, double n
         }
     if (q->retry_at > 0 && now >= q->retry_at) {
         q->retry_at = 0;
-        q->backoff = q->backoff * 2 < SRV_RETRY_MAX_S ? q->backoff * 2 : SRV_RETRY_MAX_S;
+        q->backoff = q->backoff * 2 < SRV_RETRY_MAX_MS ? q->backoff * 2 : SRV_RETRY_MAX_MS;
         if (srv_replay(s, env, q, &err) != 0) {
             srv_fail(s, q, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "replay: %s", err.msg);
             return;
@@ -778,7 +778,7 @@ void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
     if (env->session == NULL || srv_shape(s, env) != 0) {
-        double now = clk_mono_s();
+        int64_t now = clk_mono_ms();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)
             if (s->req[i].phase != SRV_FREE && now >= s->req[i].deadline)
                 srv_fail(s, &s->req[i], EPMOE__ERROR_CODE__ERR_TIMEOUT,
@@ -787,7 +787,7 @@ void srv_run(srv_server *s, const srv_env *env)
         return;
     }
     /* start and send before serving, so this worker's own parts join the batch */
-    double now = clk_mono_s();
+    int64_t now = clk_mono_ms();
     for (int i = 0; i < SRV_MAX_REQUESTS; i++)
         if (s->req[i].phase != SRV_FREE)
             srv_step_req(s, env, &s->req[i], now);
@@ -799,14 +799,14 @@ void srv_run(srv_server *s, const srv_env *env)
         srv_shared(s, false);
 }
 
-double srv_idle_timeout(const srv_server *s)
+int64_t srv_idle_timeout_ms(const srv_server *s)
 {
-    double now = clk_mono_s(), t = 1.0;
+    int64_t now = clk_mono_ms(), t = 1000;
     for (int i = 0; i < SRV_MAX_REQUESTS; i++) {
         const srv_req *q = &s->req[i];
         if (q->phase == SRV_FREE)
             continue;
-        double d = q->deadline - now;
+        int64_t d = q->deadline - now;
         if (q->retry_at > 0 && q->retry_at - now < d)
             d = q->retry_at - now;
         if (d < t)

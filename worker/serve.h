@@ -55,8 +55,9 @@ void srv_on_data(srv_server *s, const srv_env *env);
 /* Run the queue (batched per layer), send what can be sent, answer what is complete, retry
  * refused parts, fail what passed its deadline. Call after srv_on_client / srv_on_data. */
 void srv_run(srv_server *s, const srv_env *env);
-/* Seconds until srv_run has something to do on its own (a retry or a deadline); 1 if nothing. */
-double srv_idle_timeout(const srv_server *s);
+/* Milliseconds until srv_run has something to do on its own (a retry or a deadline); 1000 if
+ * nothing. */
+int64_t srv_idle_timeout_ms(const srv_server *s);
 
 /* The placement, the layers or the data plane are about to change (EPOCH, EPOCH_COMMIT, a new
  * session): every request in flight drops what it holds of the old ones (its backend step, its

@@ -157,7 +157,7 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
             return;
         if (out == NULL) {
             p->refused = true;
-            q->retry_at = clk_mono_s();
+            q->retry_at = clk_mono_ms();
             return;
         }
         for (int i = 0; i < p->n; i++)

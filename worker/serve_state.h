@@ -24,9 +24,9 @@
  * beyond, a SUBMIT is answered ERR_BUSY at once. */
 #define SRV_MAX_REQUESTS        256
 #define SRV_MAX_CLIENT_REQUESTS 64
-/* A refused part is dispatched again after this long, doubling up to SRV_RETRY_MAX_S. */
-#define SRV_RETRY_S     0.002
-#define SRV_RETRY_MAX_S 0.1
+/* A refused part is dispatched again after this many ms, doubling up to SRV_RETRY_MAX_MS. */
+#define SRV_RETRY_MS     2
+#define SRV_RETRY_MAX_MS 100
 
 typedef struct srv_server srv_server;
 struct wmx;
@@ -87,7 +87,8 @@ typedef struct srv_req {
     uint32_t attempt;
     bool replayed, started_once;
     bool shared; /* the shared expert ran (or, on a device, was started) for this attempt */
-    double t_arrive, t_routed, t_sent, t_experts, deadline, retry_at, backoff;
+    double t_arrive, t_routed, t_sent, t_experts; /* the timeline, clk_mono_s */
+    int64_t deadline, retry_at, backoff;          /* clk_mono_ms; retry_at 0: none */
     double t_own, t_shared, t_back; /* own pairs done, shared expert done, last COMBINE in */
     uint64_t epoch;
 } srv_req;
