@@ -219,7 +219,7 @@ int main(int argc, char **argv)
     }
     log_init("epmoectl", kv.debug, kv.journal_stream != NULL);
     /* the kernels read no environment: their ISA cap comes from the knobs (kernels/isa.h) */
-    gemm_impl_set_cap(gemm_impl_cap_parse(kv.isa, kv.gemm));
+    isa_set_cap(isa_cap_parse(kv.isa, kv.gemm));
     cmd_ctx ctx = {.output = CMD_OUT_TABLE,
                    .coordinator = kv.coordinator,
                    .key_path = kv.key,

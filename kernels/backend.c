@@ -67,9 +67,9 @@ static void mb_fill_caps(mb_device_info *info)
 {
     info->n_caps = 0;
     mb_add_cap(info, "cpu");
-    for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
-        if (gemm_impl_supported((gemm_impl)i))
-            mb_add_cap(info, gemm_impl_name((gemm_impl)i));
+    for (int i = ISA_AVX2; i < ISA_COUNT; i++)
+        if (isa_supported((isa_level)i))
+            mb_add_cap(info, isa_name((isa_level)i));
     if (info->kind == MB_DEV_CUDA) {
         char sm[16];
         snprintf(sm, sizeof sm, "sm_%d%d", info->sm_major, info->sm_minor);

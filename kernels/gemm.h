@@ -18,8 +18,8 @@
  * every implementation gives the same bits for any M, thread count or vector width: a row's
  * result never depends on the other rows in the batch. Multiply and add are never fused.
  *
- * Implementations: one per instruction set (kernels/isa.h): GEMM_IMPL_REF (plain C, the
- * definition, kernels/cpu/gemm_ref.c), GEMM_IMPL_AVX2 and GEMM_IMPL_AVX512 (kernels/cpu/
+ * Implementations: one per instruction set (kernels/isa.h): ISA_REF (plain C, the
+ * definition, kernels/cpu/gemm_ref.c), ISA_AVX2 and ISA_AVX512 (kernels/cpu/
  * gemm_avx2*.c, gemm_avx512.c). A gemm_weight is packed for one implementation; the tests
  * prove every implementation gives the reference's bits. The calls split over the threads of
  * a pool (kernels/pool.h).
@@ -36,12 +36,12 @@
 
 typedef struct gemm_weight gemm_weight;
 
-/* Pack weights for impl (AUTO = gemm_impl_best()). Inputs are copied; N % 128 == 0 and
+/* Pack weights for impl (AUTO = isa_best()). Inputs are copied; N % 128 == 0 and
  * K % 128 == 0. w_scale for FP8 is fp32 (callers decode E8M0 checkpoint scales exactly). */
-gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *w, const float *w_scale, gemm_impl impl,
+gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *w, const float *w_scale, isa_level impl,
                            ep_err *err);
 gemm_weight *gemm_pack_mxfp4(int N, int K, const uint8_t *w_packed, const uint8_t *w_scale,
-                             gemm_impl impl, ep_err *err);
+                             isa_level impl, ep_err *err);
 void gemm_weight_free(gemm_weight **self_p);
 int gemm_weight_n(const gemm_weight *w);
 int gemm_weight_k(const gemm_weight *w);

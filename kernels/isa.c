@@ -8,11 +8,11 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static const char *const IMPL_NAME[GEMM_IMPL_COUNT] = {"auto", "ref", "avx2", "avx512"};
+static const char *const IMPL_NAME[ISA_COUNT] = {"auto", "ref", "avx2", "avx512"};
 
 /* Set once at start-up and read by every thread that resolves AUTO: atomic, so a test that
  * changes it between cases races with nothing. */
-static atomic_int impl_cap = GEMM_IMPL_AUTO;
+static atomic_int impl_cap = ISA_AUTO;
 
 static int avx2_supported(void)
 {
@@ -35,60 +35,60 @@ static int avx512_supported(void)
 #endif
 }
 
-int gemm_impl_supported(gemm_impl impl)
+int isa_supported(isa_level impl)
 {
     switch (impl) {
-    case GEMM_IMPL_AUTO:
-    case GEMM_IMPL_REF:
+    case ISA_AUTO:
+    case ISA_REF:
         return 1;
-    case GEMM_IMPL_AVX2:
+    case ISA_AVX2:
         return avx2_supported();
-    case GEMM_IMPL_AVX512:
+    case ISA_AVX512:
         return avx512_supported();
     }
     return 0;
 }
 
-int gemm_impl_parse(const char *name, gemm_impl *impl)
+int isa_parse(const char *name, isa_level *impl)
 {
-    for (int i = 0; i < GEMM_IMPL_COUNT; i++)
+    for (int i = 0; i < ISA_COUNT; i++)
         if (name && strcmp(name, IMPL_NAME[i]) == 0) {
-            *impl = (gemm_impl)i;
+            *impl = (isa_level)i;
             return 0;
         }
     return -1;
 }
 
-const char *gemm_impl_name(gemm_impl impl)
+const char *isa_name(isa_level impl)
 {
-    return (unsigned)impl < GEMM_IMPL_COUNT ? IMPL_NAME[impl] : "unknown";
+    return (unsigned)impl < ISA_COUNT ? IMPL_NAME[impl] : "unknown";
 }
 
-gemm_impl gemm_impl_cap_parse(const char *isa, const char *gemm)
+isa_level isa_cap_parse(const char *isa, const char *gemm)
 {
-    gemm_impl cap = GEMM_IMPL_AVX512;
+    isa_level cap = ISA_AVX512;
     if (gemm && strcmp(gemm, "ref") == 0)
-        cap = GEMM_IMPL_REF;
-    gemm_impl want;
-    if (isa && gemm_impl_parse(isa, &want) == 0 && want != GEMM_IMPL_AUTO && want < cap)
+        cap = ISA_REF;
+    isa_level want;
+    if (isa && isa_parse(isa, &want) == 0 && want != ISA_AUTO && want < cap)
         cap = want;
-    return cap == GEMM_IMPL_AVX512 ? GEMM_IMPL_AUTO : cap;
+    return cap == ISA_AVX512 ? ISA_AUTO : cap;
 }
 
-void gemm_impl_set_cap(gemm_impl cap)
+void isa_set_cap(isa_level cap)
 {
     atomic_store_explicit(&impl_cap, (int)cap, memory_order_relaxed);
 }
 
 /* The one place the instruction set is chosen: the widest one the CPU has, at or below the
  * cap. */
-gemm_impl gemm_impl_best(void)
+isa_level isa_best(void)
 {
-    gemm_impl cap = (gemm_impl)atomic_load_explicit(&impl_cap, memory_order_relaxed);
-    if (cap == GEMM_IMPL_AUTO || (unsigned)cap >= GEMM_IMPL_COUNT)
-        cap = GEMM_IMPL_AVX512;
-    for (int i = cap; i > GEMM_IMPL_REF; i--)
-        if (gemm_impl_supported((gemm_impl)i))
-            return (gemm_impl)i;
-    return GEMM_IMPL_REF;
+    isa_level cap = (isa_level)atomic_load_explicit(&impl_cap, memory_order_relaxed);
+    if (cap == ISA_AUTO || (unsigned)cap >= ISA_COUNT)
+        cap = ISA_AVX512;
+    for (int i = cap; i > ISA_REF; i--)
+        if (isa_supported((isa_level)i))
+            return (isa_level)i;
+    return ISA_REF;
 }

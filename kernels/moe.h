@@ -46,7 +46,7 @@ typedef struct moe_layer moe_layer;
  * likes. The weights are packed by the threads of pool (may be NULL); progress (may be NULL)
  * is called from the caller's thread only. */
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, tpool *pool, mb_progress_fn progress,
+                           moe_layer *reuse, isa_level impl, tpool *pool, mb_progress_fn progress,
                            void *progress_ctx, ep_err *err);
 void moe_layer_free(moe_layer **self_p);
 size_t moe_layer_bytes(const moe_layer *l); /* weight memory held */

@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 /* Capabilities one device reports at most (mb_device_info.caps). */
-#define MB_MAX_CAPS (GEMM_IMPL_COUNT + 4)
+#define MB_MAX_CAPS (ISA_COUNT + 4)
 
 typedef enum mb_device_kind { MB_DEV_CPU = 0, MB_DEV_CUDA = 1 } mb_device_kind;
 /* Expert GEMM path of the CUDA backend (the spec's expert_parallel.gpu_gemm). */
@@ -87,7 +87,7 @@ typedef struct mb_cuda_tuning {
 typedef struct mb_options {
     const char *device;  /* "cpu" or "cuda:N" */
     int threads;         /* host threads (GEMM pool; host work of CUDA); <= 0: one per CPU */
-    gemm_impl impl;      /* CPU kernels; GEMM_IMPL_AUTO: the best this CPU has */
+    isa_level impl;      /* CPU kernels; ISA_AUTO: the best this CPU has */
     mb_gemm_mode gemm;   /* CUDA expert GEMMs */
     mb_cuda_tuning cuda; /* zero: the defaults */
 } mb_options;

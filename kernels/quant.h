@@ -18,7 +18,7 @@
  * every code of the block 0x7F; an infinity makes amax = inf, so s = NaN (pow2: e8m0 code 255)
  * or inf (x/inf = 0 for finite x, inf/inf = NaN).
  *
- * qt_act_rows and qt_act_rows_f32 use the best implementation (gemm_impl_best(), so
+ * qt_act_rows and qt_act_rows_f32 use the best implementation (isa_best(), so
  * EPMOE_ISA selects here too); the _impl variants take it explicitly, and
  * tests prove the implementations agree bit for bit.
  */
@@ -34,14 +34,14 @@
 void qt_act_rows(const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q, float *scale);
 void qt_act_rows_f32(const float *x, int M, int K, bool pow2, uint8_t *q, float *scale);
 
-void qt_act_rows_impl(gemm_impl impl, const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q,
+void qt_act_rows_impl(isa_level impl, const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q,
                       float *scale);
-void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow2, uint8_t *q,
+void qt_act_rows_f32_impl(isa_level impl, const float *x, int M, int K, bool pow2, uint8_t *q,
                           float *scale);
 
 /* q[i] = fmt_f32_to_e4m3(x[i]) for i < n, with the chosen implementation's encoder (AUTO =
  * best). Exposed so the vector encoder can be checked on every fp32 input. */
-void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q);
+void qt_f32_to_e4m3_n(isa_level impl, const float *x, size_t n, uint8_t *q);
 
 /* The layer's bf16 outputs (docs/numerics.md §3.3, §4), vectorised like the rest:
  *   qt_f32_to_bf16_n:  out[i] = fmt_f32_to_bf16(x[i])             (RNE, every NaN -> 0x7FFF)
@@ -49,8 +49,8 @@ void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q);
  *                                      + fp32(rows[n-1][h])) + fp32(last[h]) )
  *                      fp32 adds in that order: the combine of one token (rows in ascending
  *                      expert id, last = the shared expert's output). */
-void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out);
-void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const uint16_t *last,
+void qt_f32_to_bf16_n(isa_level impl, const float *x, size_t n, uint16_t *out);
+void qt_sum_bf16_rows(isa_level impl, const uint16_t *const *rows, int n, const uint16_t *last,
                       int H, uint16_t *out);
 
 #endif

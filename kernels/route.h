@@ -8,9 +8,9 @@
  *
  * Every function is defined per token by one fixed sequence of IEEE operations, so a token's
  * result never depends on T, on the other tokens or on the implementation. The implementation
- * argument picks the plain C reference (GEMM_IMPL_REF), the AVX2+FMA fast path (GEMM_IMPL_AVX2)
- * or, for the gate logits, an AVX-512 one (GEMM_IMPL_AVX512; its other steps are AVX2's). AUTO
- * = gemm_impl_best(), so EPMOE_ISA selects here too; tests/unit/test_route.c proves they agree
+ * argument picks the plain C reference (ISA_REF), the AVX2+FMA fast path (ISA_AVX2)
+ * or, for the gate logits, an AVX-512 one (ISA_AVX512; its other steps are AVX2's). AUTO
+ * = isa_best(), so EPMOE_ISA selects here too; tests/unit/test_route.c proves they agree
  * bit for bit. Asking for an instruction set the CPU lacks runs the widest it has below it
  * (same bits).
  */
@@ -27,7 +27,7 @@
 
 /* The implementation the route functions actually run for impl (AUTO resolved; AVX512 and AVX2
  * only when the CPU has them). */
-gemm_impl route_impl_resolve(gemm_impl impl);
+isa_level route_impl_resolve(isa_level impl);
 
 /* ffn_norm (RMSNorm). x, y bf16 [T, H]; gain bf16 [H]. Per token, with fp32(.) the exact
  * widening of a bf16:
@@ -35,21 +35,21 @@ gemm_impl route_impl_resolve(gemm_impl impl);
  *   ms   = (float)(sum / (double)H)
  *   r    = 1.0f / sqrtf(ms + eps)                                          (fp32)
  *   y_k  = bf16_rne(fp32(gain_k) * (fp32(x_k) * r))                        (fp32, this order) */
-void route_rmsnorm(gemm_impl impl, int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
+void route_rmsnorm(isa_level impl, int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
                    uint16_t *y);
 
 /* Gate weight W bf16 [E, H] repacked for an implementation (the AVX2 layout interleaves
  * experts so that one vector holds four of them). route_gate_bytes is what route_gate_pack
  * writes; dst must be 32-byte aligned. */
-size_t route_gate_bytes(gemm_impl impl, int E, int H);
-void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst);
+size_t route_gate_bytes(isa_level impl, int E, int H);
+void route_gate_pack(isa_level impl, int E, int H, const uint16_t *w, void *dst);
 
 /* Gate logits, logits f32 [T, E], from xn bf16 [T, H] and a gate packed for the same impl:
  *   logit[t][e] = (float)( sum over k ascending of (double)fp32(xn[t][k]) * (double)fp32(W[e][k]) )
  * accumulated in double from +0. A product of two bf16 values is exact in double, so a fused
  * multiply-add gives the same bits as a multiply and an add. The AVX-512 path splits the
  * experts over the threads of pool (may be NULL); the others run on the caller. */
-void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
+void route_logits(isa_level impl, int T, int H, int E, const uint16_t *xn, const void *gate,
                   float *logits, tpool *pool);
 
 /* score = sqrtf(softplus(l)), softplus(l) = l > 20 ? l : log1p(exp(l)), fp32 with exp and
@@ -63,7 +63,7 @@ void route_scores(int n, const float *logits, float *scores);
  * order of sel. Ties go to the lower expert id; NaN ranks below every number (so the choice is
  * a total order and always deterministic). scores f32 [T, E], ids int32 [T, k], 1 <= k <= E.
  * The reference scans E experts k times; the fast path keeps a sorted list in one pass. */
-void route_topk(gemm_impl impl, int T, int E, int k, const float *scores, const float *bias,
+void route_topk(isa_level impl, int T, int E, int k, const float *scores, const float *bias,
                 int32_t *ids);
 
 /* Hash routing (main layers < num_hash_layers): ids[t][j] = tid2eid[tokens[t]][j] in stored

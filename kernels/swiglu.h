@@ -36,8 +36,8 @@
 void swiglu_rows(const float *acc1, const float *acc3, int M, int I, const float *w_row,
                  float limit, bool pow2, uint8_t *q, float *scale);
 
-/* The same with an explicit implementation (AUTO = gemm_impl_best()). */
-void swiglu_rows_impl(gemm_impl impl, const float *acc1, const float *acc3, int M, int I,
+/* The same with an explicit implementation (AUTO = isa_best()). */
+void swiglu_rows_impl(isa_level impl, const float *acc1, const float *acc3, int M, int I,
                       const float *w_row, float limit, bool pow2, uint8_t *q, float *scale);
 
 #endif

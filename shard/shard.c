@@ -245,7 +245,7 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
 }
 
 moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
-                                const uint8_t *want, gemm_impl impl, ep_err *err)
+                                const uint8_t *want, isa_level impl, ep_err *err)
 {
     shard_view v = {0};
     if (shard_view_layer(m, c, layer, want, &v, err) < 0)

@@ -65,7 +65,7 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
 
 /* The CPU reference layer straight from a checkpoint (tools and tests). */
 moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
-                                const uint8_t *want, gemm_impl impl, ep_err *err);
+                                const uint8_t *want, isa_level impl, ep_err *err);
 
 /* Progress of a whole shard: checkpoint bytes read so far and in total, layers done. Return
  * non-zero to stop the load at the next layer (a RESET or TERM arrived): shard_load then

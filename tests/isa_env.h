@@ -13,7 +13,7 @@
 
 static inline void test_isa_cap_from_env(void)
 {
-    gemm_impl_set_cap(gemm_impl_cap_parse(getenv("EPMOE_ISA"), getenv("EPMOE_GEMM")));
+    isa_set_cap(isa_cap_parse(getenv("EPMOE_ISA"), getenv("EPMOE_GEMM")));
 }
 
 #endif

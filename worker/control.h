@@ -63,7 +63,7 @@ typedef struct wctl_options {
     const char *name;        /* worker name of the cluster spec (the DEALER's routing id prefix) */
     const char *device;      /* "cpu" or "cuda:N" */
     int threads;             /* GEMM threads (<= 0: one per online CPU) */
-    gemm_impl impl;          /* GEMM_IMPL_AUTO */
+    isa_level impl;          /* ISA_AUTO */
     /* Security (NULL: none): this worker's key pair (--key) and the coordinator's public key
      * (--coordinator-key). The control link, the data endpoint and every PUSH to a peer then
      * use CURVE, and the data endpoint admits only the peers WELCOME names, each by its key. */

@@ -181,7 +181,7 @@ static int load_knobs(knob_values *kv)
     sdn_init(&(sdn_env){kv->notify_socket, kv->watchdog_usec, kv->watchdog_pid});
     tpc_nccl_set_library(kv->nccl_library);
     /* the kernels read no environment: their ISA cap is handed over once, before any runs */
-    gemm_impl_set_cap(gemm_impl_cap_parse(kv->isa, kv->gemm));
+    isa_set_cap(isa_cap_parse(kv->isa, kv->gemm));
     return -1;
 }
 

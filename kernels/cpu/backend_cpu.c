@@ -23,7 +23,7 @@
 typedef struct cpu_backend {
     mb_backend base;
     tpool *pool;
-    gemm_impl impl;
+    isa_level impl;
 } cpu_backend;
 
 typedef struct cpu_layer {
@@ -64,7 +64,7 @@ static void cpu_destroy(mb_backend *be)
 static int cpu_device(const mb_backend *be, mb_device_info *info)
 {
     snprintf(info->name, sizeof info->name, "cpu (%s kernels)",
-             gemm_impl_name(((const cpu_backend *)be)->impl));
+             isa_name(((const cpu_backend *)be)->impl));
     return 0;
 }
 
@@ -421,8 +421,8 @@ mb_backend *mb_cpu_create(const mb_options *o, ep_err *err)
     }
     b->base.vt = &CPU_VT;
     b->base.kind = MB_DEV_CPU;
-    b->impl = o->impl == GEMM_IMPL_AUTO ? gemm_impl_best() : o->impl;
-    snprintf(b->base.name, sizeof b->base.name, "cpu-%s", gemm_impl_name(b->impl));
+    b->impl = o->impl == ISA_AUTO ? isa_best() : o->impl;
+    snprintf(b->base.name, sizeof b->base.name, "cpu-%s", isa_name(b->impl));
     b->pool = tpool_create(o->threads, err);
     if (!b->pool) {
         free(b);

@@ -19,7 +19,7 @@
 /* ---- instruction sets this build lacks ---- */
 
 #ifndef EPMOE_AVX2_KERNELS
-/* Not an x86-64 build: the SIMD files are not compiled, and gemm_impl_supported never lets a
+/* Not an x86-64 build: the SIMD files are not compiled, and isa_supported never lets a
  * caller reach these. */
 int gemm_avx2_pack_fp8(gemm_weight *w, const uint8_t *src, ep_err *err)
 {
@@ -45,29 +45,29 @@ int gemm_avx512_pack_mxfp4(gemm_weight *w, const uint8_t *src, const uint8_t *sc
 }
 #endif
 
-const gemm_kops *gemm_kops_of(gemm_impl impl)
+const gemm_kops *gemm_kops_of(isa_level impl)
 {
 #ifdef EPMOE_AVX2_KERNELS
-    if (impl == GEMM_IMPL_AVX2)
+    if (impl == ISA_AVX2)
         return &gemm_avx2_kops;
 #endif
 #ifdef EPMOE_AVX512_KERNELS
-    if (impl == GEMM_IMPL_AVX512)
+    if (impl == ISA_AVX512)
         return &gemm_avx512_kops;
 #endif
     (void)impl;
     return NULL;
 }
 
-static int resolve_impl(gemm_impl *impl, const char *fn, ep_err *err)
+static int resolve_impl(isa_level *impl, const char *fn, ep_err *err)
 {
-    if (*impl == GEMM_IMPL_AUTO)
-        *impl = gemm_impl_best();
-    if ((unsigned)*impl >= GEMM_IMPL_COUNT)
+    if (*impl == ISA_AUTO)
+        *impl = isa_best();
+    if ((unsigned)*impl >= ISA_COUNT)
         return ep_err_set(err, "%s: unknown implementation %d", fn, (int)*impl);
-    if (!gemm_impl_supported(*impl))
+    if (!isa_supported(*impl))
         return ep_err_set(err, "%s: implementation %s requested, but this CPU (or build) lacks it",
-                          fn, gemm_impl_name(*impl));
+                          fn, isa_name(*impl));
     return 0;
 }
 
@@ -82,7 +82,7 @@ static int check_dims(int N, int K, const char *fn, ep_err *err)
     return 0;
 }
 
-static gemm_weight *weight_new(gemm_kind kind, gemm_impl impl, int N, int K, ep_err *err)
+static gemm_weight *weight_new(gemm_kind kind, isa_level impl, int N, int K, ep_err *err)
 {
     gemm_weight *w = calloc(1, sizeof *w);
     if (!w) {
@@ -97,7 +97,7 @@ static gemm_weight *weight_new(gemm_kind kind, gemm_impl impl, int N, int K, ep_
     return w;
 }
 
-gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *wq, const float *w_scale, gemm_impl impl,
+gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *wq, const float *w_scale, isa_level impl,
                            ep_err *err)
 {
     if (check_dims(N, K, "gemm_pack_fp8", err) < 0 || resolve_impl(&impl, "gemm_pack_fp8", err) < 0)
@@ -111,9 +111,9 @@ gemm_weight *gemm_pack_fp8(int N, int K, const uint8_t *wq, const float *w_scale
         goto fail_oom;
     memcpy(w->fscale, w_scale, ns * sizeof(float));
     w->bytes += ns * sizeof(float);
-    if (impl != GEMM_IMPL_REF) {
-        int rc = impl == GEMM_IMPL_AVX2 ? gemm_avx2_pack_fp8(w, wq, err)
-                                        : gemm_avx512_pack_fp8(w, wq, err);
+    if (impl != ISA_REF) {
+        int rc =
+            impl == ISA_AVX2 ? gemm_avx2_pack_fp8(w, wq, err) : gemm_avx512_pack_fp8(w, wq, err);
         if (rc < 0)
             goto fail;
     } else {
@@ -133,7 +133,7 @@ fail:
 }
 
 gemm_weight *gemm_pack_mxfp4(int N, int K, const uint8_t *w_packed, const uint8_t *w_scale,
-                             gemm_impl impl, ep_err *err)
+                             isa_level impl, ep_err *err)
 {
     if (check_dims(N, K, "gemm_pack_mxfp4", err) < 0 ||
         resolve_impl(&impl, "gemm_pack_mxfp4", err) < 0)
@@ -141,9 +141,9 @@ gemm_weight *gemm_pack_mxfp4(int N, int K, const uint8_t *w_packed, const uint8_
     gemm_weight *w = weight_new(GEMM_KIND_MXFP4, impl, N, K, err);
     if (!w)
         return NULL;
-    if (impl != GEMM_IMPL_REF) {
-        int rc = impl == GEMM_IMPL_AVX2 ? gemm_avx2_pack_mxfp4(w, w_packed, w_scale, err)
-                                        : gemm_avx512_pack_mxfp4(w, w_packed, w_scale, err);
+    if (impl != ISA_REF) {
+        int rc = impl == ISA_AVX2 ? gemm_avx2_pack_mxfp4(w, w_packed, w_scale, err)
+                                  : gemm_avx512_pack_mxfp4(w, w_packed, w_scale, err);
         if (rc < 0)
             goto fail;
     } else {
@@ -326,7 +326,7 @@ static void run_share(void *vctx, int tid, int nthreads)
 {
     run_ctx *r = vctx;
     const gemm_weight *w = r->call.w;
-    if (w->impl == GEMM_IMPL_REF) {
+    if (w->impl == ISA_REF) {
         int octets = w->N / 8;
         int ro0 = (int)((long)octets * tid / nthreads);
         int ro1 = (int)((long)octets * (tid + 1) / nthreads);
@@ -415,7 +415,7 @@ void gemm_run_many(const gemm_job *jobs, int n, tpool *pool)
     enum { BATCH = 64 };
     if (n <= 0)
         return;
-    if (!pool || tpool_size(pool) == 1 || jobs[0].w->impl == GEMM_IMPL_REF) {
+    if (!pool || tpool_size(pool) == 1 || jobs[0].w->impl == ISA_REF) {
         for (int i = 0; i < n; i++)
             gemm_run(jobs[i].w, jobs[i].M, jobs[i].a, jobs[i].a_scale, jobs[i].out, pool);
         return;

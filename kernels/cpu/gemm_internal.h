@@ -32,7 +32,7 @@ typedef enum gemm_kind { GEMM_KIND_FP8 = 1, GEMM_KIND_MXFP4 = 2 } gemm_kind;
 
 struct gemm_weight {
     gemm_kind kind;
-    gemm_impl impl;
+    isa_level impl;
     int N, K;
     /* REF: w [N, K] e4m3 (FP8) or [N, K/2] packed nibbles (MXFP4), as given.
      * AVX2 / AVX512: see the layout comments at the top of gemm_avx2_pack.c /
@@ -111,6 +111,6 @@ typedef struct gemm_sched {
 void gemm_drive(const gemm_call *c, const gemm_kops *ops, gemm_sched *sched, int tid, int nthreads,
                 void *scratch, size_t cap);
 /* The kernels of a SIMD implementation; NULL for REF, AUTO, or one this build lacks. */
-const gemm_kops *gemm_kops_of(gemm_impl impl);
+const gemm_kops *gemm_kops_of(isa_level impl);
 
 #endif

@@ -51,7 +51,7 @@ struct moe_layer {
     int layer;
     char name[32]; /* "layers.3" / "mtp.0", for messages */
     bool hash;
-    gemm_impl impl; /* what the weights were packed for (resolved) */
+    isa_level impl; /* what the weights were packed for (resolved) */
     int H, I, E, k;
     /* the arena and what is carved from it */
     void *arena;
@@ -96,7 +96,7 @@ static uint64_t linear_src_bytes(const mb_linear *t)
 
 /* Pack one linear. FP8 scales are decoded to fp32 first (E8M0 codes exactly; f32 copied from a
  * possibly unaligned source); the caller's contract check has refused code 255. */
-static gemm_weight *pack_linear(const mb_linear *t, gemm_impl impl, ep_err *err)
+static gemm_weight *pack_linear(const mb_linear *t, isa_level impl, ep_err *err)
 {
     if (t->w == NULL || t->scale == NULL) {
         ep_err_set(err, "tensor %s: no data", t->name ? t->name : "?");
@@ -162,7 +162,7 @@ typedef struct pack_job {
 
 typedef struct pack_ctx {
     pack_job *jobs;
-    gemm_impl impl;
+    isa_level impl;
     build_ctx *bc;
     atomic_int failed;
     pthread_mutex_t mu;
@@ -188,7 +188,7 @@ static void pack_task(void *vctx, int i, int tid)
     build_progress(pc->bc, linear_src_bytes(jb->t), tid);
 }
 
-static int pack_all(pack_job *jobs, int n, gemm_impl impl, build_ctx *bc, tpool *pool, ep_err *err)
+static int pack_all(pack_job *jobs, int n, isa_level impl, build_ctx *bc, tpool *pool, ep_err *err)
 {
     pack_ctx pc = {.jobs = jobs, .impl = impl, .bc = bc, .err = err};
     atomic_init(&pc.failed, 0);
@@ -332,7 +332,7 @@ static int check_reuse(const moe_layer *l, const moe_layer *reuse, ep_err *err)
 }
 
 moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const uint8_t *want,
-                           moe_layer *reuse, gemm_impl impl, tpool *pool, mb_progress_fn progress,
+                           moe_layer *reuse, isa_level impl, tpool *pool, mb_progress_fn progress,
                            void *progress_ctx, ep_err *err)
 {
     if (mc_validate(c, err) < 0)
@@ -341,8 +341,8 @@ moe_layer *moe_layer_build(const mc_config *c, const mb_layer_src *src, const ui
         ep_err_set(err, "layer %d outside [0, %d)", src->layer, mc_num_layers(c));
         return NULL;
     }
-    if (impl == GEMM_IMPL_AUTO)
-        impl = gemm_impl_best();
+    if (impl == ISA_AUTO)
+        impl = isa_best();
     moe_layer *l = calloc(1, sizeof *l);
     if (!l) {
         ep_err_set(err, "out of memory for a layer");
@@ -726,7 +726,7 @@ void moe_combine(int T, int k, int H, const int32_t *topk_ids, const uint16_t *e
         const uint16_t *rows[MC_MAX_TOPK];
         for (int i = 0; i < n; i++)
             rows[i] = eo + ((size_t)t * k + (size_t)slot[i]) * H;
-        qt_sum_bf16_rows(GEMM_IMPL_AUTO, rows, n, shared + (size_t)t * H, H, out + (size_t)t * H);
+        qt_sum_bf16_rows(ISA_AUTO, rows, n, shared + (size_t)t * H, H, out + (size_t)t * H);
     }
 }
 

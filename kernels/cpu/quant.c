@@ -39,16 +39,16 @@ static void ref_block(const float *x, bool pow2, uint8_t *q, float *scale)
     *scale = s;
 }
 
-static int use_avx2(gemm_impl impl)
+static int use_avx2(isa_level impl)
 {
-    if (impl == GEMM_IMPL_AUTO)
-        impl = gemm_impl_best();
+    if (impl == ISA_AUTO)
+        impl = isa_best();
     /* The AVX-512 implementation uses the AVX2 quantizer (it is < 0.1 % of a layer). A SIMD
      * request on a CPU without AVX2 falls back to the reference: same bits. */
-    return impl >= GEMM_IMPL_AVX2 && gemm_impl_supported(GEMM_IMPL_AVX2);
+    return impl >= ISA_AVX2 && isa_supported(ISA_AVX2);
 }
 
-void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow2, uint8_t *q,
+void qt_act_rows_f32_impl(isa_level impl, const float *x, int M, int K, bool pow2, uint8_t *q,
                           float *scale)
 {
     int avx2 = use_avx2(impl);
@@ -65,7 +65,7 @@ void qt_act_rows_f32_impl(gemm_impl impl, const float *x, int M, int K, bool pow
     }
 }
 
-void qt_act_rows_impl(gemm_impl impl, const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q,
+void qt_act_rows_impl(isa_level impl, const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q,
                       float *scale)
 {
     int avx2 = use_avx2(impl);
@@ -88,15 +88,15 @@ void qt_act_rows_impl(gemm_impl impl, const uint16_t *x_bf16, int M, int K, bool
 
 void qt_act_rows(const uint16_t *x_bf16, int M, int K, bool pow2, uint8_t *q, float *scale)
 {
-    qt_act_rows_impl(GEMM_IMPL_AUTO, x_bf16, M, K, pow2, q, scale);
+    qt_act_rows_impl(ISA_AUTO, x_bf16, M, K, pow2, q, scale);
 }
 
 void qt_act_rows_f32(const float *x, int M, int K, bool pow2, uint8_t *q, float *scale)
 {
-    qt_act_rows_f32_impl(GEMM_IMPL_AUTO, x, M, K, pow2, q, scale);
+    qt_act_rows_f32_impl(ISA_AUTO, x, M, K, pow2, q, scale);
 }
 
-void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out)
+void qt_f32_to_bf16_n(isa_level impl, const float *x, size_t n, uint16_t *out)
 {
     if (use_avx2(impl)) {
         qt_avx2_bf16_n(x, n, out);
@@ -106,7 +106,7 @@ void qt_f32_to_bf16_n(gemm_impl impl, const float *x, size_t n, uint16_t *out)
         out[i] = fmt_f32_to_bf16(x[i]);
 }
 
-void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const uint16_t *last,
+void qt_sum_bf16_rows(isa_level impl, const uint16_t *const *rows, int n, const uint16_t *last,
                       int H, uint16_t *out)
 {
     if (use_avx2(impl)) {
@@ -121,7 +121,7 @@ void qt_sum_bf16_rows(gemm_impl impl, const uint16_t *const *rows, int n, const 
     }
 }
 
-void qt_f32_to_e4m3_n(gemm_impl impl, const float *x, size_t n, uint8_t *q)
+void qt_f32_to_e4m3_n(isa_level impl, const float *x, size_t n, uint8_t *q)
 {
     if (use_avx2(impl)) {
         qt_avx2_e4m3_n(x, n, q);

@@ -24,7 +24,7 @@ static int route_avx2_ok(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #ifndef EPMOE_ROUTE_AVX512
-/* The compiler cannot build the AVX-512 file: gemm_impl_supported(AVX512) is 0 as well. */
+/* The compiler cannot build the AVX-512 file: isa_supported(AVX512) is 0 as well. */
 void route_avx512_gate_pack(int E, int H, const uint16_t *w, uint16_t *dst) {}
 void route_avx512_logits_part(int H, int E, const double *const *xd, int tt, const uint16_t *gate,
                               int g0, int g1, float *const *logits)
@@ -50,15 +50,15 @@ void route_avx512_logits_part(int H, int E, const double *const *xd, int tt, con
 }
 #endif
 
-gemm_impl route_impl_resolve(gemm_impl impl)
+isa_level route_impl_resolve(isa_level impl)
 {
-    if (impl == GEMM_IMPL_AUTO)
-        impl = gemm_impl_best();
-    if (impl == GEMM_IMPL_AVX512 && gemm_impl_supported(GEMM_IMPL_AVX512))
-        return GEMM_IMPL_AVX512;
-    if (impl >= GEMM_IMPL_AVX2 && route_avx2_ok())
-        return GEMM_IMPL_AVX2;
-    return GEMM_IMPL_REF;
+    if (impl == ISA_AUTO)
+        impl = isa_best();
+    if (impl == ISA_AVX512 && isa_supported(ISA_AVX512))
+        return ISA_AVX512;
+    if (impl >= ISA_AVX2 && route_avx2_ok())
+        return ISA_AVX2;
+    return ISA_REF;
 }
 
 /* ---- ffn_norm ---- */
@@ -81,12 +81,12 @@ static void rmsnorm_ref(int T, int H, const uint16_t *x, const uint16_t *gain, f
     }
 }
 
-void route_rmsnorm(gemm_impl impl, int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
+void route_rmsnorm(isa_level impl, int T, int H, const uint16_t *x, const uint16_t *gain, float eps,
                    uint16_t *y)
 {
     if (T <= 0)
         return;
-    if (route_impl_resolve(impl) >= GEMM_IMPL_AVX2)
+    if (route_impl_resolve(impl) >= ISA_AVX2)
         route_avx2_rmsnorm(T, H, x, gain, eps, y);
     else
         rmsnorm_ref(T, H, x, gain, eps, y);
@@ -99,23 +99,23 @@ static size_t groups_of(int E)
     return (size_t)(E + ROUTE_AVX2_GROUP - 1) / ROUTE_AVX2_GROUP;
 }
 
-size_t route_gate_bytes(gemm_impl impl, int E, int H)
+size_t route_gate_bytes(isa_level impl, int E, int H)
 {
-    gemm_impl r = route_impl_resolve(impl);
-    if (r == GEMM_IMPL_AVX512)
+    isa_level r = route_impl_resolve(impl);
+    if (r == ISA_AVX512)
         return (size_t)(E + ROUTE_AVX512_GROUP - 1) / ROUTE_AVX512_GROUP * (size_t)H *
                ROUTE_AVX512_GROUP * sizeof(uint16_t);
-    if (r == GEMM_IMPL_AVX2)
+    if (r == ISA_AVX2)
         return groups_of(E) * (size_t)H * ROUTE_AVX2_GROUP * sizeof(float);
     return (size_t)E * (size_t)H * sizeof(uint16_t);
 }
 
-void route_gate_pack(gemm_impl impl, int E, int H, const uint16_t *w, void *dst)
+void route_gate_pack(isa_level impl, int E, int H, const uint16_t *w, void *dst)
 {
-    gemm_impl r = route_impl_resolve(impl);
-    if (r == GEMM_IMPL_AVX512)
+    isa_level r = route_impl_resolve(impl);
+    if (r == ISA_AVX512)
         route_avx512_gate_pack(E, H, w, dst);
-    else if (r == GEMM_IMPL_AVX2)
+    else if (r == ISA_AVX2)
         route_avx2_gate_pack(E, H, w, dst);
     else
         memcpy(dst, w, (size_t)E * (size_t)H * sizeof(uint16_t));
@@ -188,15 +188,15 @@ static void logits_avx512(int T, int H, int E, const uint16_t *xn, const uint16_
     free(xd);
 }
 
-void route_logits(gemm_impl impl, int T, int H, int E, const uint16_t *xn, const void *gate,
+void route_logits(isa_level impl, int T, int H, int E, const uint16_t *xn, const void *gate,
                   float *logits, tpool *pool)
 {
     if (T <= 0)
         return;
-    gemm_impl r = route_impl_resolve(impl);
-    if (r == GEMM_IMPL_AVX512)
+    isa_level r = route_impl_resolve(impl);
+    if (r == ISA_AVX512)
         logits_avx512(T, H, E, xn, gate, logits, pool);
-    else if (r == GEMM_IMPL_AVX2)
+    else if (r == ISA_AVX2)
         route_avx2_logits(T, H, E, xn, gate, logits);
     else
         logits_ref(T, H, E, xn, gate, logits);
@@ -274,10 +274,10 @@ static void topk_fast_row(int E, int k, const float *s, const float *bias, int32
     }
 }
 
-void route_topk(gemm_impl impl, int T, int E, int k, const float *scores, const float *bias,
+void route_topk(isa_level impl, int T, int E, int k, const float *scores, const float *bias,
                 int32_t *ids)
 {
-    int fast = route_impl_resolve(impl) != GEMM_IMPL_REF && k <= MC_MAX_TOPK;
+    int fast = route_impl_resolve(impl) != ISA_REF && k <= MC_MAX_TOPK;
     for (int t = 0; t < T; t++) {
         const float *s = scores + (size_t)t * E;
         int32_t *row = ids + (size_t)t * k;

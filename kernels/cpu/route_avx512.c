@@ -1,7 +1,7 @@
 /*
  * route_avx512.c — the AVX-512 gate logits of the router (route.h), bit-identical to the
  * reference in route.c. Compiled with the AVX-512 flags; route.c calls it only for the
- * GEMM_IMPL_AVX512 implementation on a CPU that has it.
+ * ISA_AVX512 implementation on a CPU that has it.
  *
  * logit[t][e] is one sequential chain of double FMAs over k (a bf16 x bf16 product is exact in
  * double, so each FMA rounds exactly where the reference's add does). A zmm holds the chains of

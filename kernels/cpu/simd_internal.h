@@ -1,8 +1,8 @@
 /*
  * simd_internal.h — the AVX2 entry points of the quantizer, the SwiGLU epilogue and its exp
  * (kernels/cpu/quant_avx2.c, swiglu_avx2.c, mathf_avx2.c; compiled with -mavx2 -mfma). Only
- * quant.c and swiglu.c call them (and the tests), and only after gemm_impl_best() / the caller
- * chose GEMM_IMPL_AVX2.
+ * quant.c and swiglu.c call them (and the tests), and only after isa_best() / the caller
+ * chose ISA_AVX2.
  */
 #ifndef EPMOE_SIMD_INTERNAL_H
 #define EPMOE_SIMD_INTERNAL_H
@@ -30,7 +30,7 @@ void swiglu_avx2_row(const float *acc1, const float *acc3, int I, float wrow, fl
 /* y[i] = mf_expf(x[i]) for 8 floats (kernels/cpu/mathf_avx2.c); x and y may be the same. */
 void mf_expf8_avx2(const float *x, float *y);
 #else
-/* Builds without the AVX2 files: gemm_impl_supported(GEMM_IMPL_AVX2) is 0, so these are never
+/* Builds without the AVX2 files: isa_supported(ISA_AVX2) is 0, so these are never
  * reached. */
 static inline void qt_avx2_row_bf16(const uint16_t *x, int K, bool pow2, uint8_t *q, float *s) {}
 static inline void qt_avx2_row_f32(const float *x, int K, bool pow2, uint8_t *q, float *s) {}

@@ -33,17 +33,17 @@ static void ref_row(const float *acc1, const float *acc3, int I, float wrow, flo
             hv = wrow * hv;
             h[i] = bf16_round(hv);
         }
-        qt_act_rows_f32_impl(GEMM_IMPL_REF, h, 1, 128, pow2, q + 128 * b, scale + b);
+        qt_act_rows_f32_impl(ISA_REF, h, 1, 128, pow2, q + 128 * b, scale + b);
     }
 }
 
-void swiglu_rows_impl(gemm_impl impl, const float *acc1, const float *acc3, int M, int I,
+void swiglu_rows_impl(isa_level impl, const float *acc1, const float *acc3, int M, int I,
                       const float *w_row, float limit, bool pow2, uint8_t *q, float *scale)
 {
-    if (impl == GEMM_IMPL_AUTO)
-        impl = gemm_impl_best();
+    if (impl == ISA_AUTO)
+        impl = isa_best();
     /* the AVX-512 implementation uses the AVX2 epilogue (about 2 % of a layer) */
-    int avx2 = impl >= GEMM_IMPL_AVX2 && gemm_impl_supported(GEMM_IMPL_AVX2);
+    int avx2 = impl >= ISA_AVX2 && isa_supported(ISA_AVX2);
     for (int m = 0; m < M; m++) {
         const float *a1 = acc1 + (size_t)m * I, *a3 = acc3 + (size_t)m * I;
         uint8_t *qr = q + (size_t)m * I;
@@ -59,5 +59,5 @@ void swiglu_rows_impl(gemm_impl impl, const float *acc1, const float *acc3, int 
 void swiglu_rows(const float *acc1, const float *acc3, int M, int I, const float *w_row,
                  float limit, bool pow2, uint8_t *q, float *scale)
 {
-    swiglu_rows_impl(GEMM_IMPL_AUTO, acc1, acc3, M, I, w_row, limit, pow2, q, scale);
+    swiglu_rows_impl(ISA_AUTO, acc1, acc3, M, I, w_row, limit, pow2, q, scale);
 }

@@ -39,7 +39,7 @@ static int host_select(cuda_backend *b, const cuda_layer *l, int T, float *logit
     score_job j = {.logits = logits, .scores = logits, .n = (size_t)T * (size_t)l->E};
     tpool_run(j.n >= 4096 ? b->pool : NULL, score_task, &j);
     if (!l->hash)
-        route_topk(GEMM_IMPL_AUTO, T, l->E, l->k, logits, l->h_bias, topk_ids);
+        route_topk(ISA_AUTO, T, l->E, l->k, logits, l->h_bias, topk_ids);
     route_weights(T, l->E, l->k, logits, topk_ids, l->cfg.norm_topk_prob,
                   l->cfg.routed_scaling_factor, topk_w);
     return 0;

@@ -673,7 +673,7 @@ static void bench_layer(void)
     static const int Ts[] = {1, 64, 256, 4096};
     for (int mode = 0; mode < 2; mode++) {
         ep_err err;
-        mb_options o = {"cuda:0", 0, GEMM_IMPL_AUTO, mode ? MB_GEMM_FAST : MB_GEMM_EXACT};
+        mb_options o = {"cuda:0", 0, ISA_AUTO, mode ? MB_GEMM_FAST : MB_GEMM_EXACT};
         o.cuda = *bc_tune();
         mb_backend *be = mb_create(&o, &err);
         if (!be) {

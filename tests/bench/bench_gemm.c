@@ -128,7 +128,7 @@ static void free_weights(weights *w)
     free(w->wsb);
 }
 
-static gemm_weight *pack_one(int fp8, int N, int K, const weights *w, gemm_impl impl)
+static gemm_weight *pack_one(int fp8, int N, int K, const weights *w, isa_level impl)
 {
     ep_err err = {0};
     gemm_weight *g = fp8 ? gemm_pack_fp8(N, K, w->w, w->wsf, impl, &err)
@@ -156,8 +156,8 @@ static void make_input(int fp8, int s, int M, uint8_t *a, float *as, tpool *pool
     weights w1, w3;
     make_weights(fp8, 2048, 4096, &w1);
     make_weights(fp8, 2048, 4096, &w3);
-    gemm_weight *g1 = pack_one(fp8, 2048, 4096, &w1, GEMM_IMPL_AUTO);
-    gemm_weight *g3 = pack_one(fp8, 2048, 4096, &w3, GEMM_IMPL_AUTO);
+    gemm_weight *g1 = pack_one(fp8, 2048, 4096, &w1, ISA_AUTO);
+    gemm_weight *g3 = pack_one(fp8, 2048, 4096, &w3, ISA_AUTO);
     gemm_run(g1, M, x, xs, acc1, pool);
     gemm_run(g3, M, x, xs, acc3, pool);
     for (int m = 0; m < M; m++)
@@ -241,11 +241,11 @@ static void shape_data_free(shape_data *d)
     free(d->out);
 }
 
-static void result_add(const char *kind, int s, int M, gemm_impl impl, double bytes, double t,
+static void result_add(const char *kind, int s, int M, isa_level impl, double bytes, double t,
                        double bw, double fma, double blas)
 {
     int N = shapes[s].N, K = shapes[s].K;
-    result *r = result_get(kind, shapes[s].name, M, gemm_impl_name(impl));
+    result *r = result_get(kind, shapes[s].name, M, isa_name(impl));
     r->bytes = bytes;
     r->t[r->n] = t;
     r->tmem[r->n] = bytes / bw;
@@ -259,7 +259,7 @@ static void result_add(const char *kind, int s, int M, gemm_impl impl, double by
 static const int DECODE_M[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_DECODE ((int)(sizeof DECODE_M / sizeof DECODE_M[0]))
 
-static void bench_decode(int fp8, const gemm_impl *impls, int ni, tpool *pool, int nthreads,
+static void bench_decode(int fp8, const isa_level *impls, int ni, tpool *pool, int nthreads,
                          double fma)
 {
     const char *kind = fp8 ? "fp8" : "mxfp4";
@@ -321,7 +321,7 @@ static double sgemm_time(int M, int N, int K, const float *A, const float *W, fl
 }
 #endif
 
-static void bench_prefill(int fp8, const gemm_impl *impls, int ni, tpool *pool, double bw,
+static void bench_prefill(int fp8, const isa_level *impls, int ni, tpool *pool, double bw,
                           double fma)
 {
     const char *kind = fp8 ? "fp8" : "mxfp4";
@@ -434,12 +434,12 @@ int main(int argc, char **argv)
         runs = 1;
     if (runs > MAX_RUNS)
         runs = MAX_RUNS;
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = 0;
-    for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
-        if (gemm_impl_supported((gemm_impl)i) &&
-            (!strcmp(isa, "all") || !strcmp(isa, gemm_impl_name((gemm_impl)i))))
-            impls[ni++] = (gemm_impl)i;
+    for (int i = ISA_AVX2; i < ISA_COUNT; i++)
+        if (isa_supported((isa_level)i) &&
+            (!strcmp(isa, "all") || !strcmp(isa, isa_name((isa_level)i))))
+            impls[ni++] = (isa_level)i;
     if (ni == 0) {
         fprintf(stderr, "bench_gemm: no SIMD implementation (%s) on this CPU\n", isa);
         return 1;
@@ -449,7 +449,7 @@ int main(int argc, char **argv)
         printf(" %s", argv[i]);
     printf("\n%d threads, %d runs, ISAs:", threads, runs);
     for (int i = 0; i < ni; i++)
-        printf(" %s", gemm_impl_name(impls[i]));
+        printf(" %s", isa_name(impls[i]));
     printf("\n");
 #ifdef EPMOE_HAVE_OPENBLAS
     openblas_set_num_threads(threads);

@@ -87,7 +87,7 @@ static void bench_setup(bench *b, mc_expert_dtype dt, int made)
     uint8_t owned[256] = {0};
     memset(owned, 1, (size_t)made);
     double t1 = now();
-    b->l = shard_load_moe_layer(b->m, &b->c, 0, owned, GEMM_IMPL_AUTO, &err);
+    b->l = shard_load_moe_layer(b->m, &b->c, 0, owned, ISA_AUTO, &err);
     if (!b->l) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         exit(1);
@@ -121,7 +121,7 @@ static void bench_open(bench *b, const char *dir)
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (mc_load(path, &b->c, &err) < 0 || !(b->m = st_model_open(dir, &err)) ||
-        !(b->l = shard_load_moe_layer(b->m, &b->c, 0, NULL, GEMM_IMPL_AUTO, &err))) {
+        !(b->l = shard_load_moe_layer(b->m, &b->c, 0, NULL, ISA_AUTO, &err))) {
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         exit(1);
     }
@@ -360,7 +360,7 @@ int main(int argc, char **argv)
     printf("bench_layer: H 4096, I 2048, 256 experts (%s), top-6, %d threads, %s, best of %d "
            "runs, each after reading %d MiB of other memory (the weights come from DRAM, as in a "
            "forward pass after the other layers, not from a cache warm from the last run)\n\n",
-           loaded, tpool_size(pool), gemm_impl_name(gemm_impl_best()), runs, FLUSH_MIB);
+           loaded, tpool_size(pool), isa_name(isa_best()), runs, FLUSH_MIB);
     printf("| dtype | T | experts hit | tokens/s | ms/layer |");
     for (int p = 0; p < PH_N; p++)
         printf(" %s %% |", PH_NAME[p]);

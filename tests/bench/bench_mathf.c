@@ -89,7 +89,7 @@ int main(int argc, char **argv)
         printf("%-8s %12.2f %12.2f %8.2f\n", rows[r].name, a, b, a / b);
     }
 #ifdef EPMOE_AVX2_KERNELS
-    if (gemm_impl_supported(GEMM_IMPL_AVX2)) {
+    if (isa_supported(ISA_AVX2)) {
         double best = 1e30;
         volatile float sink = 0;
         float out[8];

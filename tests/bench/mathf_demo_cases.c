@@ -46,16 +46,16 @@ static int layer_cases(const st_model *m, const mc_config *c, int layer, int T, 
     ck_layer_prefix(c, layer, pfx, sizeof pfx);
     snprintf(name, sizeof name, "%sffn.gate.weight", pfx);
     const st_tensor *gt = st_model_find(m, name);
-    moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, GEMM_IMPL_REF, err);
+    moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, ISA_REF, err);
     uint16_t *xn = malloc((size_t)T * H * 2), *w = gt ? read_all(gt, (size_t)E * H * 2, err) : NULL;
     int32_t *tid = malloc(sizeof(int32_t) * T * k);
     float *tw = malloc(sizeof(float) * T * k), *lg = malloc(sizeof(float) * T * E);
-    void *packed = aligned_alloc(32, (route_gate_bytes(GEMM_IMPL_REF, E, H) + 31) / 32 * 32);
+    void *packed = aligned_alloc(32, (route_gate_bytes(ISA_REF, E, H) + 31) / 32 * 32);
     if (!l || !w || moe_route(l, T, x, ids, xn, tid, tw, NULL, err) < 0) {
         n = -1;
     } else {
-        route_gate_pack(GEMM_IMPL_REF, E, H, w, packed);
-        route_logits(GEMM_IMPL_REF, T, H, E, xn, packed, lg, NULL);
+        route_gate_pack(ISA_REF, E, H, w, packed);
+        route_logits(ISA_REF, T, H, E, xn, packed, lg, NULL);
         for (int i = 0; i < T * E; i++) {
             float g = lg[i], o = sqrtf(g > 20.0f ? g : log1pf(expf(g))), s = route_score(g);
             if (bits_of(o) == bits_of(s))

@@ -213,7 +213,7 @@ static void check_avx2(job *j, uint64_t i, const float *got)
 static void *run(void *arg)
 {
     job *j = arg;
-    int avx2 = j->fn == 0 && gemm_impl_supported(GEMM_IMPL_AVX2);
+    int avx2 = j->fn == 0 && isa_supported(ISA_AVX2);
     float last8[8];
     for (uint64_t i = j->begin; i < j->end; i++) {
         float x = f_of((uint32_t)i), want = expected(j->fn, x, j), got, fast, libm, y;
@@ -285,9 +285,9 @@ int main(int argc, char **argv)
                name, sum.misrounded, sum.hard, sum.mpfr_calls, sum.fastfp_differs,
                fn ? "log1pf" : "expf", sum.libm_differs);
         if (fn == 0)
-            printf(
-                "mf_expf8_avx2 (SwiGLU's AVX2 exp) differs from mf_expf on %" PRIu64 " inputs%s\n",
-                sum.avx2_differs, gemm_impl_supported(GEMM_IMPL_AVX2) ? "" : " (no AVX2: not run)");
+            printf("mf_expf8_avx2 (SwiGLU's AVX2 exp) differs from mf_expf on %" PRIu64
+                   " inputs%s\n",
+                   sum.avx2_differs, isa_supported(ISA_AVX2) ? "" : " (no AVX2: not run)");
         if (sum.misrounded)
             printf("%s: first misrounded input 0x%08" PRIx32 "\n", name, sum.first_bad);
         fail |= sum.misrounded != 0 || sum.fastfp_differs != 0 || sum.avx2_differs != 0;

@@ -558,8 +558,7 @@ static void print_header(const run *R, const char *dir, int layer, int threads, 
     printf("bench_vs_ggml: %s layer %d: H %d, I %d, %d experts (%s), top-%d; %d threads; epmoe "
            "%s\n",
            dir, layer, c->hidden_size, c->moe_intermediate_size, c->n_routed_experts,
-           mc_dtype_name(c->expert_dtype), c->num_experts_per_tok, threads,
-           gemm_impl_name(gemm_impl_best()));
+           mc_dtype_name(c->expert_dtype), c->num_experts_per_tok, threads, isa_name(isa_best()));
     printf("read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s (%s); layer load %.2f GB in "
            "%.3f s = %.2f GB/s\n",
            R->bd.bw / 1e9, R->bd.fma / 1e9, bench_wide() ? "zmm" : "ymm", R->ep.load_bytes / 1e9,

@@ -163,8 +163,8 @@ TEST(rmsnorm_and_logits_match_the_reference)
         for (int e = 0; e < E; e++)
             for (int k = 0; k < H; k++)
                 gate_t[(size_t)k * E + e] = gate[(size_t)e * H + k];
-        route_rmsnorm(GEMM_IMPL_REF, T, H, x, g, 1e-6f, xn);
-        route_logits(GEMM_IMPL_REF, T, H, E, xn, gate, lg, NULL);
+        route_rmsnorm(ISA_REF, T, H, x, g, 1e-6f, xn);
+        route_logits(ISA_REF, T, H, E, xn, gate, lg, NULL);
         void *dx = dput(x, (size_t)T * H * 2), *dg = dput(g, (size_t)H * 2);
         void *dgt = dput(gate_t, (size_t)E * H * 2), *dxn = dput(NULL, (size_t)T * H * 2);
         void *dl = dput(NULL, (size_t)T * E * 4);
@@ -195,7 +195,7 @@ TEST(quantizer_matches_the_reference)
         x[3 * K + 200] = 0x7F80;      /* +inf */
         for (int i = 0; i < 128; i++) /* an all-zero block: amax floor 1e-4 */
             x[7 * K + 256 + i] = 0;
-        qt_act_rows_impl(GEMM_IMPL_REF, x, M, K, pow2, q, s);
+        qt_act_rows_impl(ISA_REF, x, M, K, pow2, q, s);
         void *dx = dput(x, (size_t)M * K * 2), *dq = dput(NULL, (size_t)M * K);
         void *ds = dput(NULL, (size_t)M * K / 128 * 4);
         ep_err err;
@@ -231,7 +231,7 @@ TEST(swiglu_with_the_exp_table_matches_the_reference)
         const float *wr = pass == 1 ? NULL : w;
         uint8_t *q = malloc((size_t)M * I), *qd = malloc((size_t)M * I);
         float *s = malloc((size_t)M * I / 128 * 4), *sd = malloc((size_t)M * I / 128 * 4);
-        swiglu_rows_impl(GEMM_IMPL_REF, a1, a3, M, I, wr, limit, pow2, q, s);
+        swiglu_rows_impl(ISA_REF, a1, a3, M, I, wr, limit, pow2, q, s);
         void *d1 = dput(a1, (size_t)M * I * 4), *d3 = dput(a3, (size_t)M * I * 4);
         void *dw = dput(w, sizeof w), *dt = dput(tab, 65536 * 4);
         void *dq = dput(NULL, (size_t)M * I), *ds = dput(NULL, (size_t)M * I / 128 * 4);
@@ -350,7 +350,7 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
     uint8_t *a = malloc((size_t)M * K);
     float *as = malloc((size_t)M * K / 128 * 4);
     fill_act(x, (size_t)M * K);
-    qt_act_rows_impl(GEMM_IMPL_REF, x, M, K, c->pow2, a, as);
+    qt_act_rows_impl(ISA_REF, x, M, K, c->pow2, a, as);
     if (with_nan)
         a[(size_t)(M / 2) * K + 77] = 0x7F; /* a NaN code: that row's block P is NaN */
     uint8_t *w[6][2];
@@ -375,9 +375,8 @@ static void gemm_case(const gcase *c, double tol, int with_nan, int fused)
                 for (size_t i = 0; i < sb / 4; i++)
                     ((float *)ws)[i] = c->pow2 ? fmt_e8m0_to_f32((uint8_t)(115 + rnd() % 8))
                                                : 1e-3f * (1 + gauss() * 0.1f);
-            gemm_weight *gw =
-                c->fp4 ? gemm_pack_mxfp4(N, K, w[g][mat], ws, GEMM_IMPL_REF, &err)
-                       : gemm_pack_fp8(N, K, w[g][mat], (float *)ws, GEMM_IMPL_REF, &err);
+            gemm_weight *gw = c->fp4 ? gemm_pack_mxfp4(N, K, w[g][mat], ws, ISA_REF, &err)
+                                     : gemm_pack_fp8(N, K, w[g][mat], (float *)ws, ISA_REF, &err);
             gemm_run(gw, c->rows[g], a + (size_t)row0 * K, as + (size_t)row0 * K / 128,
                      ref + (size_t)mat * M * N + (size_t)row0 * N, NULL);
             gemm_weight_free(&gw);
@@ -535,7 +534,7 @@ static void bf16_rows_case(bool fp4, mb_gemm_mode mode, int M, int N, int K, dou
     uint8_t *a = malloc((size_t)M * K), *wq = malloc(wb), *ws = malloc(sb);
     float *as = malloc((size_t)M * K / 128 * 4), *ref = malloc((size_t)M * N * 4);
     fill_act(x, (size_t)M * K);
-    qt_act_rows_impl(GEMM_IMPL_REF, x, M, K, true, a, as);
+    qt_act_rows_impl(ISA_REF, x, M, K, true, a, as);
     for (size_t i = 0; i < wb; i++)
         wq[i] = fp4 ? (uint8_t)rnd() : rand_e4m3();
     if (fp4)
@@ -545,8 +544,8 @@ static void bf16_rows_case(bool fp4, mb_gemm_mode mode, int M, int N, int K, dou
         for (size_t i = 0; i < sb / 4; i++)
             ((float *)ws)[i] = fmt_e8m0_to_f32((uint8_t)(115 + rnd() % 8));
     ep_err err;
-    gemm_weight *gw = fp4 ? gemm_pack_mxfp4(N, K, wq, ws, GEMM_IMPL_REF, &err)
-                          : gemm_pack_fp8(N, K, wq, (float *)ws, GEMM_IMPL_REF, &err);
+    gemm_weight *gw = fp4 ? gemm_pack_mxfp4(N, K, wq, ws, ISA_REF, &err)
+                          : gemm_pack_fp8(N, K, wq, (float *)ws, ISA_REF, &err);
     gemm_run(gw, M, a, as, ref, NULL);
     gemm_weight_free(&gw);
     uint32_t *orow = malloc((size_t)M * 4);

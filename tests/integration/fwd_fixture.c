@@ -63,7 +63,7 @@ static int write_expect(const char *dir, const char *name, const st_model *m, co
                         int layer, const uint16_t *x, const int64_t *ids)
 {
     ep_err err = {0};
-    moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, GEMM_IMPL_AUTO, &err);
+    moe_layer *l = shard_load_moe_layer(m, c, layer, NULL, ISA_AUTO, &err);
     if (!l)
         return fail(name, &err);
     uint16_t out[T * H];

@@ -335,7 +335,7 @@ static int fixture_init(fixture *f, mc_expert_dtype dt, int experts_made, bool r
     }
     f->n_layers = mc_num_layers(&f->c);
     for (int l = 0; reference && l < f->n_layers; l++)
-        if (!(f->layers[l] = shard_load_moe_layer(f->m, &f->c, l, NULL, GEMM_IMPL_AUTO, &err))) {
+        if (!(f->layers[l] = shard_load_moe_layer(f->m, &f->c, l, NULL, ISA_AUTO, &err))) {
             printf("  reference layer %d: %s\n", l, err.msg);
             return -1;
         }
@@ -447,10 +447,10 @@ static int cluster_register(cluster *cl, int P)
             CHECK(reg->n_capabilities >= 1 && strcmp(reg->capabilities[0], "cpu") == 0);
             /* every instruction set this CPU has, the chosen one among them */
             size_t want_caps = 1;
-            for (int i = GEMM_IMPL_AVX2; i < GEMM_IMPL_COUNT; i++)
-                if (gemm_impl_supported((gemm_impl)i)) {
+            for (int i = ISA_AVX2; i < ISA_COUNT; i++)
+                if (isa_supported((isa_level)i)) {
                     CHECK(want_caps < reg->n_capabilities &&
-                          strcmp(reg->capabilities[want_caps], gemm_impl_name((gemm_impl)i)) == 0);
+                          strcmp(reg->capabilities[want_caps], isa_name((isa_level)i)) == 0);
                     want_caps++;
                 }
             CHECK_EQ(reg->n_capabilities, want_caps);
@@ -596,8 +596,7 @@ static int expect_ready(cluster *cl, const fixture *fx)
             CHECK(rd && rd->has_n_experts && rd->n_experts == owned);
             CHECK(rd && rd->backend && strncmp(rd->backend, "cpu-", 4) == 0);
             /* the kernels the worker chose: the best this CPU has (EPMOE_ISA unset here) */
-            CHECK(rd && rd->backend &&
-                  strcmp(rd->backend + 4, gemm_impl_name(gemm_impl_best())) == 0);
+            CHECK(rd && rd->backend && strcmp(rd->backend + 4, isa_name(isa_best())) == 0);
             /* what the load read and how long it took: the rate in status / workers */
             CHECK(rd && rd->has_bytes_read && rd->bytes_read == total[r] && rd->has_load_ms);
             wire_free_unpacked(rd ? &rd->base : NULL);

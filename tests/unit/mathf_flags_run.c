@@ -78,12 +78,12 @@ static void swiglu(void)
     }
     for (int m = 0; m < M; m++)
         w[m] = (float)(0.5 + 0.5 * gen_unit(&rs));
-    for (int impl = GEMM_IMPL_REF; impl <= GEMM_IMPL_AVX512; impl++) {
-        if (!gemm_impl_supported((gemm_impl)impl))
+    for (int impl = ISA_REF; impl <= ISA_AVX512; impl++) {
+        if (!isa_supported((isa_level)impl))
             continue;
         digest d = {0xcbf29ce484222325ull};
         for (int pow2 = 0; pow2 < 2; pow2++) {
-            swiglu_rows_impl((gemm_impl)impl, a1, a3, M, I, pow2 ? w : NULL, 7.0f, pow2, q, sc);
+            swiglu_rows_impl((isa_level)impl, a1, a3, M, I, pow2 ? w : NULL, 7.0f, pow2, q, sc);
             dg_bytes(&d, q, M * I);
             dg_bytes(&d, sc, sizeof(float) * M * (I / 128));
         }
@@ -124,10 +124,10 @@ static int layers(mc_expert_dtype dt)
     }
     int rc = 0;
     for (int layer = 0; layer < mc_num_layers(&c) && rc == 0; layer++)
-        for (int impl = GEMM_IMPL_REF; impl <= GEMM_IMPL_AVX512; impl++) {
-            if (!gemm_impl_supported((gemm_impl)impl))
+        for (int impl = ISA_REF; impl <= ISA_AVX512; impl++) {
+            if (!isa_supported((isa_level)impl))
                 continue;
-            moe_layer *l = shard_load_moe_layer(m, &c, layer, NULL, (gemm_impl)impl, &err);
+            moe_layer *l = shard_load_moe_layer(m, &c, layer, NULL, (isa_level)impl, &err);
             if (!l || moe_forward(l, T, x, tok, out, ids, wt, NULL, &err) < 0) {
                 fprintf(stderr, "layer %d: %s\n", layer, err.msg);
                 rc = -1;

@@ -225,7 +225,7 @@ TEST(a_dead_peer_at_init_fails_by_the_deadline_and_aborts)
         CHECK_EQ(r[i].states[0], TPC_ABORTED);
         CHECK_STR_HAS(tpc_last_error(r[i].c), "not ready: init not done after");
         CHECK_EQ(tpc_last_fault(r[i].c), TPC_FAULT_DEADLINE);
-        CHECK(r[i].took >= 0.3 && r[i].took < 10);
+        CHECK(r[i].took >= 0.299 && r[i].took < 10); /* deadlines are whole ms: <= 1 ms early */
         tpc_destroy(&r[i].c);
     }
     CHECK_EQ(fc_aborts(sh.w), 2);
@@ -287,7 +287,7 @@ TEST(a_dead_peer_in_an_exchange_fails_by_the_deadline_aborts_and_refuses_more)
         CHECK_EQ(r[i].rc, -1);
         CHECK_STR_HAS(r[i].err.msg, "dispatch not done after");
         CHECK_STR_HAS(r[i].err.msg, "; aborted");
-        CHECK(r[i].took >= 0.3 && r[i].took < 10);
+        CHECK(r[i].took >= 0.299 && r[i].took < 10); /* deadlines are whole ms: <= 1 ms early */
         CHECK_EQ(r[i].states[0], TPC_ABORTED);
         /* the next exchange is refused at once, naming why */
         CHECK_EQ(r[i].rc2, -1);

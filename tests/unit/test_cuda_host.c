@@ -198,7 +198,7 @@ typedef struct {
 static void run_rms(const void *v)
 {
     const a_rms *a = v;
-    route_rmsnorm(GEMM_IMPL_REF, a->T, a->H, a->x, a->gain, a->eps, a->xn);
+    route_rmsnorm(ISA_REF, a->T, a->H, a->x, a->gain, a->eps, a->xn);
 }
 static int fk_rmsnorm(cudev *d, int T, int H, const uint16_t *x, const uint16_t *g, float eps,
                       uint16_t *xn, ep_err *err)
@@ -220,7 +220,7 @@ static void run_logits(const void *v)
     for (int e = 0; e < a->E; e++)
         for (int k = 0; k < a->H; k++)
             g[(size_t)e * a->H + k] = a->gate_t[(size_t)k * a->E + e];
-    route_logits(GEMM_IMPL_REF, a->T, a->H, a->E, a->xn, g, a->logits, NULL);
+    route_logits(ISA_REF, a->T, a->H, a->E, a->xn, g, a->logits, NULL);
     free(g);
 }
 static int fk_logits(cudev *d, int T, int H, int E, const uint16_t *xn, const uint16_t *gate_t,
@@ -241,7 +241,7 @@ typedef struct {
 static void run_quant(const void *v)
 {
     const a_q *a = v;
-    qt_act_rows_impl(GEMM_IMPL_REF, a->x, a->M, a->K, a->pow2, a->q, a->qs);
+    qt_act_rows_impl(ISA_REF, a->x, a->M, a->K, a->pow2, a->q, a->qs);
 }
 static int fk_quant(cudev *d, int M, int K, bool pow2, const uint16_t *x, uint8_t *q, float *qs,
                     ep_err *err)
@@ -317,8 +317,8 @@ static void run_gemm(const void *v)
         for (int mat = 0; mat < g->n_mats; mat++) {
             gemm_weight *w =
                 g->format == MB_W_MXFP4
-                    ? gemm_pack_mxfp4(g->N, g->K, G->w[mat], G->scale[mat], GEMM_IMPL_REF, &err)
-                    : gemm_pack_fp8(g->N, g->K, G->w[mat], G->scale[mat], GEMM_IMPL_REF, &err);
+                    ? gemm_pack_mxfp4(g->N, g->K, G->w[mat], G->scale[mat], ISA_REF, &err)
+                    : gemm_pack_fp8(g->N, g->K, G->w[mat], G->scale[mat], ISA_REF, &err);
             float *o = malloc((size_t)G->rows * N * 4 + 4);
             gemm_run(w, (int)G->rows, g->a + (size_t)G->row0 * K, g->a_scale + (size_t)G->row0 * SC,
                      o, NULL);
@@ -380,7 +380,7 @@ static void run_swiglu(const void *v)
                 hv = (a->w_row ? a->w_row[m] : 1.0f) * hv;
                 h[i] = fmt_bf16_to_f32(fmt_f32_to_bf16(hv));
             }
-            qt_act_rows_f32_impl(GEMM_IMPL_REF, h, 1, 128, a->pow2,
+            qt_act_rows_f32_impl(ISA_REF, h, 1, 128, a->pow2,
                                  a->hq + (size_t)m * a->I + (size_t)b * 128,
                                  a->hqs + (size_t)m * (a->I / 128) + b);
         }

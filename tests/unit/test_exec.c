@@ -358,7 +358,7 @@ TEST(a_checkpoint_truncated_while_loading_fails_with_a_message)
     CHECK(truncate(dst, sb.st_size / 3) == 0);
     int faults = 0;
     for (int l = 0; m && l < mc_num_layers(&cfg); l++) {
-        moe_layer *layer = shard_load_moe_layer(m, &cfg, l, NULL, GEMM_IMPL_AUTO, &err);
+        moe_layer *layer = shard_load_moe_layer(m, &cfg, l, NULL, ISA_AUTO, &err);
         if (layer == NULL) {
             faults++;
             CHECK_STR_HAS(err.msg, "model.safetensors: the file ends at byte");

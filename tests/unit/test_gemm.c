@@ -225,13 +225,13 @@ static int count_mismatch(const float *got, const float *want, size_t n, size_t 
 }
 
 /* The reference and every SIMD implementation this CPU has, up to the $EPMOE_ISA cap. */
-static int n_impls(gemm_impl *impls)
+static int n_impls(isa_level *impls)
 {
     int n = 0;
-    impls[n++] = GEMM_IMPL_REF;
-    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
-        if (gemm_impl_supported((gemm_impl)i))
-            impls[n++] = (gemm_impl)i;
+    impls[n++] = ISA_REF;
+    for (int i = ISA_AVX2; i <= (int)isa_best(); i++)
+        if (isa_supported((isa_level)i))
+            impls[n++] = (isa_level)i;
     return n;
 }
 
@@ -278,7 +278,7 @@ static void unmake(problem *p)
     free(p->want);
 }
 
-static gemm_weight *pack(const problem *p, gemm_impl impl)
+static gemm_weight *pack(const problem *p, isa_level impl)
 {
     ep_err err = {0};
     gemm_weight *w = p->kind == GEMM_KIND_FP8
@@ -292,7 +292,7 @@ static gemm_weight *pack(const problem *p, gemm_impl impl)
 /* Run every implementation on p (pool may be NULL) and compare with the model. */
 static void check_problem(const problem *p, tpool *pool, const char *what)
 {
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     float *out = malloc((size_t)p->M * p->N * sizeof(float));
     for (int i = 0; i < ni; i++) {
@@ -306,7 +306,7 @@ static void check_problem(const problem *p, tpool *pool, const char *what)
         int bad = count_mismatch(out, p->want, (size_t)p->M * p->N, &first);
         if (bad)
             TEST_FAIL_AT("%s %s M=%d N=%d K=%d: %d mismatches, first [%zu]: got %a want %a", what,
-                         gemm_impl_name(impls[i]), p->M, p->N, p->K, bad, first, out[first],
+                         isa_name(impls[i]), p->M, p->N, p->K, bad, first, out[first],
                          p->want[first]);
         gemm_weight_free(&w);
     }
@@ -383,7 +383,7 @@ TEST(block_sum_is_exact_then_rounded_once)
     want = want + 0x1p-5f;
     want = want + 0x1p-5f;
     want = want + 0x1p-5f;
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         ep_err err = {0};
@@ -475,7 +475,7 @@ TEST(extreme_scales)
 /* A batch equals its rows one at a time, in shuffled order, with 1, 2 or 3 threads. */
 TEST(results_independent_of_batch_order_and_threads)
 {
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     int M = 37, N = 384, K = 512;
     for (int kind = GEMM_KIND_FP8; kind <= GEMM_KIND_MXFP4; kind++) {
@@ -555,7 +555,7 @@ TEST(run_many_equals_the_model)
     for (int j = 0; j < NJ; j++)
         p[j] = make(spec[j][0], spec[j][1] ? spec[j][1] : 1, spec[j][2], spec[j][3],
                     ACT_ADVERSARIAL, j % 2);
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++)
         for (int nt = 1; nt <= 3; nt++) {
@@ -580,7 +580,7 @@ TEST(run_many_equals_the_model)
                         count_mismatch(jobs[j].out, p[j].want, (size_t)spec[j][1] * p[j].N, &first);
                     if (bad)
                         TEST_FAIL_AT("%s threads %d job %d: %d mismatches, first %zu",
-                                     gemm_impl_name(impls[i]), nt, j, bad, first);
+                                     isa_name(impls[i]), nt, j, bad, first);
                 } else {
                     uint32_t u;
                     memcpy(&u, jobs[j].out, 4);
@@ -600,7 +600,7 @@ TEST(run_many_equals_the_model)
  * implementation. */
 TEST(simd_tiling_small_scratch_and_long_k)
 {
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     if (ni == 1)
         SKIP("no SIMD implementation on this CPU (or EPMOE_ISA=ref)");
@@ -620,7 +620,7 @@ TEST(simd_tiling_small_scratch_and_long_k)
                 int bad = count_mismatch(out, p.want, (size_t)p.M * p.N, &first);
                 if (bad)
                     TEST_FAIL_AT("%s kind %d M=%d small scratch: %d mismatches, first %zu",
-                                 gemm_impl_name(impls[i]), kind, M, bad, first);
+                                 isa_name(impls[i]), kind, M, bad, first);
                 free(out);
                 gemm_weight_free(&w);
                 unmake(&p);
@@ -642,15 +642,15 @@ TEST(pack_rejects_bad_shapes_and_reports_sizes)
     uint8_t w[256 * 256] = {0};
     float ws[4] = {1, 1, 1, 1};
     uint8_t wsb[256 * 8] = {0};
-    CHECK(gemm_pack_fp8(100, 128, w, ws, GEMM_IMPL_REF, &err) == NULL);
+    CHECK(gemm_pack_fp8(100, 128, w, ws, ISA_REF, &err) == NULL);
     CHECK_STR_HAS(err.msg, "N=100");
-    CHECK(gemm_pack_mxfp4(128, 96, w, wsb, GEMM_IMPL_AUTO, &err) == NULL);
+    CHECK(gemm_pack_mxfp4(128, 96, w, wsb, ISA_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "K=96");
-    CHECK(gemm_pack_fp8(128, 0, w, ws, GEMM_IMPL_AUTO, &err) == NULL);
+    CHECK(gemm_pack_fp8(128, 0, w, ws, ISA_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "K=0");
-    CHECK(gemm_pack_fp8(128, 128, w, ws, (gemm_impl)7, &err) == NULL);
+    CHECK(gemm_pack_fp8(128, 128, w, ws, (isa_level)7, &err) == NULL);
     CHECK_STR_HAS(err.msg, "implementation");
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         gemm_weight *a = gemm_pack_fp8(256, 256, w, ws, impls[i], &err);
@@ -666,13 +666,13 @@ TEST(pack_rejects_bad_shapes_and_reports_sizes)
     }
     gemm_weight_free(NULL);
     tpool_destroy(NULL);
-    CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_REF), "ref");
-    CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX2), "avx2");
-    CHECK_STR_EQ(gemm_impl_name(GEMM_IMPL_AVX512), "avx512");
+    CHECK_STR_EQ(isa_name(ISA_REF), "ref");
+    CHECK_STR_EQ(isa_name(ISA_AVX2), "avx2");
+    CHECK_STR_EQ(isa_name(ISA_AVX512), "avx512");
 }
 
 /* $EPMOE_ISA caps the choice (what the per-ISA test runs rely on); EPMOE_GEMM=ref still works;
- * unknown names are refused by gemm_impl_parse and ignored by gemm_impl_best. The knobs reach
+ * unknown names are refused by isa_parse and ignored by isa_best. The knobs reach
  * the kernels the way a daemon hands them over (tests/isa_env.h). */
 TEST(isa_override)
 {
@@ -681,33 +681,32 @@ TEST(isa_override)
     unsetenv("EPMOE_ISA");
     unsetenv("EPMOE_GEMM");
     test_isa_cap_from_env();
-    gemm_impl best = gemm_impl_best();
-    CHECK(gemm_impl_supported(best));
-    for (int i = GEMM_IMPL_AVX512; i > (int)best; i--)
-        CHECK(!gemm_impl_supported((gemm_impl)i));
+    isa_level best = isa_best();
+    CHECK(isa_supported(best));
+    for (int i = ISA_AVX512; i > (int)best; i--)
+        CHECK(!isa_supported((isa_level)i));
     setenv("EPMOE_ISA", "ref", 1);
     test_isa_cap_from_env();
-    CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
+    CHECK_EQ(isa_best(), ISA_REF);
     setenv("EPMOE_ISA", "avx2", 1);
     test_isa_cap_from_env();
-    CHECK_EQ(gemm_impl_best(),
-             gemm_impl_supported(GEMM_IMPL_AVX2) ? GEMM_IMPL_AVX2 : GEMM_IMPL_REF);
+    CHECK_EQ(isa_best(), isa_supported(ISA_AVX2) ? ISA_AVX2 : ISA_REF);
     setenv("EPMOE_ISA", "avx512", 1);
     test_isa_cap_from_env();
-    CHECK_EQ(gemm_impl_best(), best);
+    CHECK_EQ(isa_best(), best);
     setenv("EPMOE_ISA", "sse9", 1);
     test_isa_cap_from_env();
-    CHECK_EQ(gemm_impl_best(), best);
+    CHECK_EQ(isa_best(), best);
     unsetenv("EPMOE_ISA");
     setenv("EPMOE_GEMM", "ref", 1);
     test_isa_cap_from_env();
-    CHECK_EQ(gemm_impl_best(), GEMM_IMPL_REF);
+    CHECK_EQ(isa_best(), ISA_REF);
     unsetenv("EPMOE_GEMM");
-    gemm_impl got;
-    CHECK_EQ(gemm_impl_parse("avx512", &got), 0);
-    CHECK_EQ(got, GEMM_IMPL_AVX512);
-    CHECK_EQ(gemm_impl_parse("AVX2", &got), -1);
-    CHECK_EQ(gemm_impl_parse(NULL, &got), -1);
+    isa_level got;
+    CHECK_EQ(isa_parse("avx512", &got), 0);
+    CHECK_EQ(got, ISA_AVX512);
+    CHECK_EQ(isa_parse("AVX2", &got), -1);
+    CHECK_EQ(isa_parse(NULL, &got), -1);
     if (old_isa)
         setenv("EPMOE_ISA", old_isa, 1);
     if (old_gemm)

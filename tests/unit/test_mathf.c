@@ -241,7 +241,7 @@ TEST(accurate_paths_alone_are_correctly_rounded)
 TEST(avx2_expf_is_the_scalar_one)
 {
 #ifdef EPMOE_AVX2_KERNELS
-    if (!gemm_impl_supported(GEMM_IMPL_AVX2))
+    if (!isa_supported(ISA_AVX2))
         SKIP("no AVX2 on this CPU");
     target t = {"mf_expf8_avx2", avx2_expf, mpfr_ref_expf, 0, 0};
     sampled(&t, 4096);

@@ -388,7 +388,7 @@ static void fixture_free(fixture *f)
     free(f->tok);
 }
 
-static moe_layer *load(const fixture *f, int layer, const uint8_t *owned, gemm_impl impl)
+static moe_layer *load(const fixture *f, int layer, const uint8_t *owned, isa_level impl)
 {
     ep_err err = {0};
     moe_layer *l = shard_load_moe_layer(f->m, &f->c, layer, owned, impl, &err);
@@ -467,7 +467,7 @@ static void check_layer_bitwise(fixture *f, int layer, tpool *pool)
                 want.ids + (size_t)t * k, want.w + (size_t)t * k);
     t_layer_free(&ref);
 
-    moe_layer *l = load(f, layer, NULL, GEMM_IMPL_AUTO);
+    moe_layer *l = load(f, layer, NULL, ISA_AUTO);
     static const int ranges[][2] = {{299, 1}, {13, 7}, {200, 64}, {0, NT}};
     outs got = outs_new(c, NT);
     for (int r = 0; l && r < 4; r++) {
@@ -482,7 +482,7 @@ static void check_layer_bitwise(fixture *f, int layer, tpool *pool)
     }
     moe_layer_free(&l);
     /* the reference GEMMs give the same bits */
-    l = load(f, layer, NULL, GEMM_IMPL_REF);
+    l = load(f, layer, NULL, ISA_REF);
     if (l && run_forward(f, l, 13, 7, &got, 0, NULL) == 0) {
         const char *what = "";
         int d = outs_diff(c, &got, 0, &want, 13, 7, &what);
@@ -521,7 +521,7 @@ static void check_invariance(fixture *f, int layer)
     int H = c->hidden_size, k = c->num_experts_per_tok, E = c->n_routed_experts;
     ep_err err = {0};
     tpool *pools[3] = {tpool_create(1, &err), tpool_create(2, &err), tpool_create(3, &err)};
-    moe_layer *l = load(f, layer, NULL, GEMM_IMPL_AUTO);
+    moe_layer *l = load(f, layer, NULL, ISA_AUTO);
     if (!l || !pools[0] || !pools[1] || !pools[2])
         goto out;
     outs base = outs_new(c, NT), got = outs_new(c, NT);
@@ -580,7 +580,7 @@ static void check_invariance(fixture *f, int layer)
         for (int s = 0; s < S; s++) {
             for (int e = 0; e < E; e++)
                 owned[s][e] = e % S == s;
-            ok &= (shard[s] = load(f, layer, owned[s], GEMM_IMPL_AUTO)) != NULL;
+            ok &= (shard[s] = load(f, layer, owned[s], ISA_AUTO)) != NULL;
         }
         uint16_t *xn = malloc((size_t)NT * H * 2), *eo = malloc((size_t)NT * k * H * 2);
         uint16_t *shv = malloc((size_t)NT * H * 2), *po = malloc((size_t)NT * k * H * 2);
@@ -680,7 +680,7 @@ TEST(concurrent_callers_share_one_layer)
     if (!fx_ok[0])
         SKIP("no fixture");
     fixture *f = &FX[0];
-    moe_layer *l = load(f, 1, NULL, GEMM_IMPL_AUTO);
+    moe_layer *l = load(f, 1, NULL, ISA_AUTO);
     if (!l)
         return;
     outs base = outs_new(&f->c, 64);
@@ -743,7 +743,7 @@ TEST(route_errors_name_the_token_and_value)
     fixture *f = &FX[0];
     const mc_config *c = &f->c;
     int H = c->hidden_size;
-    moe_layer *l = load(f, 0, NULL, GEMM_IMPL_AUTO);
+    moe_layer *l = load(f, 0, NULL, ISA_AUTO);
     if (!l)
         return;
     outs o = outs_new(c, 8);
@@ -768,7 +768,7 @@ TEST(route_errors_name_the_token_and_value)
     moe_layer_free(&l);
 
     /* score layers ignore ids, even absent ones */
-    l = load(f, 1, NULL, GEMM_IMPL_AUTO);
+    l = load(f, 1, NULL, ISA_AUTO);
     if (l)
         CHECK_EQ(moe_forward(l, 2, f->x, NULL, o.out, o.ids, o.w, NULL, &err), 0);
     moe_layer_free(&l);
@@ -776,7 +776,7 @@ TEST(route_errors_name_the_token_and_value)
     /* experts this layer does not own */
     uint8_t owned[64] = {0};
     owned[1] = owned[4] = 1;
-    l = load(f, 1, owned, GEMM_IMPL_AUTO);
+    l = load(f, 1, owned, ISA_AUTO);
     if (l) {
         CHECK(moe_layer_owns(l, 4));
         CHECK(!moe_layer_owns(l, 5));
@@ -917,10 +917,10 @@ TEST(load_errors_name_the_tensor)
     mc_config c8 = f->c;
     c8.expert_dtype = MC_FP8;
     c8.scale_e8m0 = false;
-    CHECK(shard_load_moe_layer(f->m, &c8, 1, NULL, GEMM_IMPL_AUTO, &err) == NULL);
+    CHECK(shard_load_moe_layer(f->m, &c8, 1, NULL, ISA_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "loading layers.1");
     CHECK_STR_HAS(err.msg, "layers.1.ffn.experts.0.w1.weight");
-    CHECK(shard_load_moe_layer(f->m, &f->c, 4, NULL, GEMM_IMPL_AUTO, &err) == NULL);
+    CHECK(shard_load_moe_layer(f->m, &f->c, 4, NULL, ISA_AUTO, &err) == NULL);
     CHECK_STR_HAS(err.msg, "layer 4 outside [0, 4)");
 
     /* a NaN (255) scale code in expert 5 of layer 2: fatal when that expert is loaded only */
@@ -934,12 +934,12 @@ TEST(load_errors_name_the_tensor)
         TEST_FAIL_AT("writing: %s", err.msg);
     w2->s8[3] = saved;
     if (m) {
-        CHECK(shard_load_moe_layer(m, &f->c, 2, NULL, GEMM_IMPL_AUTO, &err) == NULL);
+        CHECK(shard_load_moe_layer(m, &f->c, 2, NULL, ISA_AUTO, &err) == NULL);
         CHECK_STR_HAS(err.msg, "\"layers.2.ffn.experts.5.w2.scale\": element [0, 3] is scale code "
                                "255 (NaN)");
         uint8_t owned[64] = {0};
         owned[4] = owned[6] = 1;
-        moe_layer *l = shard_load_moe_layer(m, &f->c, 2, owned, GEMM_IMPL_AUTO, &err);
+        moe_layer *l = shard_load_moe_layer(m, &f->c, 2, owned, ISA_AUTO, &err);
         CHECK(l != NULL);
         moe_layer_free(&l);
     }
@@ -953,12 +953,12 @@ int main(void)
     /* a per-instruction-set run (EPMOE_ISA) on a CPU without that set would only repeat the
      * default run */
     const char *isa = getenv("EPMOE_ISA");
-    gemm_impl want;
-    if (isa && gemm_impl_parse(isa, &want) == 0 && !gemm_impl_supported(want)) {
+    isa_level want;
+    if (isa && isa_parse(isa, &want) == 0 && !isa_supported(want)) {
         printf("SKIP: this CPU lacks %s\n", isa);
         return 77;
     }
-    printf("implementation: %s\n", gemm_impl_name(gemm_impl_best()));
+    printf("implementation: %s\n", isa_name(isa_best()));
     fx_ok[0] = fixture_init(&FX[0], MC_FP4) == 0;
     fx_ok[1] = fixture_init(&FX[1], MC_FP8) == 0;
     RUN(layer_matches_float64_model_bitwise);

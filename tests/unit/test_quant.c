@@ -162,13 +162,13 @@ static void gen_rows(float *x, int M, int K)
         }
 }
 
-static int n_impls(gemm_impl *impls)
+static int n_impls(isa_level *impls)
 {
     int n = 0;
-    impls[n++] = GEMM_IMPL_REF;
-    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
-        if (gemm_impl_supported((gemm_impl)i))
-            impls[n++] = (gemm_impl)i;
+    impls[n++] = ISA_REF;
+    for (int i = ISA_AVX2; i <= (int)isa_best(); i++)
+        if (isa_supported((isa_level)i))
+            impls[n++] = (isa_level)i;
     return n;
 }
 
@@ -182,7 +182,7 @@ TEST(rows_f32_equal_model)
     float *s = malloc((size_t)M * (K / 128) * sizeof(float)),
           *sm = malloc((size_t)M * (K / 128) * sizeof(float));
     gen_rows(x, M, K);
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int pow2 = 0; pow2 <= 1; pow2++) {
         model_rows(x, M, K, pow2, qm, sm);
@@ -194,8 +194,8 @@ TEST(rows_f32_equal_model)
             for (int j = 0; j < M * (K / 128); j++)
                 bads += !same_float(s[j], sm[j]);
             if (badq || bads)
-                TEST_FAIL_AT("%s pow2=%d: %d codes and %d scales differ", gemm_impl_name(impls[i]),
-                             pow2, badq, bads);
+                TEST_FAIL_AT("%s pow2=%d: %d codes and %d scales differ", isa_name(impls[i]), pow2,
+                             badq, bads);
         }
     }
     free(x);
@@ -217,7 +217,7 @@ TEST(rows_bf16_equal_model)
         xb[j] = (uint16_t)(u_of(x[j]) >> 16); /* truncation: any bf16 pattern will do */
         x[j] = f_of((uint32_t)xb[j] << 16);
     }
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int pow2 = 0; pow2 <= 1; pow2++) {
         model_rows(x, M, K, pow2, qm, sm);
@@ -229,7 +229,7 @@ TEST(rows_bf16_equal_model)
             for (int j = 0; j < M * (K / 128); j++)
                 bad += !same_float(s[j], sm[j]);
             if (bad)
-                TEST_FAIL_AT("%s pow2=%d: %d differences", gemm_impl_name(impls[i]), pow2, bad);
+                TEST_FAIL_AT("%s pow2=%d: %d differences", isa_name(impls[i]), pow2, bad);
         }
     }
     /* the default entry points agree with the explicit best implementation */
@@ -268,7 +268,7 @@ TEST(scale_rules_from_the_spec)
 /* fmt_f32_to_e4m3 on every fp32 input (every 61st with EPMOE_QUANT_SAMPLE). */
 TEST(avx2_encoder_equals_fmt_on_every_float)
 {
-    if (gemm_impl_best() < GEMM_IMPL_AVX2)
+    if (isa_best() < ISA_AVX2)
         SKIP("no AVX2 on this CPU (or EPMOE_ISA=ref)");
     const char *sample = getenv("EPMOE_QUANT_SAMPLE");
     uint64_t step = sample && *sample == '1' ? 61 : 1;
@@ -280,7 +280,7 @@ TEST(avx2_encoder_equals_fmt_on_every_float)
         int n = 0;
         for (uint64_t u = base; u < base + (uint64_t)CH * step && u < (1ull << 32); u += step)
             x[n++] = f_of((uint32_t)u);
-        qt_f32_to_e4m3_n(GEMM_IMPL_AVX2, x, (size_t)n, q);
+        qt_f32_to_e4m3_n(ISA_AVX2, x, (size_t)n, q);
         for (int i = 0; i < n; i++)
             if (q[i] != fmt_f32_to_e4m3(x[i])) {
                 if (bad++ < 5)
@@ -296,7 +296,7 @@ TEST(avx2_encoder_equals_fmt_on_every_float)
         for (int i = 0; i < n; i++)
             x[i] = f_of(rnd());
         memset(q, 0xAA, 80);
-        qt_f32_to_e4m3_n(GEMM_IMPL_AVX2, x, (size_t)n, q);
+        qt_f32_to_e4m3_n(ISA_AVX2, x, (size_t)n, q);
         for (int i = 0; i < n; i++)
             CHECK_EQ(q[i], fmt_f32_to_e4m3(x[i]));
         CHECK_EQ(q[n], 0xAA);
@@ -350,7 +350,7 @@ TEST(bf16_outputs_equal_model)
     static uint16_t got[N], rows[S][H], last[H], want[H], out[H];
     for (int i = 0; i < N; i++)
         x[i] = odd_float();
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         qt_f32_to_bf16_n(impls[i], x, N, got);
@@ -358,7 +358,7 @@ TEST(bf16_outputs_equal_model)
         for (int j = 0; j < N; j++)
             bad += got[j] != model_bf16(x[j]);
         if (bad)
-            TEST_FAIL_AT("%s: %d of %d bf16 roundings differ", gemm_impl_name(impls[i]), bad, N);
+            TEST_FAIL_AT("%s: %d of %d bf16 roundings differ", isa_name(impls[i]), bad, N);
     }
     /* sums: large and small terms whose order matters in fp32, and the specials */
     for (int s = 0; s < S; s++)
@@ -387,8 +387,7 @@ TEST(bf16_outputs_equal_model)
             for (int h = 0; h < H; h++)
                 bad += out[h] != want[h];
             if (bad)
-                TEST_FAIL_AT("%s: %d rows: %d of %d sums differ", gemm_impl_name(impls[i]), n, bad,
-                             H);
+                TEST_FAIL_AT("%s: %d rows: %d of %d sums differ", isa_name(impls[i]), n, bad, H);
         }
     }
 }

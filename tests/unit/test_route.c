@@ -79,7 +79,7 @@ static void *xalloc(size_t n)
 }
 
 /* Every implementation (an unsupported one runs the reference: route.h); NIMPL of them. */
-static const gemm_impl IMPLS[] = {GEMM_IMPL_REF, GEMM_IMPL_AVX2, GEMM_IMPL_AVX512};
+static const isa_level IMPLS[] = {ISA_REF, ISA_AVX2, ISA_AVX512};
 #define NIMPL ((int)(sizeof IMPLS / sizeof IMPLS[0]))
 
 /* ---- ffn_norm ---- */
@@ -119,7 +119,7 @@ static void check_rmsnorm(int T, int H)
                 bad = j;
         if (bad >= 0)
             TEST_FAIL_AT("rmsnorm %s T=%d H=%d: element %d is 0x%04x, expected 0x%04x",
-                         gemm_impl_name(IMPLS[i]), T, H, bad, got[bad], want[bad]);
+                         isa_name(IMPLS[i]), T, H, bad, got[bad], want[bad]);
     }
     free(x);
     free(g);
@@ -165,8 +165,8 @@ static void check_logits(int T, int H, int E, int threads)
             if (f32_bits(got[j]) != f32_bits(want[j]))
                 bad = j;
         if (bad >= 0)
-            TEST_FAIL_AT("logits %s T=%d H=%d E=%d: [%d][%d] = %a, expected %a",
-                         gemm_impl_name(IMPLS[i]), T, H, E, bad / E, bad % E, got[bad], want[bad]);
+            TEST_FAIL_AT("logits %s T=%d H=%d E=%d: [%d][%d] = %a, expected %a", isa_name(IMPLS[i]),
+                         T, H, E, bad / E, bad % E, got[bad], want[bad]);
         free(packed);
     }
     tpool_destroy(&pool);
@@ -338,8 +338,8 @@ TEST(topk_fast_equals_reference_and_definition)
             s[i] = route_score((float)rng_unit() * 4.0f);
         for (int i = 0; i < T * E; i += 37)
             s[i] = s[i / 2]; /* exact duplicates */
-        route_topk(GEMM_IMPL_REF, T, E, k, s, bias, a);
-        route_topk(GEMM_IMPL_AVX2, T, E, k, s, bias, b);
+        route_topk(ISA_REF, T, E, k, s, bias, a);
+        route_topk(ISA_AVX2, T, E, k, s, bias, b);
         int mism = 0;
         for (int t = 0; t < T; t++) {
             t_topk(E, k, s + (size_t)t * E, bias, want);

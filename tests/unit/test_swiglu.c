@@ -174,13 +174,13 @@ static float rnd_acc(void)
     }
 }
 
-static int n_impls(gemm_impl *impls)
+static int n_impls(isa_level *impls)
 {
     int n = 0;
-    impls[n++] = GEMM_IMPL_REF;
-    for (int i = GEMM_IMPL_AVX2; i <= (int)gemm_impl_best(); i++)
-        if (gemm_impl_supported((gemm_impl)i))
-            impls[n++] = (gemm_impl)i;
+    impls[n++] = ISA_REF;
+    for (int i = ISA_AVX2; i <= (int)isa_best(); i++)
+        if (isa_supported((isa_level)i))
+            impls[n++] = (isa_level)i;
     return n;
 }
 
@@ -199,7 +199,7 @@ static void check_case(int M, int I, int with_w, float limit, int pow2)
     float *s = malloc((size_t)M * (I / 128) * sizeof(float));
     float *sm = malloc((size_t)M * (I / 128) * sizeof(float));
     model(a1, a3, M, I, with_w ? w : NULL, limit, pow2, qm, sm);
-    gemm_impl impls[GEMM_IMPL_COUNT];
+    isa_level impls[ISA_COUNT];
     int ni = n_impls(impls);
     for (int i = 0; i < ni; i++) {
         swiglu_rows_impl(impls[i], a1, a3, M, I, with_w ? w : NULL, limit, pow2, q, s);
@@ -210,7 +210,7 @@ static void check_case(int M, int I, int with_w, float limit, int pow2)
             bads += !same_float(s[j], sm[j]);
         if (badq || bads)
             TEST_FAIL_AT("%s M=%d I=%d w=%d limit=%g pow2=%d: %d codes, %d scales differ",
-                         gemm_impl_name(impls[i]), M, I, with_w, limit, pow2, badq, bads);
+                         isa_name(impls[i]), M, I, with_w, limit, pow2, badq, bads);
     }
     free(a1);
     free(a3);
