@@ -61,13 +61,6 @@ int ep_err_errno(ep_err *err, const char *fmt, ...)
     return -1;
 }
 
-int ep_err_classify(ep_err *err, ep_err_code code)
-{
-    if (err != NULL && (err->code == EP_ERR_GENERIC || err->code == EP_ERR_NONE))
-        err->code = code;
-    return -1;
-}
-
 void ep_err_clear(ep_err *err)
 {
     if (err != NULL) {

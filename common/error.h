@@ -11,8 +11,8 @@
  * wire names it (proto/epmoe.proto ErrorCode, the same numbers; common/wire.c asserts that they
  * stay equal), so a failure travels as one value from where it is found to the Error, Result or
  * StepFailed body that reports it, instead of a code and a message handed around apart. A
- * function that does not know the kind sets EP_ERR_GENERIC (ep_err_set); the layer that
- * answers a peer classifies it (ep_err_classify), keeping a kind an inner layer already chose.
+ * function that does not know the kind sets EP_ERR_GENERIC (ep_err_set), which the wire sends
+ * as ERR_STEP_FAILED; ep_err_prefix keeps the kind an inner layer chose.
  *
  * Formatting happens in one place, ep_vformat: every printf-style helper of the code base
  * formats its arguments through EP_FORMAT_ARGS or EP_ERR_FROM_ARGS (one line instead of a
@@ -98,10 +98,6 @@ int ep_err_prefix(ep_err *err, const char *fmt, ...) __attribute__((format(print
 /* Set the message from errno: "<formatted>: <strerror(errno)>", code EP_ERR_GENERIC. errno is
  * kept. Returns -1. */
 int ep_err_errno(ep_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Give an unclassified error its kind: code becomes `code` when it is EP_ERR_GENERIC (or
- * EP_ERR_NONE); a kind an inner layer chose stays. Returns -1. */
-int ep_err_classify(ep_err *err, ep_err_code code);
 
 /* Clear the record (EP_ERR_NONE, empty message). */
 void ep_err_clear(ep_err *err);
