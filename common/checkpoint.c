@@ -292,8 +292,9 @@ static const char *mismatch_hint(ck_lookup_fn lookup, const void *ctx, const mc_
     if (check_table(lookup, ctx, &other, layer, e_begin, e_end, NULL) == CHECK_OK) {
         if (c->expert_dtype == MC_FP4 && !c->expert_dtype_given)
             snprintf(buf, cap,
-                     "; config.json has no expert_dtype, so fp4 (MXFP4) was assumed, but these "
-                     "experts are FP8 block experts: set \"expert_dtype\": \"fp8\"");
+                     "; config.json has no expert_dtype (top level or in quantization_config), so "
+                     "fp4 (MXFP4) was defaulted, but these experts are FP8 block experts: set "
+                     "\"expert_dtype\": \"fp8\"");
         else
             snprintf(buf, cap,
                      "; the checkpoint's experts look like %s experts but config.json says "

@@ -9,7 +9,13 @@
  * Fields the MoE layer does not use (hc_*, compress_ratios, rope_*, ...) are ignored.
  *
  * Optional keys written as JSON null count as absent where Hugging Face configs use null for
- * "not set": quantization_config, quantization_config.scale_fmt, n_group, topk_group.
+ * "not set": quantization_config, quantization_config.scale_fmt, n_group, topk_group,
+ * mlp_layer_types.
+ *
+ * Configs come from DeepSeek (num_hash_layers, a top-level expert_dtype) and from Hugging Face
+ * transformers (mlp_layer_types, quantization_config.expert_dtype); where both spellings are
+ * present they must agree. Fields whose meaning differs between engines are served as
+ * docs/numerics.md documents or refused with what they would change.
  */
 #include "common/model_config.h"
 #include "common/rfile.h"
@@ -54,7 +60,8 @@ static const int_field INT_FIELDS[] = {
      MC_MAX_TOPK},
     {"num_hidden_layers", offsetof(mc_config, num_hidden_layers), true, RULE_RANGE, 1,
      MC_MAX_LAYERS},
-    {"num_hash_layers", offsetof(mc_config, num_hash_layers), true, RULE_RANGE, 0, MC_MAX_LAYERS},
+    /* optional here: transformers writes mlp_layer_types instead (parse_hash_layers) */
+    {"num_hash_layers", offsetof(mc_config, num_hash_layers), false, RULE_RANGE, 0, MC_MAX_LAYERS},
     {"num_nextn_predict_layers", offsetof(mc_config, num_nextn_predict_layers), false, RULE_RANGE,
      0, MC_MAX_MTP},
     {"vocab_size", offsetof(mc_config, vocab_size), true, RULE_RANGE, 0, MC_MAX_VOCAB},
@@ -259,8 +266,8 @@ static int parse_ints(const char *src, const json_t *root, mc_config *c, ep_err 
         if (v == NULL) {
             if (f->required)
                 return ep_err_set(err, "%s: missing field \"%s\"", src, f->key);
-            *int_at(c, f) =
-                0; /* the only optional integer, num_nextn_predict_layers, defaults to 0 */
+            *int_at(c, f) = 0; /* num_nextn_predict_layers defaults to 0; num_hash_layers is
+                                  resolved by parse_hash_layers */
             continue;
         }
         if (!json_is_integer(v))
@@ -290,22 +297,79 @@ static int parse_floats(const char *src, const json_t *root, mc_config *c, ep_er
     return 0;
 }
 
+/* One expert_dtype value; key is where it was found ("expert_dtype" at the top level or
+ * "quantization_config.expert_dtype"). */
+static int dtype_value(const char *src, const char *key, const json_t *v, mc_expert_dtype *out,
+                       ep_err *err)
+{
+    if (json_is_string(v) && mc_dtype_parse(json_string_value(v), out) == 0)
+        return 0;
+    char text[MC_TEXT_MAX + 8];
+    const char *shown = json_is_string(v) ? printable(json_string_value(v), text, sizeof text)
+                                          : json_text(v, text, sizeof text);
+    return ep_err_set(err, "unsupported %s \"%s\" in %s: expected one of fp4, fp8", key, shown,
+                      src);
+}
+
+/* DeepSeek's and vLLM's configs put expert_dtype at the top level; transformers 5.23 keeps it in
+ * quantization_config (FineGrainedFP8Config) and copies a top-level one there. Either place
+ * counts as given; both must agree, because each engine reads a different one. Neither keeps the
+ * seed's default fp4 (expert_dtype_given false), so configs that parsed before hash the same. */
 static int parse_expert_dtype(const char *src, const json_t *root, mc_config *c, ep_err *err)
 {
-    const json_t *v = json_object_get(root, "expert_dtype");
-    if (v == NULL) {
-        c->expert_dtype = MC_FP4;
-        c->expert_dtype_given = false;
-    } else if (json_is_string(v) && mc_dtype_parse(json_string_value(v), &c->expert_dtype) == 0) {
-        c->expert_dtype_given = true;
-    } else {
-        char text[MC_TEXT_MAX + 8];
-        const char *shown = json_is_string(v) ? printable(json_string_value(v), text, sizeof text)
-                                              : json_text(v, text, sizeof text);
-        return ep_err_set(err, "unsupported expert_dtype \"%s\" in %s: expected one of fp4, fp8",
-                          shown, src);
-    }
+    const json_t *top = json_object_get(root, "expert_dtype");
+    const json_t *q = json_object_get(root, "quantization_config");
+    const json_t *qv = json_is_object(q) ? json_object_get(q, "expert_dtype") : NULL;
+    mc_expert_dtype a = MC_FP4, b = MC_FP4;
+    if (top != NULL && dtype_value(src, "expert_dtype", top, &a, err) != 0)
+        return -1;
+    if (qv != NULL && dtype_value(src, "quantization_config.expert_dtype", qv, &b, err) != 0)
+        return -1;
+    if (top != NULL && qv != NULL && a != b)
+        return ep_err_set(err,
+                          "%s: field \"expert_dtype\" is \"%s\" but field "
+                          "\"quantization_config.expert_dtype\" is \"%s\": they must agree "
+                          "(DeepSeek's code and vLLM read the first, transformers the second)",
+                          src, mc_dtype_name(a), mc_dtype_name(b));
+    c->expert_dtype = top != NULL ? a : b;
+    c->expert_dtype_given = top != NULL || qv != NULL;
     c->scale_e8m0 = c->expert_dtype == MC_FP4;
+    return 0;
+}
+
+/* quantization_config.scale_fmt. epmoe reads it as DeepSeek's reference does: the rounding of the
+ * FP8 activation scales ("ue8m0": powers of two, spec §3.4). transformers writes it as the storage
+ * format of the weight scales ("float": F32, its default; "ue8m0": E8M0). The two readings agree
+ * for "ue8m0" and for "float" with FP8 experts (F32 weight scales; plain activation scales, as
+ * vLLM's FP8-expert path computes them). "float" with FP4 experts contradicts the checkpoint's
+ * E8M0 scales and would drop the reference's activation rounding, so it is refused
+ * (docs/numerics.md, "Config fields whose meaning differs between engines"). */
+static int parse_scale_fmt(const char *src, const json_t *sf, mc_config *c, ep_err *err)
+{
+    if (!json_is_string(sf))
+        return type_error(src, "quantization_config.scale_fmt", "a string", sf, err);
+    const char *s = json_string_value(sf);
+    if (strcmp(s, "ue8m0") == 0) {
+        c->act_ue8m0 = true;
+        return 0;
+    }
+    if (strcmp(s, "float") != 0) {
+        char text[MC_TEXT_MAX + 8];
+        return ep_err_set(err,
+                          "%s: field \"quantization_config.scale_fmt\": expected \"ue8m0\" or "
+                          "\"float\", found \"%s\"",
+                          src, printable(s, text, sizeof text));
+    }
+    if (c->expert_dtype == MC_FP4)
+        return ep_err_set(err,
+                          "%s: field \"quantization_config.scale_fmt\": \"float\" is refused with "
+                          "expert_dtype fp4: to transformers it says the weight scales are F32, "
+                          "but FP4 checkpoints carry E8M0 scales; to epmoe it would turn off the "
+                          "power-of-two rounding of FP8 activation scales that DeepSeek V4's "
+                          "reference does, changing the layer's output by about 6 %% (relative "
+                          "L2); write \"ue8m0\", V4's published value",
+                          src);
+    c->act_ue8m0 = false;
     return 0;
 }
 
@@ -338,13 +402,9 @@ static int parse_quantization(const char *src, const json_t *root, mc_config *c,
         }
     }
 
-    /* Only "ue8m0" means power-of-two activation scales; any other string means plain ones. */
     const json_t *sf = json_object_get(q, "scale_fmt");
-    if (sf != NULL && !json_is_null(sf)) {
-        if (!json_is_string(sf))
-            return type_error(src, "quantization_config.scale_fmt", "a string", sf, err);
-        c->act_ue8m0 = strcmp(json_string_value(sf), "ue8m0") == 0;
-    }
+    if (sf != NULL && !json_is_null(sf))
+        return parse_scale_fmt(src, sf, c, err);
     return 0;
 }
 
@@ -378,21 +438,117 @@ static int parse_fixed(const char *src, const json_t *root, ep_err *err)
     return 0;
 }
 
+/* model_type, when present, must be V4's: a config of another model (DeepSeek V4.1's nests its
+ * fields under text_config, has 384 experts and no hash layers) is never read as V4. */
+static int parse_model_type(const char *src, const json_t *root, ep_err *err)
+{
+    const json_t *v = json_object_get(root, "model_type");
+    if (v == NULL || (json_is_string(v) && strcmp(json_string_value(v), "deepseek_v4") == 0))
+        return 0;
+    if (!json_is_string(v))
+        return type_error(src, "model_type", "the string \"deepseek_v4\"", v, err);
+    char text[MC_TEXT_MAX + 8];
+    return ep_err_set(err,
+                      "%s: model_type \"%s\" is not served: epmoe serves the MoE layers of "
+                      "DeepSeek V4 (model_type \"deepseek_v4\", fields at the top level) and does "
+                      "not read another model's config as V4",
+                      src, printable(json_string_value(v), text, sizeof text));
+}
+
+/* transformers' spelling of the hash layers: one entry per main layer, "hash_moe" for a layer
+ * routed by tid2eid, "moe" for a top-k layer. epmoe (like DeepSeek's reference) serves hash
+ * layers only as the first layers, so the list must be "hash_moe" x n then only "moe". */
+static int parse_mlp_layer_types(const char *src, const json_t *v, int layers, int *n_hash,
+                                 ep_err *err)
+{
+    if (!json_is_array(v))
+        return type_error(src, "mlp_layer_types", "an array of \"hash_moe\" and \"moe\"", v, err);
+    if (json_array_size(v) != (size_t)layers)
+        return ep_err_set(err,
+                          "%s: field \"mlp_layer_types\": expected %d entries "
+                          "(num_hidden_layers), found %zu",
+                          src, layers, json_array_size(v));
+    int n = 0, first_moe = -1;
+    for (int i = 0; i < layers; i++) {
+        const json_t *e = json_array_get(v, (size_t)i);
+        const char *s = json_is_string(e) ? json_string_value(e) : "";
+        if (strcmp(s, "moe") == 0) {
+            first_moe = first_moe < 0 ? i : first_moe;
+        } else if (strcmp(s, "hash_moe") == 0 && first_moe < 0) {
+            n++;
+        } else if (strcmp(s, "hash_moe") == 0) {
+            return ep_err_set(err,
+                              "%s: field \"mlp_layer_types\"[%d]: \"hash_moe\" after \"moe\" "
+                              "at [%d]: epmoe serves hash-routed layers only as the first layers "
+                              "(\"hash_moe\" x n, then only \"moe\")",
+                              src, i, first_moe);
+        } else {
+            char found[MC_TEXT_MAX + 32];
+            return ep_err_set(err,
+                              "%s: field \"mlp_layer_types\"[%d]: expected \"hash_moe\" or "
+                              "\"moe\", found %s",
+                              src, i, json_found(e, found, sizeof found));
+        }
+    }
+    *n_hash = n;
+    return 0;
+}
+
+/* num_hash_layers (DeepSeek, vLLM) or mlp_layer_types (transformers, which drops the former when
+ * it saves); both present must agree. parse_ints has range-checked num_hash_layers already. */
+static int parse_hash_layers(const char *src, const json_t *root, mc_config *c, ep_err *err)
+{
+    const json_t *n = json_object_get(root, "num_hash_layers");
+    const json_t *types = json_object_get(root, "mlp_layer_types");
+    if (types != NULL && json_is_null(types))
+        types = NULL;
+    if (n == NULL && types == NULL)
+        return ep_err_set(err,
+                          "%s: missing field \"num_hash_layers\" (or transformers' "
+                          "\"mlp_layer_types\")",
+                          src);
+    if (types == NULL)
+        return 0;
+    int from_types = 0;
+    if (parse_mlp_layer_types(src, types, c->num_hidden_layers, &from_types, err) != 0)
+        return -1;
+    if (n != NULL && from_types != c->num_hash_layers)
+        return ep_err_set(err,
+                          "%s: field \"num_hash_layers\" is %d but field \"mlp_layer_types\" "
+                          "starts with %d \"hash_moe\": they must agree",
+                          src, c->num_hash_layers, from_types);
+    c->num_hash_layers = from_types;
+    return 0;
+}
+
+/* DeepSeek V4's reference (and transformers) renormalise the top-k weights whatever
+ * norm_topk_prob says, as scoring_func is not softmax; vLLM and epmoe follow the flag. false would
+ * therefore change epmoe's layer and no one else's, so it is refused. */
+static int parse_norm_topk(const char *src, const json_t *root, mc_config *c, ep_err *err)
+{
+    const json_t *v = json_object_get(root, "norm_topk_prob");
+    c->norm_topk_prob = true;
+    if (v == NULL || json_is_true(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return type_error(src, "norm_topk_prob", "true or false", v, err);
+    return ep_err_set(err,
+                      "%s: field \"norm_topk_prob\": false is refused: DeepSeek V4's reference "
+                      "and transformers renormalise the top-k weights regardless, so false would "
+                      "change only epmoe's layer (its weights would sum to routed_scaling_factor "
+                      "x the top-k scores' sum, e.g. 10.2, instead of routed_scaling_factor, "
+                      "1.5); write true or leave it out",
+                      src);
+}
+
 static int parse_object(const char *src, const json_t *root, mc_config *out, ep_err *err)
 {
     mc_config c;
     memset(&c, 0, sizeof c);
-    if (parse_ints(src, root, &c, err) != 0 || parse_floats(src, root, &c, err) != 0 ||
-        parse_fixed(src, root, err) != 0)
+    if (parse_model_type(src, root, err) != 0 || parse_ints(src, root, &c, err) != 0 ||
+        parse_hash_layers(src, root, &c, err) != 0 || parse_floats(src, root, &c, err) != 0 ||
+        parse_fixed(src, root, err) != 0 || parse_norm_topk(src, root, &c, err) != 0)
         return -1;
-
-    const json_t *v = json_object_get(root, "norm_topk_prob");
-    if (v == NULL)
-        c.norm_topk_prob = true;
-    else if (json_is_boolean(v))
-        c.norm_topk_prob = json_is_true(v);
-    else
-        return type_error(src, "norm_topk_prob", "true or false", v, err);
 
     if (parse_expert_dtype(src, root, &c, err) != 0 ||
         parse_quantization(src, root, &c, err) != 0 || check_cross(src, &c, err) != 0)
@@ -486,6 +642,11 @@ int mc_validate(const mc_config *c, ep_err *err)
                           "%s: field \"expert_dtype_given\": expected 1 for expert_dtype %s "
                           "(only fp4 is ever assumed), found 0",
                           src, mc_dtype_name(c->expert_dtype));
+    if (!c->norm_topk_prob)
+        return ep_err_set(err,
+                          "%s: field \"norm_topk_prob\": expected 1 (DeepSeek V4 renormalises the "
+                          "top-k weights), found 0",
+                          src);
     bool want_e8m0 = c->expert_dtype == MC_FP4;
     if (c->scale_e8m0 != want_e8m0)
         return ep_err_set(err,

@@ -5,10 +5,16 @@
  * every field the MoE layer needs, resolves the expert dtype, and broadcasts the result with
  * its content hash; workers never read config.json themselves.
  *
- * expert_dtype (spec §1.2): absent -> fp4 (expert_dtype_given = false); "fp4" -> MXFP4 routed
- * experts and E8M0 scales on every other FP8 linear; "fp8" -> FP8-block routed experts and F32
- * scales everywhere; any other value or type -> error
+ * expert_dtype (spec §1.2) is read from the top level (DeepSeek, vLLM) and from
+ * quantization_config.expert_dtype (transformers 5.23); both present must agree. Neither -> fp4
+ * (expert_dtype_given = false: "defaulted"); "fp4" -> MXFP4 routed experts and E8M0 scales on
+ * every other FP8 linear; "fp8" -> FP8-block routed experts and F32 scales everywhere; any other
+ * value or type -> error
  *   unsupported expert_dtype "X" in FILE: expected one of fp4, fp8
+ * The hash layers come from num_hash_layers or from transformers' mlp_layer_types ("hash_moe" x n
+ * then "moe"); both present must agree. model_type, when present, must be "deepseek_v4".
+ * quantization_config.scale_fmt "float" and norm_topk_prob false are served or refused as
+ * docs/numerics.md ("Config fields whose meaning differs between engines") says.
  *
  * Field errors name the field and what was expected, e.g.
  *   FILE: field "hidden_size": expected a positive multiple of 128, found 100
@@ -38,12 +44,14 @@ typedef struct mc_config {
     float routed_scaling_factor;  /* multiplies routing weights (1.5 in V4) */
     float swiglu_limit;           /* SwiGLU clamp (10.0 in V4); > 0 */
     float rms_norm_eps;           /* ffn_norm epsilon (1e-6) */
-    bool norm_topk_prob;          /* absent -> true */
+    bool norm_topk_prob;          /* absent -> true; false is refused (numerics.md) */
     mc_expert_dtype expert_dtype; /* resolved */
-    bool expert_dtype_given;      /* false: config.json had no expert_dtype, fp4 was assumed */
+    bool expert_dtype_given;      /* false: config.json had no expert_dtype at the top level
+                                     or in quantization_config; fp4 was defaulted */
     bool scale_e8m0;              /* FP8-linear weight scales are E8M0 (fp4) rather than F32 */
     bool act_ue8m0;               /* quantization_config.scale_fmt == "ue8m0": activation
-                                     scales are rounded up to powers of two (spec §3.4) */
+                                     scales are rounded up to powers of two (spec §3.4);
+                                     absent or "float" (fp8 only): plain F32 scales */
 } mc_config;
 
 /* Parse config.json text (len bytes, not necessarily NUL-terminated). srcname names the file

@@ -74,7 +74,9 @@ static void print_summary(const spec_cluster *s, const mc_config *c, const plan_
            c->hidden_size, c->moe_intermediate_size, c->n_routed_experts, c->num_experts_per_tok,
            c->num_hidden_layers, c->num_nextn_predict_layers, c->num_hash_layers, c->vocab_size);
     printf("  expert_dtype %s (%s), scale_e8m0 %s, act_ue8m0 %s\n", mc_dtype_name(c->expert_dtype),
-           c->expert_dtype_given ? "given" : "assumed: config.json has no expert_dtype",
+           c->expert_dtype_given ? "given"
+                                 : "defaulted: config.json has no expert_dtype, top level or in "
+                                   "quantization_config",
            c->scale_e8m0 ? "yes" : "no", c->act_ue8m0 ? "yes" : "no");
     printf("  config hash 0x%016" PRIx64 "\n", mc_hash(c));
     printf("placement %s, epoch %" PRIu64 ", dispatch %s, %d redundant experts (%s; layer 0 "

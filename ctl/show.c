@@ -39,7 +39,8 @@ void show_config_text(const mc_config *c)
 {
     printf("expert_dtype  %s (%s)\n", mc_dtype_name(c->expert_dtype),
            c->expert_dtype_given ? "given in config.json"
-                                 : "assumed: config.json has no expert_dtype");
+                                 : "defaulted: config.json has no expert_dtype, top level or in "
+                                   "quantization_config");
     printf("scales        FP8-linear weight scales %s (scale_e8m0 %s); activation scales %s "
            "(act_ue8m0 %s)\n",
            c->scale_e8m0 ? "E8M0" : "F32", c->scale_e8m0 ? "true" : "false",

@@ -256,7 +256,9 @@ TEST(shards_and_config_json)
     }
     CHECK_STR_HAS(out, "\"rms_norm_eps\": 1e-6"); /* the shortest decimal of the float */
     CHECK_EQ(run_ctl(t, NULL, "config", NULL), 0);
-    CHECK_STR_HAS(out, "expert_dtype  fp4 (assumed: config.json has no expert_dtype)");
+    CHECK_STR_HAS(out,
+                  "expert_dtype  fp4 (defaulted: config.json has no expert_dtype, top level or "
+                  "in quantization_config)");
     CHECK_STR_HAS(out, hash);
     /* a refused request: exit 1 with the error's name */
     CHECK_EQ(run_ctl(t, NULL, "shards", "--layer", "layers.9", NULL), 1);

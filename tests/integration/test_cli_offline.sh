@@ -124,7 +124,8 @@ run 0 "mkmodel fp8 --omit-expert-dtype" "$CTL" mkmodel --out "$T/omit" --expert-
 run 65 "inspect omitted fp8" "$CTL" inspect --model "$T/omit"
 has "$T/err" 'set "expert_dtype": "fp8"' "inspect omitted: says to set expert_dtype fp8"
 has "$T/err" "no expert_dtype" "inspect omitted: says it is missing"
-has "$T/out" "fp4 (assumed" "inspect omitted table: fp4 assumed"
+has "$T/out" "fp4 (defaulted: config.json has no expert_dtype, top level or in quantization_config)" \
+    "inspect omitted table: fp4 defaulted"
 run 65 "inspect omitted fp8 -o json" "$CTL" -o json inspect --model "$T/omit"
 json "d['expert_dtype'] == 'fp4' and d['expert_dtype_given'] is False and
       d['check']['ok'] is False and 'set \"expert_dtype\": \"fp8\"' in d['check']['error']" \
@@ -327,6 +328,73 @@ run 0 "--output=json after the command" "$CTL" inspect --model "$T/fp4" --output
 json "d['schema'] == 1" "inspect --output=json"
 run 64 "-o yaml on an offline command" "$CTL" -o yaml inspect --model "$T/fp4"
 has "$T/err" "epmoectl inspect: -o yaml: expected table or json" "offline -o yaml refused, named"
+
+# ---- configs as transformers writes them (issue 24): inspect and coordinator --check -----------
+# tests/data/hf-configs holds config.json files saved by transformers 5.23 (make_hf_configs.py
+# there); each is put beside an mkmodel checkpoint of the defaults' sizes.
+HF=${EPMOE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/data/hf-configs
+for dt in fp4 fp8; do
+    "$CTL" mkmodel --out "$T/hfck-$dt" --expert-dtype $dt --shards 1 >/dev/null ||
+        fail "mkmodel $dt for the transformers configs"
+done
+# hfmodel NAME DTYPE: makes $T/hf/NAME-DTYPE, the DTYPE checkpoint under NAME's config.json,
+# and the cluster spec $T/hf.yaml over it for --check; prints the directory
+hfmodel() {
+    local d=$T/hf/$1-$2
+    mkdir -p "$d"
+    ln -sf "$T/hfck-$2"/*.safetensors "$d/"
+    cp "$HF/$1/config.json" "$d/config.json"
+    hfspec "$d"
+    echo "$d"
+}
+hfspec() {
+    cat >"$T/hf.yaml" <<EOF
+cluster: {name: hf}
+coordinator: {listen: "tcp://127.0.0.1:1", admin: "tcp://127.0.0.1:2"}
+model: {path: "$1"}
+nodes:
+  - name: n
+    workers:
+      - {name: w0, device: cpu, data: "tcp://127.0.0.1:3"}
+      - {name: w1, device: cpu, data: "tcp://127.0.0.1:4"}
+EOF
+}
+d=$(hfmodel v4-fp8 fp8)
+run 0 "inspect transformers' FP8 config" "$CTL" -o json inspect --model "$d"
+json "d['expert_dtype'] == 'fp8' and d['expert_dtype_given'] is True and
+      d['config']['num_hash_layers'] == 1 and d['act_ue8m0'] is False and d['check']['ok']" \
+    "transformers' FP8 config: fp8 from quantization_config, 1 hash layer from mlp_layer_types"
+run 0 "--check transformers' FP8 config" "$COORD" --cluster "$T/hf.yaml" --check
+has "$T/out" "expert_dtype fp8 (given)" "--check transformers' FP8 config: dtype"
+has "$T/out" "hash layers 1" "--check transformers' FP8 config: hash layers"
+for dt in fp4 fp8; do
+    run 0 "inspect mkmodel $dt" "$CTL" -o json inspect --model "$T/hfck-$dt"
+    want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['config']['hash'])" \
+        "$T/out")
+    d=$(hfmodel "mkmodel-$dt-autoconfig" $dt)
+    run 0 "inspect mkmodel $dt through AutoConfig" "$CTL" -o json inspect --model "$d"
+    json "d['expert_dtype'] == '$dt' and d['config']['num_hash_layers'] == 1 and
+          d['config']['hash'] == '$want' and d['check']['ok']" \
+        "mkmodel $dt through AutoConfig: same dtype, hash layers and config hash"
+    run 0 "--check mkmodel $dt through AutoConfig" "$COORD" --cluster "$T/hf.yaml" --check
+done
+# refused configs, each with what is wrong
+REFUSED=(
+    'dtype-conflict|field "expert_dtype" is "fp4" but field "quantization_config.expert_dtype" is "fp8"'
+    'hash-after-moe|field "mlp_layer_types"[1]: "hash_moe" after "moe" at [0]'
+    'hash-conflict|field "num_hash_layers" is 2 but field "mlp_layer_types" starts with 1 "hash_moe"'
+    'fp4-scale-float|"float" is refused with expert_dtype fp4'
+    'norm-topk-false|field "norm_topk_prob": false is refused'
+    'deepseek-v41|model_type "deepseek_v41" is not served: epmoe serves the MoE layers of DeepSeek V4'
+)
+for r in "${REFUSED[@]}"; do
+    name=${r%%|*} msg=${r#*|}
+    d=$(hfmodel "$name" fp4)
+    run 78 "inspect $name" "$CTL" inspect --model "$d"
+    has "$T/err" "$msg" "inspect $name: the message"
+    run 78 "--check $name" "$COORD" --cluster "$T/hf.yaml" --check
+    has "$T/err" "$msg" "--check $name: the message"
+done
 
 # ---- the operations check: messages that read wrong, each fixed (issue 17) ---------------------
 # EXPECTED_RC | COMMAND (words; @T@ is $T) | what stderr must say | what it must not say

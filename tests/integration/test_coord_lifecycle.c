@@ -611,7 +611,7 @@ TEST(startup_errors_exit_78_with_position)
         err[n > 0 ? n : 0] = '\0';
         close(fd);
         unlink(path);
-        CHECK_STR_HAS(err, "expert_dtype fp4 (assumed");
+        CHECK_STR_HAS(err, "expert_dtype fp4 (defaulted");
         CHECK_STR_HAS(err, "w1");
         CHECK_STR_HAS(err, "4-7");
         CHECK_STR_HAS(err, "config hash 0x");

@@ -679,9 +679,9 @@ TEST(checker_explains_fp8_experts_without_expert_dtype)
     CHECK_EQ(check(&c, 2, 0, 8, &err), -1);
     CHECK_STR_EQ(err.msg,
                  "tensor \"layers.2.ffn.experts.0.w1.weight\": expected I8 [128, 128] for "
-                 "expert_dtype fp4, found F8_E4M3 [128, 256]; config.json has no expert_dtype, so "
-                 "fp4 (MXFP4) was assumed, but these experts are FP8 block experts: set "
-                 "\"expert_dtype\": \"fp8\"");
+                 "expert_dtype fp4, found F8_E4M3 [128, 256]; config.json has no expert_dtype "
+                 "(top level or in quantization_config), so fp4 (MXFP4) was defaulted, but these "
+                 "experts are FP8 block experts: set \"expert_dtype\": \"fp8\"");
     /* hash and MTP layers alike, and a worker owning a later range */
     CHECK_EQ(check(&c, 0, 5, 8, &err), -1);
     CHECK_STR_HAS(err.msg, "\"layers.0.ffn.experts.5.w1.weight\"");

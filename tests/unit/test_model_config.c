@@ -239,9 +239,9 @@ TEST(expert_dtype_resolution)
 TEST(every_required_field_missing_is_named)
 {
     static const char *const keys[] = {
-        "hidden_size",           "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
-        "num_experts_per_tok",   "num_hidden_layers",     "num_hash_layers",  "vocab_size",
-        "routed_scaling_factor", "swiglu_limit",          "rms_norm_eps",     "scoring_func",
+        "hidden_size",         "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+        "num_experts_per_tok", "num_hidden_layers",     "vocab_size",       "routed_scaling_factor",
+        "swiglu_limit",        "rms_norm_eps",          "scoring_func",
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         mc_config c;
@@ -251,6 +251,11 @@ TEST(every_required_field_missing_is_named)
         snprintf(want, sizeof want, "cfg.json: missing field \"%s\"", keys[i]);
         CHECK_STR_EQ(err.msg, want);
     }
+    mc_config c;
+    ep_err err;
+    CHECK_EQ(parse_variant("num_hash_layers", NULL, &c, &err), -1);
+    CHECK_STR_EQ(err.msg, "cfg.json: missing field \"num_hash_layers\" (or transformers' "
+                          "\"mlp_layer_types\")");
 }
 
 TEST(optional_fields_may_be_absent)
@@ -274,8 +279,6 @@ TEST(optional_fields_may_be_absent)
     CHECK_EQ(c.num_nextn_predict_layers, 0);
     CHECK_EQ(parse_variant("norm_topk_prob", NULL, &c, &err), 0);
     CHECK(c.norm_topk_prob);
-    CHECK_EQ(parse_variant("norm_topk_prob", "false", &c, &err), 0);
-    CHECK(!c.norm_topk_prob);
     CHECK_EQ(parse_variant("quantization_config", NULL, &c, &err), 0);
     CHECK(!c.act_ue8m0);
     CHECK_EQ(parse_variant("quantization_config", "null", &c, &err), 0);
@@ -283,10 +286,6 @@ TEST(optional_fields_may_be_absent)
     CHECK_EQ(parse_variant("quantization_config.scale_fmt", NULL, &c, &err), 0);
     CHECK(!c.act_ue8m0);
     CHECK_EQ(parse_variant("quantization_config.scale_fmt", "null", &c, &err), 0);
-    CHECK(!c.act_ue8m0);
-    CHECK_EQ(parse_variant("quantization_config.scale_fmt", "\"fp32\"", &c, &err), 0);
-    CHECK(!c.act_ue8m0);
-    CHECK_EQ(parse_variant("quantization_config.scale_fmt", "\"UE8M0\"", &c, &err), 0);
     CHECK(!c.act_ue8m0);
     CHECK_EQ(parse_variant("n_group", "null", &c, &err), 0);
     CHECK_EQ(parse_variant("n_group", "1", &c, &err), 0);
@@ -781,6 +780,276 @@ TEST(load_reads_a_file_and_bounds_its_size)
     rmdir(dir);
 }
 
+/* ---- configs as engines write them (issue 24) --------------------------------------------- */
+
+/* Load tests/data/hf-configs/NAME/config.json (written by transformers 5.23; see the README there).
+ * Returns mc_load's result; -2 when the source directory is unknown. */
+static int load_hf(const char *name, mc_config *c, ep_err *err)
+{
+    const char *src = getenv("EPMOE_SOURCE_DIR");
+    if (src == NULL)
+        return -2;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/hf-configs/%s/config.json", src, name);
+    ep_err_clear(err);
+    return mc_load(path, c, err);
+}
+
+#define NEED_SOURCE_DIR()                                                                          \
+    do {                                                                                           \
+        if (getenv("EPMOE_SOURCE_DIR") == NULL)                                                    \
+            SKIP("EPMOE_SOURCE_DIR is not set (run through ctest)");                               \
+    } while (0)
+
+TEST(transformers_fp8_config_loads)
+{
+    NEED_SOURCE_DIR();
+    mc_config c;
+    ep_err err;
+    /* save_pretrained of DeepseekV4Config(quantization_config=FineGrainedFP8Config(
+     * expert_dtype="fp8")): no num_hash_layers, expert_dtype only in quantization_config,
+     * scale_fmt "float" (F32 weight scales in transformers; plain activation scales here) */
+    CHECK_EQ(load_hf("v4-fp8", &c, &err), 0);
+    if (err.msg[0])
+        printf("  %s\n", err.msg);
+    CHECK_EQ(c.expert_dtype, MC_FP8);
+    CHECK(c.expert_dtype_given);
+    CHECK(!c.scale_e8m0);
+    CHECK(!c.act_ue8m0);
+    CHECK_EQ(c.num_hash_layers, 1);
+    CHECK_EQ(c.num_hidden_layers, 4);
+    CHECK_EQ(c.n_routed_experts, 16);
+
+    CHECK_EQ(load_hf("v4-fp4-ue8m0", &c, &err), 0);
+    CHECK_EQ(c.expert_dtype, MC_FP4);
+    CHECK(c.expert_dtype_given);
+    CHECK(c.scale_e8m0);
+    CHECK(c.act_ue8m0);
+    CHECK_EQ(c.num_hash_layers, 1);
+}
+
+/* epmoe's own config through AutoConfig.from_pretrained + save_pretrained resolves to the same
+ * config, hash included, as the file mkmodel wrote. */
+TEST(autoconfig_round_trip_keeps_the_config_hash)
+{
+    NEED_SOURCE_DIR();
+    static const char *const pairs[][2] = {{"mkmodel-fp4", "mkmodel-fp4-autoconfig"},
+                                           {"mkmodel-fp8", "mkmodel-fp8-autoconfig"}};
+    for (int i = 0; i < 2; i++) {
+        mc_config a, b;
+        ep_err err;
+        CHECK_EQ(load_hf(pairs[i][0], &a, &err), 0);
+        CHECK_EQ(load_hf(pairs[i][1], &b, &err), 0);
+        if (err.msg[0])
+            printf("  %s: %s\n", pairs[i][1], err.msg);
+        CHECK_EQ(b.expert_dtype, i == 0 ? MC_FP4 : MC_FP8);
+        CHECK(b.expert_dtype_given);
+        CHECK_EQ(b.num_hash_layers, 1);
+        CHECK(mc_hash(&a) == mc_hash(&b));
+    }
+}
+
+TEST(transformers_configs_that_change_the_layer_are_refused)
+{
+    NEED_SOURCE_DIR();
+    static const struct {
+        const char *name, *msg[3];
+    } cases[] = {
+        {"dtype-conflict",
+         {"field \"expert_dtype\" is \"fp4\"",
+          "field \"quantization_config.expert_dtype\" is \"fp8\"", "must agree"}},
+        {"hash-after-moe",
+         {"field \"mlp_layer_types\"[1]: \"hash_moe\" after \"moe\" at [0]",
+          "only as the first layers", NULL}},
+        {"hash-conflict",
+         {"field \"num_hash_layers\" is 2", "\"mlp_layer_types\" starts with 1 \"hash_moe\"",
+          "must agree"}},
+        {"fp4-scale-float",
+         {"field \"quantization_config.scale_fmt\": \"float\" is refused with expert_dtype fp4",
+          "about 6 %", "write \"ue8m0\""}},
+        {"norm-topk-false", {"field \"norm_topk_prob\": false is refused", "10.2", "1.5"}},
+        {"deepseek-v41",
+         {"model_type \"deepseek_v41\" is not served", "model_type \"deepseek_v4\"", NULL}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mc_config c;
+        ep_err err;
+        CHECK_EQ(load_hf(cases[i].name, &c, &err), -1);
+        CHECK_STR_HAS(err.msg, "hf-configs/");
+        for (int j = 0; j < 3 && cases[i].msg[j] != NULL; j++)
+            CHECK_STR_HAS(err.msg, cases[i].msg[j]);
+    }
+}
+
+TEST(mlp_layer_types_give_the_hash_layers)
+{
+    mc_config c;
+    ep_err err;
+    /* FLASH has num_hash_layers 3 and 43 layers */
+    static const char three[] = "[\"hash_moe\",\"hash_moe\",\"hash_moe\"" /* then 40 x moe */;
+    char list[1024];
+    snprintf(list, sizeof list, "%s", three);
+    for (int i = 3; i < 43; i++)
+        strncat(list, ",\"moe\"", sizeof list - strlen(list) - 1);
+    strncat(list, "]", sizeof list - strlen(list) - 1);
+    json_error_t je;
+    json_t *root = json_loads(FLASH, 0, &je);
+    json_object_set_new(root, "mlp_layer_types", json_loads(list, 0, &je));
+    char *text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), 0); /* both present and agreeing */
+    CHECK_EQ(c.num_hash_layers, 3);
+    mc_config flash_c = flash();
+    CHECK(mc_hash(&c) == mc_hash(&flash_c));
+    free(text);
+    json_object_del(root, "num_hash_layers");
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), 0); /* alone */
+    CHECK_EQ(c.num_hash_layers, 3);
+    CHECK(mc_hash(&c) == mc_hash(&flash_c));
+    free(text);
+    json_decref(root);
+
+    CHECK_EQ(parse_variant("mlp_layer_types", "null", &c, &err), 0);
+    CHECK_EQ(c.num_hash_layers, 3);
+
+    static const struct {
+        const char *json, *msg;
+    } bad[] = {
+        {"\"hash_moe\"",
+         "cfg.json: field \"mlp_layer_types\": expected an array of \"hash_moe\" and \"moe\", "
+         "found a string (\"hash_moe\")"},
+        {"[\"hash_moe\",\"moe\"]",
+         "cfg.json: field \"mlp_layer_types\": expected 43 entries (num_hidden_layers), found 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ(parse_variant("mlp_layer_types", bad[i].json, &c, &err), -1);
+        CHECK_STR_EQ(err.msg, bad[i].msg);
+    }
+    /* a bad entry is named by its position */
+    root = json_loads(FLASH, 0, &je);
+    json_t *arr = json_loads(list, 0, &je);
+    json_array_set_new(arr, 7, json_string("dense"));
+    json_object_set_new(root, "mlp_layer_types", arr);
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), -1);
+    CHECK_STR_EQ(err.msg, "cfg.json: field \"mlp_layer_types\"[7]: expected \"hash_moe\" or "
+                          "\"moe\", found a string (\"dense\")");
+    free(text);
+    json_array_set_new(arr, 7, json_integer(1));
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), -1);
+    CHECK_STR_HAS(err.msg, "\"mlp_layer_types\"[7]: expected \"hash_moe\" or \"moe\", found an "
+                           "integer (1)");
+    free(text);
+    json_decref(root);
+}
+
+TEST(expert_dtype_from_quantization_config)
+{
+    mc_config c, top;
+    ep_err err;
+    CHECK_EQ(parse_variant("expert_dtype", "\"fp8\"", &top, &err), 0);
+
+    /* only in quantization_config: given, and the same config as the top-level spelling */
+    json_error_t je;
+    json_t *root = json_loads(FLASH, 0, &je);
+    json_object_del(root, "expert_dtype");
+    json_object_set_new(json_object_get(root, "quantization_config"), "expert_dtype",
+                        json_string("fp8"));
+    char *text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), 0);
+    CHECK_EQ(c.expert_dtype, MC_FP8);
+    CHECK(c.expert_dtype_given);
+    CHECK(!c.scale_e8m0);
+    CHECK(mc_hash(&c) == mc_hash(&top));
+    free(text);
+
+    /* both, agreeing */
+    json_object_set_new(root, "expert_dtype", json_string("fp8"));
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), 0);
+    CHECK(mc_hash(&c) == mc_hash(&top));
+    free(text);
+
+    /* both, disagreeing: the error names both */
+    json_object_set_new(root, "expert_dtype", json_string("fp4"));
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), -1);
+    CHECK_STR_EQ(err.msg, "cfg.json: field \"expert_dtype\" is \"fp4\" but field "
+                          "\"quantization_config.expert_dtype\" is \"fp8\": they must agree "
+                          "(DeepSeek's code and vLLM read the first, transformers the second)");
+    free(text);
+
+    /* a bad value inside quantization_config is named there */
+    json_object_del(root, "expert_dtype");
+    json_object_set_new(json_object_get(root, "quantization_config"), "expert_dtype",
+                        json_string("nvfp4"));
+    text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), -1);
+    CHECK_STR_EQ(err.msg, "unsupported quantization_config.expert_dtype \"nvfp4\" in cfg.json: "
+                          "expected one of fp4, fp8");
+    free(text);
+    json_decref(root);
+
+    /* neither: fp4 defaulted, as before */
+    CHECK_EQ(parse_variant("expert_dtype", NULL, &c, &err), 0);
+    CHECK_EQ(c.expert_dtype, MC_FP4);
+    CHECK(!c.expert_dtype_given);
+}
+
+TEST(scale_fmt_and_norm_topk_prob_that_change_the_layer)
+{
+    mc_config c;
+    ep_err err;
+    /* "float" with FP8 experts: served, plain activation scales (docs/numerics.md) */
+    json_error_t je;
+    json_t *root = json_loads(FLASH, 0, &je);
+    json_object_set_new(root, "expert_dtype", json_string("fp8"));
+    json_object_set_new(json_object_get(root, "quantization_config"), "scale_fmt",
+                        json_string("float"));
+    char *text = json_dumps(root, 0);
+    CHECK_EQ(parse_text(text, &c, &err), 0);
+    CHECK(!c.act_ue8m0);
+    free(text);
+    json_decref(root);
+    /* "float" with FP4 experts: refused, saying what it would change */
+    CHECK_EQ(parse_variant("quantization_config.scale_fmt", "\"float\"", &c, &err), -1);
+    CHECK_STR_HAS(err.msg, "cfg.json: field \"quantization_config.scale_fmt\": \"float\" is "
+                           "refused with expert_dtype fp4");
+    CHECK_STR_HAS(err.msg, "power-of-two rounding of FP8 activation scales");
+    /* any other spelling: refused (it used to mean plain scales, silently) */
+    static const char *const other[] = {"\"fp32\"", "\"UE8M0\"", "\"\""};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(parse_variant("quantization_config.scale_fmt", other[i], &c, &err), -1);
+        CHECK_STR_HAS(err.msg, "cfg.json: field \"quantization_config.scale_fmt\": expected "
+                               "\"ue8m0\" or \"float\", found ");
+    }
+    CHECK_EQ(parse_variant("norm_topk_prob", "false", &c, &err), -1);
+    CHECK_STR_HAS(err.msg, "cfg.json: field \"norm_topk_prob\": false is refused: DeepSeek V4's "
+                           "reference and transformers renormalise");
+    CHECK_EQ(parse_variant("norm_topk_prob", "true", &c, &err), 0);
+    /* a received config must obey the same rule */
+    c = flash();
+    c.norm_topk_prob = false;
+    CHECK_EQ(mc_validate(&c, &err), -1);
+    CHECK_STR_HAS(err.msg, "model config: field \"norm_topk_prob\": expected 1");
+}
+
+TEST(model_type_must_be_deepseek_v4)
+{
+    mc_config c;
+    ep_err err;
+    CHECK_EQ(parse_variant("model_type", NULL, &c, &err), 0);
+    CHECK_EQ(parse_variant("model_type", "\"deepseek_v41\"", &c, &err), -1);
+    CHECK_STR_EQ(err.msg, "cfg.json: model_type \"deepseek_v41\" is not served: epmoe serves the "
+                          "MoE layers of DeepSeek V4 (model_type \"deepseek_v4\", fields at the "
+                          "top level) and does not read another model's config as V4");
+    CHECK_EQ(parse_variant("model_type", "\"deepseek_v3\"", &c, &err), -1);
+    CHECK_STR_HAS(err.msg, "model_type \"deepseek_v3\" is not served");
+    CHECK_EQ(parse_variant("model_type", "4", &c, &err), -1);
+    CHECK_STR_HAS(err.msg, "field \"model_type\": expected the string \"deepseek_v4\"");
+}
+
 TEST(layers_and_dtype_names)
 {
     mc_config c = flash();
@@ -829,5 +1098,12 @@ int main(void)
     RUN(validate_applies_the_parse_rules);
     RUN(load_reads_a_file_and_bounds_its_size);
     RUN(layers_and_dtype_names);
+    RUN(transformers_fp8_config_loads);
+    RUN(autoconfig_round_trip_keeps_the_config_hash);
+    RUN(transformers_configs_that_change_the_layer_are_refused);
+    RUN(mlp_layer_types_give_the_hash_layers);
+    RUN(expert_dtype_from_quantization_config);
+    RUN(scale_fmt_and_norm_topk_prob_that_change_the_layer);
+    RUN(model_type_must_be_deepseek_v4);
     return test_report();
 }
