@@ -487,6 +487,14 @@ int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int 
     return check_layer(model_lookup, m, c, layer, e_begin, e_end, false, err);
 }
 
+int ck_check_model_shapes(const st_model *m, const mc_config *c, ep_err *err)
+{
+    for (int l = 0; l < mc_num_layers(c); l++)
+        if (ck_check_layer_shapes(m, c, l, 0, c->n_routed_experts, err) != 0)
+            return -1;
+    return 0;
+}
+
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err)
 {
     for (int l = 0; l < mc_num_layers(c); l++)

@@ -76,6 +76,10 @@ int ck_check_layer_shapes(const st_model *m, const mc_config *c, int layer, int 
                           ep_err *err);
 /* Every layer, every expert. */
 int ck_check_model(const st_model *m, const mc_config *c, ep_err *err);
+/* Every layer, every expert, headers only (ck_check_layer_shapes): what the coordinator checks
+ * before it starts, so a checkpoint no worker could load is refused once, with the message a
+ * worker would give. */
+int ck_check_model_shapes(const st_model *m, const mc_config *c, ep_err *err);
 
 /* The value policy (docs/numerics.md, "NaN and Inf"), one for inspect, the loader, forward
  * --local and the cluster. Weights: no NaN or Inf in BF16 or F32 tensors (ffn_norm, gate weight

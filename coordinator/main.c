@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/auth.h"
+#include "common/checkpoint.h"
 #include "common/knobs.h"
 #include "common/log.h"
 #include "common/model_config.h"
@@ -137,8 +138,11 @@ static int check_keys(const spec_cluster *s, ep_err *err)
     return 0;
 }
 
-/* The checkpoint the fingerprint is taken of can be read (a config-only directory has none). */
-static int check_checkpoint(const spec_cluster *s, int *n_files, ep_err *err)
+/* The checkpoint the fingerprint is taken of can be read (a config-only directory has none),
+ * and its tensor headers hold every MoE tensor of the resolved config with the dtype and shape
+ * the workers' loader checks (ck_check_model_shapes): a checkpoint of the other expert dtype is
+ * refused here, once, instead of leaving every worker load-failed. */
+static int check_checkpoint(const spec_cluster *s, const mc_config *c, int *n_files, ep_err *err)
 {
     *n_files = 0;
     if (!st_model_has_files(s->model_path))
@@ -148,7 +152,13 @@ static int check_checkpoint(const spec_cluster *s, int *n_files, ep_err *err)
         return ep_err_prefix(err, "%s:%d:%d: model.path: the checkpoint cannot be read", s->file,
                              s->model_pos.line, s->model_pos.col);
     *n_files = st_model_nfiles(m);
+    int rc = ck_check_model_shapes(m, c, err);
     st_model_close(&m);
+    if (rc != 0)
+        return ep_err_prefix(err,
+                             "%s:%d:%d: model.path: no worker could load this checkpoint with its "
+                             "config.json",
+                             s->file, s->model_pos.line, s->model_pos.col);
     return 0;
 }
 
@@ -230,7 +240,7 @@ int main(int argc, char **argv)
         goto fail;
     plan = plan_for_spec(spec, &cfg, 1, &err);
     if (plan == NULL || check_devices(spec, check, &err) != 0 || check_keys(spec, &err) != 0 ||
-        check_checkpoint(spec, &n_files, &err) != 0)
+        check_checkpoint(spec, &cfg, &n_files, &err) != 0)
         goto fail;
     if (check) {
         print_summary(spec, &cfg, plan);

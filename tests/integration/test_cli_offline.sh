@@ -378,6 +378,19 @@ for dt in fp4 fp8; do
         "mkmodel $dt through AutoConfig: same dtype, hash layers and config hash"
     run 0 "--check mkmodel $dt through AutoConfig" "$COORD" --cluster "$T/hf.yaml" --check
 done
+# the checkpoint's experts are not the config's dtype: --check (and a start) refuse before
+# anything starts, with the loader's message
+d=$(hfmodel v4-fp8 fp4)
+run 78 "--check FP8 config over FP4 experts" "$COORD" --cluster "$T/hf.yaml" --check
+has "$T/err" "model.path: no worker could load this checkpoint with its config.json" \
+    "--check dtype mismatch: says no worker could load it"
+has "$T/err" "experts look like fp4 experts but config.json says expert_dtype \"fp8\"" \
+    "--check dtype mismatch: the loader's explanation"
+run 78 "a coordinator start over FP4 experts with an FP8 config" "$COORD" --cluster "$T/hf.yaml"
+has "$T/err" "no worker could load this checkpoint" "a start refuses the dtype mismatch too"
+hfspec "$T/omit"
+run 78 "--check FP8 experts, expert_dtype omitted" "$COORD" --cluster "$T/hf.yaml" --check
+has "$T/err" 'set "expert_dtype": "fp8"' "--check omitted dtype: says to set fp8"
 # refused configs, each with what is wrong
 REFUSED=(
     'dtype-conflict|field "expert_dtype" is "fp4" but field "quantization_config.expert_dtype" is "fp8"'
