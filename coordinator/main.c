@@ -39,12 +39,13 @@ static void usage(FILE *out)
             "usage: epmoe-coordinator --cluster FILE [--check]\n"
             "       epmoe-coordinator --version\n\n"
             "  --cluster FILE  the cluster spec (docs/cluster-spec.md)\n"
-            "  --check         validate the spec and the model's config.json, print the\n"
-            "                  placement and exit\n"
+            "  --check         validate the spec, the model's config.json and the MoE tensor\n"
+            "                  headers of its checkpoint, print the placement and exit\n"
             "  --version       print the version and build, exit 0\n\n"
             "Signals: SIGTERM or SIGINT stop the daemon in order (workers get SHUTDOWN);\n"
             "SIGHUP re-reads the cluster spec (a spec that fails keeps the old one serving).\n"
-            "Exit codes: 0 ok, 64 usage, 69 cannot bind or serve, 78 bad spec or config.json\n");
+            "Exit codes: 0 ok, 64 usage, 69 cannot bind or serve, 78 bad spec, config.json or\n"
+            "checkpoint\n");
     knob_usage(out, KNOB_COORDINATOR);
 }
 

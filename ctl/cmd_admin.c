@@ -567,7 +567,7 @@ int cmd_shards(const cmd_ctx *gctx, int argc, char **argv)
 static const char config_usage[] =
     "usage: epmoectl [-o table|wide|json|yaml] config\n\n"
     "The model config the coordinator resolved from config.json and broadcasts to the workers:\n"
-    "sizes, expert_dtype (given in config.json or assumed), scale_e8m0, act_ue8m0 and the\n"
+    "sizes, expert_dtype (given in config.json or defaulted), scale_e8m0, act_ue8m0 and the\n"
     "config hash the workers acknowledge.\n";
 
 static void config_json(const cmd_ctx *ctx, const Epmoe__AdminReply *r, const mc_config *c,

@@ -54,9 +54,9 @@ static void inspect_usage(FILE *out)
 {
     fprintf(out,
             "usage: epmoectl inspect --model DIR [--map] [-o table|json]\n\n"
-            "Show a checkpoint's resolved config (expert_dtype given or assumed), its MoE tensors\n"
-            "per layer and other tensors, and check every MoE tensor's dtype and shape against\n"
-            "the expert dtype.\n\n"
+            "Show a checkpoint's resolved config (expert_dtype given or defaulted), its MoE\n"
+            "tensors per layer and other tensors, and check every MoE tensor's dtype and shape\n"
+            "against the expert dtype.\n\n"
             "  --model DIR   checkpoint directory (config.json + safetensors)\n"
             "  --map         print checkpoint_name<TAB>vllm_name for every tensor instead\n"
             "  -o FORMAT     table (default) or json (schema 1, see docs/operations.md)\n\n"

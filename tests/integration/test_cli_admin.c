@@ -4,7 +4,7 @@
  *
  * Proves: `-o json` of status, workers, shards and config is the documented schema-1 object and
  * its values are those the test computes from its own spec and config.json (names, ranks,
- * nodes, contiguous experts and their ranges, expert dtype given or assumed, the config hash);
+ * nodes, contiguous experts and their ranges, expert dtype given or defaulted, the config hash);
  * the tables name every worker; status --wait-ready exits 1 naming the missing worker, 0 once
  * the cluster is ready; a refused request exits 1 with the error name; a dead endpoint exits 69
  * within the retries' time; shutdown stops the daemon (exit 0); `forward` without --local
