@@ -55,7 +55,7 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
 {
     memset(out, 0, sizeof *out);
     if (!r->ok)
-        return cl_fail(err, cl_map_remote(r->has_error_code ? (int)r->error_code : -1, r->error),
+        return cl_fail(err, cl_map_remote(r->has_error_code ? (int)r->error_code : -1),
                        r->has_error_code ? (int)r->error_code : 0, "%s",
                        r->error ? r->error : "CLIENT_INFO failed");
     int rc = cl_info_shape(r->config, &out->shape, err);
@@ -65,6 +65,9 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
         return cl_fail(err, EPMOE_EPROTO, 0, "CLIENT_INFO with %zu workers (at most %d)",
                        r->n_workers, EP_MAX_WORKERS);
     out->shape.config_hash = r->config_hash;
+    /* what the workers take (an older coordinator does not say: this build's limit) */
+    if (r->has_max_tokens && r->max_tokens > 0 && r->max_tokens <= EP_MAX_TOKENS)
+        out->shape.max_tokens = r->max_tokens;
     out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
     snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
     snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
@@ -173,4 +176,24 @@ void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap)
                                                               : m->state;
         len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", i ? ", " : "", m->name, why);
     }
+}
+
+int cl_check_entry(const epmoe_client *c, epmoe_error *err)
+{
+    /* an endpoint may be one a worker has not reported yet; a name is one of the spec's */
+    if (!c->entry_pref[0] || strstr(c->entry_pref, "://") != NULL)
+        return 0;
+    char names[256] = "";
+    size_t len = 0;
+    for (uint32_t i = 0; i < c->info.n_members; i++) {
+        if (strcmp(c->info.members[i].name, c->entry_pref) == 0)
+            return 0;
+        if (len + 1 < sizeof names)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    c->info.members[i].name);
+    }
+    return cl_fail(err, EPMOE_EINVAL, 0,
+                   "options.entry \"%.64s\": no such worker in cluster %s (workers: %s); give a "
+                   "worker's name or a client endpoint (scheme://...)",
+                   c->entry_pref, c->info.cluster, c->info.n_members ? names : "none");
 }

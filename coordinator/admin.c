@@ -163,7 +163,7 @@ void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_fac
 void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f)
 {
     if (f->spec->data_plane == SPEC_PLANE_NCCL) {
-        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED,
                   "CLIENT_INFO: cluster %s serves clients not on this data plane (nccl): its "
                   "steps are collective; use data_plane zmq",
                   f->spec->name);
@@ -209,6 +209,8 @@ void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const ad
     rep.has_epoch = rep.has_current_epoch = 1;
     rep.epoch = f->plan->epoch;
     rep.current_epoch = f->current_epoch;
+    rep.has_max_tokens = 1;
+    rep.max_tokens = EP_MAX_TOKENS; /* what a worker's SUBMIT takes (worker/serve.c) */
     rep.n_workers = (size_t)n;
     rep.workers = wp;
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
