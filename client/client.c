@@ -392,7 +392,7 @@ int epmoe_submit(epmoe_client *c, const epmoe_submit_args *a, epmoe_request **re
         rc = cl_fail(err, EPMOE_EAGAIN, 0,
                      "%u requests hold every slot (max_in_flight): wait for one, free it, retry",
                      c->max_in_flight);
-    if (rc == 0 && strcmp(c->info.state, "blocked") == 0) /* no placement serves: at once */
+    if (rc == 0 && c->info.blocked) /* no placement serves: at once */
         rc = cl_fail(err, EPMOE_ENOTREADY, EPMOE__ERROR_CODE__ERR_NOT_READY,
                      "cluster %s is blocked: %s", c->info.cluster,
                      c->info.problem[0] ? c->info.problem : "no placement over the workers left");

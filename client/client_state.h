@@ -63,7 +63,8 @@ typedef struct cl_member {
     uint32_t rank;
     char endpoint[256]; /* "" until the worker reported one */
     bool ready;         /* a member of the latest epoch, state ready, with an endpoint */
-    char state[16];     /* the coordinator's word for it: ready, loading, dead, ... */
+    bool dead;          /* WORKER_DEAD */
+    char state[16];     /* the coordinator's word for it (for messages: decisions use the code) */
     bool member;
     bool has_key;
     uint8_t key[AUTH_KEY_BYTES];
@@ -73,7 +74,8 @@ typedef struct cl_member {
 typedef struct cl_info {
     epmoe_info shape; /* n_members unused here */
     char cluster[64];
-    char state[32];
+    char state[32];    /* the coordinator's word for it (for messages) */
+    bool blocked;      /* CLUSTER_BLOCKED: no placement serves */
     char problem[256]; /* why the cluster is blocked ("" otherwise) */
     uint32_t n_members;
     cl_member *members; /* [n_members] */

@@ -48,7 +48,10 @@ static void cl_info_member(const Epmoe__WorkerInfo *w, cl_member *m)
     }
     snprintf(m->state, sizeof m->state, "%s", w->state ? w->state : "?");
     m->member = w->has_member && w->member;
-    m->ready = m->member && strcmp(m->state, "ready") == 0 && m->endpoint[0] != '\0';
+    /* by the code: a state without one (an older coordinator) is neither ready nor dead */
+    int st = w->has_worker_state ? (int)w->worker_state : 0;
+    m->dead = st == EPMOE__WORKER_STATE__WORKER_DEAD;
+    m->ready = m->member && st == EPMOE__WORKER_STATE__WORKER_READY && m->endpoint[0] != '\0';
 }
 
 int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *err)
@@ -71,6 +74,8 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
     out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
     snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
     snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
+    out->blocked =
+        r->has_cluster_state && r->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
     snprintf(out->problem, sizeof out->problem, "%s", r->problem ? r->problem : "");
     out->members = calloc(r->n_workers + 1, sizeof *out->members);
     if (out->members == NULL)
@@ -91,8 +96,7 @@ static bool cl_usable(const epmoe_client *c, const cl_member *m)
  * best entry when no member is ready. */
 static bool cl_reachable(const epmoe_client *c, const cl_member *m)
 {
-    return m->member && m->endpoint[0] && strcmp(m->state, "dead") != 0 &&
-           (!c->secure || m->has_key);
+    return m->member && m->endpoint[0] && !m->dead && (!c->secure || m->has_key);
 }
 
 /* The preferred member (options.entry: a name or a client endpoint) if ok for it, or -1. */

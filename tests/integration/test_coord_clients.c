@@ -76,6 +76,7 @@ TEST(client_info_serves_the_client_endpoints_workers_reported)
     CHECK(r->has_current_epoch && r->current_epoch == it_epoch(t, 1));
     CHECK(r->has_max_tokens && r->max_tokens == EP_MAX_TOKENS); /* the cluster's, for clients */
     CHECK_STR_EQ(r->state ? r->state : "", "ready");
+    CHECK(r->has_cluster_state && r->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_READY);
     CHECK_EQ(r->n_workers, 2);
     const Epmoe__WorkerInfo *a = find_worker(r, w0->name), *b = find_worker(r, w1->name);
     CHECK(a && b);
@@ -83,6 +84,7 @@ TEST(client_info_serves_the_client_endpoints_workers_reported)
         CHECK_STR_EQ(a->client_endpoint ? a->client_endpoint : "", "tcp://127.0.0.1:45678");
         CHECK(b->client_endpoint == NULL);
         CHECK_STR_EQ(a->state ? a->state : "", "ready");
+        CHECK(a->has_worker_state && a->worker_state == EPMOE__WORKER_STATE__WORKER_READY);
         CHECK(a->has_member && a->member && a->has_rank && a->rank == 0);
         CHECK(!a->has_public_key); /* no security */
         /* what a client needs, nothing more */

@@ -65,10 +65,11 @@ typedef struct f_entry {
     char name[16];
     /* behaviour (under fake.mu) */
     f_mode mode;
-    int code;    /* FM_CODE: the ErrorCode answered */
-    int late_ms; /* FM_LATE */
-    bool listed; /* reported as a ready member with its endpoint */
-    char state[16];
+    int code;       /* FM_CODE: the ErrorCode answered */
+    int late_ms;    /* FM_LATE */
+    bool listed;    /* reported as a ready member with its endpoint */
+    char state[16]; /* the word CLIENT_INFO says (for people) */
+    int wstate;     /* and the code (Epmoe__WorkerState) the library decides by */
     /* what it saw */
     int n_submits, n_resent;
     uint64_t last_client;
@@ -95,6 +96,7 @@ typedef struct fake {
     const char *coord_error; /* answer CLIENT_INFO ok:false with this (and coord_code) */
     int coord_code;
     uint32_t max_tokens; /* CLIENT_INFO's max_tokens (0: not sent, as an older coordinator) */
+    int cluster_state;   /* CLIENT_INFO's cluster_state (the word stays "ready") */
     int n_info;
     atomic_bool stop;
     pthread_t thread;
@@ -158,6 +160,8 @@ static void f_info(fake *f, const wire_msg *m)
         rep.epoch = rep.current_epoch = F_EPOCH;
         rep.cluster = "fake";
         rep.state = "ready";
+        rep.has_cluster_state = 1;
+        rep.cluster_state = (Epmoe__ClusterState)f->cluster_state;
         for (int i = 0; i < f->n_en; i++) {
             epmoe__worker_info__init(&wi[i]);
             wi[i].name = f->en[i].name;
@@ -165,6 +169,8 @@ static void f_info(fake *f, const wire_msg *m)
             wi[i].rank = (uint32_t)i;
             wi[i].member = true;
             wi[i].state = f->en[i].state;
+            wi[i].has_worker_state = 1;
+            wi[i].worker_state = (Epmoe__WorkerState)f->en[i].wstate;
             wi[i].client_endpoint = f->en[i].listed ? f->en[i].ep : NULL;
             if (f->secure) {
                 wi[i].has_public_key = 1;
@@ -344,6 +350,7 @@ static fake *fake_start_opts(int n_entries, bool secure)
     f->vocab = F_VOCAB;
     f->hash = F_HASHV;
     f->coord_code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+    f->cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_READY;
     if (secure)
         f_secure(f);
     f->coord = f_router(f, f->coord_ep, sizeof f->coord_ep, &f->coord_kp);
@@ -353,6 +360,7 @@ static fake *fake_start_opts(int n_entries, bool secure)
         e->sock = f_router(f, e->ep, sizeof e->ep, &f->en_kp[i]);
         snprintf(e->name, sizeof e->name, "e%d", i);
         snprintf(e->state, sizeof e->state, "ready");
+        e->wstate = EPMOE__WORKER_STATE__WORKER_READY;
         e->listed = true;
     }
     pthread_create(&f->thread, NULL, f_main, f);
@@ -703,6 +711,7 @@ TEST(an_entry_that_leaves_client_info_has_its_requests_resent_at_once)
     usleep(100000);
     pthread_mutex_lock(&f->mu);
     snprintf(f->en[0].state, sizeof f->en[0].state, "dead");
+    f->en[0].wstate = EPMOE__WORKER_STATE__WORKER_DEAD;
     pthread_mutex_unlock(&f->mu);
     int64_t t0 = now_ms();
     CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_OK);
@@ -1204,6 +1213,48 @@ TEST(abi_max_tokens_poll_user_and_a_free_that_never_blocks)
     fake_stop(&f);
 }
 
+TEST(states_are_read_from_codes_not_words)
+{
+    fake *f = fake_start(2);
+    /* e0 says "ready" in words but is loading; e1's word is one the library never heard */
+    snprintf(f->en[0].state, sizeof f->en[0].state, "ready");
+    f->en[0].wstate = EPMOE__WORKER_STATE__WORKER_LOADING;
+    snprintf(f->en[1].state, sizeof f->en[1].state, "prêt");
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    epmoe_member m[2];
+    uint32_t n = 0;
+    epmoe_error err;
+    CHECK(epmoe_info_members(c, m, 2, &n, &err) == 0 && n == 2 && !m[0].ready && m[1].ready);
+    static call k;
+    call_make(&k, 1, 2, 9);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    epmoe_request_info ri;
+    CHECK(epmoe_request_status(k.req, &ri) == 0 && strcmp(ri.entry, "e1") == 0);
+    epmoe_request_free(&k.req);
+    /* the cluster blocked (its word still "ready"): refused at once at submit */
+    pthread_mutex_lock(&f->mu);
+    f->cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
+    pthread_mutex_unlock(&f->mu);
+    int rc = EPMOE_OK;
+    for (int64_t until = now_ms() + 5000; rc == EPMOE_OK && now_ms() < until; usleep(20000)) {
+        rc = call_submit(c, &k, 0, &err);
+        if (rc == EPMOE_OK) {
+            epmoe_wait(k.req, 3000, NULL);
+            epmoe_request_free(&k.req);
+        }
+    }
+    CHECK_EQ(rc, EPMOE_ENOTREADY);
+    CHECK_STR_HAS(err.message, "cluster fake is blocked");
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
 /* ---- the model changes under an open client (issue 23, defect 1) ---- */
 
 #define GUARD_BYTES 4096
@@ -1337,5 +1388,6 @@ int main(void)
     RUN(serving_goes_on_while_the_coordinator_is_silent_and_entry_may_be_an_endpoint);
     RUN(a_model_change_under_an_open_client_is_estale_never_an_overrun);
     RUN(abi_max_tokens_poll_user_and_a_free_that_never_blocks);
+    RUN(states_are_read_from_codes_not_words);
     return test_report();
 }
