@@ -16,7 +16,9 @@
  *
  * Thread-safety: an epmoe_client may be used from any number of threads at once (an internal
  * mutex; one I/O thread per client owns the sockets). A request handle is used by one thread at
- * a time. No global state: two clients in one process are independent.
+ * a time; it is a slot's address, which the library gives out again once the request was freed
+ * (epmoe_poll hands out each request's user to tell them apart). No global state: two clients
+ * in one process are independent.
  *
  * Errors: functions return EPMOE_OK (0) or a negative epmoe_status; the epmoe_error given (may
  * be NULL) receives the code and a message naming what was wrong (layer, token, field, peer).

@@ -281,7 +281,6 @@ class Client:
         resend: Optional[float] = None,
     ) -> None:
         self._handle = ctypes.c_void_p()
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._async: Dict[int, Tuple[Request, "asyncio.Future[Result]"]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
