@@ -17,7 +17,7 @@ int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
     return code;
 }
 
-int cl_map_remote(int remote_code, const char *message)
+int cl_map_remote(int remote_code)
 {
     switch (remote_code) {
     case EPMOE__ERROR_CODE__ERR_NONE:
@@ -31,8 +31,9 @@ int cl_map_remote(int remote_code, const char *message)
     case EPMOE__ERROR_CODE__ERR_TIMEOUT:
         return EPMOE_ETIMEDOUT;
     case EPMOE__ERROR_CODE__ERR_BAD_REQUEST:
-        /* the one refusal that is about the cluster, not the request */
-        return message && strstr(message, "not on this data plane") ? EPMOE_ENOTSUP : EPMOE_EINVAL;
+        return EPMOE_EINVAL;
+    case EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED:
+        return EPMOE_ENOTSUP;
     case EPMOE__ERROR_CODE__ERR_REFUSED:
         return EPMOE_EREFUSED;
     default:

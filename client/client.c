@@ -35,7 +35,7 @@ const char *epmoe_strerror(int status)
     case EPMOE_EINVAL:
         return "EPMOE_EINVAL: a bad argument";
     case EPMOE_EAGAIN:
-        return "EPMOE_EAGAIN: the in-flight limit is reached";
+        return "EPMOE_EAGAIN: no slot (max_in_flight requests are held)";
     case EPMOE_ETIMEDOUT:
         return "EPMOE_ETIMEDOUT: the deadline passed before the answer";
     case EPMOE_EBUSY:
@@ -43,9 +43,9 @@ const char *epmoe_strerror(int status)
     case EPMOE_ENOTREADY:
         return "EPMOE_ENOTREADY: the cluster is not ready";
     case EPMOE_ESTALE:
-        return "EPMOE_ESTALE: the model config changed";
+        return "EPMOE_ESTALE: the cluster's model is not the one of epmoe_open";
     case EPMOE_EREFUSED:
-        return "EPMOE_EREFUSED: a key was refused";
+        return "EPMOE_EREFUSED: refused (a key, or not an epmoe admin endpoint)";
     case EPMOE_EUNAVAILABLE:
         return "EPMOE_EUNAVAILABLE: no coordinator or member could be reached";
     case EPMOE_EFAILED:
@@ -58,6 +58,10 @@ const char *epmoe_strerror(int status)
         return "EPMOE_EPROTO: a malformed answer";
     case EPMOE_ENOTSUP:
         return "EPMOE_ENOTSUP: not on this cluster's data plane";
+    case EPMOE_EWAITTIMEOUT:
+        return "EPMOE_EWAITTIMEOUT: the wait's own timeout passed (the request goes on)";
+    case EPMOE_EINPROGRESS:
+        return "EPMOE_EINPROGRESS: the request is still in flight";
     default:
         return "EPMOE_E?: unknown status";
     }
@@ -69,6 +73,11 @@ const char *epmoe_version(void)
 #define CL_STR(x)  CL_STR2(x)
     return CL_STR(EPMOE_VERSION_MAJOR) "." CL_STR(EPMOE_VERSION_MINOR) "." CL_STR(
         EPMOE_VERSION_PATCH);
+}
+
+int epmoe_version_number(void)
+{
+    return EPMOE_VERSION_NUMBER;
 }
 
 /* The done list lost an entry: epmoe_fd stops being readable when it is empty. */
@@ -172,7 +181,6 @@ static int cl_alloc(epmoe_client *c, epmoe_error *err)
 static void cl_free_client(epmoe_client *c)
 {
     cl_info_free(&c->info);
-    free(c->pub_members);
     free(c->slots);
     free(c->free_list);
     if (c->done_fd > 0)
@@ -198,6 +206,8 @@ int epmoe_open(const epmoe_options *opts, epmoe_client **out, epmoe_error *err)
         rc = cl_alloc(c, err);
     if (rc == 0)
         rc = cl_io_open(c, err);
+    if (rc == 0)
+        rc = cl_check_entry(c, err);
     if (rc != 0) {
         cl_io_close(c);
         cl_free_client(c);
@@ -227,28 +237,30 @@ int epmoe_info_get(epmoe_client *c, epmoe_info *info, epmoe_error *err)
     if (c == NULL || info == NULL)
         return cl_fail(err, EPMOE_EINVAL, 0, "epmoe_info_get: NULL argument");
     pthread_mutex_lock(&c->mu);
-    uint32_t n = c->info.n_members;
-    if (n > c->pub_cap) {
-        epmoe_member *m = realloc(c->pub_members, n * sizeof *m);
-        if (m == NULL) {
-            pthread_mutex_unlock(&c->mu);
-            return cl_fail(err, EPMOE_ENOMEM, 0, "out of memory");
-        }
-        c->pub_members = m;
-        c->pub_cap = n;
-    }
-    for (uint32_t i = 0; i < n; i++) {
+    *info = c->info.shape;
+    info->n_members = c->info.n_members;
+    int rc = c->stale ? cl_fail(err, EPMOE_ESTALE, 0, "%s", c->stale_why) : EPMOE_OK;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int epmoe_info_members(epmoe_client *c, epmoe_member *out, uint32_t cap, uint32_t *n,
+                       epmoe_error *err)
+{
+    cl_ok(err);
+    if (c == NULL || n == NULL || (out == NULL && cap > 0))
+        return cl_fail(err, EPMOE_EINVAL, 0, "epmoe_info_members: NULL argument");
+    pthread_mutex_lock(&c->mu);
+    *n = c->info.n_members;
+    for (uint32_t i = 0; i < c->info.n_members && i < cap; i++) {
         const cl_member *s = &c->info.members[i];
-        epmoe_member *d = &c->pub_members[i];
+        epmoe_member *d = &out[i];
         memset(d, 0, sizeof *d);
         snprintf(d->name, sizeof d->name, "%s", s->name);
         d->rank = s->rank;
         snprintf(d->client_endpoint, sizeof d->client_endpoint, "%s", s->endpoint);
         d->ready = s->ready;
     }
-    *info = c->info.shape;
-    info->n_members = n;
-    info->members = c->pub_members;
     pthread_mutex_unlock(&c->mu);
     return EPMOE_OK;
 }
@@ -282,9 +294,39 @@ int epmoe_layer_index(const epmoe_info *info, const char *name, uint32_t *layer,
 
 /* ---- submit ---- */
 
+/* The size of version 1 of epmoe_submit_args (later versions only append). */
+#define CL_SUBMIT_ARGS_V1 (offsetof(epmoe_submit_args, config_hash) + sizeof(uint64_t))
+
+/* The shape the caller sized its buffers for against the model of open. */
+static int cl_check_shape(const epmoe_client *c, const epmoe_submit_args *a, epmoe_error *err)
+{
+    const epmoe_info *s = &c->info.shape;
+    if (a->size < CL_SUBMIT_ARGS_V1 || a->version == 0 || a->version > EPMOE_SUBMIT_ARGS_VERSION)
+        return cl_fail(err, EPMOE_EINVAL, 0,
+                       "submit args: start from EPMOE_SUBMIT_ARGS_INIT (size %zu, version %u; "
+                       "this library knows versions 1..%d)",
+                       a->size, a->version, EPMOE_SUBMIT_ARGS_VERSION);
+    if (c->stale)
+        return cl_fail(err, EPMOE_ESTALE, 0, "layer %u: %s", a->layer, c->stale_why);
+    if (a->config_hash != 0 && a->config_hash != s->config_hash)
+        return cl_fail(err, EPMOE_ESTALE, 0,
+                       "layer %u: config_hash %016" PRIx64 " is not the model's (%016" PRIx64
+                       "): the buffers are for another model",
+                       a->layer, a->config_hash, s->config_hash);
+    if (a->hidden_size != s->hidden_size)
+        return cl_fail(err, EPMOE_EINVAL, 0,
+                       "layer %u: hidden_size %u: the model's H is %u (size hidden and out "
+                       "[n_tokens, %u] and set hidden_size to it)",
+                       a->layer, a->hidden_size, s->hidden_size, s->hidden_size);
+    return 0;
+}
+
 static int cl_check_args(const epmoe_client *c, const epmoe_submit_args *a, epmoe_error *err)
 {
     const epmoe_info *s = &c->info.shape;
+    int rc = cl_check_shape(c, a, err);
+    if (rc != 0)
+        return rc;
     if (a->layer >= s->n_layers)
         return cl_fail(err, EPMOE_EINVAL, 0, "layer %u: the model has %u MoE layers (0..%u)",
                        a->layer, s->n_layers, s->n_layers ? s->n_layers - 1 : 0);
@@ -350,7 +392,7 @@ int epmoe_submit(epmoe_client *c, const epmoe_submit_args *a, epmoe_request **re
         rc = cl_fail(err, EPMOE_EAGAIN, 0,
                      "%u requests hold every slot (max_in_flight): wait for one, free it, retry",
                      c->max_in_flight);
-    if (rc == 0 && strcmp(c->info.state, "blocked") == 0) /* no placement serves: at once */
+    if (rc == 0 && c->info.blocked) /* no placement serves: at once */
         rc = cl_fail(err, EPMOE_ENOTREADY, EPMOE__ERROR_CODE__ERR_NOT_READY,
                      "cluster %s is blocked: %s", c->info.cluster,
                      c->info.problem[0] ? c->info.problem : "no placement over the workers left");
@@ -413,8 +455,8 @@ int epmoe_wait(epmoe_request *req, int timeout_ms, epmoe_error *err)
     }
     if (!cl_finished(req)) {
         pthread_mutex_unlock(&c->mu);
-        return cl_fail(err, EPMOE_EAGAIN, 0, "layer %u: still in flight after %d ms", req->layer,
-                       timeout_ms);
+        return cl_fail(err, EPMOE_EWAITTIMEOUT, 0, "layer %u: still in flight after %d ms",
+                       req->layer, timeout_ms);
     }
     if (req->state == CL_DONE)
         cl_done_take(c, req);
@@ -424,7 +466,7 @@ int epmoe_wait(epmoe_request *req, int timeout_ms, epmoe_error *err)
     return status;
 }
 
-int epmoe_poll(epmoe_client *c, epmoe_request **done, int max)
+int epmoe_poll(epmoe_client *c, epmoe_request **done, void **user, int max)
 {
     if (c == NULL || done == NULL || max <= 0)
         return 0;
@@ -433,6 +475,8 @@ int epmoe_poll(epmoe_client *c, epmoe_request **done, int max)
     while (n < max && c->done_head != NULL) {
         struct epmoe_request *r = c->done_head;
         cl_done_take(c, r);
+        if (user != NULL)
+            user[n] = r->user;
         done[n++] = r;
     }
     pthread_mutex_unlock(&c->mu);
@@ -484,9 +528,39 @@ void epmoe_request_free(epmoe_request **req_p)
     pthread_mutex_lock(&c->mu);
     if (r->state == CL_DONE)
         cl_done_take(c, r);
+    cl_slot_free(c, r);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void cl_slot_free(epmoe_client *c, struct epmoe_request *r)
+{
     if (r->state != CL_FREE) {
         r->state = CL_FREE;
         c->free_list[c->n_free++] = r;
+    }
+}
+
+void epmoe_request_free_nowait(epmoe_request **req_p)
+{
+    if (req_p == NULL || *req_p == NULL)
+        return;
+    epmoe_request *r = *req_p;
+    *req_p = NULL;
+    epmoe_client *c = r->c;
+    pthread_mutex_lock(&c->mu);
+    if (r->state == CL_QUEUED)
+        cl_list_remove(&c->queue_head, &c->queue_tail, r); /* never sent: nothing held */
+    else if (r->state == CL_DONE)
+        cl_done_take(c, r);
+    if (r->state == CL_FLIGHT || r->state == CL_RELEASING) {
+        /* the I/O thread returns the slot once libzmq let go of the input (a late answer
+         * finds no request in flight and is dropped) */
+        r->state = CL_ORPHAN;
+        r->finished_ns = clk_mono_ns();
+        atomic_store(&r->releasing, 1);
+        cl_io_wake(c);
+    } else if (r->state != CL_ORPHAN) {
+        cl_slot_free(c, r);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -499,7 +573,7 @@ int epmoe_request_status(const epmoe_request *req, epmoe_request_info *info)
     pthread_mutex_lock(&c->mu);
     memset(info, 0, sizeof *info);
     bool fin = cl_finished(req);
-    info->status = fin ? req->status : EPMOE_EAGAIN;
+    info->status = fin ? req->status : EPMOE_EINPROGRESS;
     info->remote_code = fin ? req->remote_code : 0;
     info->message = fin ? req->message : "";
     info->epoch = req->epoch;

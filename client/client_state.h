@@ -54,7 +54,8 @@ typedef enum cl_state {
     CL_RELEASING, /* finished; waiting for libzmq to let go of its input */
     CL_DONE,      /* finished and reported (in c->done, epmoe_fd readable) */
     CL_TAKEN,     /* returned by epmoe_wait or epmoe_poll */
-    CL_CANCELED   /* finished by epmoe_cancel */
+    CL_CANCELED,  /* finished by epmoe_cancel */
+    CL_ORPHAN     /* given up by epmoe_request_free_nowait: freed once libzmq let go of it */
 } cl_state;
 
 typedef struct cl_member {
@@ -62,7 +63,8 @@ typedef struct cl_member {
     uint32_t rank;
     char endpoint[256]; /* "" until the worker reported one */
     bool ready;         /* a member of the latest epoch, state ready, with an endpoint */
-    char state[16];     /* the coordinator's word for it: ready, loading, dead, ... */
+    bool dead;          /* WORKER_DEAD */
+    char state[16];     /* the coordinator's word for it (for messages: decisions use the code) */
     bool member;
     bool has_key;
     uint8_t key[AUTH_KEY_BYTES];
@@ -70,9 +72,10 @@ typedef struct cl_member {
 
 /* What CLIENT_INFO said, as the client keeps it. */
 typedef struct cl_info {
-    epmoe_info shape; /* members/n_members unused here */
+    epmoe_info shape; /* n_members unused here */
     char cluster[64];
-    char state[32];
+    char state[32];    /* the coordinator's word for it (for messages) */
+    bool blocked;      /* CLUSTER_BLOCKED: no placement serves */
     char problem[256]; /* why the cluster is blocked ("" otherwise) */
     uint32_t n_members;
     cl_member *members; /* [n_members] */
@@ -129,9 +132,11 @@ struct epmoe_client {
     struct epmoe_request **free_list; /* [max_in_flight] */
     int n_busy;                       /* slots not free */
     uint64_t next_seq;
-    cl_info info;
-    epmoe_member *pub_members; /* epmoe_info_get's copy */
-    uint32_t pub_cap;
+    cl_info info; /* its model is the one of epmoe_open, for the client's life */
+    /* the cluster serves another model (config hash) than the one of open: every request
+     * fails with EPMOE_ESTALE (docs/client.md "A model change") */
+    bool stale;
+    char stale_why[160];
     bool stopping;
     uint32_t rotor; /* the next member an unpinned request goes to */
     /* descriptors */
@@ -157,7 +162,7 @@ struct epmoe_client {
 int cl_fail(epmoe_error *err, int code, int remote, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* An ErrorCode of the cluster as an epmoe_status (docs/client.md "Errors"). */
-int cl_map_remote(int remote_code, const char *message);
+int cl_map_remote(int remote_code);
 
 /* info.c: an AdminReply to CLIENT_INFO as a cl_info (members allocated; free with
  * cl_info_free). 0, or an epmoe_status with err. */
@@ -173,6 +178,8 @@ bool cl_has_entry(const epmoe_client *c);
  * endpoint and is not dead); member i is such a member. */
 bool cl_has_ready_entry(const epmoe_client *c);
 bool cl_entry_reachable(const epmoe_client *c, int i);
+/* options.entry names a member (or is an endpoint): 0, or EPMOE_EINVAL naming the members. */
+int cl_check_entry(const epmoe_client *c, epmoe_error *err);
 /* "a0 (no client endpoint), b0 (loading)": why no member can take a request. */
 void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap);
 
@@ -182,6 +189,11 @@ void cl_io_close(epmoe_client *c);
 void cl_io_wake(epmoe_client *c);
 /* Under mu: the request is finished (status set): report it once libzmq let go of its input. */
 void cl_finish(epmoe_client *c, struct epmoe_request *r);
+/* Under mu: the cluster no longer serves the model of open (why: what changed); fails every
+ * request queued or in flight with EPMOE_ESTALE. Once; later calls do nothing. */
+void cl_go_stale(epmoe_client *c, const char *why);
+/* Under mu: r's slot back to the pool. */
+void cl_slot_free(epmoe_client *c, struct epmoe_request *r);
 void cl_list_remove(struct epmoe_request **head, struct epmoe_request **tail,
                     struct epmoe_request *r);
 void cl_list_push(struct epmoe_request **head, struct epmoe_request **tail,

@@ -16,7 +16,9 @@
  *
  * Thread-safety: an epmoe_client may be used from any number of threads at once (an internal
  * mutex; one I/O thread per client owns the sockets). A request handle is used by one thread at
- * a time. No global state: two clients in one process are independent.
+ * a time; it is a slot's address, which the library gives out again once the request was freed
+ * (epmoe_poll hands out each request's user to tell them apart). No global state: two clients
+ * in one process are independent.
  *
  * Errors: functions return EPMOE_OK (0) or a negative epmoe_status; the epmoe_error given (may
  * be NULL) receives the code and a message naming what was wrong (layer, token, field, peer).
@@ -34,6 +36,10 @@ extern "C" {
 #define EPMOE_VERSION_MAJOR 0
 #define EPMOE_VERSION_MINOR 4
 #define EPMOE_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH (400 for 0.4.0), as zmq and sqlite3 give it: compare it
+ * with epmoe_version_number() to learn whether the library loaded is the one compiled against. */
+#define EPMOE_VERSION_NUMBER                                                                       \
+    (EPMOE_VERSION_MAJOR * 10000 + EPMOE_VERSION_MINOR * 100 + EPMOE_VERSION_PATCH)
 
 #if defined(__GNUC__)
 #define EPMOE_API __attribute__((visibility("default")))
@@ -44,18 +50,22 @@ extern "C" {
 typedef enum epmoe_status {
     EPMOE_OK = 0,
     EPMOE_EINVAL = -1,       /* a bad argument: layer, token count, missing ids, NULL buffer */
-    EPMOE_EAGAIN = -2,       /* the in-flight limit is reached: wait for a request, try again */
+    EPMOE_EAGAIN = -2,       /* no slot: max_in_flight requests are held; free one, try again */
     EPMOE_ETIMEDOUT = -3,    /* the deadline passed before the answer */
     EPMOE_EBUSY = -4,        /* the cluster refused the request for load (ERR_BUSY): retry later */
     EPMOE_ENOTREADY = -5,    /* the cluster is not ready (forming, loading, blocked) */
-    EPMOE_ESTALE = -6,       /* the model config changed under a reload (config hash) */
-    EPMOE_EREFUSED = -7,     /* a key was refused (CURVE), or the endpoint is not epmoe's */
+    EPMOE_ESTALE = -6,       /* the cluster's model is no longer the one of epmoe_open (its
+                              * config hash changed): open a new client */
+    EPMOE_EREFUSED = -7,     /* a key was refused (CURVE), or the endpoint is not an epmoe
+                              * coordinator's admin endpoint */
     EPMOE_EUNAVAILABLE = -8, /* no coordinator or member could be reached */
     EPMOE_EFAILED = -9,      /* the request failed in the cluster (the message says where) */
     EPMOE_ENOMEM = -10,
-    EPMOE_ECANCELED = -11, /* epmoe_cancel */
-    EPMOE_EPROTO = -12,    /* a malformed answer */
-    EPMOE_ENOTSUP = -13,   /* not on this cluster's data plane (data_plane: nccl) */
+    EPMOE_ECANCELED = -11,    /* epmoe_cancel */
+    EPMOE_EPROTO = -12,       /* a malformed answer */
+    EPMOE_ENOTSUP = -13,      /* not on this cluster's data plane (data_plane: nccl) */
+    EPMOE_EWAITTIMEOUT = -14, /* epmoe_wait's own timeout_ms passed; the request goes on */
+    EPMOE_EINPROGRESS = -15,  /* the request is still in flight (epmoe_request_status) */
 } epmoe_status;
 
 #define EPMOE_ERROR_MAX 512
@@ -66,15 +76,18 @@ typedef struct epmoe_error {
     char message[EPMOE_ERROR_MAX];
 } epmoe_error;
 
-/* A short name for a status: "EPMOE_EAGAIN: the in-flight limit is reached". */
+/* A short name for a status: "EPMOE_EAGAIN: no slot (max_in_flight requests are held)". */
 EPMOE_API const char *epmoe_strerror(int status);
-/* "0.4.0": the library's version (the daemons' version too). */
+/* "0.4.0": the library's version (the daemons' version too: one version for the project). */
 EPMOE_API const char *epmoe_version(void);
+/* EPMOE_VERSION_NUMBER of the library loaded (which may differ from the header's). */
+EPMOE_API int epmoe_version_number(void);
 
 #define EPMOE_OPTIONS_VERSION 1
 
-/* Zero-initialise, set size = sizeof(epmoe_options) and version = EPMOE_OPTIONS_VERSION, then
- * the fields wanted; a zero field means its default. Later versions only append fields. */
+/* Start from EPMOE_OPTIONS_INIT (zero, with size = sizeof(epmoe_options) and version =
+ * EPMOE_OPTIONS_VERSION), then set the fields wanted; a zero field means its default. Later
+ * versions only append fields. */
 typedef struct epmoe_options {
     size_t size;
     uint32_t version;
@@ -82,8 +95,9 @@ typedef struct epmoe_options {
     const char *client_secret_key; /* CURVE: this client's secret key, Z85 (40 chars); NULL: none */
     const char *client_public_key; /* and its public key (NULL: derived from the secret) */
     const char *server_key;        /* the coordinator's public key, Z85 (with client keys) */
-    const char *entry;             /* preferred entry worker: its name, or its client endpoint
-                                    * (e.g. "ipc:///run/epmoe/w0.client"); NULL: one by rotation */
+    const char *entry;             /* preferred entry worker: a member's name (another name is
+                                    * EPMOE_EINVAL at open), or a client endpoint (e.g.
+                                    * "ipc:///run/epmoe/w0.client"); NULL: one by rotation */
     uint32_t max_in_flight;        /* requests in flight at most (default 64, <= 4096) */
     uint32_t timeout_ms;           /* default deadline of a request (default 30000) */
     uint32_t connect_timeout_ms;   /* epmoe_open's wait for the coordinator (default 5000) */
@@ -91,6 +105,11 @@ typedef struct epmoe_options {
                                     * not answered in this long and nobody said it died (default
                                     * timeout / 2; a dead entry is replaced at once) */
 } epmoe_options;
+
+#define EPMOE_OPTIONS_INIT                                                                         \
+    {                                                                                              \
+        .size = sizeof(epmoe_options), .version = EPMOE_OPTIONS_VERSION                            \
+    }
 
 typedef struct epmoe_client epmoe_client;
 typedef struct epmoe_request epmoe_request;
@@ -121,26 +140,40 @@ typedef struct epmoe_info {
     uint32_t n_experts;     /* routed experts */
     uint32_t vocab_size;    /* token ids are < this */
     char expert_dtype[8];   /* "fp4" or "fp8" */
-    uint64_t config_hash;
-    uint64_t epoch; /* the current placement epoch, as last heard */
-    uint32_t n_members;
-    const epmoe_member *members; /* [n_members], valid until the next epmoe_info call */
-    uint32_t max_tokens;         /* tokens per request at most (EP_MAX_TOKENS) */
+    uint64_t config_hash;   /* the model's, pinned at epmoe_open */
+    uint64_t epoch;         /* the current placement epoch, as last heard */
+    uint32_t n_members;     /* epmoe_info_members gives them */
+    uint32_t max_tokens;    /* tokens per request at most, as the cluster said */
 } epmoe_info;
 
-/* The model's shape and the cluster as last heard (refreshed in the background). */
+/* The model's shape and the cluster as last heard (refreshed in the background). The model is
+ * the one of epmoe_open, for the client's life: once the cluster serves another (a restart on
+ * another checkpoint), this returns EPMOE_ESTALE, info still filled with the model of open. */
 EPMOE_API int epmoe_info_get(epmoe_client *c, epmoe_info *info, epmoe_error *err);
+/* The members as last heard, copied into the caller's out[cap]; *n receives their number (which
+ * may exceed cap: then the first cap are copied). Safe against other threads' calls. */
+EPMOE_API int epmoe_info_members(epmoe_client *c, epmoe_member *out, uint32_t cap, uint32_t *n,
+                                 epmoe_error *err);
 
-/* One MoE layer call. layer: 0..n_layers-1 (MTP layers after the main ones). hidden bf16
- * [n_tokens, H] (the MoE block input, before ffn_norm); token_ids int64 [n_tokens] (required
- * on hash layers, may be NULL elsewhere); out bf16 [n_tokens, H]; topk_ids int32 [n_tokens, k]
- * and topk_weights f32 [n_tokens, k] may be NULL. Non-blocking: EPMOE_EAGAIN when
- * max_in_flight requests hold a slot. timeout_ms 0: the client's default. *req is the handle
- * to wait on; it holds one of the max_in_flight slots from here until epmoe_request_free
- * (after epmoe_wait/epmoe_poll returned it, or epmoe_cancel). */
+#define EPMOE_SUBMIT_ARGS_VERSION 1
+
+/* One MoE layer call. Start from EPMOE_SUBMIT_ARGS_INIT (size and version set; later versions
+ * only append fields). layer: 0..n_layers-1 (MTP layers after the main ones). hidden_size: the
+ * H the caller sized its buffers for (required: another H than the model's is EPMOE_EINVAL).
+ * hidden bf16 [n_tokens, H] (the MoE block input, before ffn_norm); token_ids int64 [n_tokens]
+ * (required on hash layers, may be NULL elsewhere); out bf16 [n_tokens, H]; topk_ids int32
+ * [n_tokens, k] and topk_weights f32 [n_tokens, k] may be NULL. config_hash: 0, or the
+ * epmoe_info.config_hash the caller read (another is EPMOE_ESTALE). Non-blocking: EPMOE_EAGAIN
+ * when max_in_flight requests hold a slot; EPMOE_ESTALE once the cluster serves another model
+ * than the one of epmoe_open. timeout_ms 0: the client's default. *req is the handle to wait
+ * on; it holds one of the max_in_flight slots from here until epmoe_request_free (after
+ * epmoe_wait/epmoe_poll returned it, or epmoe_cancel). */
 typedef struct epmoe_submit_args {
+    size_t size;      /* sizeof(epmoe_submit_args) */
+    uint32_t version; /* EPMOE_SUBMIT_ARGS_VERSION */
     uint32_t layer;
     uint32_t n_tokens;
+    uint32_t hidden_size;
     const uint16_t *hidden;
     const int64_t *token_ids;
     uint16_t *out;
@@ -148,19 +181,29 @@ typedef struct epmoe_submit_args {
     float *topk_weights;
     uint32_t timeout_ms;
     void *user; /* returned by epmoe_request_user */
+    uint64_t config_hash;
 } epmoe_submit_args;
+
+#define EPMOE_SUBMIT_ARGS_INIT                                                                     \
+    {                                                                                              \
+        .size = sizeof(epmoe_submit_args), .version = EPMOE_SUBMIT_ARGS_VERSION                    \
+    }
 
 EPMOE_API int epmoe_submit(epmoe_client *c, const epmoe_submit_args *a, epmoe_request **req,
                            epmoe_error *err);
 
 /* Block until req completes or timeout_ms passes (-1: no limit beyond the request's own
- * deadline). Returns the request's status (EPMOE_OK: out holds the answer), or EPMOE_EAGAIN if
- * timeout_ms passed first (req stays in flight). Once it returned anything but EPMOE_EAGAIN
- * the request's status stays readable (epmoe_request_status) until epmoe_request_free. */
+ * deadline). Returns the request's status (EPMOE_OK: out holds the answer), or
+ * EPMOE_EWAITTIMEOUT if timeout_ms passed first (req stays in flight). Once it returned
+ * anything else the request's status stays readable (epmoe_request_status) until
+ * epmoe_request_free. */
 EPMOE_API int epmoe_wait(epmoe_request *req, int timeout_ms, epmoe_error *err);
 /* Completed requests, without blocking: up to max of them into done[]; returns their number.
- * Each is then finished as by epmoe_wait (its status readable, epmoe_request_free it). */
-EPMOE_API int epmoe_poll(epmoe_client *c, epmoe_request **done, int max);
+ * Each is then finished as by epmoe_wait (its status readable, epmoe_request_free it).
+ * user[] (may be NULL) receives each one's epmoe_submit_args.user, read under the client's
+ * lock: a handle is an address the library gives out again once it was freed, so a binding
+ * whose threads share handles (one frees while another polls) identifies requests by user. */
+EPMOE_API int epmoe_poll(epmoe_client *c, epmoe_request **done, void **user, int max);
 /* A descriptor that is readable while a completed request waits to be taken by epmoe_poll or
  * epmoe_wait (level-triggered; for poll/epoll/asyncio). Owned by the client. */
 EPMOE_API int epmoe_fd(epmoe_client *c);
@@ -170,11 +213,17 @@ EPMOE_API int epmoe_fd(epmoe_client *c);
  * epmoe_poll, and still needs epmoe_request_free. A finished request is left as it is. */
 EPMOE_API void epmoe_cancel(epmoe_request *req);
 /* Return a finished request's slot to the pool (NULL-safe; clears *req_p). A request still in
- * flight is canceled first. */
+ * flight is canceled first (which may wait for a send, see epmoe_cancel). */
 EPMOE_API void epmoe_request_free(epmoe_request **req_p);
+/* The same without ever blocking, for garbage-collected bindings (a finalizer): a request still
+ * in flight is given up and its slot returns to the pool once the library's send of its input
+ * is over; its buffers must stay valid until then (a binding keeps them alive with the slot
+ * until epmoe_poll or a later call no longer reports it; simplest: keep them until the client
+ * is closed). NULL-safe; clears *req_p. */
+EPMOE_API void epmoe_request_free_nowait(epmoe_request **req_p);
 
 typedef struct epmoe_request_info {
-    int status;          /* epmoe_status; EPMOE_EAGAIN while in flight */
+    int status;          /* epmoe_status; EPMOE_EINPROGRESS while in flight */
     int remote_code;     /* ErrorCode of a failure in the cluster */
     const char *message; /* the failure's message ("" when ok) */
     uint64_t epoch;      /* the placement epoch it completed in */

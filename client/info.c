@@ -48,14 +48,17 @@ static void cl_info_member(const Epmoe__WorkerInfo *w, cl_member *m)
     }
     snprintf(m->state, sizeof m->state, "%s", w->state ? w->state : "?");
     m->member = w->has_member && w->member;
-    m->ready = m->member && strcmp(m->state, "ready") == 0 && m->endpoint[0] != '\0';
+    /* by the code: a state without one (an older coordinator) is neither ready nor dead */
+    int st = w->has_worker_state ? (int)w->worker_state : 0;
+    m->dead = st == EPMOE__WORKER_STATE__WORKER_DEAD;
+    m->ready = m->member && st == EPMOE__WORKER_STATE__WORKER_READY && m->endpoint[0] != '\0';
 }
 
 int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *err)
 {
     memset(out, 0, sizeof *out);
     if (!r->ok)
-        return cl_fail(err, cl_map_remote(r->has_error_code ? (int)r->error_code : -1, r->error),
+        return cl_fail(err, cl_map_remote(r->has_error_code ? (int)r->error_code : -1),
                        r->has_error_code ? (int)r->error_code : 0, "%s",
                        r->error ? r->error : "CLIENT_INFO failed");
     int rc = cl_info_shape(r->config, &out->shape, err);
@@ -65,9 +68,14 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
         return cl_fail(err, EPMOE_EPROTO, 0, "CLIENT_INFO with %zu workers (at most %d)",
                        r->n_workers, EP_MAX_WORKERS);
     out->shape.config_hash = r->config_hash;
+    /* what the workers take (an older coordinator does not say: this build's limit) */
+    if (r->has_max_tokens && r->max_tokens > 0 && r->max_tokens <= EP_MAX_TOKENS)
+        out->shape.max_tokens = r->max_tokens;
     out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
     snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
     snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
+    out->blocked =
+        r->has_cluster_state && r->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
     snprintf(out->problem, sizeof out->problem, "%s", r->problem ? r->problem : "");
     out->members = calloc(r->n_workers + 1, sizeof *out->members);
     if (out->members == NULL)
@@ -88,8 +96,7 @@ static bool cl_usable(const epmoe_client *c, const cl_member *m)
  * best entry when no member is ready. */
 static bool cl_reachable(const epmoe_client *c, const cl_member *m)
 {
-    return m->member && m->endpoint[0] && strcmp(m->state, "dead") != 0 &&
-           (!c->secure || m->has_key);
+    return m->member && m->endpoint[0] && !m->dead && (!c->secure || m->has_key);
 }
 
 /* The preferred member (options.entry: a name or a client endpoint) if ok for it, or -1. */
@@ -173,4 +180,24 @@ void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap)
                                                               : m->state;
         len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", i ? ", " : "", m->name, why);
     }
+}
+
+int cl_check_entry(const epmoe_client *c, epmoe_error *err)
+{
+    /* an endpoint may be one a worker has not reported yet; a name is one of the spec's */
+    if (!c->entry_pref[0] || strstr(c->entry_pref, "://") != NULL)
+        return 0;
+    char names[256] = "";
+    size_t len = 0;
+    for (uint32_t i = 0; i < c->info.n_members; i++) {
+        if (strcmp(c->info.members[i].name, c->entry_pref) == 0)
+            return 0;
+        if (len + 1 < sizeof names)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    c->info.members[i].name);
+    }
+    return cl_fail(err, EPMOE_EINVAL, 0,
+                   "options.entry \"%.64s\": no such worker in cluster %s (workers: %s); give a "
+                   "worker's name or a client endpoint (scheme://...)",
+                   c->entry_pref, c->info.cluster, c->info.n_members ? names : "none");
 }

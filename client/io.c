@@ -62,6 +62,32 @@ void cl_finish(epmoe_client *c, struct epmoe_request *r)
         cl_publish(c, r);
 }
 
+static void cl_fail_stale(epmoe_client *c, struct epmoe_request *r)
+{
+    r->status = EPMOE_ESTALE;
+    r->remote_code = 0;
+    snprintf(r->message, sizeof r->message, "layer %u: %s", r->layer, c->stale_why);
+    cl_finish(c, r);
+}
+
+void cl_go_stale(epmoe_client *c, const char *why)
+{
+    if (c->stale)
+        return;
+    c->stale = true;
+    snprintf(c->stale_why, sizeof c->stale_why, "%s", why);
+    while (c->queue_head != NULL) {
+        struct epmoe_request *r = c->queue_head;
+        cl_list_remove(&c->queue_head, &c->queue_tail, r);
+        cl_fail_stale(c, r);
+    }
+    for (uint32_t k = 0; k < c->max_in_flight; k++) {
+        struct epmoe_request *r = &c->slots[k];
+        if (r->state == CL_FLIGHT && !r->wait_release)
+            cl_fail_stale(c, r);
+    }
+}
+
 /* ---- sockets ---- */
 
 static void cl_entry_close(epmoe_client *c, int i)
@@ -226,6 +252,16 @@ static int64_t cl_timers(epmoe_client *c, int64_t now)
     for (uint32_t k = 0; k < c->max_in_flight; k++) {
         struct epmoe_request *r = &c->slots[k];
         bool held = atomic_load(&r->zc_refs) > 0;
+        int64_t release_due = r->finished_ns + (int64_t)CL_RELEASE_MS * 1000000;
+        if (r->state == CL_ORPHAN) { /* nobody waits for it: its slot returns once released */
+            if (!held)
+                cl_slot_free(c, r);
+            else if (now >= release_due)
+                cl_force_release(c, r);
+            else
+                next = release_due < next ? release_due : next;
+            continue;
+        }
         if (r->wait_release || r->state == CL_RELEASING) {
             if (!held && r->wait_release) {
                 pthread_cond_broadcast(&c->cond);
@@ -270,10 +306,32 @@ static int cl_ask_info(epmoe_client *c, int64_t now)
     return 0;
 }
 
+/* A CLIENT_INFO for another model than the one of open (a coordinator restarted on another
+ * checkpoint) is never adopted: the caller sized its buffers for the model of open, and every
+ * request is built from it, so adopting would read and write past them. The client goes stale. */
+static bool cl_same_model(epmoe_client *c, const cl_info *fresh)
+{
+    const epmoe_info *a = &c->info.shape, *b = &fresh->shape;
+    if (a->config_hash == b->config_hash)
+        return true;
+    char why[160];
+    snprintf(why, sizeof why,
+             "the cluster's model changed since epmoe_open (config hash %016" PRIx64
+             " -> %016" PRIx64 ", H %u -> %u, vocab %u -> %u): open a new client",
+             a->config_hash, b->config_hash, a->hidden_size, b->hidden_size, a->vocab_size,
+             b->vocab_size);
+    cl_go_stale(c, why);
+    return false;
+}
+
 /* A fresh info: entry sockets whose member moved are closed, requests whose entry is no
  * longer a ready member go to the next one now. */
 static void cl_take_info(epmoe_client *c, cl_info *fresh, int64_t now)
 {
+    if (!cl_same_model(c, fresh)) {
+        cl_info_free(fresh);
+        return;
+    }
     cl_info old = c->info;
     c->info = *fresh;
     for (uint32_t i = 0; i < c->cap_entries; i++) {
@@ -409,7 +467,7 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
     }
     r->remote_code = code;
     if (code != EPMOE__ERROR_CODE__ERR_NONE) {
-        r->status = cl_map_remote(code, res->message);
+        r->status = cl_map_remote(code);
         snprintf(r->message, sizeof r->message, "entry %s: layer %u: %s", entry, r->layer,
                  res->message ? res->message : "failed");
     } else if (cl_take_payloads(c, r, res, m, entry) != 0) {
@@ -427,6 +485,15 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
     r->experts_s = res->experts_seconds;
     r->combine_s = res->combine_seconds;
     cl_finish(c, r);
+    if (code == EPMOE__ERROR_CODE__ERR_CONFIG_HASH) {
+        /* the entry serves another model than the one of open: so does the cluster */
+        char why[160];
+        snprintf(why, sizeof why,
+                 "entry %s serves another model than the one of epmoe_open (ERR_CONFIG_HASH): "
+                 "open a new client",
+                 entry);
+        cl_go_stale(c, why);
+    }
 }
 
 static void cl_on_entry(epmoe_client *c, int i)
@@ -556,10 +623,12 @@ static int cl_first_info(epmoe_client *c, void *mon, epmoe_error *err)
         Epmoe__AdminReply *r = NULL;
         if (m.type == EPMOE__MSG_TYPE__MSG_ADMIN_REPLY)
             r = (Epmoe__AdminReply *)wire_unpack(&epmoe__admin_reply__descriptor, &m, &e);
-        int code = EPMOE_EPROTO;
-        if (r == NULL)
-            cl_fail(err, code, 0, "coordinator %s: answered %s, not CLIENT_INFO", c->coordinator,
-                    wire_type_name(m.type));
+        int code = EPMOE_EREFUSED;
+        if (r == NULL) /* e.g. coordinator.listen, the workers' socket, answering Error */
+            cl_fail(err, code, 0,
+                    "coordinator %s: answered %s, not CLIENT_INFO: not an epmoe coordinator's "
+                    "admin endpoint (coordinator.admin in the cluster spec)",
+                    c->coordinator, wire_type_name(m.type));
         else if (r->has_id && r->id == c->info_id)
             code = cl_info_from_reply(r, &c->info, err);
         else

@@ -49,6 +49,7 @@ typedef enum ep_err_code {
     EP_ERR_NOT_REGISTERED = 14,
     EP_ERR_COMM_FAILED = 15,
     EP_ERR_REFUSED = 16,
+    EP_ERR_NOT_SUPPORTED = 17,
     /* Not a wire code: a failure no layer has classified yet (ep_err_set's default). Sent as
      * it is, the wire reports it as ERR_STEP_FAILED, "failed, the message says why". */
     EP_ERR_GENERIC = 0x100,

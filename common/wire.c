@@ -470,13 +470,15 @@ WIRE_SAME_CODE(ERR_BUSY);
 WIRE_SAME_CODE(ERR_NOT_REGISTERED);
 WIRE_SAME_CODE(ERR_COMM_FAILED);
 WIRE_SAME_CODE(ERR_REFUSED);
+WIRE_SAME_CODE(ERR_NOT_SUPPORTED);
 static_assert((int)EPMOE__ERROR_CODE__ERR_REFUSED < (int)EP_ERR_GENERIC,
               "EP_ERR_GENERIC is a wire code");
 
 Epmoe__ErrorCode wire_code(const ep_err *err)
 {
-    if (err == NULL || err->code == EP_ERR_GENERIC || err->code < EP_ERR_NONE ||
-        err->code > EP_ERR_REFUSED)
+    /* a code the wire does not know (EP_ERR_GENERIC) goes as "failed, the message says why" */
+    if (err == NULL || protobuf_c_enum_descriptor_get_value(&epmoe__error_code__descriptor,
+                                                            (int)err->code) == NULL)
         return EPMOE__ERROR_CODE__ERR_STEP_FAILED;
     return (Epmoe__ErrorCode)err->code;
 }

@@ -54,6 +54,8 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.cluster = (char *)f->spec->name;
     rep.state = (char *)f->state;
+    rep.has_cluster_state = 1;
+    rep.cluster_state = (Epmoe__ClusterState)f->cluster_state;
     rep.has_epoch = 1;
     rep.epoch = f->plan->epoch;
     rep.n_workers = (size_t)f->n_workers;
@@ -163,7 +165,7 @@ void adm_reply_config(ob_box *out, const wire_msg *m, uint64_t id, const adm_fac
 void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const adm_facts *f)
 {
     if (f->spec->data_plane == SPEC_PLANE_NCCL) {
-        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+        adm_error(out, m->ident, m->ident_len, id, EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED,
                   "CLIENT_INFO: cluster %s serves clients not on this data plane (nccl): its "
                   "steps are collective; use data_plane zmq",
                   f->spec->name);
@@ -184,6 +186,8 @@ void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const ad
         wi[i].has_rank = src->has_rank;
         wi[i].rank = src->rank;
         wi[i].state = src->state;
+        wi[i].has_worker_state = src->has_worker_state;
+        wi[i].worker_state = src->worker_state;
         wi[i].has_member = src->has_member;
         wi[i].member = src->member;
         wi[i].has_epoch = src->has_epoch;
@@ -201,6 +205,8 @@ void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const ad
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.cluster = (char *)f->spec->name;
     rep.state = (char *)f->state;
+    rep.has_cluster_state = 1;
+    rep.cluster_state = (Epmoe__ClusterState)f->cluster_state;
     if (f->problem[0]) /* blocked: clients refuse requests at once, saying why */
         rep.problem = (char *)f->problem;
     rep.config = &mc;
@@ -209,6 +215,8 @@ void adm_reply_client_info(ob_box *out, const wire_msg *m, uint64_t id, const ad
     rep.has_epoch = rep.has_current_epoch = 1;
     rep.epoch = f->plan->epoch;
     rep.current_epoch = f->current_epoch;
+    rep.has_max_tokens = 1;
+    rep.max_tokens = EP_MAX_TOKENS; /* what a worker's SUBMIT takes (worker/serve.c) */
     rep.n_workers = (size_t)n;
     rep.workers = wp;
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
@@ -222,6 +230,8 @@ void adm_reply_shutdown(ob_box *out, const wire_msg *m, uint64_t id, const adm_f
     Epmoe__AdminReply rep = EPMOE__ADMIN_REPLY__INIT;
     rep.cluster = (char *)f->spec->name;
     rep.state = "stopping";
+    rep.has_cluster_state = 1;
+    rep.cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_STOPPING;
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
 }
 

@@ -32,6 +32,7 @@ typedef struct adm_facts {
     uint64_t current_epoch; /* the epoch steps run in */
     const char *problem;    /* why the cluster is blocked, "" otherwise */
     const char *state;      /* the cluster state's name */
+    int cluster_state;      /* and its code (Epmoe__ClusterState) */
     uint64_t steps_done, steps_failed;
     double balance;              /* measured max/mean worker load, layer average (0: unknown) */
     uint64_t staged_epoch;       /* a rebalance epoch being prepared (0: none) */

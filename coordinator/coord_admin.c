@@ -5,6 +5,7 @@
  */
 #include "coordinator/coord_admin.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ static int coord_facts(coord *c, adm_facts *f)
                      .current_epoch = plan_current(c->pe)->epoch,
                      .problem = plan_problem(c->pe),
                      .state = coord_state_name(c->state),
+                     .cluster_state = (int)c->state + 1, /* the same order, from 1 */
                      .steps_done = seq_steps_done(c->seq),
                      .steps_failed = seq_steps_failed(c->seq),
                      .balance = coord_measured_balance(c),
@@ -299,3 +301,10 @@ done:
     wire_msg_close(m);
     free(m);
 }
+
+/* coord_facts sends c->state + 1 as the wire's ClusterState */
+static_assert(COORD_FORMING + 1 == EPMOE__CLUSTER_STATE__CLUSTER_FORMING, "ClusterState");
+static_assert(COORD_LOADING + 1 == EPMOE__CLUSTER_STATE__CLUSTER_LOADING, "ClusterState");
+static_assert(COORD_READY + 1 == EPMOE__CLUSTER_STATE__CLUSTER_READY, "ClusterState");
+static_assert(COORD_STOPPING + 1 == EPMOE__CLUSTER_STATE__CLUSTER_STOPPING, "ClusterState");
+static_assert(COORD_BLOCKED + 1 == EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED, "ClusterState");

@@ -5,6 +5,7 @@
  */
 #include "coordinator/registry.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -229,6 +230,8 @@ void reg_worker_info(reg_registry *r, const reg_env *env, int rank, Epmoe__Worke
     o->rank = (uint32_t)sw->rank;
     o->device = (char *)sw->device;
     o->state = (char *)reg_state_name(w->state);
+    o->has_worker_state = 1;
+    o->worker_state = (Epmoe__WorkerState)(w->state + 1); /* the same order, from 1 */
     o->data_endpoint = (char *)sw->data;
     o->client_endpoint = w->client_ep[0] ? w->client_ep : NULL;
     o->has_bytes_done = 1;
@@ -310,3 +313,11 @@ void reg_respec(reg_registry *r, const spec_cluster *spec)
         r->peers[i].data_endpoint = (char *)sw->data;
     }
 }
+
+/* reg_worker_info sends w->state + 1 as the wire's WorkerState */
+static_assert(REG_ABSENT + 1 == EPMOE__WORKER_STATE__WORKER_ABSENT, "WorkerState");
+static_assert(REG_WELCOMED + 1 == EPMOE__WORKER_STATE__WORKER_WELCOMED, "WorkerState");
+static_assert(REG_LOADING + 1 == EPMOE__WORKER_STATE__WORKER_LOADING, "WorkerState");
+static_assert(REG_LOAD_FAILED + 1 == EPMOE__WORKER_STATE__WORKER_LOAD_FAILED, "WorkerState");
+static_assert(REG_READY + 1 == EPMOE__WORKER_STATE__WORKER_READY, "WorkerState");
+static_assert(REG_DEAD + 1 == EPMOE__WORKER_STATE__WORKER_DEAD, "WorkerState");

@@ -665,16 +665,21 @@ int cmd_shutdown(const cmd_ctx *gctx, int argc, char **argv)
 /* ---- drain, undrain, reload ---- */
 
 static const char drain_usage[] =
-    "usage: epmoectl [-o table|wide|json|yaml] drain NAME [--no-wait] [--wait-timeout S]\n"
-    "       epmoectl [-o table|wide|json|yaml] undrain NAME\n\n"
+    "usage: epmoectl [-o table|wide|json|yaml] drain NAME [--no-wait] [--wait-timeout S]\n\n"
     "drain moves worker NAME's experts to the other workers through a new placement epoch (the\n"
     "step in flight finishes first; no step fails) and, unless --no-wait, waits until that epoch\n"
     "is current: then NAME takes part in no step and can be stopped. The coordinator refuses a\n"
-    "drain the other workers cannot absorb (max_experts_per_worker). undrain lets NAME own\n"
-    "experts again (rejoin: restore gives it the spec's placement back; stay keeps it a spare).\n\n"
+    "drain the other workers cannot absorb (max_experts_per_worker). epmoectl undrain NAME\n"
+    "undoes it.\n\n"
     "  --no-wait          return once the coordinator accepted the drain\n"
     "  --wait-timeout S   seconds to wait for the epoch (default 60); exit 1 when it is not\n"
     "                     current by then\n";
+
+static const char undrain_usage[] =
+    "usage: epmoectl [-o table|wide|json|yaml] undrain NAME\n\n"
+    "undrain lets worker NAME, drained by epmoectl drain, own experts again (the spec's\n"
+    "rejoin: restore gives it the spec's placement back through a new epoch; stay keeps it a\n"
+    "spare until a rebalance uses it). Returns once the coordinator accepted it.\n";
 
 /* Poll STATUS until current_epoch >= epoch and the cluster is ready. */
 static int wait_epoch(const cmd_ctx *ctx, const char *cmd, uint64_t epoch, long wait_s)
@@ -727,7 +732,7 @@ static int drain_cmd(const cmd_ctx *gctx, int argc, char **argv, bool drain)
     for (int i = 1; i < argc; i++) {
         int o;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("%s", drain_usage);
+            printf("%s", drain ? drain_usage : undrain_usage);
             return CMD_OK;
         } else if (drain && strcmp(argv[i], "--no-wait") == 0) {
             wait = false;

@@ -424,7 +424,10 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
     int32_t *ids = malloc(T * k * 4);
     float *w = malloc(T * k * 4);
     epmoe_request *rq = NULL;
-    epmoe_submit_args sa = {.layer = (uint32_t)layer,
+    epmoe_submit_args sa = {.size = sizeof(epmoe_submit_args),
+                            .version = EPMOE_SUBMIT_ARGS_VERSION,
+                            .hidden_size = (uint32_t)H,
+                            .layer = (uint32_t)layer,
                             .n_tokens = (uint32_t)in.T,
                             .hidden = in.x,
                             .token_ids = mc_layer_is_hash(&c, layer) ? in.ids : NULL,

@@ -11,10 +11,12 @@
  *       every tensor is bit-identical, 1 when any differs, 65 when the files cannot be
  *       compared (missing tensor, dtype or shape mismatch).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -130,6 +132,10 @@ int cmd_mkinput(const cmd_ctx *ctx, int argc, char **argv)
     snprintf(cfgpath, sizeof cfgpath, "%s/config.json", model);
     mc_config c;
     ep_err err;
+    if (access(cfgpath, F_OK) != 0) { /* no such model: 66, like inspect (an invalid one: 78) */
+        fprintf(stderr, "epmoectl mkinput: --model %s: %s: %s\n", model, cfgpath, strerror(errno));
+        return CMD_NOINPUT;
+    }
     if (mc_load(cfgpath, &c, &err) != 0) {
         fprintf(stderr, "epmoectl mkinput: %s\n", err.msg);
         return CMD_CONFIG;

@@ -27,8 +27,9 @@ from .errors import (
     OutOfMemoryError,
     ProtocolError,
     RefusedError,
+    RequestTimeoutError,
     StaleError,
-    TimeoutError,
+    TimeoutError,  # the old name of RequestTimeoutError, not in __all__ (the builtin's name)
     UnavailableError,
 )
 
@@ -55,8 +56,8 @@ __all__ = [
     "RefusedError",
     "Request",
     "RequestInfo",
+    "RequestTimeoutError",
     "StaleError",
-    "TimeoutError",
     "UnavailableError",
     "__version__",
     "bf16_to_float32",

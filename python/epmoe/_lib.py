@@ -6,7 +6,9 @@ call into the library, so epmoe_wait blocks without holding it.
 
 The library is found, in this order: $EPMOE_LIBRARY (a path to libepmoe.so.0); the library the
 package was built against (recorded at `pip install` in _paths.py); libepmoe.so.0 through the
-dynamic loader (an installed prefix: ldconfig, LD_LIBRARY_PATH).
+dynamic loader (an installed prefix: ldconfig, LD_LIBRARY_PATH). The library's
+epmoe_version_number() must have the major and minor of EPMOE_VERSION_NUMBER below (the header
+these mirrors follow), else the import fails: the layouts would not match.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from typing import List
 
 from . import _paths
 
+EPMOE_VERSION_NUMBER = 400  # client/epmoe.h's: 0.4.0
 EPMOE_OPTIONS_VERSION = 1
+EPMOE_SUBMIT_ARGS_VERSION = 1
 EPMOE_ERROR_MAX = 512
 EPMOE_NAME_MAX = 64
 
@@ -48,6 +52,8 @@ ENOMEM = -10
 ECANCELED = -11
 EPROTO = -12
 ENOTSUP = -13
+EWAITTIMEOUT = -14
+EINPROGRESS = -15
 
 
 class Options(Structure):
@@ -96,15 +102,17 @@ class Info(Structure):
         ("config_hash", c_uint64),
         ("epoch", c_uint64),
         ("n_members", c_uint32),
-        ("members", POINTER(Member)),
         ("max_tokens", c_uint32),
     ]
 
 
 class SubmitArgs(Structure):
     _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint32),
         ("layer", c_uint32),
         ("n_tokens", c_uint32),
+        ("hidden_size", c_uint32),
         ("hidden", c_void_p),
         ("token_ids", c_void_p),
         ("out", c_void_p),
@@ -112,6 +120,7 @@ class SubmitArgs(Structure):
         ("topk_weights", c_void_p),
         ("timeout_ms", c_uint32),
         ("user", c_void_p),
+        ("config_hash", c_uint64),
     ]
 
 
@@ -173,8 +182,24 @@ def _load() -> ctypes.CDLL:
     )
 
 
+def _check_version(lib: ctypes.CDLL, name: str) -> None:
+    f = getattr(lib, "epmoe_version_number", None)
+    if f is None:
+        raise ImportError(f"epmoe: {name} has no epmoe_version_number: a libepmoe older than 0.4.0")
+    f.restype = c_int
+    f.argtypes = []
+    have = int(f())
+    if have // 100 != EPMOE_VERSION_NUMBER // 100:
+        raise ImportError(
+            f"epmoe: {name} is libepmoe {have // 10000}.{have // 100 % 100}.{have % 100}; this "
+            f"package mirrors {EPMOE_VERSION_NUMBER // 10000}.{EPMOE_VERSION_NUMBER // 100 % 100} "
+            "(set EPMOE_LIBRARY to the library it was built with)"
+        )
+
+
 lib = _load()
 LIBRARY_NAME: str = lib._name  # what was loaded (a path, or the loader's libepmoe.so.0)
+_check_version(lib, LIBRARY_NAME)
 
 _req = c_void_p  # epmoe_request *
 _cl = c_void_p  # epmoe_client *
@@ -191,13 +216,15 @@ _sig("epmoe_version", c_char_p)
 _sig("epmoe_open", c_int, POINTER(Options), POINTER(_cl), POINTER(Error))
 _sig("epmoe_close", None, POINTER(_cl))
 _sig("epmoe_info_get", c_int, _cl, POINTER(Info), POINTER(Error))
+_sig("epmoe_info_members", c_int, _cl, POINTER(Member), c_uint32, POINTER(c_uint32), POINTER(Error))
 _sig("epmoe_layer_index", c_int, POINTER(Info), c_char_p, POINTER(c_uint32), POINTER(Error))
 _sig("epmoe_submit", c_int, _cl, POINTER(SubmitArgs), POINTER(_req), POINTER(Error))
 _sig("epmoe_wait", c_int, _req, c_int, POINTER(Error))
-_sig("epmoe_poll", c_int, _cl, POINTER(_req), c_int)
+_sig("epmoe_poll", c_int, _cl, POINTER(_req), POINTER(c_void_p), c_int)
 _sig("epmoe_fd", c_int, _cl)
 _sig("epmoe_cancel", None, _req)
 _sig("epmoe_request_free", None, POINTER(_req))
+_sig("epmoe_request_free_nowait", None, POINTER(_req))
 _sig("epmoe_request_status", c_int, _req, POINTER(RequestInfo))
 _sig("epmoe_request_user", c_void_p, _req)
 

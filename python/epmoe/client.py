@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _lib, _tensor
-from .errors import EpmoeError, InFlightLimitError, TimeoutError, from_status
+from .errors import EpmoeError, InFlightLimitError, RequestTimeoutError, from_status
 
 Layer = Union[int, str]
 Result = Tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -182,7 +182,7 @@ class Request:
             if self._status is None and self._h:
                 ri = _lib.RequestInfo()
                 _L.epmoe_request_status(self._h, ctypes.byref(ri))
-                if ri.status != _lib.EAGAIN:
+                if ri.status != _lib.EINPROGRESS:
                     self._finish()
         return self._status is not None
 
@@ -196,7 +196,7 @@ class Request:
         topk_weights float32 [T, k]), or raise the request's error.
 
         timeout: seconds to wait at most (None: until the request's own deadline); when it
-        passes first, epmoe.TimeoutError is raised and the request stays in flight."""
+        passes first, epmoe.RequestTimeoutError is raised and the request stays in flight."""
         if self._status is None:
             with self._lock:
                 if self._status is None and not self._client._handle:
@@ -205,11 +205,11 @@ class Request:
                     ms = -1 if timeout is None else max(0, int(timeout * 1000))
                     err = _lib.Error()
                     rc = _L.epmoe_wait(self._h, ms, ctypes.byref(err))
-                    if rc == _lib.EAGAIN:
-                        raise TimeoutError(
-                            _lib.EAGAIN,
+                    if rc == _lib.EWAITTIMEOUT:
+                        raise RequestTimeoutError(
+                            rc,
                             f"layer {self.layer}: still in flight after {ms} ms (it goes on)",
-                            summary="EPMOE_EAGAIN: result(timeout) passed first",
+                            summary="EPMOE_EWAITTIMEOUT: result(timeout) passed first",
                         )
                     self._finish()
         return self._outcome()
@@ -252,9 +252,12 @@ class Request:
         self._h = ctypes.c_void_p()
 
     def __del__(self) -> None:
-        # a request dropped in flight: cancel it (the library lets go of its buffers first)
+        # a request dropped in flight: give it up without blocking the collector (a blocking
+        # free may wait for a send); the library may still read the input until its send is
+        # over, so the client keeps the input arrays alive until it is closed
         if self._status is None and self._h and self._client._handle:
-            _L.epmoe_request_free(ctypes.byref(self._h))
+            self._client._orphans.append((self.hidden, self.token_ids))
+            _L.epmoe_request_free_nowait(ctypes.byref(self._h))
 
 
 class Client:
@@ -278,11 +281,11 @@ class Client:
         resend: Optional[float] = None,
     ) -> None:
         self._handle = ctypes.c_void_p()
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._async: Dict[int, Tuple[Request, "asyncio.Future[Result]"]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._slot_waiters: List["asyncio.Future[None]"] = []
+        self._orphans: List[Tuple[Any, Any]] = []  # inputs of requests given up in __del__
         o = _lib.Options()
         o.size = ctypes.sizeof(o)
         o.version = _lib.EPMOE_OPTIONS_VERSION
@@ -302,6 +305,7 @@ class Client:
         self.max_in_flight = max_in_flight
         self._fd = _L.epmoe_fd(self._handle)
         self._poll_buf = (ctypes.c_void_p * _POLL_MAX)()
+        self._poll_user = (ctypes.c_void_p * _POLL_MAX)()
         self._info_cache = self._read_info()
 
     # ---- lifetime ----
@@ -321,6 +325,7 @@ class Client:
                 fut.set_exception(from_status(_lib.ECANCELED, "the client was closed"))
         self._async.clear()
         _L.epmoe_close(ctypes.byref(self._handle))
+        self._orphans.clear()  # the library let go of every input
 
     def __enter__(self) -> "Client":
         return self
@@ -340,35 +345,38 @@ class Client:
 
     def _read_info(self) -> Info:
         self._check_open()
-        with self._lock:  # members stay valid until the next epmoe_info_get on this client
-            i = _lib.Info()
-            err = _lib.Error()
-            rc = _L.epmoe_info_get(self._handle, ctypes.byref(i), ctypes.byref(err))
+        i = _lib.Info()
+        err = _lib.Error()
+        rc = _L.epmoe_info_get(self._handle, ctypes.byref(i), ctypes.byref(err))
+        if rc != _lib.OK:
+            raise from_status(rc, err.message.decode(errors="replace"), err.remote_code)
+        n = ctypes.c_uint32(i.n_members)
+        while True:  # the members are copied into our array: no other thread can free them
+            buf = (_lib.Member * max(1, n.value))()
+            cap = n.value
+            rc = _L.epmoe_info_members(self._handle, buf, cap, ctypes.byref(n), ctypes.byref(err))
             if rc != _lib.OK:
                 raise from_status(rc, err.message.decode(errors="replace"), err.remote_code)
-            members = tuple(
-                Member(
-                    m.name.decode(),
-                    m.rank,
-                    m.client_endpoint.decode(),
-                    bool(m.ready),
-                )
-                for m in (i.members[k] for k in range(i.n_members))
-            )
-            return Info(
-                i.hidden_size,
-                i.n_layers,
-                i.n_main_layers,
-                i.n_hash_layers,
-                i.topk,
-                i.n_experts,
-                i.vocab_size,
-                i.expert_dtype.decode(),
-                i.config_hash,
-                i.epoch,
-                i.max_tokens,
-                members,
-            )
+            if n.value <= cap:
+                break
+        members = tuple(
+            Member(m.name.decode(), m.rank, m.client_endpoint.decode(), bool(m.ready))
+            for m in buf[: n.value]
+        )
+        return Info(
+            i.hidden_size,
+            i.n_layers,
+            i.n_main_layers,
+            i.n_hash_layers,
+            i.topk,
+            i.n_experts,
+            i.vocab_size,
+            i.expert_dtype.decode(),
+            i.config_hash,
+            i.epoch,
+            i.max_tokens,
+            members,
+        )
 
     @property
     def info(self) -> Info:
@@ -459,8 +467,11 @@ class Client:
         r._id = rid
         addr = _tensor.address
         a = _lib.SubmitArgs(
+            ctypes.sizeof(_lib.SubmitArgs),
+            _lib.EPMOE_SUBMIT_ARGS_VERSION,
             li,
             T,
+            H,
             addr(h),
             addr(ids) if ids is not None else None,
             addr(o),
@@ -468,6 +479,7 @@ class Client:
             addr(tw),
             _ms(timeout),
             rid,
+            info.config_hash,
         )
         err = _lib.Error()
         rc = _L.epmoe_submit(self._handle, ctypes.byref(a), ctypes.byref(r._h), ctypes.byref(err))
@@ -486,21 +498,14 @@ class Client:
         """The completion descriptor is readable: take every finished request."""
         if not self._handle:
             return
-        n = _L.epmoe_poll(self._handle, self._poll_buf, _POLL_MAX)
+        # each request's user (our id) is read by epmoe_poll as it takes the request: a handle
+        # freed meanwhile by another thread and given out again cannot be taken for this one
+        n = _L.epmoe_poll(self._handle, self._poll_buf, self._poll_user, _POLL_MAX)
         for j in range(n):
-            rid = _L.epmoe_request_user(self._poll_buf[j]) or 0
-            entry = self._async.pop(rid, None)
+            entry = self._async.pop(self._poll_user[j] or 0, None)
             if entry is None:
                 continue  # a submit() request: its result() still reads its status
             req, fut = entry
-            ri = _lib.RequestInfo()
-            if req._h.value != self._poll_buf[j] or (
-                _L.epmoe_request_status(req._h, ctypes.byref(ri)) == _lib.OK
-                and ri.status == _lib.EAGAIN
-            ):
-                # the slot was reused after a thread freed the request poll took: not this one
-                self._async[rid] = entry
-                continue
             with req._lock:
                 if req._status is None:
                     req._finish()

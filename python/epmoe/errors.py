@@ -9,7 +9,8 @@ the code, so a caller catches what it can act on:
     code                 class                 also a
     EPMOE_EINVAL         BadRequestError       ValueError
     EPMOE_EAGAIN         InFlightLimitError    BusyError (every max_in_flight slot is held)
-    EPMOE_ETIMEDOUT      TimeoutError          builtins.TimeoutError
+    EPMOE_ETIMEDOUT      RequestTimeoutError   builtins.TimeoutError
+    EPMOE_EWAITTIMEOUT   RequestTimeoutError   (Request.result(timeout) passed first)
     EPMOE_EBUSY          BusyError
     EPMOE_ENOTREADY      NotReadyError
     EPMOE_ESTALE         StaleError            (the model config changed: reopen the client)
@@ -23,6 +24,9 @@ the code, so a caller catches what it can act on:
 
 Admin calls (epmoectl under the hood) raise AdminError with epmoectl's exit code; exit 69 is
 also an UnavailableError, 77 a RefusedError, 64 a BadRequestError.
+
+epmoe.TimeoutError is RequestTimeoutError under its old name; it is not in __all__, so
+`from epmoe import *` leaves the builtin TimeoutError alone.
 """
 
 from __future__ import annotations
@@ -64,8 +68,11 @@ class InFlightLimitError(BusyError):
     """Every max_in_flight slot is held: take a finished request, then submit again."""
 
 
-class TimeoutError(EpmoeError, builtins.TimeoutError):
+class RequestTimeoutError(EpmoeError, builtins.TimeoutError):
     """The deadline passed before the answer (or Request.result's own timeout)."""
+
+
+TimeoutError = RequestTimeoutError  # the old name (not in __all__: it would shadow the builtin)
 
 
 class NotReadyError(EpmoeError):
@@ -107,7 +114,8 @@ class NotSupportedError(EpmoeError):
 _BY_CODE: Dict[int, Type[EpmoeError]] = {
     _lib.EINVAL: BadRequestError,
     _lib.EAGAIN: InFlightLimitError,
-    _lib.ETIMEDOUT: TimeoutError,
+    _lib.ETIMEDOUT: RequestTimeoutError,
+    _lib.EWAITTIMEOUT: RequestTimeoutError,
     _lib.EBUSY: BusyError,
     _lib.ENOTREADY: NotReadyError,
     _lib.ESTALE: StaleError,

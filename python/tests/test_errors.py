@@ -49,7 +49,7 @@ def test_in_flight_limit(lone_cluster: local.LocalCluster, models: Models) -> No
 def test_deadline(lone_cluster: local.LocalCluster, models: Models) -> None:
     """Workers stopped (SIGSTOP) for less than the liveness window: a request's own deadline
     passes (TimeoutError, ETIMEDOUT), result(timeout) gives up first without losing the
-    request (TimeoutError, EAGAIN), and both an async forward and the cluster recover."""
+    request (RequestTimeoutError, EWAITTIMEOUT), and both an async forward and the cluster recover."""
     inp = models.input(7)
     ref = models.ref("fp4", "1", 7)
     with epmoe.Client(lone_cluster.admin) as c:
@@ -64,7 +64,7 @@ def test_deadline(lone_cluster: local.LocalCluster, models: Models) -> None:
             slow = c.submit(1, inp["hidden_states"], timeout=20)
             with pytest.raises(epmoe.TimeoutError) as e:
                 slow.result(timeout=0.2)
-            assert e.value.code == -2 and not slow.done()
+            assert e.value.code == epmoe._lib.EWAITTIMEOUT and not slow.done()
         finally:
             lone_cluster.resume_workers()
         assert_same(slow.result(timeout=30), ref, "the request that outlived result(timeout)")
@@ -157,7 +157,7 @@ def test_the_gil_is_released_while_waiting(lone_cluster: local.LocalCluster, mod
                 spins += 1  # pure Python: runs only while the waiter does not hold the GIL
             assert t.is_alive() and spins > 10000, spins
             t.join()
-            assert len(errs) == 1 and errs[0].code == -2 and "result(timeout)" in str(errs[0])
+            assert len(errs) == 1 and errs[0].code == epmoe._lib.EWAITTIMEOUT and "result(timeout)" in str(errs[0])
         finally:
             lone_cluster.resume_workers()
         r.result(timeout=30)

@@ -25,6 +25,39 @@ def test_version_is_the_library_header_version() -> None:
     assert f'version = "{want}"' in pyproject, "pyproject.toml's version is not libepmoe's"
 
 
+def test_the_library_loaded_is_checked_at_import(tmp_path: Path) -> None:
+    """epmoe_version_number() of the library is the header's, and the import refuses a library
+    of another minor version (a fake libepmoe.so.0 saying 0.3.0)."""
+    h = (REPO / "client" / "epmoe.h").read_text()
+    nums = [int(re.search(rf"#define EPMOE_VERSION_{p} (\d+)", h).group(1))  # type: ignore[union-attr]
+            for p in ("MAJOR", "MINOR", "PATCH")]
+    assert _lib.EPMOE_VERSION_NUMBER == nums[0] * 10000 + nums[1] * 100 + nums[2]
+    assert _lib.lib.epmoe_version_number() == _lib.EPMOE_VERSION_NUMBER
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fake library")
+    src = tmp_path / "old.c"
+    src.write_text("int epmoe_version_number(void) { return 300; }\n")
+    so = tmp_path / "libepmoe.so.0"
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    import os
+    import sys
+
+    env = dict(os.environ, EPMOE_LIBRARY=str(so))
+    r = subprocess.run([sys.executable, "-c", "import epmoe"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "is libepmoe 0.3.0" in r.stderr, r.stderr
+
+
+def test_import_star_leaves_the_builtin_timeout_error() -> None:
+    import builtins
+
+    ns: dict = {}
+    exec("from epmoe import *", ns)
+    assert "TimeoutError" not in ns and "RequestTimeoutError" in ns
+    assert epmoe.TimeoutError is epmoe.RequestTimeoutError  # the old name still works
+    assert issubclass(epmoe.RequestTimeoutError, builtins.TimeoutError)
+
+
 def test_typed() -> None:
     assert (Path(epmoe.__file__).parent / "py.typed").exists()
 
@@ -57,6 +90,7 @@ def test_errors_follow_the_status_codes() -> None:
 
     assert isinstance(from_status(_lib.EINVAL, "x"), ValueError)
     assert isinstance(from_status(_lib.ETIMEDOUT, "x"), TimeoutError)
+    assert isinstance(from_status(_lib.EWAITTIMEOUT, "x"), epmoe.RequestTimeoutError)
     assert isinstance(from_status(_lib.EAGAIN, "x"), epmoe.BusyError)
     assert isinstance(from_status(_lib.EUNAVAILABLE, "x"), ConnectionError)
     e = from_status(_lib.ESTALE, "config hash 1 != 2", 7)

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List
@@ -241,3 +242,26 @@ def test_asyncio_cancel(lone_cluster: local.LocalCluster, models: Models) -> Non
         asyncio.run(cancel_one())
         res = asyncio.run(c.forward(1, inp["hidden_states"]))
         assert_same(res, models.ref("fp4", "1", 7), "after a cancelled task, in a new loop")
+
+
+def test_a_dropped_request_is_given_up_without_blocking(lone_cluster: local.LocalCluster, models: Models) -> None:
+    """Request.__del__ of a request in flight frees it with epmoe_request_free_nowait: its slot
+    comes back (max_in_flight 1) and the next request answers right."""
+    inp = models.input(7)
+    with epmoe.Client(lone_cluster.admin, max_in_flight=1) as c:
+        lone_cluster.pause_workers()
+        try:
+            r = c.submit(1, inp["hidden_states"], timeout=20)
+            del r
+            gc.collect()
+        finally:
+            lone_cluster.resume_workers()
+        deadline = time.monotonic() + 10
+        while True:  # the slot returns once the library's send is over
+            try:
+                res = c.submit(1, inp["hidden_states"]).result()
+                break
+            except epmoe.InFlightLimitError:
+                assert time.monotonic() < deadline, "the dropped request's slot never came back"
+                time.sleep(0.01)
+        assert_same(res, models.ref("fp4", "1", 7), "after a dropped request")

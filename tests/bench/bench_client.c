@@ -210,7 +210,12 @@ static void run_lib(echo *e, uint16_t *hidden, uint16_t *out, double *lat, resul
         fprintf(stderr, "epmoe_open: %s\n", err.message);
         exit(1);
     }
-    epmoe_submit_args a = {.layer = 1, .n_tokens = (uint32_t)T, .hidden = hidden, .out = out};
+    epmoe_submit_args a = EPMOE_SUBMIT_ARGS_INIT;
+    a.layer = 1;
+    a.n_tokens = (uint32_t)T;
+    a.hidden_size = (uint32_t)H;
+    a.hidden = hidden;
+    a.out = out;
     epmoe_request *rq;
     for (int i = -1; i < N; i++) { /* -1: connect and warm */
         double t0 = now_s();
@@ -236,7 +241,7 @@ static void run_lib(echo *e, uint16_t *hidden, uint16_t *out, double *lat, resul
     epmoe_request *got[64];
     while (done < N) {
         poll(&pf, 1, 1000);
-        int n = epmoe_poll(c, got, 64);
+        int n = epmoe_poll(c, got, NULL, 64);
         for (int i = 0; i < n; i++) {
             a.out = epmoe_request_user(got[i]);
             a.user = a.out;

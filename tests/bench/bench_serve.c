@@ -168,7 +168,10 @@ static void run_client(const args *a, int id, client_out *o)
         for (int s = 0; s < D && sent < a->calls; s++) {
             if (req[s] != NULL)
                 continue;
-            epmoe_submit_args sa = {.layer = (uint32_t)(a->layer0 + sent % nl),
+            epmoe_submit_args sa = {.size = sizeof(epmoe_submit_args),
+                                    .version = EPMOE_SUBMIT_ARGS_VERSION,
+                                    .hidden_size = (uint32_t)H,
+                                    .layer = (uint32_t)(a->layer0 + sent % nl),
                                     .n_tokens = (uint32_t)T,
                                     .hidden = x + (size_t)s * T * H,
                                     .token_ids = ids + (size_t)s * T,
@@ -180,7 +183,7 @@ static void run_client(const args *a, int id, client_out *o)
             sent++;
         }
         epmoe_request *fin[64];
-        int n = epmoe_poll(cl, fin, 64);
+        int n = epmoe_poll(cl, fin, NULL, 64);
         if (n == 0) {
             struct timespec ts = {0, 20000};
             /* the completion descriptor is what an event loop waits on; a short nap is the

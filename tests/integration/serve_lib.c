@@ -89,7 +89,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < D && sent < N; i++) {
             if (s[i].rq != NULL)
                 continue;
-            epmoe_submit_args a = {.layer = layer,
+            epmoe_submit_args a = {.size = sizeof(epmoe_submit_args),
+                                   .version = EPMOE_SUBMIT_ARGS_VERSION,
+                                   .hidden_size = (uint32_t)H,
+                                   .layer = layer,
                                    .n_tokens = (uint32_t)T,
                                    .hidden = in.x,
                                    .token_ids = in.ids,
@@ -110,7 +113,7 @@ int main(int argc, char **argv)
             break;
         }
         epmoe_request *fin[16];
-        int n = epmoe_poll(cl, fin, 16);
+        int n = epmoe_poll(cl, fin, NULL, 16);
         for (int j = 0; j < n; j++) {
             slot *sl = epmoe_request_user(fin[j]);
             if (lib_check(sl, T, H, k, &first, &done) != 0)

@@ -419,6 +419,7 @@ OPS=(
     "64|$CTL --coordinator=tcp://127.0.0.1:1 shards --layer|--layer needs a value|unexpected argument"
     "66|$CTL diff @T@/in5.st @T@/fp4/config.json|config.json: not a safetensors file|"
     "73|$CTL mkinput --model @T@/fp4 --tokens 2 --out @T@/nodir/x.st|@T@/nodir/x.st: cannot be written (through @T@/nodir/x.st.tmp)|"
+    "66|$CTL mkinput --model @T@/nomodel --tokens 2 --out @T@/x.st|--model @T@/nomodel: @T@/nomodel/config.json: No such file|"
     "64|$WORKER --bogus|unknown option --bogus|needs a value"
     "64|$WORKER --name w0|--coordinator is required|--coordinator and --name"
     "64|$WORKER --coordinator tcp://127.0.0.1:1|--name is required|--coordinator and --name"
@@ -433,6 +434,13 @@ for row in "${OPS[@]}"; do
         fail "ops check: $cmd still says \"$mustnot\": $(head -2 "$T/err")"
     fi
 done
+
+# undrain --help is undrain's own usage, not drain's (issue 23)
+run 0 "undrain --help" "$CTL" undrain --help
+has "$T/out" "usage: epmoectl [-o table|wide|json|yaml] undrain NAME" "undrain --help"
+grep -qF -- "--no-wait" "$T/out" && fail "undrain --help shows drain's options: $(head -2 "$T/out")"
+run 0 "drain --help" "$CTL" drain --help
+has "$T/out" "usage: epmoectl [-o table|wide|json|yaml] drain NAME [--no-wait]" "drain --help"
 
 # ---- shell completion: installed by cmake --install, and it completes ---------------------------
 INST=$T/inst

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # test_client_install.sh — libepmoe as an engine gets it (docs/client.md "Building against
 # libepmoe"): `cmake --install` into a temporary prefix puts <epmoe.h>, libepmoe.so.0 and
-# epmoe.pc there; examples/client_example.c compiles with `pkg-config --cflags --libs epmoe`
-# alone and links the installed library (SONAME libepmoe.so.0); then it runs against a real
-# cluster (cluster_lib.sh: a coordinator and 2 workers on loopback) and must answer every layer.
+# epmoe.pc and share/doc/epmoe/examples/client_example.c there; the installed example compiles
+# with `pkg-config --cflags --libs epmoe` alone and links the installed library (SONAME
+# libepmoe.so.0); then it runs against a real cluster (cluster_lib.sh: a coordinator and 2
+# workers on loopback) and must answer every layer, found through LD_LIBRARY_PATH and, built
+# with an rpath (docs/client.md "Building against libepmoe"), with no environment at all. The
+# daemons and the library say one version.
 #
 #   test_client_install.sh BUILD_DIR CTL_DIR COORDINATOR WORKER
 set -u
@@ -42,8 +45,25 @@ inc=$(pkg-config --variable=includedir epmoe)
 # a sanitizer build's library needs a program built the same way (ASan's runtime comes first)
 SAN=
 readelf -d "$LIB" | grep -q 'NEEDED.*libasan' && SAN="-fsanitize=address,undefined"
-if cc -std=c11 -Wall -Wextra -Werror $SAN "$SRC/examples/client_example.c" \
-    $(pkg-config --cflags --libs epmoe) -o "$TMP/client_example" 2>"$TMP/cc.log"; then
+EXAMPLE=$PREFIX/share/doc/epmoe/examples/client_example.c
+[ -f "$EXAMPLE" ] && cmp -s "$EXAMPLE" "$SRC/examples/client_example.c" &&
+    ok "installed share/doc/epmoe/examples/client_example.c" ||
+    { fail "no share/doc/epmoe/examples/client_example.c under $PREFIX"; EXAMPLE=$SRC/examples/client_example.c; }
+# docs/client.md's complete example is this file
+sed -n '/^## Example/,$p' "$SRC/docs/client.md" | sed -n '/^```c$/,/^```$/p' | sed '1d;$d' >"$TMP/doc_example.c"
+cmp -s "$TMP/doc_example.c" "$SRC/examples/client_example.c" &&
+    ok "docs/client.md's example is examples/client_example.c" ||
+    fail "docs/client.md's example differs from examples/client_example.c"
+for bin in epmoectl epmoe-coordinator epmoe-worker; do
+    v=$("$PREFIX/bin/$bin" --version 2>/dev/null | head -1)
+    [[ "$v" == "$bin $(pkg-config --modversion epmoe) "* ]] && ok "$bin --version: $v" ||
+        fail "$bin --version says \"$v\", libepmoe $(pkg-config --modversion epmoe)"
+done
+if cc -std=c11 -Wall -Wextra -Werror $SAN "$EXAMPLE" \
+    $(pkg-config --cflags --libs epmoe) -o "$TMP/client_example" 2>"$TMP/cc.log" &&
+    cc -std=c11 -Wall -Wextra -Werror $SAN "$EXAMPLE" $(pkg-config --cflags --libs epmoe) \
+        -Wl,-rpath,"$(pkg-config --variable=libdir epmoe)" -o "$TMP/client_example_rpath" \
+        2>>"$TMP/cc.log"; then
     ok "client_example builds with pkg-config --cflags --libs epmoe"
 else
     cat "$TMP/cc.log"
@@ -61,6 +81,9 @@ LD_LIBRARY_PATH=$(dirname "$LIB") "$TMP/client_example" "$ADMIN" 4 >"$TMP/run.lo
 rc=$?
 cat "$TMP/run.log"
 [ $rc -eq 0 ] && ok "client_example answered every layer" || fail "client_example exited $rc"
+env -u LD_LIBRARY_PATH "$TMP/client_example_rpath" "$ADMIN" 2 >"$TMP/run2.log" 2>&1 &&
+    ok "client_example built with -Wl,-rpath finds the library with no LD_LIBRARY_PATH" ||
+    { cat "$TMP/run2.log"; fail "client_example with an rpath exited $?"; }
 stop_cluster install
 [ $fails -eq 0 ] && echo "all ok" || echo "$fails failed"
 [ $fails -eq 0 ]

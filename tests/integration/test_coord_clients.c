@@ -5,13 +5,14 @@
  * Proves: CLIENT_INFO answers the config, its hash, the epochs and, per worker, the client
  * endpoint that worker reported in READY (none before it reported one), and nothing a client
  * does not need; a worker's spec client: endpoint reaches it in WELCOME; data_plane nccl
- * refuses CLIENT_INFO naming the data plane; with security: a client key (security.client_keys)
- * reads CLIENT_INFO, with each worker's public key (and WELCOME gives every worker the client
- * and operator keys its client endpoint admits), but is refused (ERR_REFUSED) for STATUS,
- * DRAIN, SHUTDOWN and FORWARD and cannot register as a worker, an operator key may use
- * CLIENT_INFO too, and a key in no list gets no answer at all; libepmoe opens with the client
- * key (a0, which reported an endpoint, is a ready member; b0 is not) and is refused with the
- * stranger's.
+ * refuses CLIENT_INFO with ERR_NOT_SUPPORTED naming the data plane; libepmoe pointed at
+ * coordinator.listen (not the admin endpoint) fails with EPMOE_EREFUSED saying so; with security: a
+ * client key (security.client_keys) reads CLIENT_INFO, with each worker's public key (and WELCOME
+ * gives every worker the client and operator keys its client endpoint admits), but is refused
+ * (ERR_REFUSED) for STATUS, DRAIN, SHUTDOWN and FORWARD and cannot register as a worker, an
+ * operator key may use CLIENT_INFO too, and a key in no list gets no answer at all; libepmoe opens
+ * with the client key (a0, which reported an endpoint, is a ready member; b0 is not) and is refused
+ * with the stranger's.
  */
 #include <stdio.h>
 #include <string.h>
@@ -73,7 +74,9 @@ TEST(client_info_serves_the_client_endpoints_workers_reported)
     CHECK(r->has_config_hash && r->config_hash == hash);
     CHECK(r->has_epoch && r->epoch == it_epoch(t, 1));
     CHECK(r->has_current_epoch && r->current_epoch == it_epoch(t, 1));
+    CHECK(r->has_max_tokens && r->max_tokens == EP_MAX_TOKENS); /* the cluster's, for clients */
     CHECK_STR_EQ(r->state ? r->state : "", "ready");
+    CHECK(r->has_cluster_state && r->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_READY);
     CHECK_EQ(r->n_workers, 2);
     const Epmoe__WorkerInfo *a = find_worker(r, w0->name), *b = find_worker(r, w1->name);
     CHECK(a && b);
@@ -81,6 +84,7 @@ TEST(client_info_serves_the_client_endpoints_workers_reported)
         CHECK_STR_EQ(a->client_endpoint ? a->client_endpoint : "", "tcp://127.0.0.1:45678");
         CHECK(b->client_endpoint == NULL);
         CHECK_STR_EQ(a->state ? a->state : "", "ready");
+        CHECK(a->has_worker_state && a->worker_state == EPMOE__WORKER_STATE__WORKER_READY);
         CHECK(a->has_member && a->member && a->has_rank && a->rank == 0);
         CHECK(!a->has_public_key); /* no security */
         /* what a client needs, nothing more */
@@ -101,9 +105,31 @@ TEST(client_info_is_refused_on_the_nccl_data_plane)
         return;
     it_client *c = it_client_new(t);
     Epmoe__AdminReply *r = it_call(t, c, EPMOE__ADMIN_VERB__ADMIN_CLIENT_INFO, NULL);
-    CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK(r && !r->ok && r->error_code == EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED);
     if (r && r->error)
         CHECK_STR_HAS(r->error, "not on this data plane (nccl)");
+    FINISH(t);
+}
+
+TEST(libepmoe_on_a_non_admin_endpoint_is_erefused)
+{
+    it_opts o;
+    it_default_opts(&o);
+    o.n_workers = 1;
+    itest *t = it_start(coord_bin, &o);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    /* coordinator.listen, the workers' socket: it answers a client's question with an Error */
+    epmoe_options lo = EPMOE_OPTIONS_INIT;
+    lo.coordinator = t->listen;
+    lo.connect_timeout_ms = 3000;
+    epmoe_client *lc = NULL;
+    epmoe_error lerr;
+    CHECK_EQ(epmoe_open(&lo, &lc, &lerr), EPMOE_EREFUSED);
+    CHECK_STR_HAS(lerr.message, "not an epmoe coordinator's admin endpoint");
+    CHECK_STR_HAS(lerr.message, t->listen);
+    CHECK(lc == NULL);
     FINISH(t);
 }
 
@@ -269,7 +295,10 @@ TEST(a_client_key_reads_client_info_and_nothing_else)
         printf("  epmoe_open with the client key: %s\n", lerr.message);
     epmoe_info info;
     CHECK(lc && epmoe_info_get(lc, &info, NULL) == 0 && info.n_members == 2);
-    CHECK(lc && info.hidden_size == IT_H && info.members[0].ready && !info.members[1].ready);
+    epmoe_member m[2];
+    uint32_t nm = 0;
+    CHECK(lc && epmoe_info_members(lc, m, 2, &nm, NULL) == 0 && nm == 2);
+    CHECK(lc && info.hidden_size == IT_H && m[0].ready && !m[1].ready);
     epmoe_close(&lc);
     rc = lib_open(t, dir, stranger_key, &lc, &lerr);
     CHECK_EQ(rc, EPMOE_EREFUSED);
@@ -290,6 +319,7 @@ int main(int argc, char **argv)
     coord_bin = argv[1];
     RUN(client_info_serves_the_client_endpoints_workers_reported);
     RUN(client_info_is_refused_on_the_nccl_data_plane);
+    RUN(libepmoe_on_a_non_admin_endpoint_is_erefused);
     RUN(a_client_key_reads_client_info_and_nothing_else);
     return test_report();
 }

@@ -1553,7 +1553,10 @@ static void real_forward(real_cluster *rc, const fixture *fx, const char *layer_
     epmoe_error e = {0};
     outs got = outs_new(c, T);
     epmoe_request *rq = NULL;
-    epmoe_submit_args sa = {.layer = (uint32_t)layer,
+    epmoe_submit_args sa = {.size = sizeof(epmoe_submit_args),
+                            .version = EPMOE_SUBMIT_ARGS_VERSION,
+                            .hidden_size = (uint32_t)c->hidden_size,
+                            .layer = (uint32_t)layer,
                             .n_tokens = (uint32_t)T,
                             .hidden = fx->x,
                             .token_ids = mc_layer_is_hash(c, layer) ? fx->ids : NULL,

@@ -50,6 +50,7 @@
 #define F_HASHV  0x1234abcdULL
 #define F_EPOCH  7
 #define F_MAX_EN 3
+#define F_H_MAX  128 /* the fake's model may change to an H up to this (model_change tests) */
 
 typedef enum f_mode { FM_OK = 0, FM_SILENT, FM_CODE, FM_LATE, FM_SHORT } f_mode;
 
@@ -64,10 +65,11 @@ typedef struct f_entry {
     char name[16];
     /* behaviour (under fake.mu) */
     f_mode mode;
-    int code;    /* FM_CODE: the ErrorCode answered */
-    int late_ms; /* FM_LATE */
-    bool listed; /* reported as a ready member with its endpoint */
-    char state[16];
+    int code;       /* FM_CODE: the ErrorCode answered */
+    int late_ms;    /* FM_LATE */
+    bool listed;    /* reported as a ready member with its endpoint */
+    char state[16]; /* the word CLIENT_INFO says (for people) */
+    int wstate;     /* and the code (Epmoe__WorkerState) the library decides by */
     /* what it saw */
     int n_submits, n_resent;
     uint64_t last_client;
@@ -87,7 +89,14 @@ typedef struct fake {
     int n_en;
     pthread_mutex_t mu;
     bool coord_silent;
-    const char *coord_error; /* answer CLIENT_INFO ok:false with this (ERR_BAD_REQUEST) */
+    /* the model CLIENT_INFO describes and the entries answer for (a restart on another
+     * checkpoint changes them) */
+    uint32_t h, vocab;
+    uint64_t hash;
+    const char *coord_error; /* answer CLIENT_INFO ok:false with this (and coord_code) */
+    int coord_code;
+    uint32_t max_tokens; /* CLIENT_INFO's max_tokens (0: not sent, as an older coordinator) */
+    int cluster_state;   /* CLIENT_INFO's cluster_state (the word stays "ready") */
     int n_info;
     atomic_bool stop;
     pthread_t thread;
@@ -128,27 +137,31 @@ static void f_info(fake *f, const wire_msg *m)
     if (f->coord_error) {
         rep.ok = 0;
         rep.has_error_code = 1;
-        rep.error_code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+        rep.error_code = (Epmoe__ErrorCode)f->coord_code;
         rep.error = (char *)f->coord_error;
     } else {
         rep.ok = 1;
         mc.has_hidden_size = mc.has_num_hidden_layers = mc.has_num_experts_per_tok = 1;
         mc.has_n_routed_experts = mc.has_num_hash_layers = mc.has_num_nextn_predict_layers = 1;
         mc.has_vocab_size = mc.has_expert_dtype = 1;
-        mc.hidden_size = F_H;
+        mc.hidden_size = f->h;
         mc.num_hidden_layers = F_MAIN;
         mc.num_nextn_predict_layers = F_MTP;
         mc.num_hash_layers = F_HASH;
         mc.num_experts_per_tok = F_K;
         mc.n_routed_experts = F_E;
-        mc.vocab_size = F_VOCAB;
+        mc.vocab_size = f->vocab;
         mc.expert_dtype = EPMOE__EXPERT_DTYPE__EXPERT_FP8;
         rep.config = &mc;
         rep.has_config_hash = rep.has_epoch = rep.has_current_epoch = 1;
-        rep.config_hash = F_HASHV;
+        rep.config_hash = f->hash;
+        rep.has_max_tokens = f->max_tokens > 0;
+        rep.max_tokens = f->max_tokens;
         rep.epoch = rep.current_epoch = F_EPOCH;
         rep.cluster = "fake";
         rep.state = "ready";
+        rep.has_cluster_state = 1;
+        rep.cluster_state = (Epmoe__ClusterState)f->cluster_state;
         for (int i = 0; i < f->n_en; i++) {
             epmoe__worker_info__init(&wi[i]);
             wi[i].name = f->en[i].name;
@@ -156,6 +169,8 @@ static void f_info(fake *f, const wire_msg *m)
             wi[i].rank = (uint32_t)i;
             wi[i].member = true;
             wi[i].state = f->en[i].state;
+            wi[i].has_worker_state = 1;
+            wi[i].worker_state = (Epmoe__WorkerState)f->en[i].wstate;
             wi[i].client_endpoint = f->en[i].listed ? f->en[i].ep : NULL;
             if (f->secure) {
                 wi[i].has_public_key = 1;
@@ -200,12 +215,12 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
         wire_free_unpacked(&s->base);
         return;
     }
-    size_t T = s->n_tokens;
-    static uint16_t out[256 * F_H];
+    size_t T = s->n_tokens, H = f->h;
+    static uint16_t out[256 * F_H_MAX];
     static int32_t ids[256 * F_K];
     static float w[256 * F_K];
     /* frames need not be aligned: copy them */
-    static uint16_t hid[256 * F_H];
+    static uint16_t hid[256 * F_H_MAX];
     static int64_t tid_buf[256];
     memcpy(hid, m->payload[0], m->payload_len[0] < sizeof hid ? m->payload_len[0] : sizeof hid);
     const int64_t *tid = NULL;
@@ -215,16 +230,15 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
         tid = tid_buf;
     }
     for (size_t t = 0; t < T && t < 256; t++) {
-        for (size_t h = 0; h < F_H; h++)
-            out[t * F_H + h] =
-                (uint16_t)(hid[t * F_H + h] ^ (0x1000 + s->layer) ^ (late ? 0x0F0F : 0));
-        int64_t key = tid ? tid[t] : hid[t * F_H];
+        for (size_t h = 0; h < H; h++)
+            out[t * H + h] = (uint16_t)(hid[t * H + h] ^ (0x1000 + s->layer) ^ (late ? 0x0F0F : 0));
+        int64_t key = tid ? tid[t] : hid[t * H];
         for (size_t j = 0; j < F_K; j++) {
             ids[t * F_K + j] = (int32_t)((key + (int64_t)j) % F_E);
             w[t * F_K + j] = (float)t + 0.5f * (float)j + (float)s->layer;
         }
     }
-    wire_payload p[3] = {{.data = out, .len = T * F_H * 2},
+    wire_payload p[3] = {{.data = out, .len = T * H * 2},
                          {.data = ids, .len = T * F_K * 4},
                          {.data = w, .len = T * F_K * 4}};
     if (e->mode == FM_SHORT)
@@ -232,7 +246,6 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
     wire_send(e->sock, m->ident, m->ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r.base, p, 3, true,
               NULL);
     wire_free_unpacked(&s->base);
-    (void)f;
 }
 
 static void f_on_submit(fake *f, f_entry *e, int rank, wire_msg *m)
@@ -333,6 +346,11 @@ static fake *fake_start_opts(int n_entries, bool secure)
     fake *f = calloc(1, sizeof *f);
     f->zctx = zmq_ctx_new();
     pthread_mutex_init(&f->mu, NULL);
+    f->h = F_H;
+    f->vocab = F_VOCAB;
+    f->hash = F_HASHV;
+    f->coord_code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
+    f->cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_READY;
     if (secure)
         f_secure(f);
     f->coord = f_router(f, f->coord_ep, sizeof f->coord_ep, &f->coord_kp);
@@ -342,6 +360,7 @@ static fake *fake_start_opts(int n_entries, bool secure)
         e->sock = f_router(f, e->ep, sizeof e->ep, &f->en_kp[i]);
         snprintf(e->name, sizeof e->name, "e%d", i);
         snprintf(e->state, sizeof e->state, "ready");
+        e->wstate = EPMOE__WORKER_STATE__WORKER_READY;
         e->listed = true;
     }
     pthread_create(&f->thread, NULL, f_main, f);
@@ -395,7 +414,7 @@ static int fake_count(fake *f, int i, bool resent)
 static epmoe_client *open_client(fake *f, uint32_t max_in_flight, uint32_t timeout_ms,
                                  uint32_t resend_ms, const char *entry)
 {
-    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    epmoe_options o = EPMOE_OPTIONS_INIT;
     o.coordinator = f->coord_ep;
     o.max_in_flight = max_in_flight;
     o.timeout_ms = timeout_ms;
@@ -433,15 +452,17 @@ static void call_make(call *k, uint32_t layer, uint32_t T, uint32_t seed)
 
 static int call_submit(epmoe_client *c, call *k, uint32_t timeout_ms, epmoe_error *err)
 {
-    epmoe_submit_args a = {.layer = k->layer,
-                           .n_tokens = k->T,
-                           .hidden = k->hidden,
-                           .token_ids = k->layer < F_HASH ? k->ids : NULL,
-                           .out = k->out,
-                           .topk_ids = k->topk_ids,
-                           .topk_weights = k->topk_w,
-                           .timeout_ms = timeout_ms,
-                           .user = k};
+    epmoe_submit_args a = EPMOE_SUBMIT_ARGS_INIT;
+    a.layer = k->layer;
+    a.n_tokens = k->T;
+    a.hidden_size = F_H;
+    a.hidden = k->hidden;
+    a.token_ids = k->layer < F_HASH ? k->ids : NULL;
+    a.out = k->out;
+    a.topk_ids = k->topk_ids;
+    a.topk_weights = k->topk_w;
+    a.timeout_ms = timeout_ms;
+    a.user = k;
     return epmoe_submit(c, &a, &k->req, err);
 }
 
@@ -488,8 +509,14 @@ TEST(info_describes_the_model_and_the_members)
         CHECK_STR_EQ(info.expert_dtype, "fp8");
         CHECK(info.config_hash == F_HASHV && info.epoch == F_EPOCH);
         CHECK_EQ(info.n_members, 2);
-        CHECK(info.members[1].ready && strcmp(info.members[1].name, "e1") == 0);
-        CHECK_STR_EQ(info.members[0].client_endpoint, f->en[0].ep);
+        CHECK_EQ(info.max_tokens, 65536); /* CLIENT_INFO did not say: this build's limit */
+        epmoe_member m[3];
+        uint32_t n = 0;
+        CHECK(epmoe_info_members(c, m, 3, &n, &err) == 0 && n == 2);
+        CHECK(m[1].ready && strcmp(m[1].name, "e1") == 0);
+        CHECK_STR_EQ(m[0].client_endpoint, f->en[0].ep);
+        CHECK(epmoe_info_members(c, m, 1, &n, &err) == 0 && n == 2); /* cap 1: the first */
+        CHECK(epmoe_info_members(c, NULL, 0, &n, &err) == 0 && n == 2);
         uint32_t layer = 99;
         CHECK(epmoe_layer_index(&info, "mtp.0", &layer, &err) == 0 && layer == F_MAIN);
         CHECK(epmoe_layer_index(&info, "layers.2", &layer, &err) == 0 && layer == 2);
@@ -499,6 +526,8 @@ TEST(info_describes_the_model_and_the_members)
         CHECK_EQ(epmoe_layer_index(&info, "mtp.x", &layer, &err), EPMOE_EINVAL);
     }
     CHECK_STR_EQ(epmoe_version(), "0.4.0");
+    CHECK_EQ(EPMOE_VERSION_NUMBER, 400);
+    CHECK_EQ(epmoe_version_number(), EPMOE_VERSION_NUMBER);
     CHECK_STR_HAS(epmoe_strerror(EPMOE_EAGAIN), "EPMOE_EAGAIN");
     epmoe_close(&c);
     CHECK(c == NULL);
@@ -532,7 +561,7 @@ TEST(submit_wait_poll_and_the_descriptor_level)
     while (got < 4 && now_ms() < until) {
         if (!fd_readable(fd, 1000))
             continue;
-        int n = epmoe_poll(c, done, 8);
+        int n = epmoe_poll(c, done, NULL, 8);
         CHECK(n >= 1);
         for (int i = 0; i < n; i++) {
             call *kk = epmoe_request_user(done[i]);
@@ -551,7 +580,7 @@ TEST(submit_wait_poll_and_the_descriptor_level)
     }
     CHECK_EQ(got, 4);
     CHECK(!fd_readable(fd, 0)); /* level: nothing waits */
-    CHECK_EQ(epmoe_poll(c, done, 8), 0);
+    CHECK_EQ(epmoe_poll(c, done, NULL, 8), 0);
     /* wait: returns the request's status, keeps it readable until freed */
     call_make(&k[0], 2, 3, 9);
     CHECK_EQ(call_submit(c, &k[0], 0, &err), EPMOE_OK);
@@ -587,8 +616,11 @@ TEST(the_slot_pool_says_eagain_at_max_in_flight)
     CHECK_EQ(call_submit(c, &k[4], 0, &err), EPMOE_EAGAIN);
     CHECK_EQ(err.code, EPMOE_EAGAIN);
     CHECK_STR_HAS(err.message, "max_in_flight");
-    CHECK_EQ(epmoe_wait(k[0].req, 20, &err), EPMOE_EAGAIN); /* still in flight */
-    epmoe_request_free(&k[0].req);                          /* cancels, frees the slot */
+    CHECK_EQ(epmoe_wait(k[0].req, 20, &err), EPMOE_EWAITTIMEOUT); /* still in flight */
+    CHECK_STR_HAS(err.message, "still in flight after 20 ms");
+    epmoe_request_info ri;
+    CHECK(epmoe_request_status(k[0].req, &ri) == 0 && ri.status == EPMOE_EINPROGRESS);
+    epmoe_request_free(&k[0].req); /* cancels, frees the slot */
     CHECK_EQ(call_submit(c, &k[4], 0, &err), EPMOE_OK);
     epmoe_close(&c); /* cancels the rest */
     fake_stop(&f);
@@ -655,7 +687,7 @@ TEST(a_silent_entry_is_resent_to_another_and_its_late_answer_is_dropped)
     /* e0's late answer comes and is dropped: the buffer keeps e1's bytes */
     usleep(1700000);
     CHECK_EQ(call_check(&k, false), 0);
-    CHECK_EQ(epmoe_poll(c, &k.req, 1), 0);
+    CHECK_EQ(epmoe_poll(c, &k.req, NULL, 1), 0);
     epmoe_request_free(&k.req);
     epmoe_close(&c);
     fake_stop(&f);
@@ -679,6 +711,7 @@ TEST(an_entry_that_leaves_client_info_has_its_requests_resent_at_once)
     usleep(100000);
     pthread_mutex_lock(&f->mu);
     snprintf(f->en[0].state, sizeof f->en[0].state, "dead");
+    f->en[0].wstate = EPMOE__WORKER_STATE__WORKER_DEAD;
     pthread_mutex_unlock(&f->mu);
     int64_t t0 = now_ms();
     CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_OK);
@@ -690,7 +723,10 @@ TEST(an_entry_that_leaves_client_info_has_its_requests_resent_at_once)
     epmoe_request_free(&k.req);
     /* the info follows: e0 is no longer ready */
     epmoe_info info;
-    CHECK(epmoe_info_get(c, &info, &err) == 0 && !info.members[0].ready && info.members[1].ready);
+    epmoe_member m[2];
+    uint32_t n = 0;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.n_members == 2);
+    CHECK(epmoe_info_members(c, m, 2, &n, &err) == 0 && !m[0].ready && m[1].ready);
     epmoe_close(&c);
     fake_stop(&f);
 }
@@ -702,7 +738,6 @@ TEST(cluster_error_codes_map_to_statuses)
     } map[] = {
         {EPMOE__ERROR_CODE__ERR_BUSY, EPMOE_EBUSY},
         {EPMOE__ERROR_CODE__ERR_NOT_READY, EPMOE_ENOTREADY},
-        {EPMOE__ERROR_CODE__ERR_CONFIG_HASH, EPMOE_ESTALE},
         {EPMOE__ERROR_CODE__ERR_TIMEOUT, EPMOE_ETIMEDOUT},
         {EPMOE__ERROR_CODE__ERR_BAD_REQUEST, EPMOE_EINVAL},
         {EPMOE__ERROR_CODE__ERR_REFUSED, EPMOE_EREFUSED},
@@ -736,6 +771,16 @@ TEST(cluster_error_codes_map_to_statuses)
     CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_EPROTO);
     CHECK_STR_HAS(err.message, "entry e0: RESULT for layer 1");
     epmoe_request_free(&k.req);
+    /* ERR_CONFIG_HASH: the entry serves another model, and so the client is stale */
+    fake_set(f, 0, FM_CODE, EPMOE__ERROR_CODE__ERR_CONFIG_HASH);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_ESTALE);
+    CHECK_EQ(err.remote_code, EPMOE__ERROR_CODE__ERR_CONFIG_HASH);
+    CHECK_STR_HAS(err.message, "entry e0: layer 1: the fake says no");
+    epmoe_request_free(&k.req);
+    fake_set(f, 0, FM_OK, 0);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_ESTALE);
+    CHECK_STR_HAS(err.message, "serves another model than the one of epmoe_open");
     epmoe_close(&c);
     fake_stop(&f);
 }
@@ -758,7 +803,11 @@ TEST(bad_arguments_are_refused_naming_what)
     CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "0 tokens (expected 1..65536)");
     call_make(&k, 1, 2, 1);
-    epmoe_submit_args a = {.layer = 0, .n_tokens = 2, .hidden = k.hidden, .out = k.out};
+    epmoe_submit_args a = EPMOE_SUBMIT_ARGS_INIT;
+    a.n_tokens = 2;
+    a.hidden_size = F_H;
+    a.hidden = k.hidden;
+    a.out = k.out;
     CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "layer 0 is a hash layer");
     k.ids[1] = F_VOCAB;
@@ -769,12 +818,46 @@ TEST(bad_arguments_are_refused_naming_what)
     a.out = NULL;
     CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "out is NULL");
+    a.out = k.out;
+    k.ids[1] = 1;
+    /* the shape the caller sized its buffers for, and the struct's own size and version */
+    a.hidden_size = F_H * 2;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "hidden_size 128: the model's H is 64");
+    a.hidden_size = 0;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    a.hidden_size = F_H;
+    a.config_hash = F_HASHV + 1;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_ESTALE);
+    CHECK_STR_HAS(err.message, "is not the model's");
+    a.config_hash = F_HASHV;
+    a.size = offsetof(epmoe_submit_args, user);
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "EPMOE_SUBMIT_ARGS_INIT");
+    a.size = sizeof a;
+    a.version = EPMOE_SUBMIT_ARGS_VERSION + 1;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_EINVAL);
+    a.version = EPMOE_SUBMIT_ARGS_VERSION;
+    CHECK_EQ(epmoe_submit(c, &a, &k.req, &err), EPMOE_OK); /* all of it right: accepted */
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    epmoe_request_free(&k.req);
     CHECK(k.req == NULL);
     epmoe_close(&c);
     /* options */
-    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    epmoe_options o = EPMOE_OPTIONS_INIT;
+    CHECK(o.size == sizeof o && o.version == EPMOE_OPTIONS_VERSION && o.coordinator == NULL);
     CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "options.coordinator");
+    /* an entry name no worker has is refused (an endpoint may be one not reported yet) */
+    o.coordinator = f->coord_ep;
+    o.entry = "e7";
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "options.entry \"e7\": no such worker in cluster fake (workers: e0");
+    CHECK(c == NULL);
+    o.entry = "e0";
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_OK);
+    epmoe_close(&c);
+    o.entry = NULL;
     o.coordinator = "tcp://127.0.0.1:99999";
     CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
     CHECK_STR_HAS(err.message, "is not in 1..65535");
@@ -796,19 +879,24 @@ TEST(bad_arguments_are_refused_naming_what)
 TEST(open_fails_clearly_without_a_usable_coordinator)
 {
     fake *f = fake_start(1);
-    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    epmoe_options o = EPMOE_OPTIONS_INIT;
     o.coordinator = f->coord_ep;
     o.connect_timeout_ms = 300;
     epmoe_client *c = NULL;
     epmoe_error err;
-    /* nccl: not on this data plane */
+    /* nccl: not on this data plane, said by the code (ERR_NOT_SUPPORTED), not by the words */
     pthread_mutex_lock(&f->mu);
     f->coord_error = "CLIENT_INFO: cluster x serves clients not on this data plane (nccl): ...";
+    f->coord_code = EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED;
     pthread_mutex_unlock(&f->mu);
     CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_ENOTSUP);
     CHECK_STR_HAS(err.message, "not on this data plane (nccl)");
     CHECK_STR_HAS(err.message, f->coord_ep);
-    CHECK_EQ(err.remote_code, EPMOE__ERROR_CODE__ERR_BAD_REQUEST);
+    CHECK_EQ(err.remote_code, EPMOE__ERROR_CODE__ERR_NOT_SUPPORTED);
+    pthread_mutex_lock(&f->mu);
+    f->coord_code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST; /* the same words, another code */
+    pthread_mutex_unlock(&f->mu);
+    CHECK_EQ(epmoe_open(&o, &c, &err), EPMOE_EINVAL);
     /* silent */
     pthread_mutex_lock(&f->mu);
     f->coord_error = NULL;
@@ -867,7 +955,7 @@ TEST(cancel_releases_the_buffers_and_keeps_the_request_out_of_poll)
     static const uint16_t zero[16 * F_H];
     CHECK(memcmp(k.out, zero, sizeof zero) == 0);
     epmoe_request *done[2];
-    CHECK_EQ(epmoe_poll(c, done, 2), 0);
+    CHECK_EQ(epmoe_poll(c, done, NULL, 2), 0);
     CHECK(!fd_readable(epmoe_fd(c), 0));
     epmoe_cancel(k.req); /* finished: nothing */
     epmoe_request_free(&k.req);
@@ -979,7 +1067,7 @@ static int open_secure(fake *f, const auth_keypair *kp, epmoe_client **c, epmoe_
     char sec[AUTH_Z85_LEN + 1], srv[AUTH_Z85_LEN + 1];
     zmq_z85_encode(sec, kp->sec, AUTH_KEY_BYTES);
     zmq_z85_encode(srv, f->coord_kp.pub, AUTH_KEY_BYTES);
-    epmoe_options o = {.size = sizeof o, .version = EPMOE_OPTIONS_VERSION};
+    epmoe_options o = EPMOE_OPTIONS_INIT;
     o.coordinator = f->coord_ep;
     o.client_secret_key = sec;
     o.server_key = srv;
@@ -1045,12 +1133,240 @@ TEST(serving_goes_on_while_the_coordinator_is_silent_and_entry_may_be_an_endpoin
     CHECK_EQ(fake_count(f, 0, false), 0);
     CHECK_EQ(fake_count(f, 1, false), 6);
     epmoe_info info;
-    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.n_members == 2 && info.members[1].ready);
+    epmoe_member m[2];
+    uint32_t n = 0;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.n_members == 2);
+    CHECK(epmoe_info_members(c, m, 2, &n, &err) == 0 && n == 2 && m[1].ready);
     pthread_mutex_lock(&f->mu);
     CHECK_EQ(f->n_info, asked); /* it was silent throughout */
     pthread_mutex_unlock(&f->mu);
     epmoe_close(&c);
     fake_stop(&f);
+}
+
+TEST(abi_max_tokens_poll_user_and_a_free_that_never_blocks)
+{
+    fake *f = fake_start(1);
+    f->max_tokens = 16; /* the cluster's limit, in CLIENT_INFO */
+    epmoe_client *c = open_client(f, 2, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    epmoe_info info;
+    epmoe_error err;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.max_tokens == 16);
+    static call k[2];
+    call_make(&k[0], 1, 16, 1);
+    CHECK_EQ(call_submit(c, &k[0], 0, &err), EPMOE_OK);
+    call_make(&k[1], 1, 2, 2);
+    CHECK_EQ(call_submit(c, &k[1], 0, &err), EPMOE_OK);
+    /* epmoe_poll gives each one's user, read when it took the request */
+    epmoe_request *done[2];
+    void *user[2];
+    int got = 0;
+    for (int64_t until = now_ms() + 3000; got < 2 && now_ms() < until;)
+        if (fd_readable(epmoe_fd(c), 100))
+            got += epmoe_poll(c, done + got, user + got, 2 - got);
+    CHECK_EQ(got, 2);
+    for (int i = 0; i < got; i++) {
+        CHECK(user[i] == epmoe_request_user(done[i]) && (user[i] == &k[0] || user[i] == &k[1]));
+        epmoe_request_free(&done[i]);
+    }
+    k[0].T = 17;
+    CHECK_EQ(call_submit(c, &k[0], 0, &err), EPMOE_EINVAL);
+    CHECK_STR_HAS(err.message, "17 tokens (expected 1..16)");
+    epmoe_close(&c);
+    /* an entry nobody listens on: the input stays in the socket's pipe, so a blocking free
+     * waits for the library to reset that socket; the nowait one returns at once and the slot
+     * comes back by itself */
+    pthread_mutex_lock(&f->mu);
+    snprintf(f->en[0].ep, sizeof f->en[0].ep, "tcp://127.0.0.1:1");
+    pthread_mutex_unlock(&f->mu);
+    c = open_client(f, 1, 3000, 0, NULL);
+    CHECK(c != NULL);
+    call_make(&k[0], 1, 2, 3);
+    CHECK(c && call_submit(c, &k[0], 0, &err) == EPMOE_OK);
+    usleep(20 * 1000); /* sent: the I/O thread holds it */
+    int64_t t0 = now_ms();
+    epmoe_request_free(&k[0].req);
+    int64_t blocking = now_ms() - t0;
+    CHECK(c && call_submit(c, &k[0], 0, &err) == EPMOE_OK);
+    usleep(20 * 1000);
+    t0 = now_ms();
+    epmoe_request_free_nowait(&k[0].req);
+    int64_t nowait = now_ms() - t0;
+    CHECK(k[0].req == NULL);
+    printf("  epmoe_request_free %lld ms, epmoe_request_free_nowait %lld ms\n", (long long)blocking,
+           (long long)nowait);
+    CHECK(blocking >= 50); /* CL_RELEASE_MS (100) less the 20 ms slept */
+    CHECK(nowait < 20);
+    int rc = EPMOE_EAGAIN; /* max_in_flight 1: the slot comes back once the socket is reset */
+    for (int64_t until = now_ms() + 2000; rc == EPMOE_EAGAIN && now_ms() < until; usleep(5000))
+        rc = c ? call_submit(c, &k[0], 0, &err) : EPMOE_EINVAL;
+    CHECK_EQ(rc, EPMOE_OK);
+    epmoe_request_free_nowait(&k[0].req);
+    epmoe_close(&c);
+    CHECK_STR_HAS(epmoe_strerror(EPMOE_EWAITTIMEOUT), "EPMOE_EWAITTIMEOUT");
+    CHECK_STR_HAS(epmoe_strerror(EPMOE_EINPROGRESS), "EPMOE_EINPROGRESS");
+    fake_stop(&f);
+}
+
+TEST(states_are_read_from_codes_not_words)
+{
+    fake *f = fake_start(2);
+    /* e0 says "ready" in words but is loading; e1's word is one the library never heard */
+    snprintf(f->en[0].state, sizeof f->en[0].state, "ready");
+    f->en[0].wstate = EPMOE__WORKER_STATE__WORKER_LOADING;
+    snprintf(f->en[1].state, sizeof f->en[1].state, "prêt");
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    epmoe_member m[2];
+    uint32_t n = 0;
+    epmoe_error err;
+    CHECK(epmoe_info_members(c, m, 2, &n, &err) == 0 && n == 2 && !m[0].ready && m[1].ready);
+    static call k;
+    call_make(&k, 1, 2, 9);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    epmoe_request_info ri;
+    CHECK(epmoe_request_status(k.req, &ri) == 0 && strcmp(ri.entry, "e1") == 0);
+    epmoe_request_free(&k.req);
+    /* the cluster blocked (its word still "ready"): refused at once at submit */
+    pthread_mutex_lock(&f->mu);
+    f->cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
+    pthread_mutex_unlock(&f->mu);
+    int rc = EPMOE_OK;
+    for (int64_t until = now_ms() + 5000; rc == EPMOE_OK && now_ms() < until; usleep(20000)) {
+        rc = call_submit(c, &k, 0, &err);
+        if (rc == EPMOE_OK) {
+            epmoe_wait(k.req, 3000, NULL);
+            epmoe_request_free(&k.req);
+        }
+    }
+    CHECK_EQ(rc, EPMOE_ENOTREADY);
+    CHECK_STR_HAS(err.message, "cluster fake is blocked");
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+/* ---- the model changes under an open client (issue 23, defect 1) ---- */
+
+#define GUARD_BYTES 4096
+#define GUARD_BYTE  0xA5
+
+/* A caller's buffer of n bytes with guard bytes on both sides, in an allocation of its own so
+ * that ASan also sees a write past the guards. */
+typedef struct guarded {
+    uint8_t *base;
+    size_t n;
+} guarded;
+
+static void *guarded_new(guarded *g, size_t n)
+{
+    g->n = n;
+    g->base = malloc(n + 2 * GUARD_BYTES);
+    memset(g->base, GUARD_BYTE, n + 2 * GUARD_BYTES);
+    return g->base + GUARD_BYTES;
+}
+
+/* How many guard bytes were overwritten. */
+static size_t guarded_damage(const guarded *g)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        bad += (g->base[i] != GUARD_BYTE) + (g->base[GUARD_BYTES + g->n + i] != GUARD_BYTE);
+    return bad;
+}
+
+static void fake_model(fake *f, uint32_t h, uint32_t vocab, uint64_t hash)
+{
+    pthread_mutex_lock(&f->mu);
+    f->h = h;
+    f->vocab = vocab;
+    f->hash = hash;
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* Submits layer 1 (4 tokens, buffers sized for the H of epmoe_open) until a submit or its
+ * answer says EPMOE_ESTALE, for at most 6 s (the client asks CLIENT_INFO every 0.5-2 s).
+ * Returns the last status; *damage counts the guard bytes overwritten around the buffers. */
+static int submit_until_stale(epmoe_client *c, size_t *damage)
+{
+    enum { T = 4 };
+    guarded gh, go, gi, gw;
+    uint16_t *hidden = guarded_new(&gh, (size_t)T * F_H * 2);
+    uint16_t *out = guarded_new(&go, (size_t)T * F_H * 2);
+    int32_t *ids = guarded_new(&gi, (size_t)T * F_K * 4);
+    float *w = guarded_new(&gw, (size_t)T * F_K * 4);
+    for (int i = 0; i < T * F_H; i++)
+        hidden[i] = (uint16_t)(0x3C00 + i);
+    int rc = EPMOE_OK;
+    int64_t until = now_ms() + 6000;
+    while (rc != EPMOE_ESTALE && now_ms() < until) {
+        epmoe_submit_args a = EPMOE_SUBMIT_ARGS_INIT;
+        a.layer = 1;
+        a.n_tokens = T;
+        a.hidden_size = F_H;
+        a.hidden = hidden;
+        a.out = out;
+        a.topk_ids = ids;
+        a.topk_weights = w;
+        a.timeout_ms = 2000;
+        epmoe_request *rq = NULL;
+        epmoe_error err;
+        rc = epmoe_submit(c, &a, &rq, &err);
+        if (rc == EPMOE_OK)
+            rc = epmoe_wait(rq, -1, &err);
+        if (rc != EPMOE_OK && rc != EPMOE_ESTALE &&
+            rc != EPMOE_EPROTO) /* EPROTO: an answer
+                                 * for the new H before the client heard of it, refused */
+            printf("  submit: %s\n", err.message);
+        if (rc == EPMOE_ESTALE)
+            CHECK_STR_HAS(err.message, "config hash");
+        epmoe_request_free(&rq);
+        if (rc == EPMOE_OK)
+            usleep(50 * 1000);
+    }
+    *damage = guarded_damage(&gh) + guarded_damage(&go) + guarded_damage(&gi) + guarded_damage(&gw);
+    free(gh.base), free(go.base), free(gi.base), free(gw.base);
+    return rc;
+}
+
+static void model_change_case(uint32_t h, uint32_t vocab)
+{
+    fake *f = fake_start(1);
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    size_t damage = 0;
+    CHECK_EQ(submit_until_stale(c, &damage), EPMOE_OK); /* nothing changed: ok throughout */
+    fake_model(f, h, vocab, F_HASHV + 1);               /* the coordinator restarts on another */
+    int rc = submit_until_stale(c, &damage);
+    CHECK_EQ(rc, EPMOE_ESTALE);
+    CHECK_EQ(damage, 0); /* nothing written (or read) past the caller's buffers */
+    /* it stays stale, even if the old model comes back: the engine opens a new client */
+    fake_model(f, F_H, F_VOCAB, F_HASHV);
+    CHECK_EQ(submit_until_stale(c, &damage), EPMOE_ESTALE);
+    epmoe_info info;
+    epmoe_info_get(c, &info, NULL);
+    CHECK(info.hidden_size == F_H && info.config_hash == F_HASHV); /* the model of open */
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+TEST(a_model_change_under_an_open_client_is_estale_never_an_overrun)
+{
+    model_change_case(128, F_VOCAB); /* H 64 -> 128 */
+    model_change_case(F_H, 512);     /* the same H, another vocabulary */
 }
 
 int main(void)
@@ -1070,5 +1386,8 @@ int main(void)
     RUN(threads_submitting_at_once_each_get_their_own_answers);
     RUN(curve_clients_reach_entries_with_the_keys_client_info_gave);
     RUN(serving_goes_on_while_the_coordinator_is_silent_and_entry_may_be_an_endpoint);
+    RUN(a_model_change_under_an_open_client_is_estale_never_an_overrun);
+    RUN(abi_max_tokens_poll_user_and_a_free_that_never_blocks);
+    RUN(states_are_read_from_codes_not_words);
     return test_report();
 }
