@@ -33,10 +33,21 @@
 #include "common/error.h"
 #include "worker/serve_state.h"
 
-/* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). With key, a
- * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys
- * names may submit). */
-srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err);
+/* The largest frame a legal SUBMIT of a model of this hidden size carries: hidden states bf16
+ * [EP_MAX_TOKENS, H] (the token ids, [EP_MAX_TOKENS] int64, and the body are smaller). */
+int64_t srv_max_frame(int hidden);
+/* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). max_frame
+ * (srv_max_frame of the model) is its ZMQ_MAXMSGSIZE: libzmq closes a connection that announces
+ * a larger frame before buffering any of it; a connection that stalls mid-frame is closed
+ * after srv_stall_ms(max_frame) (serve_state.h). With key, a CURVE server with that key pair
+ * (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys names may submit). */
+srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, int64_t max_frame,
+                       ep_err *err);
+/* The bound srv_create was given. */
+int64_t srv_get_max_frame(const srv_server *s);
+/* How long a connection may go without completing a frame: SRV_STALL_MS plus max_frame at
+ * SRV_MIN_RATE. */
+int srv_stall_ms(int64_t max_frame);
 /* Fail every request still held (ERR_SHUTTING_DOWN) and close. NULL-safe. */
 void srv_destroy(srv_server **self_p);
 /* The endpoint bound (ephemeral port resolved), for READY. */
