@@ -425,8 +425,8 @@ static int srv_replay(srv_server *s, const srv_env *env, srv_req *q, ep_err *err
 
 /* ---- SUBMIT -------------------------------------------------------------------------------- */
 
-static int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
-                            Epmoe__ErrorCode *code, ep_err *err)
+int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
+                     Epmoe__ErrorCode *code, ep_err *err)
 {
     *code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
     if (!r->has_client || !r->has_seq || !r->has_layer || !r->has_n_tokens)

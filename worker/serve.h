@@ -58,6 +58,11 @@ void *srv_socket(srv_server *s);
  * ("tcp://10.0.0.1:7500" -> "tcp://10.0.0.1:*"; "ipc://P" -> "ipc://P.client"). */
 void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap);
 
+/* A SUBMIT body r and its payload frames in m against env's session: 0 when it may be served,
+ * else -1 with the code to answer (ERR_BAD_REQUEST, ERR_NOT_READY, ERR_CONFIG_HASH) and err
+ * naming what is wrong. Reads nothing beyond m's frames (fuzz_submit). */
+int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
+                     Epmoe__ErrorCode *code, ep_err *err);
 /* Read every SUBMIT waiting on the client socket and start (or refuse) each. */
 void srv_on_client(srv_server *s, const srv_env *env);
 /* Take the serving path's messages the data plane kept: DISPATCHes into the queue, COMBINEs to
