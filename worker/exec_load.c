@@ -271,6 +271,8 @@ static void exec_open_client(exec_state *st)
          * the endpoint is bound again at the same address, so READY's endpoint stays */
         snprintf(bound, sizeof bound, "%s", srv_endpoint(st->srv));
         log_warn("client endpoint %s: reopened for hidden size %d", bound, s->config.hidden_size);
+        if (st->tp)
+            tpz_set_awaits(st->tp, NULL, NULL);
         srv_destroy(&st->srv);
     }
     if (st->srv == NULL && !s->nccl) {
@@ -292,6 +294,8 @@ static void exec_open_client(exec_state *st)
     if (st->srv) {
         srv_env env = exec_env(st);
         srv_epoch_end(st->srv, &env);
+        if (st->tp) /* COMBINEs no request of this server waits for take no credit */
+            tpz_set_awaits(st->tp, srv_awaits, st->srv);
     }
 }
 

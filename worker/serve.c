@@ -605,6 +605,15 @@ void srv_on_client(srv_server *s, const srv_env *env)
 
 /* ---- the data plane ------------------------------------------------------------------------ */
 
+bool srv_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
+{
+    srv_req *q = srv_find(ctx, request);
+    for (int i = 0; q && i < q->n_parts; i++)
+        if (q->part[i].peer == src_rank && q->part[i].attempt == attempt && q->part[i].credit)
+            return true;
+    return false;
+}
+
 static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
 {
     srv_req *q = srv_find(s, c->request);

@@ -65,6 +65,10 @@ int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg 
                      Epmoe__ErrorCode *code, ep_err *err);
 /* Read every SUBMIT waiting on the client socket and start (or refuse) each. */
 void srv_on_client(srv_server *s, const srv_env *env);
+/* Whether request (an id of this server) waits for the COMBINE of its attempt from src_rank:
+ * the tpz_awaits_fn the executor gives the data plane (ctx: the server), so a COMBINE no part
+ * waits for is dropped on arrival (srv_on_data would drop it anyway) and takes no credit. */
+bool srv_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank);
 /* Take the serving path's messages the data plane kept: DISPATCHes into the queue, COMBINEs to
  * their requests. */
 void srv_on_data(srv_server *s, const srv_env *env);

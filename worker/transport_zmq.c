@@ -82,7 +82,9 @@ struct tpz_transport {
     uint64_t finished_upto;
     uint64_t dropped;
     char last_drop[EP_ERR_MSG_MAX];
-    log_rate log; /* drop reasons: TPZ_LOG_PER_SEC lines a second */
+    log_rate log;         /* drop reasons: TPZ_LOG_PER_SEC lines a second */
+    tpz_awaits_fn awaits; /* the serving path's COMBINEs the owner waits for (NULL: any) */
+    void *awaits_ctx;
 };
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
@@ -685,9 +687,22 @@ static int *tpz_credit(tpz_transport *tp, int conn, int rank, tp_kind kind)
     return &tp->conn_count[conn][kind];
 }
 
+void tpz_set_awaits(tpz_transport *tp, tpz_awaits_fn fn, void *ctx)
+{
+    tp->awaits = fn;
+    tp->awaits_ctx = ctx;
+}
+
 /* A serving-path message: kept in arrival order within the credits of its connection. */
 static bool tpz_keep_request(tpz_transport *tp, tp_msg *m)
 {
+    if (m->kind == TP_COMBINE && tp->awaits &&
+        !tp->awaits(tp->awaits_ctx, m->request, m->attempt, m->src_rank)) {
+        tpz_drop(tp, "COMBINE of request %016llx/%u from rank %d: no such part in flight",
+                 (unsigned long long)m->request, m->attempt, m->src_rank);
+        tpz_msg_release(m);
+        return false;
+    }
     int conn = tpz_conn(m);
     int *count = tpz_credit(tp, conn, m->src_rank, m->kind);
     tpz_rq_node *n = count && *count < TPZ_SERVE_CREDITS ? malloc(sizeof *n) : NULL;

@@ -140,6 +140,15 @@ void *tpz_socket(tpz_transport *tp);
  * Returns the number kept. */
 int tpz_pump(tpz_transport *tp);
 
+/* Which serving-path COMBINEs the owner awaits: true when a part of (request, attempt) went to
+ * src_rank and its COMBINE is not back (the origin's credit for it is held). With fn set, a
+ * COMBINE it does not await is dropped on arrival, before it takes a credit: without security a
+ * forged DISPATCH in a peer's name is answered with a COMBINE to that peer over this worker's own
+ * connection, and a flood of those answers must not fill the credits the real COMBINEs need.
+ * fn NULL (the default): every COMBINE within the credits is kept. */
+typedef bool (*tpz_awaits_fn)(void *ctx, uint64_t request, uint32_t attempt, int src_rank);
+void tpz_set_awaits(tpz_transport *tp, tpz_awaits_fn fn, void *ctx);
+
 /* Move a kept message of step_id into *out (the caller releases it). Returns 1, or 0 when
  * none is kept. */
 int tpz_take(tpz_transport *tp, uint64_t step_id, tp_msg *out);

@@ -912,6 +912,46 @@ TEST(a_flood_in_a_peers_name_does_not_spend_that_peers_credits)
     world_close(tp, 2);
 }
 
+static bool awaits_one(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
+{
+    return request == *(const uint64_t *)ctx && attempt == 1 && src_rank == 0;
+}
+
+/* Issue 26 defect 7, the other half: a forged DISPATCH in rank 1's name at rank 0 is answered
+ * with a COMBINE to rank 1 over rank 0's own, real connection, so a flood of forgeries filled
+ * that connection's COMBINE credits at rank 1 and rank 0's real COMBINEs were dropped "beyond
+ * the credits". With the owner's tpz_awaits_fn, a COMBINE no part waits for is dropped on
+ * arrival and takes no credit. */
+TEST(combines_no_part_awaits_take_no_credit)
+{
+    tpz_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    uint64_t wanted = 0x44000000000001ull;
+    tpz_set_awaits(tp[1], awaits_one, &wanted);
+    const int junk = 2 * TPZ_SERVE_CREDITS;
+    for (int i = 0; i < junk + TPZ_SERVE_CREDITS; i++) {
+        tp_msg m;
+        CHECK(make_combine(&m, 0, 0, 1, 2) == 0);
+        m.is_request = true;
+        m.request = i < junk ? 0x33000000000000ull + (uint64_t)i : wanted;
+        m.attempt = 1;
+        CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
+    }
+    wait_pending(tp[1], TPZ_SERVE_CREDITS);
+    CHECK(wait_dropped(tp[1], (uint64_t)junk));
+    CHECK_EQ(tpz_dropped(tp[1]), (uint64_t)junk);
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "no such part in flight");
+    int real = 0;
+    tp_msg got;
+    while (tpz_take_request(tp[1], &got) == 1) {
+        real += got.request == wanted && got.n_pairs == 2 && combine_matches(&got, 1, 2);
+        tpz_msg_release(&got);
+    }
+    CHECK_EQ(real, TPZ_SERVE_CREDITS);
+    world_close(tp, 2);
+}
+
 TEST(send_to_self_or_unknown_rank_fails)
 {
     tpz_transport *tp[2] = {0};
@@ -1034,6 +1074,7 @@ int main(void)
     RUN(a_forged_request_dispatch_does_not_displace_the_real_one);
     RUN(a_dispatch_claiming_more_than_top_k_pairs_a_row_is_dropped);
     RUN(a_flood_in_a_peers_name_does_not_spend_that_peers_credits);
+    RUN(combines_no_part_awaits_take_no_credit);
     RUN(send_to_self_or_unknown_rank_fails);
     RUN(bind_failure_names_the_endpoint);
     RUN(with_security_only_each_ranks_own_key_gets_through);
