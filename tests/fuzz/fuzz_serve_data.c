@@ -4,13 +4,17 @@
  * 6 experts, top-2, fixed session and epoch (the model of fuzz_dataplane).
  *
  * Input: records [op u8][len u16 LE]: op bit 0 clear delivers a message made of the next len
- * bytes (frames, fuzz_frames.h); set, takes the oldest kept serving-path message.
+ * bytes (frames, fuzz_frames.h); set, takes the oldest kept serving-path message. The first
+ * record's bit 1 installs the owner's filter of awaited COMBINEs (tpz_set_awaits: here the
+ * odd attempts of rank 0's and the even ones of rank 2's).
  * Properties: nothing crashes, leaks or reads outside the input; what is kept stays within the
  * credits (TPZ_SERVE_CREDITS of each kind per peer: messages of no known connection count by the
  * rank they claim); what is taken is a request's (no step id), from a peer, and whole: a
  * DISPATCH has at most k pairs a row, every pair_row below n_rows and every pair_expert an
- * expert of the model; a COMBINE has its rows unless refused, at most EP_MAX_TOKENS x k.
+ * expert of the model; a COMBINE has its rows unless refused, at most EP_MAX_TOKENS x k, and is
+ * one the filter awaits when it is installed.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -24,7 +28,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void fuzz_check_taken(const tp_msg *m)
+static bool fuzz_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
+{
+    (void)ctx;
+    (void)request;
+    return (attempt & 1) == (src_rank == 0);
+}
+
+static void fuzz_check_taken(const tp_msg *m, bool filtered)
 {
     if (!m->is_request || m->step_id != 0 || m->src_rank < 0 || m->src_rank >= FUZZ_P ||
         m->src_rank == 1)
@@ -32,6 +43,8 @@ static void fuzz_check_taken(const tp_msg *m)
     if (m->kind == TP_COMBINE) {
         if (m->n_pairs > EP_MAX_TOKENS * FUZZ_K || (m->refused && m->out != NULL) ||
             (!m->refused && m->n_pairs > 0 && m->out == NULL))
+            abort();
+        if (filtered && !fuzz_awaits(NULL, m->request, m->attempt, m->src_rank))
             abort();
         return;
     }
@@ -60,6 +73,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tpz_transport *tp = tpz_create_unbound(&cfg, &err);
     if (tp == NULL)
         abort();
+    bool filtered = size > 0 && (data[0] & 2);
+    if (filtered)
+        tpz_set_awaits(tp, fuzz_awaits, NULL);
     size_t i = 0;
     while (i + 3 <= size) {
         uint8_t op = data[i] & 1;
@@ -75,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else {
             tp_msg m;
             if (tpz_take_request(tp, &m)) {
-                fuzz_check_taken(&m);
+                fuzz_check_taken(&m, filtered);
                 tpz_msg_release(&m);
             }
         }

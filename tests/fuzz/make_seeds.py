@@ -221,6 +221,10 @@ write("serve_data", {
                                                    [(0, 2), (1, 3), (1, 0)])) + rq_op(True),
     "combine_then_take": rq_op(False, rq_combine(2, 0x1234000500000008, 2, 3)) + rq_op(True),
     "refused_combine": rq_op(False, rq_combine(0, 0x1234000500000009, 1, 2, True)) + rq_op(True),
+    # op byte 2: the owner's filter of awaited COMBINEs; the second one is not awaited
+    "awaited_then_not": (bytes([2]) + rq_op(False, rq_combine(0, 0x123400050000000A, 1, 3))[1:] +
+                         rq_op(False, rq_combine(2, 0x123400050000000B, 1, 3)) + rq_op(True) +
+                         rq_op(True)),
 })
 C = 0xC11E47C11E47
 write("result", {
