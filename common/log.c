@@ -122,8 +122,7 @@ void log_limited(log_rate *r, int per_sec, log_level level, const char *fmt, ...
     int64_t now = clk_mono_ms() / 1000;
     if (now != r->sec) {
         if (r->suppressed)
-            log_msg(level, "(%d more lines like the next were left out in the last second)",
-                    r->suppressed);
+            log_msg(level, "(rate limit: %d more such lines were left out)", r->suppressed);
         r->sec = now;
         r->count = 0;
         r->suppressed = 0;
