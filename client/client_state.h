@@ -185,6 +185,10 @@ void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap);
 
 /* io.c */
 int cl_io_open(epmoe_client *c, epmoe_error *err); /* connect, first CLIENT_INFO, thread */
+/* One message from member i's entry socket: a RESULT answers its request in flight (by client
+ * id and seq), anything else is ignored. I/O thread, under mu (fuzz_result feeds it). */
+struct wire_msg;
+void cl_on_entry_msg(epmoe_client *c, int i, const struct wire_msg *m);
 void cl_io_close(epmoe_client *c);
 void cl_io_wake(epmoe_client *c);
 /* Under mu: the request is finished (status set): report it once libzmq let go of its input. */

@@ -496,6 +496,18 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
     }
 }
 
+void cl_on_entry_msg(epmoe_client *c, int i, const wire_msg *m)
+{
+    if (m->type != EPMOE__MSG_TYPE__MSG_RESULT)
+        return;
+    ProtobufCAllocator a = {.alloc = cl_arena_alloc, .free = cl_arena_free, .allocator_data = c};
+    c->arena_used = 0;
+    Epmoe__Result *res = (Epmoe__Result *)protobuf_c_message_unpack(&epmoe__result__descriptor, &a,
+                                                                    m->body_len, m->body);
+    if (res != NULL)
+        cl_on_result(c, i, res, m);
+}
+
 static void cl_on_entry(epmoe_client *c, int i)
 {
     for (int k = 0; k < 64 && c->entry[i] != NULL; k++) {
@@ -507,15 +519,7 @@ static void cl_on_entry(epmoe_client *c, int i)
             return;
         if (rc == WIRE_ERR)
             continue;
-        if (m.type == EPMOE__MSG_TYPE__MSG_RESULT) {
-            ProtobufCAllocator a = {
-                .alloc = cl_arena_alloc, .free = cl_arena_free, .allocator_data = c};
-            c->arena_used = 0;
-            Epmoe__Result *res = (Epmoe__Result *)protobuf_c_message_unpack(
-                &epmoe__result__descriptor, &a, m.body_len, m.body);
-            if (res != NULL)
-                cl_on_result(c, i, res, &m);
-        }
+        cl_on_entry_msg(c, i, &m);
         wire_msg_close(&m);
     }
 }

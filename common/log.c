@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+
 static const char *log_prog = "epmoe";
 static log_level log_min = LOG_INFO;
 static unsigned log_subs;
@@ -107,6 +109,29 @@ static void log_vemit(log_level level, const char *fmt, va_list ap)
 
 void log_msg(log_level level, const char *fmt, ...)
 {
+    if (level > log_min)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_vemit(level, fmt, ap);
+    va_end(ap);
+}
+
+void log_limited(log_rate *r, int per_sec, log_level level, const char *fmt, ...)
+{
+    int64_t now = clk_mono_ms() / 1000;
+    if (now != r->sec) {
+        if (r->suppressed)
+            log_msg(level, "(rate limit: %d more such lines were left out)", r->suppressed);
+        r->sec = now;
+        r->count = 0;
+        r->suppressed = 0;
+    }
+    if (r->count >= per_sec) {
+        r->suppressed++;
+        return;
+    }
+    r->count++;
     if (level > log_min)
         return;
     va_list ap;

@@ -11,6 +11,7 @@
 #define EPMOE_LOG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 typedef enum log_level { LOG_ERROR = 3, LOG_WARN = 4, LOG_INFO = 6, LOG_DEBUG = 7 } log_level;
 
@@ -43,6 +44,16 @@ bool log_debug_enabled(log_sub sub);
 
 void log_msg(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_debug(log_sub sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A rate limit for lines a peer can cause (a flood of malformed messages must not become a
+ * flood of lines): at most per_sec lines a second through one log_rate; the rest are counted,
+ * and the first line of a later second says how many were left out. Zero-initialise. */
+typedef struct log_rate {
+    int64_t sec; /* the monotonic second count is for */
+    int count, suppressed;
+} log_rate;
+void log_limited(log_rate *r, int per_sec, log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)

@@ -229,6 +229,8 @@ static void *exec_main(void *arg)
                      .pipe = a->thread_pipe,
                      .between_layers = exec_serve_between_layers};
     exec_loop(&st);
+    if (st.tp)
+        tpz_set_awaits(st.tp, NULL, NULL); /* it points at the server */
     srv_destroy(&st.srv);
     exec_drop_session(&st);
     exec_close_plane(&st);

@@ -264,14 +264,28 @@ static uint64_t exec_layer_bytes(mb_layer *const *layers, int n)
 static void exec_open_client(exec_state *st)
 {
     const exec_session *s = st->session;
+    char bound[EP_MAX_PATH] = "";
+    if (st->srv && srv_get_max_frame(st->srv) < srv_max_frame(s->config.hidden_size)) {
+        /* a reload to a model with wider hidden states: its SUBMITs need a larger frame bound,
+         * which libzmq takes only before bind; the requests held fail (ERR_SHUTTING_DOWN) and
+         * the endpoint is bound again at the same address, so READY's endpoint stays */
+        snprintf(bound, sizeof bound, "%s", srv_endpoint(st->srv));
+        log_warn("client endpoint %s: reopened for hidden size %d", bound, s->config.hidden_size);
+        if (st->tp)
+            tpz_set_awaits(st->tp, NULL, NULL);
+        srv_destroy(&st->srv);
+    }
     if (st->srv == NULL && !s->nccl) {
         char ep[EP_MAX_PATH];
-        if (s->client_endpoint[0])
+        if (bound[0])
+            snprintf(ep, sizeof ep, "%s", bound);
+        else if (s->client_endpoint[0])
             snprintf(ep, sizeof ep, "%s", s->client_endpoint);
         else
             srv_default_endpoint(s->data_endpoint, ep, sizeof ep);
         ep_err err = {0};
-        st->srv = srv_create(st->actor->zctx, ep, st->actor->secure ? &st->actor->key : NULL, &err);
+        st->srv = srv_create(st->actor->zctx, ep, st->actor->secure ? &st->actor->key : NULL,
+                             srv_max_frame(s->config.hidden_size), &err);
         if (st->srv == NULL)
             log_error("no client endpoint (the serving path is off): %s", err.msg);
         else
@@ -280,6 +294,8 @@ static void exec_open_client(exec_state *st)
     if (st->srv) {
         srv_env env = exec_env(st);
         srv_epoch_end(st->srv, &env);
+        if (st->tp) /* COMBINEs no request of this server waits for take no credit */
+            tpz_set_awaits(st->tp, srv_awaits, st->srv);
     }
 }
 

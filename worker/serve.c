@@ -9,6 +9,7 @@
  */
 #include "worker/serve.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,47 @@ void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap)
     snprintf(out, cap, "tcp://%.*s:*", n, host);
 }
 
-srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err)
+int64_t srv_max_frame(int hidden)
+{
+    int64_t x = (int64_t)EP_MAX_TOKENS * hidden * 2, ids = (int64_t)EP_MAX_TOKENS * 8;
+    int64_t m = x > ids ? x : ids;
+    return m > SRV_MAX_BODY ? m : SRV_MAX_BODY;
+}
+
+int srv_stall_ms(int64_t max_frame)
+{
+    return SRV_STALL_MS + (int)(max_frame * 1000 / SRV_MIN_RATE);
+}
+
+/* Heartbeats drop a connection that completes no frame for srv_stall_ms (serve_state.h). */
+static int srv_socket_options(void *sock, int64_t max_frame, ep_err *err)
+{
+    int one = 1, ivl = SRV_HEARTBEAT_MS, timeout = srv_stall_ms(max_frame);
+    if (wire_socket_defaults(sock, max_frame, err) != 0)
+        return -1;
+    if (zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0)
+        return ep_err_set(err, "client endpoint: %s", zmq_strerror(zmq_errno()));
+    return 0;
+}
+
+/* Bind, retrying for up to 2 s while the address is still held: the endpoint reopened at its
+ * own address (exec_open_client), which libzmq releases asynchronously after zmq_close. */
+static int srv_bind(void *sock, const char *endpoint)
+{
+    for (int waited = 0;; waited += 10) {
+        if (zmq_bind(sock, endpoint) == 0)
+            return 0;
+        if (zmq_errno() != EADDRINUSE || waited >= 2000)
+            return -1;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, int64_t max_frame,
+                       ep_err *err)
 {
     srv_server *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -47,16 +88,15 @@ srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key
     }
     uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)s;
     s->next_id = (seed & 0xffffffffull) << 16;
+    s->max_frame = max_frame;
     s->sock = zmq_socket(zctx, ZMQ_ROUTER);
-    int one = 1;
-    if (s->sock == NULL || wire_socket_defaults(s->sock, EP_MAX_DATA_MSG, err) != 0 ||
-        zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
+    if (s->sock == NULL || srv_socket_options(s->sock, max_frame, err) != 0 ||
         (key && auth_server(s->sock, key, AUTH_DOMAIN_CLIENTS, err) != 0)) {
         if (s->sock && !err->msg[0])
             ep_err_set(err, "client endpoint: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if (zmq_bind(s->sock, endpoint) != 0) {
+    if (srv_bind(s->sock, endpoint) != 0) {
         ep_err_set(err, "client endpoint %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto fail;
     }
@@ -68,6 +108,11 @@ fail:
         zmq_close(s->sock);
     free(s);
     return NULL;
+}
+
+int64_t srv_get_max_frame(const srv_server *s)
+{
+    return s->max_frame;
 }
 
 const char *srv_endpoint(const srv_server *s)
@@ -120,8 +165,9 @@ static void srv_send_result(srv_server *s, const uint8_t *ident, size_t ident_le
     ep_err err;
     if (wire_send(s->sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r->base, pl, n, true,
                   &err) != 0)
-        log_warn("serving: RESULT of request %llu of client %016llx not sent: %s",
-                 (unsigned long long)r->seq, (unsigned long long)r->client, err.msg);
+        log_limited(&s->log, SRV_LOG_PER_SEC, LOG_WARN,
+                    "serving: RESULT of request %llu of client %016llx not sent: %s",
+                    (unsigned long long)r->seq, (unsigned long long)r->client, err.msg);
 }
 
 static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
@@ -379,8 +425,8 @@ static int srv_replay(srv_server *s, const srv_env *env, srv_req *q, ep_err *err
 
 /* ---- SUBMIT -------------------------------------------------------------------------------- */
 
-static int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
-                            Epmoe__ErrorCode *code, ep_err *err)
+int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
+                     Epmoe__ErrorCode *code, ep_err *err)
 {
     *code = EPMOE__ERROR_CODE__ERR_BAD_REQUEST;
     if (!r->has_client || !r->has_seq || !r->has_layer || !r->has_n_tokens)
@@ -522,18 +568,29 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
     wire_free_unpacked(&r->base);
 }
 
+/* A message that is no epmoe message: answered with Error (ERR_MALFORMED, what is wrong), as
+ * every ROUTER answers (docs/protocol.md), and logged within the rate limit. */
+static void srv_framing_error(srv_server *s, const wire_msg *m, const ep_err *err)
+{
+    s->stats.malformed++;
+    log_limited(&s->log, SRV_LOG_PER_SEC, LOG_WARN, "client endpoint: dropped a message: %s",
+                err->msg);
+    if (m->ident_len > 0)
+        wire_reply_error(s->sock, m->ident, m->ident_len, err, 0);
+}
+
 void srv_on_client(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
     for (int n = 0; n < 1024; n++) {
         wire_msg m;
         ep_err err;
-        wire_rc rc =
-            wire_recv(s->sock, true, SRV_MAX_BODY, EP_MAX_DATA_MSG, ZMQ_DONTWAIT, &m, &err);
+        wire_rc rc = wire_recv(s->sock, true, SRV_MAX_BODY, (size_t)s->max_frame * 2, ZMQ_DONTWAIT,
+                               &m, &err);
         if (rc == WIRE_AGAIN)
             return;
         if (rc == WIRE_ERR) {
-            log_warn("client endpoint: dropped a message: %s", err.msg);
+            srv_framing_error(s, &m, &err);
             continue;
         }
         if (m.type == EPMOE__MSG_TYPE__MSG_SUBMIT)
@@ -547,6 +604,15 @@ void srv_on_client(srv_server *s, const srv_env *env)
 }
 
 /* ---- the data plane ------------------------------------------------------------------------ */
+
+bool srv_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
+{
+    srv_req *q = srv_find(ctx, request);
+    for (int i = 0; q && i < q->n_parts; i++)
+        if (q->part[i].peer == src_rank && q->part[i].attempt == attempt && q->part[i].credit)
+            return true;
+    return false;
+}
 
 static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
 {
@@ -921,6 +987,8 @@ void srv_destroy(srv_server **self_p)
         free(s->load[l].rank);
     }
     free(s->load);
+    if (s->endpoint[0])
+        zmq_unbind(s->sock, s->endpoint); /* starts releasing the address now */
     zmq_close(s->sock);
     free(s);
     *self_p = NULL;

@@ -33,10 +33,21 @@
 #include "common/error.h"
 #include "worker/serve_state.h"
 
-/* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). With key, a
- * CURVE server with that key pair (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys
- * names may submit). */
-srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err);
+/* The largest frame a legal SUBMIT of a model of this hidden size carries: hidden states bf16
+ * [EP_MAX_TOKENS, H] (the token ids, [EP_MAX_TOKENS] int64, and the body are smaller). */
+int64_t srv_max_frame(int hidden);
+/* Bind the client ROUTER at endpoint ("tcp://HOST:*" binds an ephemeral port). max_frame
+ * (srv_max_frame of the model) is its ZMQ_MAXMSGSIZE: libzmq closes a connection that announces
+ * a larger frame before buffering any of it; a connection that stalls mid-frame is closed
+ * after srv_stall_ms(max_frame) (serve_state.h). With key, a CURVE server with that key pair
+ * (ZAP domain AUTH_DOMAIN_CLIENTS: the keys WELCOME.client_keys names may submit). */
+srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, int64_t max_frame,
+                       ep_err *err);
+/* The bound srv_create was given. */
+int64_t srv_get_max_frame(const srv_server *s);
+/* How long a connection may go without completing a frame: SRV_STALL_MS plus max_frame at
+ * SRV_MIN_RATE. */
+int srv_stall_ms(int64_t max_frame);
 /* Fail every request still held (ERR_SHUTTING_DOWN) and close. NULL-safe. */
 void srv_destroy(srv_server **self_p);
 /* The endpoint bound (ephemeral port resolved), for READY. */
@@ -47,8 +58,17 @@ void *srv_socket(srv_server *s);
  * ("tcp://10.0.0.1:7500" -> "tcp://10.0.0.1:*"; "ipc://P" -> "ipc://P.client"). */
 void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap);
 
+/* A SUBMIT body r and its payload frames in m against env's session: 0 when it may be served,
+ * else -1 with the code to answer (ERR_BAD_REQUEST, ERR_NOT_READY, ERR_CONFIG_HASH) and err
+ * naming what is wrong. Reads nothing beyond m's frames (fuzz_submit). */
+int srv_check_submit(const srv_env *env, const Epmoe__Submit *r, const wire_msg *m,
+                     Epmoe__ErrorCode *code, ep_err *err);
 /* Read every SUBMIT waiting on the client socket and start (or refuse) each. */
 void srv_on_client(srv_server *s, const srv_env *env);
+/* Whether request (an id of this server) waits for the COMBINE of its attempt from src_rank:
+ * the tpz_awaits_fn the executor gives the data plane (ctx: the server), so a COMBINE no part
+ * waits for is dropped on arrival (srv_on_data would drop it anyway) and takes no credit. */
+bool srv_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank);
 /* Take the serving path's messages the data plane kept: DISPATCHes into the queue, COMBINEs to
  * their requests. */
 void srv_on_data(srv_server *s, const srv_env *env);

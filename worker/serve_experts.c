@@ -38,7 +38,8 @@ void srv_on_dispatch(srv_server *s, tp_msg *d)
                  .attempt = d->attempt,
                  .msg = *d};
     if (srv_push_job(s, j) != 0) {
-        log_warn("serving: out of memory queueing a DISPATCH from rank %d", d->src_rank);
+        log_limited(&s->log, SRV_LOG_PER_SEC, LOG_WARN,
+                    "serving: out of memory queueing a DISPATCH from rank %d", d->src_rank);
         tpz_msg_release(d);
     }
     *d = (tp_msg){0};
@@ -177,7 +178,8 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
     ep_err err;
     if (out != NULL) {
         if (tpz_msg_alloc(&c, (int)H, &err) != 0) {
-            log_warn("serving: COMBINE for rank %d: %s", j->src, err.msg);
+            log_limited(&s->log, SRV_LOG_PER_SEC, LOG_WARN, "serving: COMBINE for rank %d: %s",
+                        j->src, err.msg);
             return;
         }
         memcpy(c.out, out, (size_t)n_pairs * H * 2);
@@ -186,7 +188,8 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
     }
     size_t bytes = out ? tp_msg_bytes(&c, (int)H) : 0;
     if (tpz_send(env->tp, j->src, &c, &err) != 0)
-        log_warn("serving: COMBINE to %s: %s", env->session->peer_name[j->src], err.msg);
+        log_limited(&s->log, SRV_LOG_PER_SEC, LOG_WARN, "serving: COMBINE to %s: %s",
+                    env->session->peer_name[j->src], err.msg);
     else
         wmx_sent(env->mx, true, bytes);
 }

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/exec_session.h"
@@ -27,6 +28,17 @@
 /* A refused part is dispatched again after this many ms, doubling up to SRV_RETRY_MAX_MS. */
 #define SRV_RETRY_MS     2
 #define SRV_RETRY_MAX_MS 100
+/* Lines a second the serving path logs about what clients and peers send (the rest are
+ * counted): a flood of malformed frames or a client that stopped reading costs no more. */
+#define SRV_LOG_PER_SEC 10
+/* The client endpoint pings every connection this often (ZMQ_HEARTBEAT_IVL) and drops one
+ * that completes no frame for SRV_STALL_MS plus the time its largest frame takes at
+ * SRV_MIN_RATE bytes a second (ZMQ_HEARTBEAT_TIMEOUT: libzmq resets it only when a whole frame
+ * arrives, so a connection that announces a big frame and stalls, or trickles it, is closed
+ * and what it made libzmq buffer is freed; an honest client answers every ping). */
+#define SRV_HEARTBEAT_MS 1000
+#define SRV_STALL_MS     10000
+#define SRV_MIN_RATE     (16 << 20)
 
 typedef struct srv_server srv_server;
 struct wmx;
@@ -46,6 +58,7 @@ typedef struct srv_env {
 /* Counters for tests and metrics. */
 typedef struct srv_stats {
     uint64_t submitted, completed, failed, busy, replays, batches, batched_jobs;
+    uint64_t malformed; /* client messages that were no epmoe message (answered Error) */
     uint64_t shared_batches, shared_requests; /* shared-expert calls and the requests in them */
     uint64_t pairs, expert_reads; /* routed pairs served; experts each batch read (distinct) */
 } srv_stats;
@@ -122,6 +135,8 @@ struct srv_server {
     int P, E, L;
     srv_load *load; /* [L] */
     srv_stats stats;
+    int64_t max_frame; /* the socket's MAXMSGSIZE: the largest frame of a legal SUBMIT */
+    log_rate log;      /* lines clients and peers cause: SRV_LOG_PER_SEC a second */
 };
 
 static inline void *srv_alloc(size_t n)

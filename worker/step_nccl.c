@@ -176,6 +176,7 @@ sn_driver *sn_create(const sn_config *cfg, mb_backend *be, tpc_comm *comm, ep_er
                           .world_size = cfg->world_size,
                           .hidden = cfg->hidden,
                           .n_experts = cfg->n_experts,
+                          .topk = cfg->topk,
                           .epoch = cfg->epoch,
                           .owned = d->owned,
                           .self_ok = true};

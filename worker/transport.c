@@ -80,6 +80,11 @@ static int tp_check_common(const tp_check *c, bool has_src, uint32_t src, bool h
     return 0;
 }
 
+static uint64_t tp_topk(const tp_check *c)
+{
+    return c->topk > 0 && c->topk <= MC_MAX_TOPK ? (uint64_t)c->topk : MC_MAX_TOPK;
+}
+
 int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep_err *err)
 {
     bool rq = d->has_request && d->has_attempt && !d->has_step_id;
@@ -91,10 +96,11 @@ int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep
     if (d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_FP8 &&
         d->format != EPMOE__DISPATCH_FORMAT__DISPATCH_BF16)
         return ep_err_set(err, "unknown dispatch format %d", (int)d->format);
-    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * MC_MAX_TOPK)
+    if (d->n_rows > EP_MAX_TOKENS || d->n_pairs > (uint64_t)d->n_rows * tp_topk(c))
         return ep_err_set(err,
-                          "n_rows %u, n_pairs %u: expected n_rows <= %d, n_pairs <= n_rows * %d",
-                          d->n_rows, d->n_pairs, EP_MAX_TOKENS, MC_MAX_TOPK);
+                          "n_rows %u, n_pairs %u: expected n_rows <= %d, n_pairs <= n_rows * %llu "
+                          "(the model's top-k)",
+                          d->n_rows, d->n_pairs, EP_MAX_TOKENS, (unsigned long long)tp_topk(c));
     *m = (tp_msg){.kind = TP_DISPATCH,
                   .step_id = d->step_id,
                   .epoch = d->epoch,
@@ -117,8 +123,9 @@ int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_e
     if (tp_check_common(c, b->has_src_rank, b->src_rank, b->has_epoch, b->epoch,
                         b->has_step_id || rq, rq, err) != 0)
         return -1;
-    if (!b->has_n_pairs || b->n_pairs > (uint32_t)EP_MAX_TOKENS * MC_MAX_TOPK)
-        return ep_err_set(err, "n_pairs missing or above %d", EP_MAX_TOKENS * MC_MAX_TOPK);
+    if (!b->has_n_pairs || b->n_pairs > (uint64_t)EP_MAX_TOKENS * tp_topk(c))
+        return ep_err_set(err, "n_pairs missing or above %llu (EP_MAX_TOKENS x the model's top-k)",
+                          (unsigned long long)EP_MAX_TOKENS * tp_topk(c));
     *m = (tp_msg){.kind = TP_COMBINE,
                   .step_id = b->step_id,
                   .epoch = b->epoch,

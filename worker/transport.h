@@ -84,16 +84,19 @@ size_t tp_msg_bytes(const tp_msg *m, int hidden);
 /* What a receiver checks messages against. */
 typedef struct tp_check {
     int rank, world_size, hidden, n_experts;
+    int topk; /* the model's k: an honest DISPATCH carries at most k pairs a row (0: MC_MAX_TOPK) */
     uint64_t epoch;
     const uint8_t *owned; /* [n_experts]: 1 where this rank owns the expert */
     bool self_ok;         /* the collective plane: a rank also exchanges with itself */
 } tp_check;
 
 /* A DISPATCH body: every field present, epoch ours, src_rank a peer (or ourselves when
- * self_ok), a known format, n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows * MC_MAX_TOPK.
+ * self_ok), a known format, n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows * k (the model's
+ * top-k: what one DISPATCH can make the receiver compute and answer is what an honest one can).
  * Fills m's scalar fields (kind .. scales_e8m0), not its arrays. */
 int tp_check_dispatch(const tp_check *c, const Epmoe__Dispatch *d, tp_msg *m, ep_err *err);
-/* A COMBINE body: every field present, epoch ours, src_rank a peer, n_pairs within the limit. */
+/* A COMBINE body: every field present, epoch ours, src_rank a peer, n_pairs <= EP_MAX_TOKENS * k.
+ */
 int tp_check_combine(const tp_check *c, const Epmoe__Combine *b, tp_msg *m, ep_err *err);
 /* A DISPATCH's pairs (arrays on the host): pair_row < n_rows, pair_expert owned by c->rank. */
 int tp_check_pairs(const tp_check *c, int n_rows, int n_pairs, const uint32_t *pair_row,

@@ -46,11 +46,18 @@ typedef struct tpz_peer {
     int grant_pairs;
 } tpz_peer;
 
-/* A kept serving-path message, in arrival order. */
+/* A kept serving-path message, in arrival order; conn: the connection it came on (its file
+ * descriptor, ZMQ_SRCFD), -1 when none is known (tpz_deliver). */
 typedef struct tpz_rq_node {
     tp_msg m;
+    int conn;
     struct tpz_rq_node *next;
 } tpz_rq_node;
+
+/* Connections told apart by their descriptor: beyond this one, credits fall back to the rank
+ * the message claims (a process has far fewer descriptors open; the bound keeps the table
+ * small whatever libzmq reports). */
+#define TPZ_MAX_CONN_FD 65536
 
 struct tpz_transport {
     void *zctx;
@@ -68,13 +75,16 @@ struct tpz_transport {
     int n_pending;
     /* the serving path: kept messages in arrival order, and how many of each kind per peer */
     tpz_rq_node *rq_head, **rq_tail;
-    int (*rq_count)[2]; /* [world_size][kind] */
+    int (*rq_count)[2];   /* [world_size][kind]: messages of no known connection */
+    int (*conn_count)[2]; /* [n_conn][kind]: per connection (descriptor), grown on demand */
+    int n_conn;
     bool have_finished;
     uint64_t finished_upto;
     uint64_t dropped;
     char last_drop[EP_ERR_MSG_MAX];
-    int64_t log_sec; /* the monotonic second (clk_mono_ms / 1000) log_count is for */
-    int log_count, log_suppressed;
+    log_rate log;         /* drop reasons: TPZ_LOG_PER_SEC lines a second */
+    tpz_awaits_fn awaits; /* the serving path's COMBINEs the owner waits for (NULL: any) */
+    void *awaits_ctx;
 };
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
@@ -334,6 +344,7 @@ void tpz_destroy(tpz_transport **self_p)
     while (tp->rq_count && tpz_take_request(tp, &rq))
         tpz_msg_release(&rq);
     free(tp->rq_count);
+    free(tp->conn_count);
     if (tp->push)
         for (int r = 0; r < tp->world_size; r++)
             if (tp->push[r])
@@ -458,18 +469,8 @@ static void tpz_drop(tpz_transport *tp, const char *fmt, ...)
 {
     EP_FORMAT_ARGS(tp->last_drop, sizeof tp->last_drop, fmt);
     tp->dropped++;
-    int64_t now = clk_mono_ms() / 1000;
-    if (now != tp->log_sec) {
-        if (tp->log_suppressed)
-            log_warn("data plane: %d more messages dropped", tp->log_suppressed);
-        tp->log_sec = now;
-        tp->log_count = 0;
-        tp->log_suppressed = 0;
-    }
-    if (tp->log_count++ < TPZ_LOG_PER_SEC)
-        log_warn("data plane: dropped a message: %s", tp->last_drop);
-    else
-        tp->log_suppressed++;
+    log_limited(&tp->log, TPZ_LOG_PER_SEC, LOG_WARN, "data plane: dropped a message: %s",
+                tp->last_drop);
 }
 
 /* Point *dst at payload i, copying it into the aligned area at *spare when misaligned. */
@@ -522,6 +523,7 @@ static tp_check tpz_checker(const tpz_transport *tp)
                       .world_size = tp->world_size,
                       .hidden = tp->hidden,
                       .n_experts = tp->n_experts,
+                      .topk = tp->topk,
                       .epoch = tp->epoch,
                       .owned = tp->owned};
 }
@@ -655,19 +657,65 @@ static void tpz_reject(tpz_transport *tp, tp_msg *m, const char *why)
     tpz_msg_release(m);
 }
 
-/* A serving-path message: kept in arrival order within the peer's credits. */
+/* The connection m came on (its descriptor), or -1. */
+static int tpz_conn(const tp_msg *m)
+{
+    const wire_msg *wm = m->buf ? m->buf->in : NULL;
+    if (wm == NULL || wm->n_frames < 1)
+        return -1;
+    int fd = zmq_msg_get((zmq_msg_t *)&wm->frames[0], ZMQ_SRCFD);
+    return fd >= 0 && fd < TPZ_MAX_CONN_FD ? fd : -1;
+}
+
+/* The credit counter a message of (conn, rank, kind) spends: its connection's when known, so a
+ * stranger sending in a peer's name spends its own connection's credits, never the peer's
+ * (without security a PULL cannot tell who sent a message, but libzmq knows which connection
+ * it came on). NULL when the table cannot grow. */
+static int *tpz_credit(tpz_transport *tp, int conn, int rank, tp_kind kind)
+{
+    if (conn < 0)
+        return &tp->rq_count[rank][kind];
+    if (conn >= tp->n_conn) {
+        int n = conn + 64 < TPZ_MAX_CONN_FD ? conn + 64 : TPZ_MAX_CONN_FD;
+        int(*c)[2] = realloc(tp->conn_count, (size_t)n * sizeof *c);
+        if (c == NULL)
+            return NULL;
+        memset(c + tp->n_conn, 0, (size_t)(n - tp->n_conn) * sizeof *c);
+        tp->conn_count = c;
+        tp->n_conn = n;
+    }
+    return &tp->conn_count[conn][kind];
+}
+
+void tpz_set_awaits(tpz_transport *tp, tpz_awaits_fn fn, void *ctx)
+{
+    tp->awaits = fn;
+    tp->awaits_ctx = ctx;
+}
+
+/* A serving-path message: kept in arrival order within the credits of its connection. */
 static bool tpz_keep_request(tpz_transport *tp, tp_msg *m)
 {
-    int *count = &tp->rq_count[m->src_rank][m->kind];
-    tpz_rq_node *n = *count < TPZ_SERVE_CREDITS ? malloc(sizeof *n) : NULL;
+    if (m->kind == TP_COMBINE && tp->awaits &&
+        !tp->awaits(tp->awaits_ctx, m->request, m->attempt, m->src_rank)) {
+        tpz_drop(tp, "COMBINE of request %016llx/%u from rank %d: no such part in flight",
+                 (unsigned long long)m->request, m->attempt, m->src_rank);
+        tpz_msg_release(m);
+        return false;
+    }
+    int conn = tpz_conn(m);
+    int *count = tpz_credit(tp, conn, m->src_rank, m->kind);
+    tpz_rq_node *n = count && *count < TPZ_SERVE_CREDITS ? malloc(sizeof *n) : NULL;
     if (n == NULL) {
         tpz_drop(tp, "%s of request %016llx from rank %d: %s", tpz_kind_name(m->kind),
                  (unsigned long long)m->request, m->src_rank,
-                 *count < TPZ_SERVE_CREDITS ? "out of memory" : "beyond the peer's credits");
+                 count && *count >= TPZ_SERVE_CREDITS ? "beyond its connection's credits"
+                                                      : "out of memory");
         tpz_msg_release(m);
         return false;
     }
     n->m = *m;
+    n->conn = conn;
     n->next = NULL;
     *tp->rq_tail = n;
     tp->rq_tail = &n->next;
@@ -688,7 +736,10 @@ int tpz_take_request(tpz_transport *tp, tp_msg *out)
     if (tp->rq_head == NULL)
         tp->rq_tail = &tp->rq_head;
     *out = n->m;
-    tp->rq_count[out->src_rank][out->kind]--;
+    if (n->conn >= 0)
+        tp->conn_count[n->conn][out->kind]--;
+    else
+        tp->rq_count[out->src_rank][out->kind]--;
     tp->n_pending--;
     free(n);
     return 1;

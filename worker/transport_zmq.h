@@ -12,10 +12,10 @@
  *   session == ours and epoch == ours; with security, the ZAP user id of the sender (its key's
  *   name) is the name of the rank it claims; src_rank < world_size and != ours; step_id present;
  *   the payload count of the kind and format; n_rows <= EP_MAX_TOKENS and n_pairs <= n_rows x
- *   MC_MAX_TOPK before any product; payload sizes (fp8 codes n_rows*H, scales n_rows*H/128 bytes
- *   when scales_e8m0 else 4x that; bf16 hidden n_rows*H*2; pair arrays n_pairs*4 each; combine
- *   out n_pairs*H*2); pair_row < n_rows; pair_expert < E and owned by this rank (expert_owner,
- *   or owned: held in some layer; the executor checks the step's layer).
+ *   k (the model's top-k) before any product; payload sizes (fp8 codes n_rows*H, scales
+ *   n_rows*H/128 bytes when scales_e8m0 else 4x that; bf16 hidden n_rows*H*2; pair arrays
+ *   n_pairs*4 each; combine out n_pairs*H*2); pair_row < n_rows; pair_expert < E and owned by
+ *   this rank (expert_owner, or owned: held in some layer; the executor checks the step's layer).
  * A message that fails any check is dropped: counted, its reason logged (rate-limited) and kept
  * in tpz_last_drop; it never disturbs other messages.
  *
@@ -46,7 +46,9 @@
  * peer's (a PULL names no sender; docs/operations.md "Not protected"): on the STEP path a
  * forged DISPATCH that comes first makes the real one a duplicate (the step fails explicitly);
  * the serving path has no duplicate rule (every DISPATCH within the credits is kept, and the
- * origin takes only the COMBINE with its part's pair count), so a forged empty one is harmless.
+ * origin takes only the COMBINE with its part's pair count), so a forged empty one is harmless;
+ * its credits are counted per connection (ZMQ_SRCFD), so a flood in a peer's name spends the
+ * flood's connection's credits, never the peer's.
  *
  * Arrays in a received tp_msg are aligned for their type (misaligned frames are copied), so the
  * owner can hand them to kernels directly. Not thread-safe: one owner thread.
@@ -63,9 +65,10 @@
 #include "common/wire.h"
 #include "worker/transport.h"
 
-/* Serving-path messages (docs/protocol.md "Serving path") one peer may have kept here at once,
- * per kind: an origin sends a peer at most this many DISPATCHes whose COMBINE is not back (its
- * credits), so an honest peer never meets the bound; more is dropped. */
+/* Serving-path messages (docs/protocol.md "Serving path") one connection may have kept here at
+ * once, per kind: an origin sends a peer at most this many DISPATCHes whose COMBINE is not back
+ * (its credits), over its one connection, so an honest peer never meets the bound; more is
+ * dropped. */
 #define TPZ_SERVE_CREDITS 16
 /* Messages libzmq may queue per peer connection before tpz_pump reads them: a step's DISPATCH
  * and COMBINE, and the serving path's credits of both kinds. */
@@ -136,6 +139,15 @@ void *tpz_socket(tpz_transport *tp);
 /* Read every message waiting on the PULL without blocking, validate it and keep it or drop it.
  * Returns the number kept. */
 int tpz_pump(tpz_transport *tp);
+
+/* Which serving-path COMBINEs the owner awaits: true when a part of (request, attempt) went to
+ * src_rank and its COMBINE is not back (the origin's credit for it is held). With fn set, a
+ * COMBINE it does not await is dropped on arrival, before it takes a credit: without security a
+ * forged DISPATCH in a peer's name is answered with a COMBINE to that peer over this worker's own
+ * connection, and a flood of those answers must not fill the credits the real COMBINEs need.
+ * fn NULL (the default): every COMBINE within the credits is kept. */
+typedef bool (*tpz_awaits_fn)(void *ctx, uint64_t request, uint32_t attempt, int src_rank);
+void tpz_set_awaits(tpz_transport *tp, tpz_awaits_fn fn, void *ctx);
 
 /* Move a kept message of step_id into *out (the caller releases it). Returns 1, or 0 when
  * none is kept. */

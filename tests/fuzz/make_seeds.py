@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""make_seeds.py — seed corpora of the network fuzz targets (welcome, step, dataplane, admin).
+"""make_seeds.py — seed corpora of the network fuzz targets (welcome, step, dataplane, admin,
+submit, serve_data, result).
 
 Writes well-formed messages, in the frame format of fuzz_frames.h, into corpus/NAME/: the
 fuzzer starts from inputs that pass the checks and mutates from there. The protobuf bodies
@@ -60,6 +61,7 @@ def message(msg_type, body, *payloads):
 
 
 MSG_WELCOME, MSG_STEP, MSG_ADMIN_REQUEST, MSG_DISPATCH, MSG_COMBINE, MSG_ERROR = 11, 17, 40, 60, 61, 1
+MSG_SUBMIT, MSG_RESULT = 70, 71
 
 
 def model_config():
@@ -160,4 +162,74 @@ write("admin", {
     "forward_hash": admin(5, "layers.0", 2, [bytes(2 * 128 * 2), struct.pack("<2q", 3, 63)]),
     "status": admin(1),
     "shards_mtp": admin(3, "mtp.0"),
+})
+
+
+# The client plane and the serving path (fuzz_submit, fuzz_serve_data, fuzz_result).
+SUBMIT_HASH = 0xC0F1C0F1C0F1C0F1
+
+
+def submit(layer, T, ids, config_hash=SUBMIT_HASH):
+    body = (f_fixed64(1, 0x5E5E5E5E12345678) + f_varint(2, 1) + f_varint(3, layer) +
+            f_varint(4, T) + f_varint(5, 1 if ids else 0) + f_fixed64(6, config_hash) +
+            f_varint(7, 20000))
+    pl = [struct.pack("<%dH" % (T * 128), *([0x3F80] * (T * 128)))]  # bf16 1.0
+    if ids:
+        pl.append(struct.pack("<%dq" % T, *range(T)))
+    return message(MSG_SUBMIT, body, *pl)
+
+
+def rq_dispatch(src, request, attempt, rows, pairs):
+    body = (f_varint(2, DP_EPOCH) + f_varint(3, 1) + f_varint(4, src) + f_varint(5, rows) +
+            f_varint(6, len(pairs)) + f_varint(7, 0) + f_varint(8, 1) + f_fixed64(9, DP_SESSION) +
+            f_fixed64(10, request) + f_varint(11, attempt))
+    return message(MSG_DISPATCH, body, bytes(rows * 128), bytes(rows),
+                   struct.pack("<%dI" % len(pairs), *[p[0] for p in pairs]),
+                   struct.pack("<%dI" % len(pairs), *[p[1] for p in pairs]),
+                   struct.pack("<%df" % len(pairs), *[0.5] * len(pairs)))
+
+
+def rq_combine(src, request, attempt, n, refused=False):
+    body = (f_varint(2, DP_EPOCH) + f_varint(3, src) + f_varint(4, n) + f_fixed64(5, DP_SESSION) +
+            f_fixed64(6, request) + f_varint(7, attempt) + f_varint(9, DP_EPOCH))
+    if refused:
+        return message(MSG_COMBINE, body + f_varint(8, 1))
+    return message(MSG_COMBINE, body, bytes(n * 128 * 2))
+
+
+def rq_op(take, data=b""):
+    return bytes([1 if take else 0]) + struct.pack("<H", len(data)) + data
+
+
+def result(client, seq, T, code=0, msg=""):
+    body = f_fixed64(1, client) + f_varint(2, seq)
+    if code:
+        return message(MSG_RESULT, body + f_varint(3, code) + f_str(4, msg))
+    body += (f_varint(5, 7) + f_varint(6, 0) + f_varint(7, 0) + f_varint(8, T) +
+             f_fixed64(9, 0) + f_fixed64(10, 0) + f_fixed64(11, 0) + f_fixed64(12, 0))
+    return message(MSG_RESULT, body, bytes(T * 128 * 2), struct.pack("<%di" % (2 * T), *range(2 * T)),
+                   struct.pack("<%df" % (2 * T), *[0.5] * (2 * T)))
+
+
+write("submit", {
+    "score_layer": submit(1, 2, False),
+    "hash_layer": submit(0, 3, True),
+    "mtp_layer_with_ids": submit(2, 1, True),
+})
+write("serve_data", {
+    "dispatch_then_take": rq_op(False, rq_dispatch(0, 0x1234000500000007, 1, 2,
+                                                   [(0, 2), (1, 3), (1, 0)])) + rq_op(True),
+    "combine_then_take": rq_op(False, rq_combine(2, 0x1234000500000008, 2, 3)) + rq_op(True),
+    "refused_combine": rq_op(False, rq_combine(0, 0x1234000500000009, 1, 2, True)) + rq_op(True),
+    # op byte 2: the owner's filter of awaited COMBINEs; the second one is not awaited
+    "awaited_then_not": (bytes([2]) + rq_op(False, rq_combine(0, 0x123400050000000A, 1, 3))[1:] +
+                         rq_op(False, rq_combine(2, 0x123400050000000B, 1, 3)) + rq_op(True) +
+                         rq_op(True)),
+})
+C = 0xC11E47C11E47
+write("result", {
+    "ok_two_tokens_topk": b"\x05" + result(C, 7, 2),
+    "ok_one_token": b"\x00" + result(C, 7, 1),
+    "refused_busy": b"\x00" + result(C, 7, 1, 13, "this entry worker holds 256 requests"),
+    "other_seq": b"\x00" + result(C, 8, 1),
 })

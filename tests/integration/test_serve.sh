@@ -9,7 +9,8 @@
 # in flight each all get the same right answer (their requests run concurrently and batch at
 # the experts); malformed requests (unknown layer, 0 tokens, more than EP_MAX_TOKENS, a hash
 # layer without ids, a wrong config hash, a NaN) get explicit errors and the cluster goes on
-# answering right.
+# answering right; strangers that announce big frames at a client endpoint are refused above
+# the model's bound and dropped when they stall mid-frame (client_slowloris.py).
 #
 # Then the same through libepmoe (serve_lib): 3 client processes x 4 requests in flight on
 # every layer, each answer bit-identical to forward --local. A worker drained while 3000
@@ -144,6 +145,16 @@ for dt in fp4 fp8; do
         *) fail "$name: bad request '$k' got: $got" ;;
         esac
     done
+    # strangers announcing big frames at a client endpoint: refused above the model's bound
+    # before they are buffered, dropped when they stall mid-frame (the model: H 256)
+    if [ "$dt" = fp4 ]; then
+        if python3 "$(dirname "$0")/client_slowloris.py" "${EP[2]}" "${CPIDS[3]}" 256 \
+            >"$TMP/$name.slowloris.log" 2>&1; then
+            ok "$name: client endpoint: $(tr '\n' ';' <"$TMP/$name.slowloris.log")"
+        else
+            fail "$name: client endpoint slowloris: $(cat "$TMP/$name.slowloris.log")"
+        fi
+    fi
     # a worker away for thousands of requests (a maintenance drain) serves its first request
     # back at once, as entry and as owner of experts (no window of ids left behind while it
     # was out; each request is answered in well under its deadline)

@@ -692,7 +692,7 @@ TEST(garbage_and_malformed_messages_are_dropped)
         Epmoe__Dispatch d = good_body(1, 2, 200);
         size_t l[] = {2 * H8, 2 * SC, 800, 800, 800};
         send_dispatch(raw, &d, l, 5, NULL, NULL);
-        EXPECT_DROP("n_pairs <= n_rows * 64");
+        EXPECT_DROP("n_pairs <= n_rows * 4 (the model's top-k)");
     }
     {
         Epmoe__Dispatch d = good_body(1, 2, 2);
@@ -832,6 +832,126 @@ TEST(a_forged_request_dispatch_does_not_displace_the_real_one)
     world_close(tp, 2);
 }
 
+/* Issue 26 defect 7: the validator allowed 64 pairs a row whatever the model's k, so one forged
+ * DISPATCH of 1,024 rows could claim 65,536 pairs (6.8 s of expert work and a 64 MiB COMBINE
+ * at H 4096). An honest origin sends at most k pairs a row (top-k of each token; hash-routed
+ * layers pick k experts too, and the shared expert never travels): k + 1 is refused. */
+TEST(a_dispatch_claiming_more_than_top_k_pairs_a_row_is_dropped)
+{
+    tpz_transport *tp[2] = {0};
+    world_open(tp, 2);
+    void *raw = zmq_socket(zctx, ZMQ_PUSH);
+    CHECK(zmq_connect(raw, tpz_endpoint(tp[1])) == 0);
+    const int rows = 2;
+    for (int extra = 0; extra <= 1; extra++) {
+        int pairs = rows * TOPK + extra;
+        Epmoe__Dispatch d = good_body(0, rows, pairs);
+        d.has_step_id = 0;
+        d.has_request = d.has_attempt = 1;
+        d.request = 0x77000000010000ull + (uint64_t)extra;
+        d.attempt = 1;
+        size_t len[5] = {(size_t)rows * H, (size_t)rows * H / 128, (size_t)pairs * 4,
+                         (size_t)pairs * 4, (size_t)pairs * 4};
+        send_dispatch(raw, &d, len, 5, NULL, NULL);
+    }
+    CHECK(wait_dropped(tp[1], 1));
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "top-k");
+    wait_pending(tp[1], 1);
+    tp_msg got;
+    CHECK_EQ(tpz_take_request(tp[1], &got), 1); /* k pairs a row: an honest shape, kept */
+    CHECK_EQ(got.n_pairs, rows * TOPK);
+    tpz_msg_release(&got);
+    CHECK_EQ(tpz_take_request(tp[1], &got), 0);
+    zmq_close(raw);
+    world_close(tp, 2);
+}
+
+/* Issue 26 defect 7: 20,000 forged DISPATCHes a second in rank 0's name filled rank 0's
+ * credits at the receiver, so rank 0's real DISPATCHes were dropped "beyond the peer's
+ * credits". Credits are counted per connection: a flood spends its own connection's, and the
+ * real peer's connection keeps all of its own. */
+TEST(a_flood_in_a_peers_name_does_not_spend_that_peers_credits)
+{
+    tpz_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    void *raw = zmq_socket(zctx, ZMQ_PUSH);
+    CHECK(zmq_connect(raw, tpz_endpoint(tp[1])) == 0);
+    const int flood = 2 * TPZ_SERVE_CREDITS;
+    for (int i = 0; i < flood; i++) {
+        Epmoe__Dispatch d = good_body(0, 0, 0);
+        d.has_step_id = 0;
+        d.has_request = d.has_attempt = 1;
+        d.request = 0x66000000000000ull + (uint64_t)i;
+        d.attempt = 1;
+        size_t len[5] = {0, 0, 0, 0, 0};
+        send_dispatch(raw, &d, len, 5, NULL, NULL);
+    }
+    CHECK(wait_dropped(tp[1], (uint64_t)(flood - TPZ_SERVE_CREDITS)));
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "beyond");
+    CHECK_EQ(tpz_pending(tp[1]), TPZ_SERVE_CREDITS);
+    int real = 0;
+    for (int i = 0; i < TPZ_SERVE_CREDITS; i++) { /* rank 0's real ones, all its credits */
+        tp_msg m;
+        CHECK(make_dispatch(&m, 0, 0, 1, 2) == 0);
+        m.is_request = true;
+        m.request = 0x55000000000000ull + (uint64_t)i;
+        m.attempt = 1;
+        CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
+    }
+    wait_pending(tp[1], 2 * TPZ_SERVE_CREDITS);
+    CHECK_EQ(tpz_dropped(tp[1]), (uint64_t)(flood - TPZ_SERVE_CREDITS));
+    tp_msg got;
+    while (tpz_take_request(tp[1], &got) == 1) {
+        if (got.n_pairs > 0 && dispatch_matches(&got, 1, 2))
+            real++;
+        tpz_msg_release(&got);
+    }
+    CHECK_EQ(real, TPZ_SERVE_CREDITS);
+    zmq_close(raw);
+    world_close(tp, 2);
+}
+
+static bool awaits_one(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
+{
+    return request == *(const uint64_t *)ctx && attempt == 1 && src_rank == 0;
+}
+
+/* Issue 26 defect 7, the other half: a forged DISPATCH in rank 1's name at rank 0 is answered
+ * with a COMBINE to rank 1 over rank 0's own, real connection, so a flood of forgeries filled
+ * that connection's COMBINE credits at rank 1 and rank 0's real COMBINEs were dropped "beyond
+ * the credits". With the owner's tpz_awaits_fn, a COMBINE no part waits for is dropped on
+ * arrival and takes no credit. */
+TEST(combines_no_part_awaits_take_no_credit)
+{
+    tpz_transport *tp[2] = {0};
+    world_open(tp, 2);
+    ep_err err;
+    uint64_t wanted = 0x44000000000001ull;
+    tpz_set_awaits(tp[1], awaits_one, &wanted);
+    const int junk = 2 * TPZ_SERVE_CREDITS;
+    for (int i = 0; i < junk + TPZ_SERVE_CREDITS; i++) {
+        tp_msg m;
+        CHECK(make_combine(&m, 0, 0, 1, 2) == 0);
+        m.is_request = true;
+        m.request = i < junk ? 0x33000000000000ull + (uint64_t)i : wanted;
+        m.attempt = 1;
+        CHECK(tpz_send(tp[0], 1, &m, &err) == 0);
+    }
+    wait_pending(tp[1], TPZ_SERVE_CREDITS);
+    CHECK(wait_dropped(tp[1], (uint64_t)junk));
+    CHECK_EQ(tpz_dropped(tp[1]), (uint64_t)junk);
+    CHECK_STR_HAS(tpz_last_drop(tp[1]), "no such part in flight");
+    int real = 0;
+    tp_msg got;
+    while (tpz_take_request(tp[1], &got) == 1) {
+        real += got.request == wanted && got.n_pairs == 2 && combine_matches(&got, 1, 2);
+        tpz_msg_release(&got);
+    }
+    CHECK_EQ(real, TPZ_SERVE_CREDITS);
+    world_close(tp, 2);
+}
+
 TEST(send_to_self_or_unknown_rank_fails)
 {
     tpz_transport *tp[2] = {0};
@@ -952,6 +1072,9 @@ int main(void)
     RUN(a_new_epoch_keeps_the_sockets_and_drops_the_old_epoch);
     RUN(garbage_and_malformed_messages_are_dropped);
     RUN(a_forged_request_dispatch_does_not_displace_the_real_one);
+    RUN(a_dispatch_claiming_more_than_top_k_pairs_a_row_is_dropped);
+    RUN(a_flood_in_a_peers_name_does_not_spend_that_peers_credits);
+    RUN(combines_no_part_awaits_take_no_credit);
     RUN(send_to_self_or_unknown_rank_fails);
     RUN(bind_failure_names_the_endpoint);
     RUN(with_security_only_each_ranks_own_key_gets_through);
