@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/exec_session.h"
@@ -104,10 +105,23 @@ typedef struct srv_job {
     int part; /* own: the part it computes */
 } srv_job;
 
+/* Latencies counted in mx_seconds_buckets, for a LOAD_REPORT. */
+typedef struct srv_hist {
+    uint32_t n[MX_MAX_BUCKETS + 1];
+    double sum;
+} srv_hist;
+
+/* Codes a request's failure is counted under in a LOAD_REPORT (0 .. SRV_N_CODES - 1). */
+#define SRV_N_CODES 32
+
+/* One layer's serving since the last LOAD_REPORT. */
 typedef struct srv_load {
     uint32_t requests, tokens;
     uint32_t *expert; /* [E] */
     uint32_t *rank;   /* [P] */
+    uint32_t answered, failed[SRV_N_CODES];
+    srv_hist total, dispatch, experts, combine;       /* the answered requests' timings */
+    uint64_t dispatch_bytes, combine_bytes, messages; /* data-plane messages sent */
 } srv_load;
 
 struct srv_server {
@@ -120,7 +134,8 @@ struct srv_server {
     int n_jobs, cap_jobs;
     int *out_credit; /* [P] live sent parts without their COMBINE, per rank */
     int P, E, L;
-    srv_load *load; /* [L] */
+    int n_main, n_hash; /* the model's main and hash-routed layers (the rest of L are MTP) */
+    srv_load *load;     /* [L] */
     srv_stats stats;
 };
 
