@@ -72,8 +72,9 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                  const plan_table *current, int layer);
 void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved);
 void cmx_rebalance_done(cmx *m, double seconds);
-/* The serving path's requests of one layer as an entry reported them (LOAD_REPORT): they count
- * as steps (one request is one layer's step) with their tokens and (token, expert) pairs. */
+/* The serving path's requests of one layer as an entry reported them (LOAD_REPORT): those
+ * answered count as ok steps (one request is one layer's step); tokens and (token, expert) pairs
+ * are the load of those routed in the current epoch. */
 void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
                   const uint32_t *expert_tokens, int n_experts);
 /* The rest of a LOAD_REPORT (issue 23): its requests failed by code, the timings of those

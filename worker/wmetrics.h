@@ -5,7 +5,7 @@
  * carries (docs/operations.md "Metrics").
  *
  * Cardinality (docs/operations.md "Metrics", the budget): by default nothing is labelled by
- * layer or expert, so a worker serves about 110 series whatever the model (V4-Flash: 43 layers
+ * layer or expert, so a worker serves about 215 series whatever the model (V4-Flash: 43 layers
  * + MTP, 256 experts); with per_layer (EPMOE_METRICS_PER_LAYER=1) the step histograms are
  * labelled by layer and the pairs by (layer, expert), thousands of series.
  *
