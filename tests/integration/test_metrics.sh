@@ -271,19 +271,20 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\", s
     [ "$ws_all" = $N ] && [ "$msgs" -gt 0 ] &&
         ok "worker counters moved: steps_total{ok} +$N in all, expert pairs on both, $msgs data-plane messages"
     check_serving
-    # the Grafana dashboard draws only metrics the coordinator serves
-    missing=$("$PY" - "$(dirname "$0")/../../deploy/grafana/epmoe.json" "$TMP/c2.json" <<'PY'
+    # the Grafana dashboard draws only metrics the coordinator or a worker serves
+    missing=$("$PY" - "$(dirname "$0")/../../deploy/grafana/epmoe.json" "$TMP/c2.json" "$TMP/w0_2.json" <<'PY'
 import json, re, sys
-dash, have = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+dash = json.load(open(sys.argv[1]))
+have = set(json.load(open(sys.argv[2]))) | set(json.load(open(sys.argv[3])))
 names = set()
 for p in dash["panels"]:
     for t in p["targets"]:
-        names |= set(re.sub(r"_bucket$", "", n) for n in re.findall(r"epmoe_\w+", t["expr"]))
+        names |= set(re.sub(r"_(bucket|sum|count)$", "", n) for n in re.findall(r"epmoe_\w+", t["expr"]))
 print(" ".join(sorted(n for n in names if n not in have)))
 PY
 )
     [ -z "$missing" ] && ok "deploy/grafana/epmoe.json: every metric it draws is served" ||
-        fail "the dashboard draws metrics the coordinator does not serve: $missing"
+        fail "the dashboard draws metrics no daemon serves: $missing"
     # layers are labelled as epmoectl names them
     scrape c2b "$CM"
     forward_check mtp "$TMP/m" mtp.0 "$TMP/in.st" || fail "forward of mtp.0"
