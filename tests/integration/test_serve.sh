@@ -11,7 +11,7 @@
 # layer without ids, a wrong config hash, a NaN) get explicit errors and the cluster goes on
 # answering right; the entry counts them by layer kind and code, and one client flooding an
 # entry past its limit (with a resend) is counted as busy refusals, a resend and requests by result
-# (its /metrics, issue 23).
+# (its /metrics, issue 23); while 8 requests run, its in-flight and credit gauges show them.
 #
 # Then the same through libepmoe (serve_lib): 3 client processes x 4 requests in flight on
 # every layer, each answer bit-identical to forward --local. A worker drained while 3000
@@ -202,9 +202,24 @@ for dt in fp4 fp8; do
         away_ok=1
         "$CTL" --coordinator "$ADMIN" drain w3 --wait-timeout 30 >"$TMP/$name.drain.log" 2>&1 ||
             { fail "$name: drain w3: $(cat "$TMP/$name.drain.log")"; away_ok=0; }
+        # the entry's gauges while they run: requests in flight and DISPATCH credits in use
+        # (scraped until the client is done; at rest both are 0, test_metrics.sh)
         "$SPOKE" "${EP[0]}" "$TMP/$dt" 1 "$TMP/in_1.st" "$TMP/$name.away.st" 8 3000 \
-            >"$TMP/$name.away.log" 2>&1 ||
-            { fail "$name: 3000 requests with w3 drained: $(cat "$TMP/$name.away.log")"; away_ok=0; }
+            >"$TMP/$name.away.log" 2>&1 &
+        spid=$!
+        g_run=0 g_cred=0
+        while kill -0 $spid 2>/dev/null; do
+            read -r run cred <<<"$(wm 0 'epmoe_worker_requests_in_flight{phase="running"}' \
+                'epmoe_worker_credits_in_use{kind="dispatch"}' | tr '\n' ' ')"
+            [ "${run%.*}" -gt "$g_run" ] && g_run=${run%.*}
+            [ "${cred%.*}" -gt "$g_cred" ] && g_cred=${cred%.*}
+        done
+        wait $spid || { fail "$name: 3000 requests with w3 drained: $(cat "$TMP/$name.away.log")"; away_ok=0; }
+        if [ "$g_run" -ge 1 ] && [ "$g_run" -le 8 ] && [ "$g_cred" -ge 1 ]; then
+            ok "$name: under 8 requests in flight, w0's gauges showed up to $g_run running and $g_cred DISPATCH credits in use"
+        else
+            fail "$name: under 8 requests in flight, w0's gauges showed at most $g_run running (want 1..8), $g_cred credits in use (want >= 1)"
+        fi
         "$CTL" --coordinator "$ADMIN" undrain w3 >/dev/null 2>&1 || { fail "$name: undrain w3"; away_ok=0; }
         for _ in $(seq 150); do
             "$CTL" --coordinator "$ADMIN" shards 2>/dev/null | grep -qE "^3 +w3 +[1-9]" && break
