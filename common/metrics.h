@@ -57,13 +57,13 @@ mx_series *mx_series2(mx_family *f, const char *v0, const char *v1);
 void mx_set(mx_series *s, double v);     /* gauges */
 void mx_add(mx_series *s, double v);     /* counters (v >= 0) and gauges */
 void mx_observe(mx_series *s, double v); /* histograms */
+double mx_value(const mx_series *s);     /* tests */
+/* Drop every series of a family (its HELP and TYPE stay). */
+void mx_clear(mx_family *f);
 /* Histograms: merge observations counted elsewhere in this family's buckets (another process's
  * report): counts[n], one per bound then +Inf, not cumulative, and their sum. -1 (nothing
  * merged) when n is not the family's bounds + 1. */
 int mx_observe_many(mx_series *s, const uint32_t *counts, int n, double sum);
-double mx_value(const mx_series *s); /* tests */
-/* Drop every series of a family (its HELP and TYPE stay). */
-void mx_clear(mx_family *f);
 
 /* The exposition text (malloc'ed, NUL-terminated; *len without the NUL), or NULL. */
 char *mx_render(mx_registry *r, size_t *len);

@@ -33,13 +33,15 @@ typedef struct adm_facts {
     const char *problem;    /* why the cluster is blocked, "" otherwise */
     const char *state;      /* the cluster state's name */
     uint64_t steps_done, steps_failed;
-    double balance;        /* measured max/mean worker load, layer average (0: unknown) */
-    uint64_t staged_epoch; /* a rebalance epoch being prepared (0: none) */
-    uint64_t requests_served, requests_failed; /* the serving path, as the entries reported */
-    double request_rate;                       /* answered per second, the last 10 s */
-    Epmoe__WorkerInfo **workers;               /* [n_workers], by rank */
+    double balance;              /* measured max/mean worker load, layer average (0: unknown) */
+    uint64_t staged_epoch;       /* a rebalance epoch being prepared (0: none) */
+    Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
     int n_workers;
     const uint8_t (*worker_key)[AUTH_KEY_BYTES]; /* security: each worker's key; NULL: none */
+    /* the serving path as the entries reported it: requests answered and failed, and answered
+     * per second over the last 10 s */
+    uint64_t requests_served, requests_failed;
+    double request_rate;
 } adm_facts;
 
 /* The AdminRequest m carries (free it with wire_free_unpacked), or NULL after queuing the

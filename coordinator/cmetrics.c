@@ -259,8 +259,8 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     m->wlast = calloc(P, sizeof *m->wlast);
     m->n_main = cfg->num_hidden_layers;
     if (!m->wlast || !m->up || !m->load_bytes || !m->load_total || !m->load_ratio || !m->wexperts ||
-        !m->disp_s || !m->req_s || !m->exp_s || !m->comb_s || !m->layer_balance ||
-        !m->expert_tokens || !m->worker_load || !m->balance_by_layer) {
+        !m->disp_s || !m->exp_s || !m->comb_s || !m->layer_balance || !m->expert_tokens ||
+        !m->worker_load || !m->balance_by_layer || !m->req_s) {
         ep_err_set(err, "metrics: out of memory");
         goto fail;
     }

@@ -134,8 +134,9 @@ struct srv_server {
     int n_jobs, cap_jobs;
     int *out_credit; /* [P] live sent parts without their COMBINE, per rank */
     int P, E, L;
-    int n_main, n_hash; /* the model's main and hash-routed layers (the rest of L are MTP) */
-    srv_load *load;     /* [L] */
+    srv_load *load; /* [L] */
+    /* the model's main and hash-routed layers (the rest of L are MTP): the requests' kinds */
+    int n_main, n_hash;
     srv_stats stats;
 };
 
