@@ -353,6 +353,31 @@ void mx_observe(mx_series *s, double v)
     pthread_mutex_unlock(&f->reg->lock);
 }
 
+int mx_observe_many(mx_series *s, const uint32_t *counts, int n, double sum)
+{
+    if (s == NULL || s->bucket == NULL)
+        return 0;
+    const mx_family *f = s->fam;
+    if (n != f->n_buckets + 1)
+        return -1;
+    pthread_mutex_lock(&f->reg->lock);
+    for (int i = 0; i < n; i++) {
+        s->bucket[i] += counts[i];
+        s->count += counts[i];
+    }
+    s->value += sum;
+    pthread_mutex_unlock(&f->reg->lock);
+    return 0;
+}
+
+int mx_seconds_bucket(double v)
+{
+    int i = 0;
+    while (i < mx_n_seconds_buckets && v > mx_seconds_buckets[i])
+        i++;
+    return i;
+}
+
 double mx_value(const mx_series *s)
 {
     if (s == NULL)

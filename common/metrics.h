@@ -60,6 +60,10 @@ void mx_observe(mx_series *s, double v); /* histograms */
 double mx_value(const mx_series *s);     /* tests */
 /* Drop every series of a family (its HELP and TYPE stay). */
 void mx_clear(mx_family *f);
+/* Histograms: merge observations counted elsewhere in this family's buckets (another process's
+ * report): counts[n], one per bound then +Inf, not cumulative, and their sum. -1 (nothing
+ * merged) when n is not the family's bounds + 1. */
+int mx_observe_many(mx_series *s, const uint32_t *counts, int n, double sum);
 
 /* The exposition text (malloc'ed, NUL-terminated; *len without the NUL), or NULL. */
 char *mx_render(mx_registry *r, size_t *len);
@@ -73,5 +77,8 @@ void mx_http_stop(mx_http **self_p);
 /* Default latency buckets, seconds: 100 us .. 60 s. */
 extern const double mx_seconds_buckets[];
 extern const int mx_n_seconds_buckets;
+/* The bucket of mx_seconds_buckets a latency v falls in (mx_n_seconds_buckets: +Inf), for a
+ * process that counts observations to report them (mx_observe_many merges them). */
+int mx_seconds_bucket(double v);
 
 #endif

@@ -76,6 +76,10 @@ void adm_reply_workers(ob_box *out, const wire_msg *m, uint64_t id, const adm_fa
         rep.balance = f->balance;
         rep.has_staged_epoch = f->staged_epoch != 0;
         rep.staged_epoch = f->staged_epoch;
+        rep.has_requests_served = rep.has_requests_failed = rep.has_request_rate = 1;
+        rep.requests_served = f->requests_served;
+        rep.requests_failed = f->requests_failed;
+        rep.request_rate = f->request_rate;
     }
     adm_reply(out, m->ident, m->ident_len, id, &rep, NULL, 0);
 }

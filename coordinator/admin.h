@@ -39,6 +39,10 @@ typedef struct adm_facts {
     Epmoe__WorkerInfo **workers; /* [n_workers], by rank */
     int n_workers;
     const uint8_t (*worker_key)[AUTH_KEY_BYTES]; /* security: each worker's key; NULL: none */
+    /* the serving path as the entries reported it: requests answered and failed, and answered
+     * per second over the last 10 s */
+    uint64_t requests_served, requests_failed;
+    double request_rate;
 } adm_facts;
 
 /* The AdminRequest m carries (free it with wire_free_unpacked), or NULL after queuing the

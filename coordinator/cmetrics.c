@@ -46,6 +46,8 @@ struct cmx {
     mx_family *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes, *f_msgs, *f_tokens;
     mx_family *f_expert_tokens, *f_layer_balance, *f_worker_load, *f_balance, *f_window;
     mx_family *f_rebal, *f_rebal_s, *f_rebal_plan_s, *f_moved, *f_refused;
+    mx_family *f_req_s; /* the serving path's request latency, by layer */
+    mx_series **req_s;  /* [L] */
     /* cached series */
     mx_series *state[CMX_N_STATES], *epoch[3], *workers[CMX_N_WSTATES], *dead, *masked;
     mx_series **up, **load_bytes, **load_total, **load_ratio, **wexperts; /* [P] */
@@ -129,6 +131,9 @@ static void cmx_families(cmx *m)
                     "From a rebalance decision to its epoch served by every member", NULL);
     m->f_rebal_plan_s = mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_rebalance_plan_seconds",
                                     "Time EPLB took to plan a rebalance", NULL);
+    m->f_req_s =
+        mx_family_s(m->reg, MX_HISTOGRAM, "epmoe_layer_request_duration_seconds",
+                    "Serving path: SUBMIT to RESULT at the entries, by MoE layer", "layer");
     m->f_moved = mx_family_s(m->reg, MX_COUNTER, "epmoe_rebalance_moved_experts_total",
                              "(layer, expert, worker) replicas rebalances gave a worker", NULL);
 }
@@ -218,6 +223,7 @@ static void cmx_free_arrays(cmx *m)
     free(m->load_ratio);
     free(m->wexperts);
     free(m->disp_s);
+    free(m->req_s);
     free(m->exp_s);
     free(m->comb_s);
     free(m->layer_balance);
@@ -243,6 +249,7 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     m->load_ratio = calloc(P, sizeof *m->load_ratio);
     m->wexperts = calloc(P, sizeof *m->wexperts);
     m->disp_s = calloc(L, sizeof *m->disp_s);
+    m->req_s = calloc(L, sizeof *m->req_s);
     m->exp_s = calloc(L, sizeof *m->exp_s);
     m->comb_s = calloc(L, sizeof *m->comb_s);
     m->layer_balance = calloc(L, sizeof *m->layer_balance);
@@ -253,7 +260,7 @@ cmx *cmx_create(const spec_cluster *spec, const mc_config *cfg, ep_err *err)
     m->n_main = cfg->num_hidden_layers;
     if (!m->wlast || !m->up || !m->load_bytes || !m->load_total || !m->load_ratio || !m->wexperts ||
         !m->disp_s || !m->exp_s || !m->comb_s || !m->layer_balance || !m->expert_tokens ||
-        !m->worker_load || !m->balance_by_layer) {
+        !m->worker_load || !m->balance_by_layer || !m->req_s) {
         ep_err_set(err, "metrics: out of memory");
         goto fail;
     }
@@ -540,6 +547,33 @@ void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
         }
         mx_add(*c, expert_tokens[e]);
     }
+}
+
+/* A reported histogram into a series (a worker of another build, with other buckets: dropped). */
+static void cmx_merge(mx_series *s, const Epmoe__LatencyHistogram *h)
+{
+    if (h != NULL && h->n_bucket <= (size_t)MX_MAX_BUCKETS + 1)
+        (void)mx_observe_many(s, h->bucket, (int)h->n_bucket, h->has_sum ? h->sum : 0);
+}
+
+void cmx_served(cmx *m, int layer, const Epmoe__LoadReport *r)
+{
+    if (m == NULL || layer < 0 || layer >= m->L)
+        return;
+    for (size_t i = 0; i < r->n_failed_code && i < r->n_failed_count; i++)
+        mx_add(mx_series2(m->f_steps, "failed", cmx_code_name((int)r->failed_code[i])),
+               r->failed_count[i]);
+    cmx_merge(m->step_s, r->duration);
+    cmx_merge(cmx_layer_series(m, m->f_req_s, m->req_s, layer), r->duration);
+    if (r->dispatch != NULL)
+        cmx_merge(cmx_layer_series(m, m->f_disp_s, m->disp_s, layer), r->dispatch);
+    if (r->experts != NULL)
+        cmx_merge(cmx_layer_series(m, m->f_exp_s, m->exp_s, layer), r->experts);
+    if (r->combine != NULL)
+        cmx_merge(cmx_layer_series(m, m->f_comb_s, m->comb_s, layer), r->combine);
+    mx_add(m->bytes[0], (double)r->dispatch_bytes);
+    mx_add(m->bytes[1], (double)r->combine_bytes);
+    mx_add(m->msgs, (double)r->messages);
 }
 
 void cmx_received(cmx *m, const char *socket, const wire_msg *msg)

@@ -18,6 +18,7 @@
  *            epmoe_step_duration_seconds (histogram), epmoe_layer_dispatch_seconds{layer},
  *            epmoe_layer_expert_seconds{layer}, epmoe_layer_combine_seconds{layer}
  *            (histograms, the slowest worker of each step),
+ *            epmoe_layer_request_duration_seconds{layer} (the serving path: SUBMIT to RESULT),
  *            epmoe_dataplane_bytes_total{kind=dispatch|combine},
  *            epmoe_dataplane_messages_total, epmoe_step_tokens_total
  * Load:      epmoe_expert_tokens_total{layer, expert} ((token, expert) pairs routed),
@@ -71,10 +72,15 @@ void cmx_balance(cmx *m, const mc_config *cfg, const spec_cluster *spec, const s
                  const plan_table *current, int layer);
 void cmx_rebalance(cmx *m, const char *result, double plan_seconds, long moved);
 void cmx_rebalance_done(cmx *m, double seconds);
-/* The serving path's requests of one layer as an entry reported them (LOAD_REPORT): they count
- * as steps (one request is one layer's step) with their tokens and (token, expert) pairs. */
+/* The serving path's requests of one layer as an entry reported them (LOAD_REPORT): those
+ * answered count as ok steps (one request is one layer's step); tokens and (token, expert) pairs
+ * are the load of those routed in the current epoch. */
 void cmx_requests(cmx *m, int layer, uint32_t requests, uint32_t tokens,
                   const uint32_t *expert_tokens, int n_experts);
+/* The rest of a LOAD_REPORT (issue 23): its requests failed by code, the timings of those
+ * answered (the step histograms, epmoe_layer_request_duration_seconds{layer}) and the
+ * data-plane messages the worker sent for the layer. */
+void cmx_served(cmx *m, int layer, const Epmoe__LoadReport *r);
 /* A message on socket ("admin", "workers"): its payload bytes count (the token bytes). */
 void cmx_received(cmx *m, const char *socket, const wire_msg *msg);
 /* A handshake a CURVE socket refused (an auth_refusal_fn: ctx is the cmx). */

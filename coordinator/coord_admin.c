@@ -34,6 +34,9 @@ static int coord_facts(coord *c, adm_facts *f)
                      .steps_failed = seq_steps_failed(c->seq),
                      .balance = coord_measured_balance(c),
                      .staged_epoch = plan_staged(c->pe) ? plan_staged(c->pe)->epoch : 0,
+                     .requests_served = c->served_ok,
+                     .requests_failed = c->served_failed,
+                     .request_rate = coord_served_rate(c),
                      .n_workers = n,
                      .worker_key =
                          c->spec->secure ? (const uint8_t(*)[AUTH_KEY_BYTES])c->keys.worker : NULL};

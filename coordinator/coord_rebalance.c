@@ -181,20 +181,42 @@ void coord_on_step_end(coord *c)
         coord_auto_rebalance(c);
 }
 
-/* The load of a worker's serving-path requests (LOAD_REPORT): one entry of the load window,
- * as a step's STEP_DONE is (the serving path has no steps). Reports of another epoch, or with a
- * layer, expert or rank out of range, are dropped. */
-void coord_on_load_report(coord *c, int rank, const wire_msg *m)
+/* Requests answered and failed, as an entry reported them: STATUS's counts and rate. */
+static void coord_served(coord *c, const Epmoe__LoadReport *r)
 {
-    ep_err err;
-    Epmoe__LoadReport *r =
-        (Epmoe__LoadReport *)wire_unpack(&epmoe__load_report__descriptor, m, &err);
+    int64_t sec = clk_mono_ms() / 1000;
+    int i = (int)(sec % COORD_RATE_S);
+    if (c->served_sec[i] != sec) {
+        c->served_sec[i] = sec;
+        c->served_in[i] = 0;
+    }
+    uint64_t ok = r->has_answered ? r->answered : r->requests; /* a worker before issue 23 */
+    c->served_ok += ok;
+    c->served_in[i] += ok;
+    for (size_t j = 0; j < r->n_failed_count; j++)
+        c->served_failed += r->failed_count[j];
+}
+
+double coord_served_rate(const coord *c)
+{
+    int64_t sec = clk_mono_ms() / 1000;
+    uint64_t n = 0;
+    for (int i = 0; i < COORD_RATE_S; i++)
+        if (c->served_sec[i] > sec - COORD_RATE_S)
+            n += c->served_in[i];
+    return (double)n / COORD_RATE_S;
+}
+
+/* The report's load into the window (its epoch's, in range): false when it does not enter. */
+static bool coord_load_window(coord *c, const Epmoe__LoadReport *r)
+{
     const plan_table *cur = plan_current(c->pe);
     int E = c->cfg.n_routed_experts, P = c->spec->n_workers;
+    if (!r->has_epoch || r->epoch != cur->epoch || r->requests == 0 ||
+        r->n_routed_expert != r->n_routed_tokens || r->n_pair_rank != r->n_pair_count)
+        return false;
     uint32_t *et = calloc((size_t)E, sizeof *et), *rp = calloc((size_t)P, sizeof *rp);
-    bool ok = r && et && rp && r->has_layer && r->layer < (uint32_t)mc_num_layers(&c->cfg) &&
-              r->has_epoch && r->epoch == cur->epoch && r->n_routed_expert == r->n_routed_tokens &&
-              r->n_pair_rank == r->n_pair_count;
+    bool ok = et && rp;
     for (size_t i = 0; ok && i < r->n_routed_expert; i++)
         if ((ok = r->routed_expert[i] < (uint32_t)E))
             et[r->routed_expert[i]] += r->routed_tokens[i];
@@ -202,21 +224,39 @@ void coord_on_load_report(coord *c, int rank, const wire_msg *m)
         if ((ok = r->pair_rank[i] < (uint32_t)P))
             rp[r->pair_rank[i]] += r->pair_count[i];
     if (ok)
-        cmx_requests(c->mx, (int)r->layer, r->has_requests ? r->requests : 0,
-                     r->has_tokens ? r->tokens : 0, et, E);
-    if (ok && stats_add(c->stats, (int)r->layer, r->epoch, et, rp) == 0)
+        cmx_requests(c->mx, (int)r->layer, 0, r->has_tokens ? r->tokens : 0, et, E);
+    if (ok && (ok = stats_add(c->stats, (int)r->layer, r->epoch, et, rp) == 0))
         cmx_balance(c->mx, &c->cfg, c->spec, c->stats, cur, (int)r->layer);
-    else
-        log_debug(LOG_SUB_PLAN, "LOAD_REPORT from rank %d dropped (%s)", rank,
-                  r == NULL ? err.msg : "another epoch, or out of range");
     free(et);
     free(rp);
-    uint64_t r_requests = ok && r->has_requests ? r->requests : 0;
-    wire_free_unpacked(r ? &r->base : NULL);
+    return ok;
+}
+
+void coord_on_load_report(coord *c, int rank, const wire_msg *m)
+{
+    ep_err err;
+    Epmoe__LoadReport *r =
+        (Epmoe__LoadReport *)wire_unpack(&epmoe__load_report__descriptor, m, &err);
+    if (r == NULL || !r->has_layer || r->layer >= (uint32_t)mc_num_layers(&c->cfg)) {
+        log_debug(LOG_SUB_PLAN, "LOAD_REPORT from rank %d dropped (%s)", rank,
+                  r == NULL ? err.msg : "no layer, or out of range");
+        wire_free_unpacked(r ? &r->base : NULL);
+        return;
+    }
+    coord_served(c, r);
+    cmx_requests(c->mx, (int)r->layer, r->has_answered ? r->answered : r->requests, 0, NULL, 0);
+    cmx_served(c->mx, (int)r->layer, r);
+    bool ok = coord_load_window(c, r);
+    if (!ok && r->requests > 0)
+        log_debug(LOG_SUB_PLAN,
+                  "LOAD_REPORT from rank %d: its load is not in the window "
+                  "(another epoch, or out of range)",
+                  rank);
+    uint64_t r_requests = ok ? r->requests : 0;
+    wire_free_unpacked(&r->base);
     int every = c->spec->rebalance_every_steps;
-    if (ok)
-        c->steps_since_rebalance += r_requests; /* a request is one layer's step */
-    if (ok && every > 0 && c->steps_since_rebalance >= (uint64_t)every &&
+    c->steps_since_rebalance += r_requests; /* a request is one layer's step */
+    if (r_requests > 0 && every > 0 && c->steps_since_rebalance >= (uint64_t)every &&
         plan_phase_of(c->pe) == PLAN_STABLE && c->state == COORD_READY && !c->stop)
         coord_auto_rebalance(c);
 }

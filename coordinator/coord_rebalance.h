@@ -29,8 +29,12 @@ void coord_on_stage_failed(coord *c, const ob_event *e);
 /* A step closed: metrics, the load window, and the automatic rebalance. */
 void coord_on_step_end(coord *c);
 /* The load of a worker's serving-path requests (LOAD_REPORT): one entry of the load window,
- * as a step's STEP_DONE is (the serving path has no steps). Reports of another epoch, or with a
- * layer, expert or rank out of range, are dropped. */
+ * as a step's STEP_DONE is (the serving path has no steps); reports of another epoch, or with
+ * an expert or rank out of range, do not enter it. Its requests answered and failed, their
+ * timings and data-plane traffic count whatever the epoch (metrics, STATUS); a layer out of
+ * range drops the report. */
 void coord_on_load_report(coord *c, int rank, const wire_msg *m);
+/* Requests answered per second over the last COORD_RATE_S seconds (STATUS). */
+double coord_served_rate(const coord *c);
 
 #endif

@@ -39,6 +39,9 @@ typedef enum coord_state {
     COORD_BLOCKED = 4   /* no placement over the workers left (STATUS.problem says why) */
 } coord_state;
 
+/* STATUS's request rate: answered per second over this many seconds */
+#define COORD_RATE_S 10
+
 typedef struct coord coord; /* as in coord.h */
 
 struct coord {
@@ -77,6 +80,11 @@ struct coord {
     uint64_t steps_since_rebalance;
     int64_t rebalance_ms;     /* when the rebalance in progress was decided (0: none) */
     uint64_t rebalance_epoch; /* its epoch */
+    /* the serving path's requests as the entries reported them (STATUS): answered, failed, and
+     * the answered of each of the last COORD_RATE_S seconds (a ring by second) */
+    uint64_t served_ok, served_failed;
+    uint64_t served_in[COORD_RATE_S];
+    int64_t served_sec[COORD_RATE_S];
 };
 
 /* "forming", "loading", "ready", "stopping", "blocked" */

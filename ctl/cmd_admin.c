@@ -354,6 +354,9 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         json_object_set_new(o, "model_path", jstr(r->model_path));
         json_object_set_new(o, "steps_done", json_integer((json_int_t)r->steps_done));
         json_object_set_new(o, "steps_failed", json_integer((json_int_t)r->steps_failed));
+        json_object_set_new(o, "requests_served", json_integer((json_int_t)r->requests_served));
+        json_object_set_new(o, "requests_failed", json_integer((json_int_t)r->requests_failed));
+        json_object_set_new(o, "request_rate", json_real(r->request_rate));
         json_object_set_new(o, "balance", r->has_balance ? json_real(r->balance) : json_null());
         json_object_set_new(o, "staged_epoch",
                             r->has_staged_epoch ? json_integer((json_int_t)r->staged_epoch)
@@ -381,7 +384,9 @@ static void status_print(const cmd_ctx *ctx, const Epmoe__AdminReply *r)
         printf("problem      %s\n", r->problem);
     printf("config hash  %s\n", hash);
     printf("model        %s\n", r->model_path ? r->model_path : "-");
-    printf("steps        %" PRIu64 " done, %" PRIu64 " failed\n\n", r->steps_done, r->steps_failed);
+    printf("steps        %" PRIu64 " done, %" PRIu64 " failed\n", r->steps_done, r->steps_failed);
+    printf("requests     %" PRIu64 " served (%.1f/s over the last 10 s), %" PRIu64 " failed\n\n",
+           r->requests_served, r->request_rate, r->requests_failed);
     workers_table(r, ctx->output == CMD_OUT_WIDE);
 }
 

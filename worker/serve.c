@@ -135,6 +135,8 @@ static int srv_shape(srv_server *s, const srv_env *env)
 {
     const mc_config *c = &env->session->config;
     int P = env->session->world_size, E = c->n_routed_experts, L = mc_num_layers(c);
+    s->n_main = c->num_hidden_layers;
+    s->n_hash = c->num_hash_layers;
     if (s->out_credit && P == s->P && E == s->E && L == s->L)
         return 0;
     free(s->out_credit);
@@ -170,13 +172,22 @@ static void srv_send_result(srv_server *s, const uint8_t *ident, size_t ident_le
                     (unsigned long long)r->seq, (unsigned long long)r->client, err.msg);
 }
 
-static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
-                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
+static void srv_refuse(srv_server *s, int layer, const uint8_t *ident, size_t ident_len,
+                       uint64_t client, uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
 
-/* A Result {code, message} for request (client, seq), counted busy or failed. */
-static void srv_refuse_err(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
-                           uint64_t seq, const ep_err *err)
+/* The kind a request of layer is counted under (metrics). */
+static wmx_kind srv_kind(const srv_server *s, int layer)
+{
+    if (layer < 0 || layer >= s->L)
+        return WMX_UNKNOWN;
+    return layer >= s->n_main ? WMX_MTP : layer < s->n_hash ? WMX_HASH : WMX_ROUTED;
+}
+
+/* A Result {code, message} for request (client, seq) of layer (-1: not known), counted busy or
+ * failed. */
+static void srv_refuse_err(srv_server *s, int layer, const uint8_t *ident, size_t ident_len,
+                           uint64_t client, uint64_t seq, const ep_err *err)
 {
     Epmoe__Result r = EPMOE__RESULT__INIT;
     r.has_client = r.has_seq = r.has_code = 1;
@@ -186,18 +197,21 @@ static void srv_refuse_err(srv_server *s, const uint8_t *ident, size_t ident_len
     r.message = (char *)err->msg; /* borrowed for the packing */
     srv_send_result(s, ident, ident_len, &r, NULL, 0);
     wmx_step_result(s->mx, false); /* a request that failed (or was refused) at its entry */
+    wmx_request(s->mx, srv_kind(s, layer), (int)r.code);
+    if (s->load && layer >= 0 && layer < s->L && r.code < SRV_N_CODES)
+        s->load[layer].failed[r.code]++;
     if (err->code == EP_ERR_BUSY)
         s->stats.busy++;
     else
         s->stats.failed++;
 }
 
-static void srv_refuse(srv_server *s, const uint8_t *ident, size_t ident_len, uint64_t client,
-                       uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
+static void srv_refuse(srv_server *s, int layer, const uint8_t *ident, size_t ident_len,
+                       uint64_t client, uint64_t seq, Epmoe__ErrorCode code, const char *fmt, ...)
 {
     ep_err err;
     EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
-    srv_refuse_err(s, ident, ident_len, client, seq, &err);
+    srv_refuse_err(s, layer, ident, ident_len, client, seq, &err);
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
@@ -241,7 +255,7 @@ static void srv_fail(srv_server *s, srv_req *q, Epmoe__ErrorCode code, const cha
 {
     ep_err err;
     EP_ERR_FROM_ARGS(&err, (ep_err_code)code, fmt);
-    srv_refuse_err(s, q->ident, q->ident_len, q->client, q->seq, &err);
+    srv_refuse_err(s, q->layer, q->ident, q->ident_len, q->client, q->seq, &err);
     srv_req_free(s, q);
 }
 
@@ -342,6 +356,10 @@ static int srv_send_part(srv_server *s, const srv_env *env, srv_req *q, int i, e
     if (tpz_send(env->tp, p->peer, &d, err) != 0)
         return ep_err_prefix(err, "DISPATCH to %s", ses->peer_name[p->peer]);
     wmx_sent(env->mx, false, bytes);
+    if (s->load) {
+        s->load[q->layer].dispatch_bytes += bytes;
+        s->load[q->layer].messages++;
+    }
     p->sent = p->credit = true;
     s->out_credit[p->peer]++;
     return 0;
@@ -416,6 +434,7 @@ static int srv_replay(srv_server *s, const srv_env *env, srv_req *q, ep_err *err
     q->attempt++;
     q->replayed = true;
     s->stats.replays++;
+    wmx_replay(s->mx, false);
     int rc = srv_plan(s, env, q, slots, n, false, err);
     free(slots);
     for (int i = first; rc == 0 && i < q->n_parts; i++)
@@ -526,25 +545,29 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
     ep_err err = {0};
     Epmoe__Submit *r = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, &err);
     if (r == NULL) {
-        srv_refuse(s, m->ident, m->ident_len, 0, 0, EPMOE__ERROR_CODE__ERR_MALFORMED, "SUBMIT: %s",
-                   err.msg);
+        srv_refuse(s, -1, m->ident, m->ident_len, 0, 0, EPMOE__ERROR_CODE__ERR_MALFORMED,
+                   "SUBMIT: %s", err.msg);
         return;
     }
     uint64_t client = r->client, seq = r->seq;
+    int layer = r->has_layer && r->layer < (uint32_t)s->L ? (int)r->layer : -1;
     Epmoe__ErrorCode code;
     srv_req *q = NULL;
     s->stats.submitted++;
     if (srv_check_submit(env, r, m, &code, &err) != 0) {
-        srv_refuse(s, m->ident, m->ident_len, client, seq, code, "%s", err.msg);
+        srv_refuse(s, layer, m->ident, m->ident_len, client, seq, code, "%s", err.msg);
     } else if (srv_duplicate(s, client, seq)) {
+        wmx_resend(s->mx);
         log_debug(LOG_SUB_STEP, "request %llu of client %016llx resent while in flight: kept once",
                   (unsigned long long)seq, (unsigned long long)client);
     } else if (srv_count_client(s, client) >= SRV_MAX_CLIENT_REQUESTS) {
-        srv_refuse(s, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
+        wmx_busy(s->mx, true);
+        srv_refuse(s, layer, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
                    "this client has %d requests in flight at this entry worker, its limit",
                    SRV_MAX_CLIENT_REQUESTS);
     } else if ((q = srv_slot(s)) == NULL) {
-        srv_refuse(s, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
+        wmx_busy(s->mx, false);
+        srv_refuse(s, layer, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_BUSY,
                    "this entry worker holds %d requests in flight, its limit", SRV_MAX_REQUESTS);
     } else {
         const mc_config *c = &env->session->config;
@@ -582,6 +605,8 @@ static void srv_framing_error(srv_server *s, const wire_msg *m, const ep_err *er
 void srv_on_client(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
+    if (env->session != NULL)
+        (void)srv_shape(s, env); /* the layer kinds of the requests' metrics */
     for (int n = 0; n < 1024; n++) {
         wire_msg m;
         ep_err err;
@@ -674,6 +699,22 @@ static bool srv_complete(const srv_req *q)
     return true;
 }
 
+static void srv_hist_add(srv_hist *h, double v)
+{
+    h->n[mx_seconds_bucket(v)]++;
+    h->sum += v;
+}
+
+/* An answered request into its layer's next LOAD_REPORT. */
+static void srv_count_answer(srv_load *ld, double total_s, const Epmoe__Result *r)
+{
+    ld->answered++;
+    srv_hist_add(&ld->total, total_s);
+    srv_hist_add(&ld->dispatch, r->dispatch_seconds);
+    srv_hist_add(&ld->experts, r->experts_seconds);
+    srv_hist_add(&ld->combine, r->combine_seconds);
+}
+
 static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
 {
     size_t T = (size_t)q->T, H = (size_t)q->H, k = (size_t)q->k;
@@ -720,6 +761,10 @@ static void srv_answer(srv_server *s, const srv_env *env, srv_req *q)
     wmx_step(env->mx, q->layer, t1 - q->t_arrive, r.dispatch_seconds, r.experts_seconds,
              r.combine_seconds);
     wmx_step_result(env->mx, true);
+    wmx_request(env->mx, srv_kind(s, q->layer), 0);
+    wmx_request_times(env->mx, q->layer, t1 - q->t_arrive, r.queued_seconds);
+    if (s->load)
+        srv_count_answer(&s->load[q->layer], t1 - q->t_arrive, &r);
     s->stats.completed++;
     srv_req_free(s, q);
 }
@@ -840,6 +885,17 @@ static void srv_finish(srv_server *s, const srv_env *env)
     }
 }
 
+/* The requests held and the credits in use, into the metrics' gauges. */
+static void srv_gauges(const srv_server *s)
+{
+    int n[3] = {0}, credits = 0;
+    for (int i = 0; i < SRV_MAX_REQUESTS; i++)
+        n[s->req[i].phase]++;
+    for (int p = 0; s->out_credit && p < s->P; p++)
+        credits += s->out_credit[p];
+    wmx_in_flight(s->mx, n[SRV_WAITING], n[SRV_RUNNING], credits);
+}
+
 void srv_run(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
@@ -863,6 +919,7 @@ void srv_run(srv_server *s, const srv_env *env)
     /* waiting for peers with nothing to serve: the shared expert of what is in flight now */
     if (srv_idle(s, env))
         srv_shared(s, false);
+    srv_gauges(s);
 }
 
 int64_t srv_idle_timeout_ms(const srv_server *s)
@@ -892,6 +949,7 @@ void srv_epoch_begin(srv_server *s)
         srv_req_unroute(s, q);
         q->phase = SRV_WAITING;
         q->replayed = true;
+        wmx_replay(s->mx, true);
         q->retry_at = 0;
     }
     /* own jobs refer to parts that are gone; peers' DISPATCHes stay and are served (or
@@ -914,6 +972,79 @@ void srv_epoch_end(srv_server *s, const srv_env *env)
 
 /* ---- load reports -------------------------------------------------------------------------- */
 
+/* What the layer's report carries besides its load: the answered requests' timings and the
+ * failed ones by code, the data-plane messages sent. n_codes: the failure codes counted. */
+typedef struct srv_served {
+    Epmoe__LatencyHistogram h[4];
+    Epmoe__LatencyHistogram *hp[4];
+    uint32_t code[SRV_N_CODES], count[SRV_N_CODES];
+} srv_served;
+
+static void srv_report_served(srv_load *ld, srv_served *sv, Epmoe__LoadReport *r)
+{
+    const srv_hist *src[4] = {&ld->total, &ld->dispatch, &ld->experts, &ld->combine};
+    for (int i = 0; i < 4 && ld->answered; i++) {
+        epmoe__latency_histogram__init(&sv->h[i]);
+        sv->h[i].bucket = (uint32_t *)src[i]->n;
+        sv->h[i].n_bucket = (size_t)mx_n_seconds_buckets + 1;
+        sv->h[i].has_sum = 1;
+        sv->h[i].sum = src[i]->sum;
+        sv->hp[i] = &sv->h[i];
+    }
+    r->duration = sv->hp[0];
+    r->dispatch = sv->hp[1];
+    r->experts = sv->hp[2];
+    r->combine = sv->hp[3];
+    r->has_answered = r->has_dispatch_bytes = r->has_combine_bytes = r->has_messages = 1;
+    r->answered = ld->answered;
+    r->dispatch_bytes = ld->dispatch_bytes;
+    r->combine_bytes = ld->combine_bytes;
+    r->messages = ld->messages;
+    size_t n = 0;
+    for (uint32_t c = 0; c < SRV_N_CODES; c++)
+        if (ld->failed[c]) {
+            sv->code[n] = c;
+            sv->count[n++] = ld->failed[c];
+        }
+    r->failed_code = sv->code;
+    r->failed_count = sv->count;
+    r->n_failed_code = r->n_failed_count = n;
+}
+
+/* The layer's load: its routed pairs by expert and by rank (buf: 2 * (E + P)). */
+static void srv_report_load(const srv_server *s, const srv_load *ld, uint32_t *buf,
+                            Epmoe__LoadReport *r)
+{
+    r->requests = ld->requests;
+    r->tokens = ld->tokens;
+    size_t ne = 0, np = 0;
+    uint32_t *ei = buf, *ec = buf + s->E, *pr = buf + 2 * s->E, *pc = pr + s->P;
+    for (int e = 0; e < s->E; e++)
+        if (ld->expert[e]) {
+            ei[ne] = (uint32_t)e;
+            ec[ne++] = ld->expert[e];
+        }
+    for (int p = 0; p < s->P; p++)
+        if (ld->rank[p]) {
+            pr[np] = (uint32_t)p;
+            pc[np++] = ld->rank[p];
+        }
+    r->routed_expert = ei;
+    r->routed_tokens = ec;
+    r->n_routed_expert = r->n_routed_tokens = ne;
+    r->pair_rank = pr;
+    r->pair_count = pc;
+    r->n_pair_rank = r->n_pair_count = np;
+}
+
+static bool srv_load_empty(const srv_load *ld)
+{
+    uint32_t failed = 0;
+    for (int c = 0; c < SRV_N_CODES; c++)
+        failed |= ld->failed[c];
+    return ld->requests == 0 && ld->answered == 0 && failed == 0 && ld->messages == 0;
+}
+
 void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx)
 {
     if (s->load == NULL || env->session == NULL)
@@ -921,36 +1052,20 @@ void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx)
     uint32_t *buf = malloc((size_t)(2 * (s->E + s->P)) * sizeof *buf + 4);
     for (int l = 0; buf && l < s->L; l++) {
         srv_load *ld = &s->load[l];
-        if (ld->requests == 0)
+        if (srv_load_empty(ld))
             continue;
         Epmoe__LoadReport r = EPMOE__LOAD_REPORT__INIT;
+        srv_served sv = {0};
         r.has_layer = r.has_requests = r.has_tokens = r.has_epoch = 1;
         r.epoch = env->session->epoch;
         r.layer = (uint32_t)l;
-        r.requests = ld->requests;
-        r.tokens = ld->tokens;
-        size_t ne = 0, np = 0;
-        uint32_t *ei = buf, *ec = buf + s->E, *pr = buf + 2 * s->E, *pc = pr + s->P;
-        for (int e = 0; e < s->E; e++)
-            if (ld->expert[e]) {
-                ei[ne] = (uint32_t)e;
-                ec[ne++] = ld->expert[e];
-            }
-        for (int p = 0; p < s->P; p++)
-            if (ld->rank[p]) {
-                pr[np] = (uint32_t)p;
-                pc[np++] = ld->rank[p];
-            }
-        r.routed_expert = ei;
-        r.routed_tokens = ec;
-        r.n_routed_expert = r.n_routed_tokens = ne;
-        r.pair_rank = pr;
-        r.pair_count = pc;
-        r.n_pair_rank = r.n_pair_count = np;
+        srv_report_load(s, ld, buf, &r);
+        srv_report_served(ld, &sv, &r);
         fn(ctx, &r);
-        ld->requests = ld->tokens = 0;
-        memset(ld->expert, 0, (size_t)s->E * sizeof *ld->expert);
-        memset(ld->rank, 0, (size_t)s->P * sizeof *ld->rank);
+        uint32_t *expert = ld->expert, *rank = ld->rank;
+        memset(expert, 0, (size_t)s->E * sizeof *expert);
+        memset(rank, 0, (size_t)s->P * sizeof *rank);
+        *ld = (srv_load){.expert = expert, .rank = rank};
     }
     free(buf);
 }

@@ -192,6 +192,11 @@ static void srv_deliver(srv_server *s, const srv_env *env, srv_job *j, const uin
                     env->session->peer_name[j->src], err.msg);
     else
         wmx_sent(env->mx, true, bytes);
+    int layer = j->layer < 0 ? -1 - j->layer : j->layer; /* srv_serve marks taken jobs so */
+    if (s->load && layer < s->L) {
+        s->load[layer].combine_bytes += bytes;
+        s->load[layer].messages++;
+    }
 }
 
 /* Count a job's pairs per expert into the metrics. */
@@ -205,16 +210,19 @@ static void srv_count(const srv_env *env, int layer, const srv_rows *r)
 
 /* A batch's pairs and the distinct experts it reads (each expert's weights once a call): how
  * well the batching shares weight reads (docs/performance.md "Serving path"). */
-static void srv_count_reads(srv_server *s, const uint32_t *expert, size_t n)
+static uint64_t srv_count_reads(srv_server *s, const uint32_t *expert, size_t n)
 {
     uint8_t *seen = s->E > 0 ? calloc((size_t)s->E, 1) : NULL;
+    uint64_t reads = 0;
     for (size_t p = 0; seen && p < n; p++)
         if (expert[p] < (uint32_t)s->E && !seen[expert[p]]) {
             seen[expert[p]] = 1;
-            s->stats.expert_reads++;
+            reads++;
         }
+    s->stats.expert_reads += reads;
     s->stats.pairs += n;
     free(seen);
+    return reads;
 }
 
 /* One layer's jobs [n] as one mb_experts call: rows concatenated, pairs re-indexed. */
@@ -260,7 +268,7 @@ static void srv_run_layer(srv_server *s, const srv_env *env, int layer, srv_job 
             r0 += (size_t)r->n_rows;
             p0 += (size_t)r->n_pairs;
         }
-        srv_count_reads(s, pexp, Pn);
+        wmx_batch(env->mx, n, Pn, srv_count_reads(s, pexp, Pn));
         int rc = Pn ? mb_experts(env->be, l, (int)R, q, qs, (int)Pn, prow, pexp, pw, out, &err) : 0;
         if (rc != 0)
             log_error("serving: layer %d experts for %d jobs: %s", layer, n, err.msg);

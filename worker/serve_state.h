@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/wire.h"
 #include "kernels/moe_backend.h"
 #include "worker/exec_session.h"
@@ -117,10 +118,23 @@ typedef struct srv_job {
     int part; /* own: the part it computes */
 } srv_job;
 
+/* Latencies counted in mx_seconds_buckets, for a LOAD_REPORT. */
+typedef struct srv_hist {
+    uint32_t n[MX_MAX_BUCKETS + 1];
+    double sum;
+} srv_hist;
+
+/* Codes a request's failure is counted under in a LOAD_REPORT (0 .. SRV_N_CODES - 1). */
+#define SRV_N_CODES 32
+
+/* One layer's serving since the last LOAD_REPORT. */
 typedef struct srv_load {
     uint32_t requests, tokens;
     uint32_t *expert; /* [E] */
     uint32_t *rank;   /* [P] */
+    uint32_t answered, failed[SRV_N_CODES];
+    srv_hist total, dispatch, experts, combine;       /* the answered requests' timings */
+    uint64_t dispatch_bytes, combine_bytes, messages; /* data-plane messages sent */
 } srv_load;
 
 struct srv_server {
@@ -134,6 +148,8 @@ struct srv_server {
     int *out_credit; /* [P] live sent parts without their COMBINE, per rank */
     int P, E, L;
     srv_load *load; /* [L] */
+    /* the model's main and hash-routed layers (the rest of L are MTP): the requests' kinds */
+    int n_main, n_hash;
     srv_stats stats;
     int64_t max_frame; /* the socket's MAXMSGSIZE: the largest frame of a legal SUBMIT */
     log_rate log;      /* lines clients and peers cause: SRV_LOG_PER_SEC a second */

@@ -15,6 +15,7 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/wire.h"
 
 #define WMX_LAYERS (MC_MAX_LAYERS + MC_MAX_MTP)
 
@@ -27,6 +28,16 @@ static const char *const wmx_states[] = {"registering", "welcomed",    "loading"
 #define WMX_N_STATES 6
 static const char *const wmx_load_kinds[] = {"load", "epoch", "staged", "commit"};
 #define WMX_N_LOAD_KINDS 4
+static const char *const wmx_kinds[] = {"routed", "hash", "mtp", "unknown"};
+#define WMX_N_KINDS 4
+/* The codes a request can fail with at its entry: at 0 from the start (others on first use) */
+static const int wmx_codes[] = {EP_ERR_NONE,        EP_ERR_MALFORMED,     EP_ERR_BAD_REQUEST,
+                                EP_ERR_CONFIG_HASH, EP_ERR_NOT_READY,     EP_ERR_STEP_FAILED,
+                                EP_ERR_TIMEOUT,     EP_ERR_SHUTTING_DOWN, EP_ERR_BUSY};
+#define WMX_N_CODES 9
+/* pairs per mb_experts call: 1 .. 65536 */
+static const double wmx_pair_buckets[] = {1,   2,    4,    8,    16,   32,    64,    128,  256,
+                                          512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
 
 struct wmx {
     mx_registry *reg;
@@ -37,6 +48,12 @@ struct wmx {
     mx_family *f_state, *f_epoch, *f_steps, *f_step_s, *f_disp_s, *f_exp_s, *f_comb_s, *f_bytes,
         *f_msgs, *f_tokens, *f_pairs, *f_weight, *f_read, *f_progress, *f_loads, *f_refused,
         *f_build, *f_info;
+    /* the serving path */
+    mx_family *f_req, *f_req_s, *f_queue_s, *f_busy, *f_replays, *f_resends, *f_inflight,
+        *f_credits, *f_batch, *f_batch_jobs, *f_reads;
+    mx_series *req[WMX_N_KINDS][WMX_N_CODES], *busy[2], *replays[2], *resends, *inflight[2],
+        *credits, *batch, *batch_jobs, *reads;
+    mx_series *req_s[WMX_LAYERS], *queue_s[WMX_LAYERS];
     mx_series *state[WMX_N_STATES], *epoch, *ok, *failed, *bytes[2], *msgs[2], *weight, *read,
         *progress, *pairs, *loads[WMX_N_LOAD_KINDS];
     /* [0] is the only series without per_layer */
@@ -90,6 +107,64 @@ static void wmx_families(wmx *m)
                             "worker,rank,device");
 }
 
+static void wmx_serving_families(wmx *m)
+{
+    m->f_req = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_requests_total",
+                           "Requests answered at this entry, by layer kind, result and error code",
+                           "kind,result,code");
+    m->f_req_s = wmx_hist(m, "epmoe_worker_request_duration_seconds",
+                          "SUBMIT to RESULT at this entry, of the requests answered ok");
+    m->f_queue_s = wmx_hist(m, "epmoe_worker_request_queue_seconds",
+                            "SUBMIT to routed at this entry (waiting for an epoch to serve)");
+    m->f_busy =
+        mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_busy_refusals_total",
+                    "SUBMITs refused ERR_BUSY, by the limit reached: client, entry", "limit");
+    m->f_replays =
+        mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_replays_total",
+                    "Requests dispatched again: refused by a peer, or an epoch change", "reason");
+    m->f_resends = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_resends_total",
+                               "SUBMITs a client resent while in flight (kept once)", NULL);
+    m->f_inflight =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_requests_in_flight",
+                    "Requests this entry holds: waiting for an epoch, running", "phase");
+    m->f_credits =
+        mx_family_s(m->reg, MX_GAUGE, "epmoe_worker_credits_in_use",
+                    "Credits in use; dispatch: DISPATCHes sent without their COMBINE", "kind");
+    m->f_batch = mx_family_new(m->reg, MX_HISTOGRAM, "epmoe_worker_expert_batch_pairs",
+                               "(token, expert) pairs per expert call of the serving queue", NULL,
+                               wmx_pair_buckets, 17);
+    m->f_batch_jobs = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_batch_jobs_total",
+                                  "DISPATCHes (and own parts) the serving queue's calls ran", NULL);
+    m->f_reads = mx_family_s(m->reg, MX_COUNTER, "epmoe_worker_expert_reads_total",
+                             "Distinct experts the serving queue's calls read", NULL);
+}
+
+/* Every serving series at 0 from the start (per-layer histograms: on first use). */
+static void wmx_serving_series(wmx *m)
+{
+    for (int k = 0; k < WMX_N_KINDS; k++)
+        for (int c = 0; c < WMX_N_CODES; c++) {
+            const char *v[3] = {wmx_kinds[k], c ? "failed" : "ok",
+                                wire_code_name(wmx_codes[c], "ERR_UNKNOWN")};
+            m->req[k][c] = mx_series_of(m->f_req, v);
+        }
+    m->busy[0] = mx_series1(m->f_busy, "entry");
+    m->busy[1] = mx_series1(m->f_busy, "client");
+    m->replays[0] = mx_series1(m->f_replays, "refused");
+    m->replays[1] = mx_series1(m->f_replays, "epoch");
+    m->resends = mx_series0(m->f_resends);
+    m->inflight[0] = mx_series1(m->f_inflight, "waiting");
+    m->inflight[1] = mx_series1(m->f_inflight, "running");
+    m->credits = mx_series1(m->f_credits, "dispatch");
+    m->batch = mx_series0(m->f_batch);
+    m->batch_jobs = mx_series0(m->f_batch_jobs);
+    m->reads = mx_series0(m->f_reads);
+    if (!m->per_layer) {
+        m->req_s[0] = mx_series0(m->f_req_s);
+        m->queue_s[0] = mx_series0(m->f_queue_s);
+    }
+}
+
 wmx *wmx_create(bool per_layer, ep_err *err)
 {
     wmx *m = calloc(1, sizeof *m);
@@ -97,6 +172,8 @@ wmx *wmx_create(bool per_layer, ep_err *err)
         goto fail;
     m->per_layer = per_layer;
     wmx_families(m);
+    wmx_serving_families(m);
+    wmx_serving_series(m);
     for (int i = 0; i < WMX_N_STATES; i++)
         m->state[i] = mx_series1(m->f_state, wmx_states[i]);
     m->epoch = mx_series0(m->f_epoch);
@@ -292,4 +369,64 @@ void wmx_session(wmx *m, const char *name, int rank, const char *device, int n_m
     mx_clear(m->f_info); /* one series: the rank may change with each WELCOME */
     const char *v[3] = {name, rv, device};
     mx_set(mx_series_of(m->f_info, v), 1);
+}
+
+/* ---- the serving path ---------------------------------------------------------------------- */
+
+void wmx_request(wmx *m, wmx_kind kind, int code)
+{
+    if (m == NULL)
+        return;
+    int k = kind >= WMX_ROUTED && kind <= WMX_UNKNOWN ? (int)kind : WMX_UNKNOWN;
+    for (int c = 0; c < WMX_N_CODES; c++)
+        if (wmx_codes[c] == code) {
+            mx_add(m->req[k][c], 1);
+            return;
+        }
+    const char *v[3] = {wmx_kinds[k], code ? "failed" : "ok", wire_code_name(code, "ERR_UNKNOWN")};
+    mx_add(mx_series_of(m->f_req, v), 1);
+}
+
+void wmx_request_times(wmx *m, int layer, double total_s, double queue_s)
+{
+    if (m == NULL)
+        return;
+    mx_observe(wmx_layer(m, m->f_req_s, m->req_s, layer), total_s);
+    mx_observe(wmx_layer(m, m->f_queue_s, m->queue_s, layer), queue_s);
+}
+
+void wmx_busy(wmx *m, bool client_limit)
+{
+    if (m)
+        mx_add(m->busy[client_limit], 1);
+}
+
+void wmx_replay(wmx *m, bool epoch)
+{
+    if (m)
+        mx_add(m->replays[epoch], 1);
+}
+
+void wmx_resend(wmx *m)
+{
+    if (m)
+        mx_add(m->resends, 1);
+}
+
+void wmx_batch(wmx *m, int jobs, uint64_t pairs, uint64_t experts_read)
+{
+    if (m == NULL)
+        return;
+    mx_observe(m->batch, (double)pairs);
+    mx_add(m->batch_jobs, jobs);
+    mx_add(m->reads, (double)experts_read);
+}
+
+void wmx_in_flight(wmx *m, int waiting, int running, int credits)
+{
+    if (m == NULL)
+        return;
+    mx_set(m->inflight[0], waiting);
+    mx_set(m->inflight[1], running);
+    mx_set(m->credits, credits);
 }

@@ -12,6 +12,11 @@
  *       past the last), zero (0 tokens), many (EP_MAX_TOKENS + 1 tokens claimed, the input's
  *       rows sent: a frame above the endpoint's bound is closed unanswered), noids (a hash layer
  *       without ids), hash (a wrong config hash), nan (a NaN in the hidden states).
+ *   serve_poke ENDPOINT MODEL_DIR LAYER IN - flood N
+ *       N requests back to back from one client, request 1 sent twice (a resend while in
+ *       flight: answered once), more than the entry takes from one client at a time; waits for
+ *       the N answers and prints "ok A busy B other C" (the metrics test compares the entry's
+ *       counters with what the client saw). Exit 0 when every answer is ok or ERR_BUSY.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -127,6 +132,29 @@ static int poke_bad(poke *p, const char *kind)
     return rc;
 }
 
+static int poke_flood(poke *p, int n)
+{
+    uint32_t T = (uint32_t)p->in.T, layer = (uint32_t)p->layer;
+    int ok = 0, busy = 0, other = 0;
+    for (int i = 0; i <= n; i++) /* 1, 1, 2, 3, ..., n */
+        if (poke_send(p, (uint64_t)(i ? i : 1), layer, T, p->in.x, p->in.ids, true, p->hash) != 0)
+            return 1;
+    for (int got = 0; got < n; got++) {
+        wire_msg m;
+        Epmoe__Result *r;
+        if (poke_recv(p, &m, &r) != 0)
+            return 1;
+        int code = r->has_code ? (int)r->code : 0;
+        ok += code == EPMOE__ERROR_CODE__ERR_NONE;
+        busy += code == EPMOE__ERROR_CODE__ERR_BUSY;
+        other += code != EPMOE__ERROR_CODE__ERR_NONE && code != EPMOE__ERROR_CODE__ERR_BUSY;
+        wire_free_unpacked(&r->base);
+        wire_msg_close(&m);
+    }
+    printf("ok %d busy %d other %d\n", ok, busy, other);
+    return other == 0 ? 0 : 1;
+}
+
 static int poke_run(poke *p, const char *out, int inflight, int repeat)
 {
     size_t T = (size_t)p->in.T, H = (size_t)p->c.hidden_size, k = (size_t)p->c.num_experts_per_tok;
@@ -194,7 +222,8 @@ int main(int argc, char **argv)
 {
     if (argc < 6) {
         fprintf(stderr, "usage: serve_poke ENDPOINT MODEL_DIR LAYER IN OUT [INFLIGHT [REPEAT]]\n"
-                        "       serve_poke ENDPOINT MODEL_DIR LAYER IN - bad KIND\n");
+                        "       serve_poke ENDPOINT MODEL_DIR LAYER IN - bad KIND\n"
+                        "       serve_poke ENDPOINT MODEL_DIR LAYER IN - flood N\n");
         return 64;
     }
     poke p = {.layer = atoi(argv[3])};
@@ -215,8 +244,9 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc =
-        argc >= 8 && strcmp(argv[6], "bad") == 0
-            ? poke_bad(&p, argv[7])
+        argc >= 8 && strcmp(argv[6], "bad") == 0 ? poke_bad(&p, argv[7])
+        : argc >= 8 && strcmp(argv[6], "flood") == 0
+            ? poke_flood(&p, atoi(argv[7]))
             : poke_run(&p, argv[5], argc > 6 ? atoi(argv[6]) : 1, argc > 7 ? atoi(argv[7]) : 1);
     fwdio_input_free(&p.in);
     zmq_close(p.sock);

@@ -59,7 +59,11 @@ WORKER_FAMS="epmoe_build_info epmoe_worker_info epmoe_worker_state epmoe_worker_
 epmoe_worker_steps_total epmoe_worker_step_duration_seconds epmoe_worker_dispatch_seconds
 epmoe_worker_expert_seconds epmoe_worker_combine_seconds epmoe_worker_dataplane_messages_total
 epmoe_worker_expert_pairs_total epmoe_worker_weight_bytes epmoe_worker_load_read_bytes_total
-epmoe_worker_loads_total"
+epmoe_worker_loads_total epmoe_worker_requests_total epmoe_worker_request_duration_seconds
+epmoe_worker_request_queue_seconds epmoe_worker_busy_refusals_total epmoe_worker_replays_total
+epmoe_worker_resends_total epmoe_worker_requests_in_flight epmoe_worker_credits_in_use
+epmoe_worker_expert_batch_pairs epmoe_worker_expert_batch_jobs_total
+epmoe_worker_expert_reads_total"
 
 PROMTOOL=$(command -v promtool)
 [ -n "$PROMTOOL" ] || echo "note: promtool not found (apt install prometheus): its check is skipped"
@@ -113,6 +117,25 @@ check_conventions() {
         for k in load epoch staged commit; do
             has "w${r}_0" epmoe_worker_loads_total "kind=$k" || fail "w$r: epmoe_worker_loads_total{kind=$k} is not there"
         done
+        # the serving path's series, at 0 for every label value (issue 23)
+        for k in routed hash mtp unknown; do
+            for code in ERR_MALFORMED ERR_BAD_REQUEST ERR_CONFIG_HASH ERR_NOT_READY ERR_STEP_FAILED \
+                ERR_TIMEOUT ERR_SHUTTING_DOWN ERR_BUSY; do
+                [ "$(get "w${r}_0" epmoe_worker_requests_total "code=$code,kind=$k,result=failed")" = 0.0 ] ||
+                    fail "w$r: epmoe_worker_requests_total{kind=$k,result=failed,code=$code} is not there at 0"
+            done
+            [ "$(get "w${r}_0" epmoe_worker_requests_total "code=ERR_NONE,kind=$k,result=ok")" = 0.0 ] ||
+                fail "w$r: epmoe_worker_requests_total{kind=$k,result=ok} is not there at 0"
+        done
+        for lv in epmoe_worker_busy_refusals_total:limit=entry epmoe_worker_busy_refusals_total:limit=client \
+            epmoe_worker_replays_total:reason=refused epmoe_worker_replays_total:reason=epoch \
+            epmoe_worker_resends_total: epmoe_worker_requests_in_flight:phase=waiting \
+            epmoe_worker_requests_in_flight:phase=running epmoe_worker_credits_in_use:kind=dispatch \
+            epmoe_worker_request_duration_seconds: epmoe_worker_request_queue_seconds: \
+            epmoe_worker_expert_batch_pairs: epmoe_worker_expert_batch_jobs_total: \
+            epmoe_worker_expert_reads_total:; do
+            [ "$(get "w${r}_0" "${lv%%:*}" "${lv#*:}")" = 0.0 ] || fail "w$r: ${lv%%:*}{${lv#*:}} is not there at 0"
+        done
     done
     # the coordinator's view of workers and a worker's own metrics share no name (only the
     # per-process families do)
@@ -124,6 +147,66 @@ PY
 )
     [ -z "$shared" ] || fail "names served by both the coordinator and a worker: $shared"
     [ $fails -eq "$bad" ] && ok "before any step: every counter at 0 for every label value, no series for no data, build and worker info, no shared names"
+}
+
+# delta TAG_BEFORE TAG_AFTER FAMILY LABELS: the growth of a series (histograms: their count)
+delta() {
+    "$PY" - "$TMP/$1.json" "$TMP/$2.json" "$3" "$4" <<'PY'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(int(b.get(sys.argv[3], {}).get(sys.argv[4], 0) - a.get(sys.argv[3], {}).get(sys.argv[4], 0)))
+PY
+}
+# delta_workers FAMILY LABELS: its growth over both workers from scrape 1 to 2
+delta_workers() { echo $(($(delta w0_1 w0_2 "$1" "$2") + $(delta w1_1 w1_2 "$1" "$2"))); }
+
+# the serving path's metrics after the N forwards of layer 1 (score-routed) (issue 23): each
+# request counted at its entry with its kind, result and code, its latency and queue time;
+# expert batches and reads on the workers; on the coordinator the step latency, the per-layer
+# request latency and all-to-all histograms and the data-plane counters (from LOAD_REPORT), and
+# epmoectl status's served requests and their rate
+check_serving() {
+    local bad=$fails d
+    d=$(delta_workers epmoe_worker_requests_total code=ERR_NONE,kind=routed,result=ok)
+    [ "$d" = $N ] || fail "workers: epmoe_worker_requests_total{kind=routed,result=ok} +$d (want $N)"
+    for f in epmoe_worker_request_duration_seconds epmoe_worker_request_queue_seconds; do
+        d=$(delta_workers $f '')
+        [ "$d" = $N ] || fail "workers: $f count +$d (want $N)"
+    done
+    for r in 0 1; do
+        for f in epmoe_worker_expert_batch_pairs epmoe_worker_expert_batch_jobs_total \
+            epmoe_worker_expert_reads_total; do
+            d=$(delta "w${r}_1" "w${r}_2" $f '')
+            [ "$d" -gt 0 ] || fail "w$r: $f +$d after $N forwards (it serves experts of layer 1)"
+        done
+        [ "$(get "w${r}_2" epmoe_worker_requests_in_flight phase=running)" = 0.0 ] ||
+            fail "w$r: requests in flight at rest"
+        [ "$(get "w${r}_2" epmoe_worker_credits_in_use kind=dispatch)" = 0.0 ] ||
+            fail "w$r: dispatch credits in use at rest"
+    done
+    for f in epmoe_step_duration_seconds: epmoe_layer_request_duration_seconds:layer=1 \
+        epmoe_layer_dispatch_seconds:layer=1 epmoe_layer_expert_seconds:layer=1 \
+        epmoe_layer_combine_seconds:layer=1; do
+        d=$(delta c1 c2 "${f%%:*}" "${f#*:}")
+        [ "$d" = $N ] || fail "coordinator: ${f%%:*}{${f#*:}} count +$d (want $N)"
+    done
+    for k in dispatch combine; do
+        d=$(delta c1 c2 epmoe_dataplane_bytes_total kind=$k)
+        [ "$d" -gt 0 ] || fail "coordinator: epmoe_dataplane_bytes_total{kind=$k} +$d"
+    done
+    d=$(delta c1 c2 epmoe_dataplane_messages_total '')
+    [ "$d" -gt 0 ] || fail "coordinator: epmoe_dataplane_messages_total +$d"
+    "$CTL" --coordinator "$ADMIN" -o json status >"$TMP/status_s.json" || fail "status"
+    local served rate
+    served=$(json_get "$TMP/status_s.json" "d.get('requests_served', -1)")
+    rate=$(json_get "$TMP/status_s.json" "d.get('request_rate', 0) > 0")
+    [ "$served" = $((N + 1)) ] && [ "$rate" = True ] ||
+        fail "epmoectl status: requests_served $served (want $((N + 1))), rate > 0: $rate"
+    "$CTL" --coordinator "$ADMIN" status >"$TMP/status_s.txt" || fail "status"
+    grep -Eq "^requests +$((N + 1)) served \([0-9.]+/s over the last 10 s\), 0 failed" "$TMP/status_s.txt" ||
+        fail "epmoectl status does not show the served requests: $(grep -E '^(steps|requests)' "$TMP/status_s.txt")"
+    [ $fails -eq "$bad" ] &&
+        ok "serving path: requests{routed,ok} +$N at the entries with latency and queue time, expert batches and reads; coordinator step, request and all-to-all histograms +$N, data-plane counters; status: $served served"
 }
 
 N=5
@@ -187,19 +270,21 @@ if start_cluster met "$TMP/m" 2 fp8 "placement: contiguous" "metrics: \"$CM\", s
     [ "$msgs" -gt 0 ] || fail "no worker sent a data-plane message"
     [ "$ws_all" = $N ] && [ "$msgs" -gt 0 ] &&
         ok "worker counters moved: steps_total{ok} +$N in all, expert pairs on both, $msgs data-plane messages"
-    # the Grafana dashboard draws only metrics the coordinator serves
-    missing=$("$PY" - "$(dirname "$0")/../../deploy/grafana/epmoe.json" "$TMP/c2.json" <<'PY'
+    check_serving
+    # the Grafana dashboard draws only metrics the coordinator or a worker serves
+    missing=$("$PY" - "$(dirname "$0")/../../deploy/grafana/epmoe.json" "$TMP/c2.json" "$TMP/w0_2.json" <<'PY'
 import json, re, sys
-dash, have = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+dash = json.load(open(sys.argv[1]))
+have = set(json.load(open(sys.argv[2]))) | set(json.load(open(sys.argv[3])))
 names = set()
 for p in dash["panels"]:
     for t in p["targets"]:
-        names |= set(re.sub(r"_bucket$", "", n) for n in re.findall(r"epmoe_\w+", t["expr"]))
+        names |= set(re.sub(r"_(bucket|sum|count)$", "", n) for n in re.findall(r"epmoe_\w+", t["expr"]))
 print(" ".join(sorted(n for n in names if n not in have)))
 PY
 )
     [ -z "$missing" ] && ok "deploy/grafana/epmoe.json: every metric it draws is served" ||
-        fail "the dashboard draws metrics the coordinator does not serve: $missing"
+        fail "the dashboard draws metrics no daemon serves: $missing"
     # layers are labelled as epmoectl names them
     scrape c2b "$CM"
     forward_check mtp "$TMP/m" mtp.0 "$TMP/in.st" || fail "forward of mtp.0"
@@ -253,6 +338,21 @@ PY
         ok "a request that timed out is counted as epmoe_worker_steps_total{result=failed} at its entry"
     else
         fail "after a timeout: the entry counted $d_f failed requests (want 1)"
+    fi
+    d_f=$(delta w0_5a w0_5 epmoe_worker_requests_total code=ERR_TIMEOUT,kind=routed,result=failed)
+    [ "$d_f" = 1 ] || fail "after a timeout: epmoe_worker_requests_total{routed,failed,ERR_TIMEOUT} +$d_f at the entry (want 1)"
+    # and reaches the coordinator's steps_total{failed,ERR_TIMEOUT} and status (LOAD_REPORT)
+    for _ in $(seq 30); do
+        scrape c5 "$CM" >/dev/null
+        [ "$(get c5 epmoe_steps_total code=ERR_TIMEOUT,result=failed | cut -d. -f1)" -ge 1 ] && break
+        sleep 0.2
+    done
+    "$CTL" --coordinator "$ADMIN" -o json status >"$TMP/status_f.json" || fail "status"
+    if [ "$(get c5 epmoe_steps_total code=ERR_TIMEOUT,result=failed)" = 1.0 ] &&
+        [ "$(json_get "$TMP/status_f.json" "d.get('requests_failed')")" = 1 ]; then
+        ok "the timed-out request: coordinator steps_total{failed,ERR_TIMEOUT} 1, status requests_failed 1"
+    else
+        fail "the timed-out request at the coordinator: steps_total{failed,ERR_TIMEOUT} $(get c5 epmoe_steps_total code=ERR_TIMEOUT,result=failed), status requests_failed $(json_get "$TMP/status_f.json" "d.get('requests_failed')")"
     fi
     "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 60 >/dev/null 2>&1 || fail "not ready after the timeout"
     # slowloris: strangers trickling half-open requests do not blind the endpoint, and the

@@ -10,7 +10,10 @@
 # the experts); malformed requests (unknown layer, 0 tokens, more than EP_MAX_TOKENS, a hash
 # layer without ids, a wrong config hash, a NaN) get explicit errors and the cluster goes on
 # answering right; strangers that announce big frames at a client endpoint are refused above
-# the model's bound and dropped when they stall mid-frame (client_slowloris.py).
+# the model's bound and dropped when they stall mid-frame (client_slowloris.py);
+# the entry counts the malformed requests by layer kind and code, and one client flooding an
+# entry past its limit (with a resend) is counted as busy refusals, a resend and requests by result
+# (its /metrics, issue 23); while 8 requests run, its in-flight and credit gauges show them.
 #
 # Then the same through libepmoe (serve_lib): 3 client processes x 4 requests in flight on
 # every layer, each answer bit-identical to forward --local. A worker drained while 3000
@@ -50,6 +53,33 @@ for t in 1 7 64; do
         fail "mkinput $t"
 done
 
+# wm R SERIES...: the values of series (name{labels} as exposed) on worker wR's /metrics, 0 when
+# absent, one line each
+wm() {
+    local r=$1
+    shift
+    curl -s "http://${METRICS[$r]}/metrics" >"$TMP/wm.txt"
+    for k in "$@"; do awk -v k="$k" '$1 == k { v = $2 } END { print v + 0 }' "$TMP/wm.txt"; done
+}
+# wm_wait R WANT SERIES...: wait (2 s at most) until wm R SERIES... prints WANT (the worker counts
+# an answer just after sending it); the last values in $wm_got
+wm_wait() {
+    local r=$1 want=$2
+    shift 2
+    for _ in $(seq 20); do
+        wm_got=$(wm "$r" "$@" | tr '\n' ' ')
+        [ "$wm_got" = "$want" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+REQ='epmoe_worker_requests_total{kind="%s",result="%s",code="%s"}'
+# the entry's counters of the malformed requests below: routed ERR_BAD_REQUEST (zero, many, nan),
+# unknown ERR_BAD_REQUEST (layer), hash ERR_BAD_REQUEST (noids), routed ERR_CONFIG_HASH (hash)
+# shellcheck disable=SC2059
+BADS=("$(printf "$REQ" routed failed ERR_BAD_REQUEST)" "$(printf "$REQ" unknown failed ERR_BAD_REQUEST)"
+    "$(printf "$REQ" hash failed ERR_BAD_REQUEST)" "$(printf "$REQ" routed failed ERR_CONFIG_HASH)")
+
 # payload_bytes SOCKET: the coordinator's epmoe_coordinator_payload_bytes_total{socket}
 payload_bytes() {
     curl -s "http://$CMETRICS/metrics" |
@@ -60,7 +90,7 @@ for dt in fp4 fp8; do
     name=serve_$dt
     read -r mport <<<"$(free_ports 1)"
     CMETRICS=127.0.0.1:$mport
-    start_cluster "$name" "$TMP/$dt" 4 fp8 "placement: contiguous" "metrics: \"$CMETRICS\"" || continue
+    start_cluster "$name" "$TMP/$dt" 4 fp8 "placement: contiguous" "metrics: \"$CMETRICS\"" 1 || continue
     a0=$(payload_bytes admin)
     w0=$(payload_bytes workers)
     EP=()
@@ -134,7 +164,9 @@ for dt in fp4 fp8; do
     else
         fail "$name: coordinator payload bytes admin $a0 -> $a1, workers $w0 -> $w1 (expected 0)"
     fi
-    # malformed requests: an explicit error each, naming what was wrong
+    # malformed requests: an explicit error each, naming what was wrong, counted at the entry by
+    # layer kind and code (issue 23)
+    read -r -a bad0 <<<"$(wm 1 "${BADS[@]}" | tr '\n' ' ')"
     for kind in layer:ERR_BAD_REQUEST:"does not exist" zero:ERR_BAD_REQUEST:"1..65536" \
         many:ERR_BAD_REQUEST:"tokens" noids:ERR_BAD_REQUEST:"hash-routed" \
         hash:ERR_CONFIG_HASH:"config hash" nan:ERR_BAD_REQUEST:"token"; do
@@ -155,6 +187,26 @@ for dt in fp4 fp8; do
             fail "$name: client endpoint slowloris: $(cat "$TMP/$name.slowloris.log")"
         fi
     fi
+    want="$((bad0[0] + 3)) $((bad0[1] + 1)) $((bad0[2] + 1)) $((bad0[3] + 1)) "
+    wm_wait 1 "$want" "${BADS[@]}" &&
+        ok "$name: the malformed requests counted at their entry by kind and code (routed/unknown/hash ERR_BAD_REQUEST +3/+1/+1, ERR_CONFIG_HASH +1)" ||
+        fail "$name: epmoe_worker_requests_total of the malformed requests at w1: $wm_got (want $want)"
+    # one client past its limit of requests in flight at an entry, one request resent while in
+    # flight: the entry's busy refusals, resends and requests by result match what the client got
+    # shellcheck disable=SC2059
+    FLOOD=('epmoe_worker_busy_refusals_total{limit="client"}' 'epmoe_worker_resends_total'
+        "$(printf "$REQ" routed ok ERR_NONE)" "$(printf "$REQ" routed failed ERR_BUSY)")
+    read -r -a f0 <<<"$(wm 1 "${FLOOD[@]}" | tr '\n' ' ')"
+    got=$("$SPOKE" "${EP[1]}" "$TMP/$dt" 1 "$TMP/in_64.st" - flood 200 2>&1)
+    read -r _ n_ok _ n_busy _ _ <<<"$got"
+    want="$((f0[0] + ${n_busy:-0})) $((f0[1] + 1)) $((f0[2] + ${n_ok:-0})) $((f0[3] + ${n_busy:-0})) "
+    if [[ "$got" != ok* ]] || [ "${n_busy:-0}" -lt 1 ]; then
+        fail "$name: 200 requests from one client at once: $got (want some ERR_BUSY)"
+    elif wm_wait 1 "$want" "${FLOOD[@]}"; then
+        ok "$name: 200 requests from one client at once ($got): busy refusals{client}, resends (1), requests{ok} and {ERR_BUSY} counted as answered"
+    else
+        fail "$name: after 200 requests from one client ($got): busy{client}, resends, ok, ERR_BUSY at w1: $wm_got (want $want)"
+    fi
     # a worker away for thousands of requests (a maintenance drain) serves its first request
     # back at once, as entry and as owner of experts (no window of ids left behind while it
     # was out; each request is answered in well under its deadline)
@@ -162,9 +214,24 @@ for dt in fp4 fp8; do
         away_ok=1
         "$CTL" --coordinator "$ADMIN" drain w3 --wait-timeout 30 >"$TMP/$name.drain.log" 2>&1 ||
             { fail "$name: drain w3: $(cat "$TMP/$name.drain.log")"; away_ok=0; }
+        # the entry's gauges while they run: requests in flight and DISPATCH credits in use
+        # (scraped until the client is done; at rest both are 0, test_metrics.sh)
         "$SPOKE" "${EP[0]}" "$TMP/$dt" 1 "$TMP/in_1.st" "$TMP/$name.away.st" 8 3000 \
-            >"$TMP/$name.away.log" 2>&1 ||
-            { fail "$name: 3000 requests with w3 drained: $(cat "$TMP/$name.away.log")"; away_ok=0; }
+            >"$TMP/$name.away.log" 2>&1 &
+        spid=$!
+        g_run=0 g_cred=0
+        while kill -0 $spid 2>/dev/null; do
+            read -r run cred <<<"$(wm 0 'epmoe_worker_requests_in_flight{phase="running"}' \
+                'epmoe_worker_credits_in_use{kind="dispatch"}' | tr '\n' ' ')"
+            [ "${run%.*}" -gt "$g_run" ] && g_run=${run%.*}
+            [ "${cred%.*}" -gt "$g_cred" ] && g_cred=${cred%.*}
+        done
+        wait $spid || { fail "$name: 3000 requests with w3 drained: $(cat "$TMP/$name.away.log")"; away_ok=0; }
+        if [ "$g_run" -ge 1 ] && [ "$g_run" -le 8 ] && [ "$g_cred" -ge 1 ]; then
+            ok "$name: under 8 requests in flight, w0's gauges showed up to $g_run running and $g_cred DISPATCH credits in use"
+        else
+            fail "$name: under 8 requests in flight, w0's gauges showed at most $g_run running (want 1..8), $g_cred credits in use (want >= 1)"
+        fi
         "$CTL" --coordinator "$ADMIN" undrain w3 >/dev/null 2>&1 || { fail "$name: undrain w3"; away_ok=0; }
         for _ in $(seq 150); do
             "$CTL" --coordinator "$ADMIN" shards 2>/dev/null | grep -qE "^3 +w3 +[1-9]" && break

@@ -73,6 +73,35 @@ TEST(histogram_buckets_are_cumulative)
     mx_destroy(&r);
 }
 
+/* Observations counted in another process (a worker's LOAD_REPORT) merge into the same
+ * buckets as mx_observe would put them; counts of another bucket layout are refused whole. */
+TEST(histogram_merge)
+{
+    mx_registry *r = mx_create(&err), *o = mx_create(&err);
+    mx_series *f = mx_series0(mx_family_s(r, MX_HISTOGRAM, "epmoe_m_seconds", "M", NULL));
+    mx_series *g = mx_series0(mx_family_s(o, MX_HISTOGRAM, "epmoe_m_seconds", "M", NULL));
+    double v[] = {0.00005, 0.0001, 0.0003, 0.0003, 0.07, 61, 2.5};
+    uint32_t counts[MX_MAX_BUCKETS + 1] = {0};
+    double sum = 0;
+    for (int i = 0; i < 7; i++) {
+        counts[mx_seconds_bucket(v[i])]++;
+        sum += v[i];
+        mx_observe(g, v[i]);
+    }
+    CHECK_EQ(mx_seconds_bucket(0.0001), 0); /* le: a bound is in its own bucket */
+    CHECK_EQ(mx_seconds_bucket(61), mx_n_seconds_buckets);
+    CHECK_EQ(mx_observe_many(f, counts, mx_n_seconds_buckets, sum), -1);
+    CHECK(mx_value(f) == 0);
+    CHECK_EQ(mx_observe_many(f, counts, mx_n_seconds_buckets + 1, sum), 0);
+    CHECK(mx_value(f) == 7);
+    char *merged = mx_render(r, NULL), *observed = mx_render(o, NULL);
+    CHECK_STR_EQ(merged, observed);
+    free(merged);
+    free(observed);
+    mx_destroy(&r);
+    mx_destroy(&o);
+}
+
 /* Many series (a layer x expert family at V4-Pro size) are found again, not duplicated. */
 TEST(many_series)
 {
@@ -99,6 +128,7 @@ int main(void)
 {
     RUN(counters_gauges_and_escaping);
     RUN(histogram_buckets_are_cumulative);
+    RUN(histogram_merge);
     RUN(many_series);
     return test_report();
 }
