@@ -137,7 +137,8 @@ static int poke_flood(poke *p, int n)
     uint32_t T = (uint32_t)p->in.T, layer = (uint32_t)p->layer;
     int ok = 0, busy = 0, other = 0;
     for (int i = 0; i <= n; i++) /* 1, 1, 2, 3, ..., n */
-        if (poke_send(p, (uint64_t)(i ? i : 1), layer, T, p->in.x, p->in.ids, true, p->hash) != 0)
+        if (poke_send(p, (uint64_t)(i ? i : 1), layer, T, 0, p->in.x, p->in.ids, true, p->hash) !=
+            0)
             return 1;
     for (int got = 0; got < n; got++) {
         wire_msg m;
