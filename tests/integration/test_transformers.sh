@@ -7,14 +7,16 @@
 #
 #   test_transformers.sh LIBEPMOE BUILD_DIR
 #
-# The Python: $EPMOE_HF_PYTHON, else the virtual environment .ci/run makes
-# (${EPMOE_HF_VENV:-/var/cache/epmoe/venv-hf}). Skipped (77) with the reason where neither has
-# torch and transformers (a plain ./dev test), and in a sanitizer build (see test_python.sh).
+# The Python: $EPMOE_HF_PYTHON, else that of the venv .ci/hf_venv.sh makes ($EPMOE_HF_VENV, else
+# /var/cache/epmoe/venv-hf, else ~/.cache/epmoe/venv-hf). Skipped (77) with the reason where it
+# lacks torch or transformers (a plain ./dev test), and in a sanitizer build (see test_python.sh).
 set -u
 LIB=$1
 BUILD=$2
 SRC=${EPMOE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-PY=${EPMOE_HF_PYTHON:-${EPMOE_HF_VENV:-/var/cache/epmoe/venv-hf}/bin/python}
+V=${EPMOE_HF_VENV:-/var/cache/epmoe/venv-hf}
+[ -n "${EPMOE_HF_VENV:-}" ] || [ -x "$V/bin/python" ] || V=$HOME/.cache/epmoe/venv-hf
+PY=${EPMOE_HF_PYTHON:-$V/bin/python}
 if ! [ -x "$PY" ] || ! "$PY" -c "import torch, transformers, accelerate, numpy, pytest" 2>/dev/null; then
     echo "skip: $PY lacks torch, transformers, accelerate, numpy or pytest (.ci/run makes that venv)"
     exit 77
