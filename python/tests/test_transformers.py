@@ -28,6 +28,9 @@ Tolerances, derived (H 256, I 128, 6 of 16 experts, bf16 model):
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -331,3 +334,16 @@ def test_attach_refuses_a_model_of_another_shape(served: Tuple[str, epmoe.Client
     with pytest.raises(epmoe.BadRequestError, match="decoder layers"):
         hf.attach(model, client)
     assert not hf.attached(hf.detach(model))
+
+
+def test_example_runs(ckpts: Dict[str, str]) -> None:
+    """examples/transformers_generate.py: its own cluster, a batch through generate(), its checks."""
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo / "python"), env.get("PYTHONPATH")]))
+    p = subprocess.run([sys.executable, str(repo / "examples" / "transformers_generate.py"), "--model",
+                        ckpts["fp8"], "--batch", "3", "--new-tokens", "4"],
+                       capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "tokens/s" in p.stdout and "tokens equal to transformers' own MoE" in p.stdout, p.stdout
+    assert "rows resubmitted alone: all bit-identical" in p.stdout, p.stdout
