@@ -336,6 +336,30 @@ def test_attach_refuses_a_model_of_another_shape(served: Tuple[str, epmoe.Client
     assert not hf.attached(hf.detach(model))
 
 
+def test_bf16_crosses_without_a_copy_and_errors_are_epmoes(served: Tuple[str, epmoe.Client],
+                                                            ckpts: Dict[str, str]) -> None:
+    """What attach's module hands libepmoe: the caller's bf16 tensor itself (DLPack; the request
+    holds a view of the same memory) and a torch output libepmoe writes in place; a hash layer
+    called without input_ids raises epmoe's BadRequestError, not a torch or ctypes error."""
+    dt, client = served
+    x = (torch.randn(5, client.info.hidden_size) * 0.5).to(torch.bfloat16)
+    out = torch.zeros_like(x)
+    req = client.submit(1, x, out=out)
+    req.result()
+    assert req.hidden.__array_interface__["data"][0] == x.data_ptr()
+    assert req.out.__array_interface__["data"][0] == out.data_ptr()
+    assert bool((out.view(torch.int16) != 0).any())
+    model, _ = load(ckpts[dt], torch.bfloat16)
+    hf.attach(model, client)
+    try:
+        with pytest.raises(epmoe.BadRequestError, match="hash-routed"):
+            model.model.layers[0].mlp(x[None])
+        with pytest.raises(epmoe.BadRequestError, match="already attached"):
+            hf.attach(model, client)
+    finally:
+        hf.detach(model)
+
+
 def test_example_runs(ckpts: Dict[str, str]) -> None:
     """examples/transformers_generate.py: its own cluster, a batch through generate(), its checks."""
     repo = Path(__file__).resolve().parents[2]
