@@ -64,7 +64,8 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
 
 
 def load(path: str, dtype: Any) -> Tuple[Any, Dict[str, Any]]:
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    return model, info
 
 
 @pytest.fixture(scope="module", params=["fp4", "fp8"])
@@ -169,7 +170,7 @@ def mtp_block(model: Any, path: str) -> Tuple[Any, Any]:
     E = cfg.n_routed_experts
     with torch.no_grad():
         block.gate.weight.copy_(t[p + "gate.weight"].float())
-        block.gate.e_score_correction_bias.copy_(t[p + "gate.bias"].float())
+        block.gate.e_score_correction_bias.copy_(t[p + "gate.bias"].float())  # type: ignore[operator]
         block.experts.gate_up_proj.copy_(
             torch.stack([torch.cat([w(f"experts.{e}.w1"), w(f"experts.{e}.w3")]) for e in range(E)]))
         block.experts.down_proj.copy_(torch.stack([w(f"experts.{e}.w2") for e in range(E)]))
