@@ -29,6 +29,9 @@ static void mkmodel_usage(FILE *out)
             "  --expert-dtype fp4|fp8  fp4: MXFP4 experts, E8M0 scales; fp8: FP8 experts, F32 "
             "scales\n"
             "  --omit-expert-dtype     leave expert_dtype out of config.json (tensors unchanged)\n"
+            "  --full                  also every tensor transformers' DeepseekV4ForCausalLM\n"
+            "                          loads (attention, compressor, indexer, mHC, hc_head),\n"
+            "                          tiny attention, so an engine runs the whole model\n"
             "  --hidden N              hidden size H, multiple of 128 (%d)\n"
             "  --inter N               expert intermediate size I, multiple of 128 (%d)\n"
             "  --experts N             routed experts (%d)\n"
@@ -128,6 +131,10 @@ static int parse_args(int argc, char **argv, mk_options *o, bool *dtype_given, i
             o->omit_expert_dtype = true;
             continue;
         }
+        if (strcmp(a, "--full") == 0) {
+            o->full = true;
+            continue;
+        }
         bool done = false;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++) {
             v = opt_value(argc, argv, &i, ints[k].name, &m);
@@ -179,10 +186,10 @@ static void print_summary(const cmd_ctx *ctx, const mk_options *o, const mk_plan
 {
     const char *dt = mc_dtype_name(o->expert_dtype);
     if (ctx->output == CMD_OUT_JSON) {
-        json_t *j =
-            json_pack("{s:i,s:s,s:s,s:b,s:i,s:I,s:i}", "schema", 1, "dir", o->out_dir,
-                      "expert_dtype", dt, "expert_dtype_in_config", !o->omit_expert_dtype,
-                      "tensors", p->tensors, "bytes", (json_int_t)p->bytes, "shards", p->shards);
+        json_t *j = json_pack("{s:i,s:s,s:s,s:b,s:b,s:i,s:I,s:i}", "schema", 1, "dir", o->out_dir,
+                              "expert_dtype", dt, "expert_dtype_in_config", !o->omit_expert_dtype,
+                              "full", o->full, "tensors", p->tensors, "bytes", (json_int_t)p->bytes,
+                              "shards", p->shards);
         if (j != NULL)
             json_dumpf(j, stdout, JSON_INDENT(2));
         printf("\n");

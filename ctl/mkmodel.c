@@ -18,6 +18,7 @@ void mk_options_init(mk_options *o)
         .out_dir = NULL,
         .expert_dtype = MC_FP4,
         .omit_expert_dtype = false,
+        .full = false,
         .force = false,
         .hidden = 256,
         .inter = 128,

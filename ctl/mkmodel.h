@@ -18,6 +18,17 @@
  * options give byte-identical files on every host (the generator uses integer PRNG state and
  * IEEE basic operations only, no libm), and the shard count does not change any tensor.
  *
+ * Full (--full): beside the MoE tensors, every tensor transformers' DeepseekV4ForCausalLM
+ * (transformers 5.23) loads, in DeepSeek's original names (what its conversion_mapping.py
+ * renames from): per main layer attn_norm, hc_attn_{fn,base,scale}, hc_ffn_*, attn.{attn_sink,
+ * wq_a, q_norm, wq_b, wkv, norm, wo_a, wo_b}, the compressor of HCA/CSA layers (compress ratio
+ * 128/4) and the indexer of CSA layers; embed, head, norm and hc_head_{fn,base,scale}; attention
+ * sized by the MK_ATT_* constants (tiny, so a CPU runs generate()). Those tensors are BF16
+ * (F32: attn_sink, ape, hc_*); MTP layers keep the short set (transformers ignores mtp.*). The
+ * names and shapes were read from DeepseekV4ForCausalLM(config).save_pretrained(), which writes
+ * the original names; python/tests/test_transformers.py loads the result and asserts nothing is
+ * missing, unexpected or mismatched.
+ *
  * Memory: shards are written one at a time; tensors are generated a few at a time (one per
  * thread) and handed to the shard's writer, so the peak is one shard's data plus one tensor per
  * thread.
@@ -35,6 +46,7 @@ typedef struct mk_options {
     const char *out_dir;          /* created if missing; its parent must exist */
     mc_expert_dtype expert_dtype; /* format of the tensors */
     bool omit_expert_dtype;       /* leave "expert_dtype" out of config.json (tensors unchanged) */
+    bool full;                    /* also every tensor a DeepseekV4ForCausalLM needs (see below) */
     bool force;                   /* write into a non-empty out_dir (see mk_write_model) */
     int hidden;                   /* H, multiple of 128 */
     int inter;                    /* I, multiple of 128 */

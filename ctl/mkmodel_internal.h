@@ -26,6 +26,21 @@
 /* hc_ffn_fn is [24, hc_mult * H] with hc_mult = 4 (spec §2.3: [24, 16384] at H 4096). */
 #define MK_HC_MULT 4
 #define MK_HC_ROWS 24
+/* --full: the attention of the tiny model (config.json writes the same values). Heads x head_dim
+ * is split into MK_ATT_OGROUPS groups for wo_a; compress ratios are MK_CR_CSA (with an indexer)
+ * and MK_CR_HCA. */
+#define MK_ATT_HEADS    4
+#define MK_ATT_HEAD_DIM 64
+#define MK_ATT_ROPE_DIM 16
+#define MK_ATT_Q_LORA   128
+#define MK_ATT_OGROUPS  2
+#define MK_ATT_O_LORA   64
+#define MK_IDX_HEADS    2
+#define MK_IDX_HEAD_DIM 32
+#define MK_IDX_TOPK     4
+#define MK_ATT_WINDOW   16
+#define MK_CR_CSA       4
+#define MK_CR_HCA       128
 
 /* ---- tensor items (mkmodel_items.c) ---- */
 
@@ -65,7 +80,10 @@ bool mk_has_suffix(const char *s, const char *sfx);
 int mk_unit_count(const mc_config *c);
 int mk_unit_shard(const mc_config *c, int u, int S);
 /* The items of unit u, appended to l in file order. */
-int mk_unit_items(const mc_config *c, int u, mk_list *l, ep_err *err);
+int mk_unit_items(const mc_config *c, bool full, int u, mk_list *l, ep_err *err);
+/* The compress ratio of layer i (main then MTP; 0: sliding window only): Flash's pattern, two
+ * sliding layers then CSA on odd, HCA on even indices. config.json's compress_ratios. */
+int mk_compress_ratio(int i);
 
 /* ---- generation (mkmodel_gen.c) ---- */
 

@@ -199,8 +199,103 @@ static int push_other(mk_list *l, const mc_config *c, int layer, ep_err *err)
     return 0;
 }
 
+/* One tensor PFX + SUFFIX: a linear's weight [N, K] (N(0, 1/sqrt(K))), a norm's [N]
+ * (1 + N(0, MK_NORM_STD)) or, with F32, an F32 tensor N(mean, std). */
+static int push_named(mk_list *l, const char *pfx, const char *suffix, mk_gen gen, int ndim,
+                      int64_t d0, int64_t d1, double mean, double std, ep_err *err)
+{
+    char name[EP_MAX_NAME];
+    snprintf(name, sizeof name, "%s%s", pfx, suffix);
+    return push_plain(l, name, gen, gen == GEN_F32 ? ST_F32 : ST_BF16, ndim, d0, d1, mean, std,
+                      err);
+}
+
+static int push_linear(mk_list *l, const char *pfx, const char *stem, int64_t N, int64_t K,
+                       ep_err *err)
+{
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "%s.weight", stem);
+    return push_named(l, pfx, suffix, GEN_BF16, 2, N, K, 0.0, 1.0 / sqrt((double)K), err);
+}
+
+static int push_norm(mk_list *l, const char *pfx, const char *stem, int64_t N, ep_err *err)
+{
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "%s.weight", stem);
+    return push_named(l, pfx, suffix, GEN_BF16, 1, N, 0, 1.0, MK_NORM_STD, err);
+}
+
+/* A compressor (STEM = "attn.compressor" or "attn.indexer.compressor") over head_dim D at ratio
+ * r: CSA's (r == MK_CR_CSA) overlaps two windows, so its projections are 2D wide. */
+static int push_compressor(mk_list *l, const char *pfx, const char *stem, int r, int64_t D,
+                           int64_t H, ep_err *err)
+{
+    const int64_t W = r == MK_CR_CSA ? 2 * D : D;
+    char s[96];
+    snprintf(s, sizeof s, "%s.ape", stem);
+    if (push_named(l, pfx, s, GEN_F32, 2, r, W, 0.0, 0.02, err) != 0)
+        return -1;
+    snprintf(s, sizeof s, "%s.norm", stem);
+    if (push_norm(l, pfx, s, D, err) != 0)
+        return -1;
+    snprintf(s, sizeof s, "%s.wgate", stem);
+    if (push_linear(l, pfx, s, W, H, err) != 0)
+        return -1;
+    snprintf(s, sizeof s, "%s.wkv", stem);
+    return push_linear(l, pfx, s, W, H, err);
+}
+
+/* The hyper-connection of one site ("hc_attn" / "hc_ffn"): fn [24, 4H], base [24], scale [3]. */
+static int push_hc(mk_list *l, const char *pfx, const char *site, int64_t H, ep_err *err)
+{
+    char s[64];
+    snprintf(s, sizeof s, "%s_fn", site);
+    if (push_named(l, pfx, s, GEN_F32, 2, MK_HC_ROWS, MK_HC_MULT * H, 0.0,
+                   1.0 / sqrt((double)(MK_HC_MULT * H)), err) != 0)
+        return -1;
+    snprintf(s, sizeof s, "%s_base", site);
+    if (push_named(l, pfx, s, GEN_F32, 1, MK_HC_ROWS, 0, 0.0, 0.1, err) != 0)
+        return -1;
+    snprintf(s, sizeof s, "%s_scale", site);
+    return push_named(l, pfx, s, GEN_F32, 1, 3, 0, 1.0, 0.1, err);
+}
+
+/* --full: a main layer's attention, its norms and both hyper-connections (mkmodel.h). */
+static int push_full_layer(mk_list *l, const mc_config *c, int layer, ep_err *err)
+{
+    char pfx[32];
+    ck_layer_prefix(c, layer, pfx, sizeof pfx);
+    const int64_t H = c->hidden_size, NH = MK_ATT_HEADS, D = MK_ATT_HEAD_DIM, Q = MK_ATT_Q_LORA;
+    const int64_t G = MK_ATT_OGROUPS, O = MK_ATT_O_LORA;
+    const int r = mk_compress_ratio(layer);
+    if (push_norm(l, pfx, "attn_norm", H, err) != 0 || push_hc(l, pfx, "hc_attn", H, err) != 0 ||
+        push_hc(l, pfx, "hc_ffn", H, err) != 0 ||
+        push_named(l, pfx, "attn.attn_sink", GEN_F32, 1, NH, 0, 0.0, 0.5, err) != 0 ||
+        push_linear(l, pfx, "attn.wq_a", Q, H, err) != 0 ||
+        push_norm(l, pfx, "attn.q_norm", Q, err) != 0 ||
+        push_linear(l, pfx, "attn.wq_b", NH * D, Q, err) != 0 ||
+        push_linear(l, pfx, "attn.wkv", D, H, err) != 0 ||
+        push_norm(l, pfx, "attn.norm", D, err) != 0 ||
+        push_linear(l, pfx, "attn.wo_a", G * O, NH * D / G, err) != 0 ||
+        push_linear(l, pfx, "attn.wo_b", H, G * O, err) != 0)
+        return -1;
+    if (r != 0 && push_compressor(l, pfx, "attn.compressor", r, D, H, err) != 0)
+        return -1;
+    if (r != MK_CR_CSA)
+        return 0;
+    if (push_compressor(l, pfx, "attn.indexer.compressor", r, MK_IDX_HEAD_DIM, H, err) != 0 ||
+        push_linear(l, pfx, "attn.indexer.weights_proj", MK_IDX_HEADS, H, err) != 0)
+        return -1;
+    return push_linear(l, pfx, "attn.indexer.wq_b", MK_IDX_HEADS * MK_IDX_HEAD_DIM, Q, err);
+}
+
+int mk_compress_ratio(int i)
+{
+    return i < 2 ? 0 : (i % 2 ? MK_CR_CSA : MK_CR_HCA);
+}
+
 /* A checkpoint is units 0..n+1 (n = mc_num_layers): unit 0 is embed.weight, unit 1+l is MoE
- * layer l, unit n+1 is head.weight and norm.weight. */
+ * layer l, unit n+1 is head.weight and norm.weight (and, full, hc_head_*). */
 int mk_unit_count(const mc_config *c)
 {
     return mc_num_layers(c) + 2;
@@ -217,7 +312,7 @@ int mk_unit_shard(const mc_config *c, int u, int S)
 }
 
 /* The items of unit u, appended to l in file order. */
-int mk_unit_items(const mc_config *c, int u, mk_list *l, ep_err *err)
+int mk_unit_items(const mc_config *c, bool full, int u, mk_list *l, ep_err *err)
 {
     const int n = mc_num_layers(c);
     const int64_t H = c->hidden_size, V = c->vocab_size;
@@ -225,11 +320,20 @@ int mk_unit_items(const mc_config *c, int u, mk_list *l, ep_err *err)
     if (u == 0)
         return push_plain(l, "embed.weight", GEN_BF16, ST_BF16, 2, V, H, 0.0, sH, err);
     if (u == n + 1) {
-        if (push_plain(l, "head.weight", GEN_BF16, ST_BF16, 2, V, H, 0.0, sH, err) != 0)
+        if (push_plain(l, "head.weight", GEN_BF16, ST_BF16, 2, V, H, 0.0, sH, err) != 0 ||
+            push_plain(l, "norm.weight", GEN_BF16, ST_BF16, 1, H, 0, 1.0, MK_NORM_STD, err) != 0)
             return -1;
-        return push_plain(l, "norm.weight", GEN_BF16, ST_BF16, 1, H, 0, 1.0, MK_NORM_STD, err);
+        if (!full)
+            return 0;
+        if (push_named(l, "", "hc_head_fn", GEN_F32, 2, MK_HC_MULT, MK_HC_MULT * H, 0.0,
+                       1.0 / sqrt((double)(MK_HC_MULT * H)), err) != 0 ||
+            push_named(l, "", "hc_head_base", GEN_F32, 1, MK_HC_MULT, 0, 0.0, 0.1, err) != 0)
+            return -1;
+        return push_named(l, "", "hc_head_scale", GEN_F32, 1, 1, 0, 1.0, 0.1, err);
     }
     if (push_moe(l, c, u - 1, err) != 0)
         return -1;
+    if (full && u - 1 < c->num_hidden_layers)
+        return push_full_layer(l, c, u - 1, err);
     return push_other(l, c, u - 1, err);
 }

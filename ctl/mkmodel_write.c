@@ -54,7 +54,7 @@ int mk_check(const mk_options *o, mk_plan *plan, ep_err *err)
     int rc = 0;
     for (int u = 0; rc == 0 && u < mk_unit_count(&c); u++) {
         l.count = 0;
-        rc = mk_unit_items(&c, u, &l, err);
+        rc = mk_unit_items(&c, o->full, u, &l, err);
         for (int i = 0; rc == 0 && i < l.count; i++) {
             p.tensors += mk_item_tensors(&l.items[i]);
             p.bytes += mk_item_bytes(&l.items[i]);
@@ -157,17 +157,54 @@ static int set_new(json_t *obj, const char *key, json_t *v)
     return v == NULL ? -1 : json_object_set_new(obj, key, v);
 }
 
+/* The attention fields of Flash (the MoE layer ignores them; present so readers skip them). */
+static int set_flash_attention(json_t *root)
+{
+    int bad = set_new(root, "head_dim", json_integer(512));
+    bad |= set_new(root, "q_lora_rank", json_integer(1024));
+    bad |= set_new(root, "o_lora_rank", json_integer(1024));
+    bad |= set_new(root, "o_groups", json_integer(8));
+    bad |= set_new(root, "sliding_window", json_integer(128));
+    return bad;
+}
+
+/* --full: the tiny attention the tensors have (MK_ATT_*), in the keys transformers reads. */
+static int set_full_attention(json_t *root)
+{
+    int bad = set_new(root, "num_attention_heads", json_integer(MK_ATT_HEADS));
+    bad |= set_new(root, "num_key_value_heads", json_integer(1));
+    bad |= set_new(root, "head_dim", json_integer(MK_ATT_HEAD_DIM));
+    bad |= set_new(root, "qk_rope_head_dim", json_integer(MK_ATT_ROPE_DIM));
+    bad |= set_new(root, "q_lora_rank", json_integer(MK_ATT_Q_LORA));
+    bad |= set_new(root, "o_lora_rank", json_integer(MK_ATT_O_LORA));
+    bad |= set_new(root, "o_groups", json_integer(MK_ATT_OGROUPS));
+    bad |= set_new(root, "index_n_heads", json_integer(MK_IDX_HEADS));
+    bad |= set_new(root, "index_head_dim", json_integer(MK_IDX_HEAD_DIM));
+    bad |= set_new(root, "index_topk", json_integer(MK_IDX_TOPK));
+    bad |= set_new(root, "sliding_window", json_integer(MK_ATT_WINDOW));
+    bad |= set_new(root, "rope_theta", json_real(10000.0));
+    bad |= set_new(root, "compress_rope_theta", json_real(160000.0));
+    bad |= set_new(root, "tie_word_embeddings", json_false());
+    return bad;
+}
+
 static json_t *config_json(const mk_options *o, const mc_config *c)
 {
     json_t *root = json_object(), *q = json_object(), *wbs = json_pack("[ii]", 128, 128),
-           *cr = json_array(), *arch = json_pack("[s]", "DeepseekV4ForCausalLM");
-    int bad = root == NULL || q == NULL || wbs == NULL || cr == NULL || arch == NULL;
+           *cr = json_array(), *arch = json_pack("[s]", "DeepseekV4ForCausalLM"),
+           *mlt = json_array();
+    int bad = root == NULL || q == NULL || wbs == NULL || cr == NULL || arch == NULL || mlt == NULL;
     for (int i = 0; !bad && i < mc_num_layers(c); i++)
         /* Irrelevant to the MoE layer; the pattern of Flash (dense first layers, then
          * alternating compression ratios), one entry per layer incl. MTP. */
-        bad |= json_array_append_new(cr, json_integer(i < 2 ? 0 : (i % 2 ? 4 : 128))) != 0;
+        bad |= json_array_append_new(cr, json_integer(mk_compress_ratio(i))) != 0;
+    /* transformers' spelling of num_hash_layers (one entry per main layer); both are written,
+     * equal, so readers of either agree. */
+    for (int i = 0; !bad && i < c->num_hidden_layers; i++)
+        bad |= json_array_append_new(mlt, json_string(mc_layer_is_hash(c, i) ? "hash_moe" : "moe"));
     if (bad) {
         json_decref(root), json_decref(q), json_decref(wbs), json_decref(cr), json_decref(arch);
+        json_decref(mlt);
         return NULL;
     }
     bad |= set_new(root, "architectures", arch);
@@ -183,14 +220,19 @@ static json_t *config_json(const mk_options *o, const mc_config *c)
     bad |= set_new(root, "scoring_func", json_string("sqrtsoftplus"));
     bad |= set_new(root, "topk_method", json_string("noaux_tc"));
     bad |= set_new(root, "num_hash_layers", json_integer(c->num_hash_layers));
+    bad |= set_new(root, "mlp_layer_types", mlt);
     bad |= set_new(root, "swiglu_limit", json_real(MK_SWIGLU_LIMIT));
     bad |= set_new(root, "hidden_act", json_string("silu"));
     bad |= set_new(root, "num_hidden_layers", json_integer(c->num_hidden_layers));
     bad |= set_new(root, "num_nextn_predict_layers", json_integer(c->num_nextn_predict_layers));
     bad |= set_new(root, "vocab_size", json_integer(c->vocab_size));
     bad |= set_new(root, "rms_norm_eps", json_real(MK_RMS_EPS));
-    if (!o->omit_expert_dtype)
+    /* Top level (DeepSeek's, vLLM's) and in quantization_config (transformers'
+     * FineGrainedFP8Config), equal. */
+    if (!o->omit_expert_dtype) {
         bad |= set_new(root, "expert_dtype", json_string(mc_dtype_name(o->expert_dtype)));
+        bad |= set_new(q, "expert_dtype", json_string(mc_dtype_name(o->expert_dtype)));
+    }
     bad |= set_new(q, "quant_method", json_string("fp8"));
     bad |= set_new(q, "fmt", json_string("e4m3"));
     bad |= set_new(q, "scale_fmt", json_string("ue8m0"));
@@ -201,12 +243,8 @@ static json_t *config_json(const mk_options *o, const mc_config *c)
     bad |= set_new(root, "hc_mult", json_integer(MK_HC_MULT));
     bad |= set_new(root, "hc_sinkhorn_iters", json_integer(20));
     bad |= set_new(root, "hc_eps", json_real(1e-6));
-    bad |= set_new(root, "head_dim", json_integer(512));
-    bad |= set_new(root, "q_lora_rank", json_integer(1024));
-    bad |= set_new(root, "o_lora_rank", json_integer(1024));
-    bad |= set_new(root, "o_groups", json_integer(8));
-    bad |= set_new(root, "sliding_window", json_integer(128));
     bad |= set_new(root, "compress_ratios", cr);
+    bad |= o->full ? set_full_attention(root) : set_flash_attention(root);
     bad |= set_new(root, "max_position_embeddings", json_integer(1048576));
     bad |= set_new(root, "bos_token_id", json_integer(0));
     bad |= set_new(root, "eos_token_id", json_integer(1));
@@ -291,7 +329,7 @@ static int write_shard(const mk_options *o, const mc_config *c, int s, const cha
         if (mk_unit_shard(c, u, o->shards) != s)
             continue;
         l.count = 0;
-        rc = mk_unit_items(c, u, &l, err);
+        rc = mk_unit_items(c, o->full, u, &l, err);
         for (int i = 0; rc == 0 && i < l.count; i += threads) {
             int n = l.count - i < threads ? l.count - i : threads;
             rc = mk_gen_window(&l.items[i], n, o->seed, w, err);

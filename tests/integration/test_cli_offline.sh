@@ -174,7 +174,7 @@ has "$T/err" "fp4, fp8" "inspect fp16 names the allowed set"
 # ---- mkmodel -o json, --shards 1, --force -----------------------------------------------------
 run 0 "mkmodel -o json --shards 1 --force" "$CTL" -o json mkmodel --out "$T/fp4" --expert-dtype fp4 \
     --shards 1 --force --seed 7
-json "d == {'schema': 1, 'dir': '$T/fp4', 'expert_dtype': 'fp4', 'expert_dtype_in_config': True,
+json "d == {'schema': 1, 'dir': '$T/fp4', 'expert_dtype': 'fp4', 'expert_dtype_in_config': True, 'full': False,
       'tensors': 559, 'bytes': d['bytes'], 'shards': 1} and d['bytes'] > 0" "mkmodel json summary"
 [ -e "$T/fp4/model.safetensors.index.json" ] && fail "--force --shards 1 left the old index"
 [ -e "$T/fp4/model-00001-of-00002.safetensors" ] && fail "--force --shards 1 left an old shard"

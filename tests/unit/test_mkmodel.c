@@ -251,11 +251,20 @@ static void check_config(mc_expert_dtype dt, bool omit)
     CHECK_EQ(json_array_size(wbs), 2);
     CHECK_EQ(json_integer_value(json_array_get(wbs, 0)), 128);
     CHECK_EQ(json_integer_value(json_array_get(wbs, 1)), 128);
-    json_t *ed = json_object_get(j, "expert_dtype");
-    if (omit)
+    json_t *ed = json_object_get(j, "expert_dtype"), *qed = json_object_get(q, "expert_dtype");
+    if (omit) {
         CHECK(ed == NULL);
-    else
+        CHECK(qed == NULL);
+    } else {
         CHECK_STR_EQ(json_string_value(ed), dt == MC_FP4 ? "fp4" : "fp8");
+        /* transformers' FineGrainedFP8Config keeps it there: the same value */
+        CHECK_STR_EQ(json_string_value(qed), dt == MC_FP4 ? "fp4" : "fp8");
+    }
+    /* transformers' spelling of num_hash_layers 1 over 4 layers */
+    json_t *mlt = json_object_get(j, "mlp_layer_types");
+    CHECK_EQ(json_array_size(mlt), 4);
+    for (size_t i = 0; i < 4; i++)
+        CHECK_STR_EQ(json_string_value(json_array_get(mlt, i)), i == 0 ? "hash_moe" : "moe");
     json_decref(j);
 }
 
@@ -407,6 +416,90 @@ TEST(tensors_fp4)
 TEST(tensors_fp8)
 {
     check_tensors(MC_FP8);
+}
+
+/* --full: the tensors transformers 5.23's DeepseekV4ForCausalLM loads, names and shapes as its
+ * save_pretrained() writes them for this config (H 256, 4 heads of 64, q_lora 128, 2 output groups
+ * of 64, indexer 2 heads of 32; layers 0-1 sliding, 2 HCA (ratio 128), 3 CSA (ratio 4)). */
+static void check_full_tensors(const st_model *m)
+{
+    static const struct {
+        const char *name;
+        st_dtype dt;
+        int64_t d0, d1;
+    } want[] = {
+        {"layers.0.attn_norm.weight", ST_BF16, 256, -1},
+        {"layers.0.hc_attn_fn", ST_F32, 24, 1024},
+        {"layers.0.hc_attn_base", ST_F32, 24, -1},
+        {"layers.0.hc_attn_scale", ST_F32, 3, -1},
+        {"layers.0.hc_ffn_fn", ST_F32, 24, 1024},
+        {"layers.0.attn.attn_sink", ST_F32, 4, -1},
+        {"layers.0.attn.wq_a.weight", ST_BF16, 128, 256},
+        {"layers.0.attn.q_norm.weight", ST_BF16, 128, -1},
+        {"layers.0.attn.wq_b.weight", ST_BF16, 256, 128},
+        {"layers.0.attn.wkv.weight", ST_BF16, 64, 256},
+        {"layers.0.attn.norm.weight", ST_BF16, 64, -1},
+        {"layers.0.attn.wo_a.weight", ST_BF16, 128, 128},
+        {"layers.0.attn.wo_b.weight", ST_BF16, 256, 128},
+        {"layers.2.attn.compressor.ape", ST_F32, 128, 64},
+        {"layers.2.attn.compressor.norm.weight", ST_BF16, 64, -1},
+        {"layers.2.attn.compressor.wgate.weight", ST_BF16, 64, 256},
+        {"layers.2.attn.compressor.wkv.weight", ST_BF16, 64, 256},
+        {"layers.3.attn.compressor.ape", ST_F32, 4, 128},
+        {"layers.3.attn.compressor.wkv.weight", ST_BF16, 128, 256},
+        {"layers.3.attn.indexer.compressor.ape", ST_F32, 4, 64},
+        {"layers.3.attn.indexer.compressor.norm.weight", ST_BF16, 32, -1},
+        {"layers.3.attn.indexer.compressor.wgate.weight", ST_BF16, 64, 256},
+        {"layers.3.attn.indexer.weights_proj.weight", ST_BF16, 2, 256},
+        {"layers.3.attn.indexer.wq_b.weight", ST_BF16, 64, 128},
+        {"hc_head_fn", ST_F32, 4, 1024},
+        {"hc_head_base", ST_F32, 4, -1},
+        {"hc_head_scale", ST_F32, 1, -1},
+        {"embed.weight", ST_BF16, 1000, 256},
+        {"head.weight", ST_BF16, 1000, 256},
+        {"mtp.0.e_proj.weight", ST_F8_E4M3, 256, 256},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        check_tensor(m, want[i].name, want[i].dt, want[i].d0, want[i].d1);
+    static const char *const absent[] = {"layers.1.attn.compressor.ape",
+                                         "layers.2.attn.indexer.weights_proj.weight",
+                                         "mtp.0.attn.wq_b.weight", "layers.0.attn.wq_a.scale"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        if (st_model_find(m, absent[i]) != NULL)
+            TEST_FAIL_AT("%s: present, expected absent", absent[i]);
+}
+
+TEST(full_model)
+{
+    mk_options o = defaults(out_path("full"), MC_FP8);
+    o.full = true;
+    st_model *m = write_open(&o);
+    mc_config c;
+    if (m == NULL || load_config(o.out_dir, &c) != 0)
+        goto out;
+    check_full_tensors(m);
+    ep_err err = {0};
+    CHECK_EQ(ck_check_model(m, &c, &err), 0); /* the MoE contract is unchanged */
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", o.out_dir);
+    json_error_t je;
+    json_t *j = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
+    CHECK(j != NULL);
+    if (j != NULL) {
+        CHECK_EQ(json_integer_value(json_object_get(j, "num_attention_heads")), 4);
+        CHECK_EQ(json_integer_value(json_object_get(j, "head_dim")), 64);
+        CHECK_EQ(json_integer_value(json_object_get(j, "q_lora_rank")), 128);
+        CHECK_EQ(json_integer_value(json_object_get(j, "o_groups")), 2);
+        CHECK_EQ(json_integer_value(json_object_get(j, "o_lora_rank")), 64);
+        CHECK_EQ(json_integer_value(json_object_get(j, "index_n_heads")), 2);
+        CHECK_EQ(json_integer_value(json_object_get(j, "index_head_dim")), 32);
+        json_t *cr = json_object_get(j, "compress_ratios");
+        CHECK_EQ(json_integer_value(json_array_get(cr, 2)), 128);
+        CHECK_EQ(json_integer_value(json_array_get(cr, 3)), 4);
+    }
+    json_decref(j);
+out:
+    st_model_close(&m);
 }
 
 TEST(omitted_fp8_fails_the_check)
@@ -894,6 +987,7 @@ int main(void)
     RUN(config_fp8_omitted);
     RUN(tensors_fp4);
     RUN(tensors_fp8);
+    RUN(full_model);
     RUN(omitted_fp8_fails_the_check);
     RUN(values_fp4);
     RUN(values_fp8);
