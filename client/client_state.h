@@ -50,6 +50,8 @@
 #define CL_BUSY_BACKOFF_MAX_MS 64
 /* A queue that cannot go anywhere is looked at again this often. */
 #define CL_QUEUE_RETRY_MS 10
+/* The I/O thread's longest sleep when nothing is due (it is woken for everything else). */
+#define CL_IDLE_POLL_MS 1000
 /* cl_pick_entry: members can take requests, but none has room now */
 #define CL_PICK_WAIT (-2)
 /* A finished request whose input libzmq still holds after this long has its sockets reset. */

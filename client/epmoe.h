@@ -46,7 +46,7 @@ typedef enum epmoe_status {
     EPMOE_EINVAL = -1,       /* a bad argument: layer, token count, missing ids, NULL buffer */
     EPMOE_EAGAIN = -2,       /* the in-flight limit is reached: wait for a request, try again */
     EPMOE_ETIMEDOUT = -3,    /* the deadline passed before the answer */
-    EPMOE_EBUSY = -4,        /* the cluster refused the request for load (ERR_BUSY): retry later */
+    EPMOE_EBUSY = -4,        /* the cluster stayed saturated until the request's deadline */
     EPMOE_ENOTREADY = -5,    /* the cluster is not ready (forming, loading, blocked) */
     EPMOE_ESTALE = -6,       /* the model config changed under a reload (config hash) */
     EPMOE_EREFUSED = -7,     /* a key was refused (CURVE), or the endpoint is not epmoe's */
@@ -128,7 +128,7 @@ typedef struct epmoe_info {
     uint32_t max_tokens;         /* tokens per request at most (EP_MAX_TOKENS) */
 } epmoe_info;
 
-/* The model's shape and the cluster as last heard (refreshed in the background). */
+/* The model's shape and the cluster as last heard (asked again on news of a change). */
 EPMOE_API int epmoe_info_get(epmoe_client *c, epmoe_info *info, epmoe_error *err);
 
 /* One MoE layer call. layer: 0..n_layers-1 (MTP layers after the main ones). hidden bf16

@@ -668,6 +668,9 @@ static void *cl_io_main(void *arg)
         int64_t wait = cl_timers(c, now);
         int64_t info = cl_info_timer(c, now);
         wait = info < wait ? info : wait;
+        /* nothing due (no news, no request): a look every CL_IDLE_POLL_MS all the same */
+        wait =
+            wait < (int64_t)CL_IDLE_POLL_MS * 1000000 ? wait : (int64_t)CL_IDLE_POLL_MS * 1000000;
         int n = cl_poll_items(c, items, idx);
         pthread_mutex_unlock(&c->mu);
         long ms = (long)((wait + 999999) / 1000000);
