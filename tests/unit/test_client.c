@@ -22,7 +22,12 @@
  * two clients in one process are independent (closing one does not disturb the other); many
  * threads submitting at once all get their own answers; with CURVE servers (the fake's
  * coordinator and entries admit one client key) the client reaches each entry with the public
- * key CLIENT_INFO gave, and a key in no list is refused at open.
+ * key CLIENT_INFO gave, and a key in no list is refused at open. Flow control (issue 23): an
+ * entry at its credit (4 here, told in its answers) gets no more than it takes and the rest
+ * wait in the library, none refused to the caller; requests spread by what each entry holds;
+ * an entry refusing for load every time is EPMOE_EBUSY only at the deadline. Epochs: a busy
+ * client asks CLIENT_INFO nothing while its answers carry the epoch it knows, and once when
+ * they carry a new one.
  */
 #include <errno.h>
 #include <poll.h>
