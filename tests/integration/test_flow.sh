@@ -34,7 +34,7 @@ ref=$(local_ref "$TMP/m" 1 "$TMP/in.st")
 run() {
     local tag=$1 d=$2 n=$3 entry=${4:-} t0
     t0=$(date +%s%3N)
-    if ! "$SLIB" "$ADMIN" 1 "$TMP/in.st" "$TMP/$tag.st" "$d" "$n" $entry >"$TMP/$tag.log" 2>&1; then
+    if ! "$SLIB" "$ADMIN" 1 "$TMP/in.st" "$TMP/$tag.st" "$d" "$n" ${entry:+"$entry"} >"$TMP/$tag.log" 2>&1; then
         fail "$tag: $(head -3 "$TMP/$tag.log")"
     elif ! cmp -s "$TMP/$tag.st" "$ref"; then
         fail "$tag: the answers differ from forward --local"

@@ -109,7 +109,7 @@ clients() {
     local mode=$1 tag=$2 out=$TMP/sc.$2.out pid i a0 b0 a1 b1 c0 c1 t0 t1 third
     "$SCL" --coordinator "$ADMIN" --count "$CLIENTS" --mode "$mode" >"$out" 2>&1 &
     pid=$!
-    PIDS+=($pid)
+    PIDS+=("$pid")
     for ((i = 0; i < 6000; i++)); do
         grep -q "^ready" "$out" && break
         sleep 0.1
