@@ -365,7 +365,8 @@ static void cl_fill_request(epmoe_client *c, struct epmoe_request *r, const epmo
     r->submit_ns = clk_mono_ns();
     r->deadline_ns = r->submit_ns + (int64_t)r->timeout_ms * 1000000;
     r->resend_ns = 0;
-    r->entry = -1;
+    r->entry = r->held_at = r->avoid = -1;
+    r->waited = r->refused = false;
     r->n_tried = r->n_sends = 0;
     memset(r->sent_mask, 0, sizeof r->sent_mask);
     r->wait_release = false;
@@ -494,9 +495,13 @@ void epmoe_cancel(epmoe_request *req)
         return;
     epmoe_client *c = req->c;
     pthread_mutex_lock(&c->mu);
-    if (req->state == CL_QUEUED) {
+    bool queued = req->state == CL_QUEUED;
+    if (queued) /* a request queued again after a send may still have its input in a socket */
         cl_list_remove(&c->queue_head, &c->queue_tail, req);
-    } else if (req->state == CL_FLIGHT || req->state == CL_RELEASING) {
+    if (queued && atomic_load(&req->zc_refs) == 0) {
+        /* nothing held */
+    } else if (queued || req->state == CL_FLIGHT || req->state == CL_RELEASING) {
+        cl_flow_release(c, req);
         /* its input may still sit in a socket: wait until libzmq lets go of it */
         req->wait_release = true;
         req->finished_ns = clk_mono_ns(); /* CL_RELEASE_MS from here, then sockets are reset */

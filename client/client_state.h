@@ -36,9 +36,24 @@
 #define CL_MAX_IN_FLIGHT      4096
 #define CL_DEFAULT_TIMEOUT_MS 30000
 #define CL_DEFAULT_CONNECT_MS 5000
-/* CLIENT_INFO is asked again this often while requests are in flight, and otherwise. */
-#define CL_REFRESH_BUSY_MS 500
+/* CLIENT_INFO is asked again only when news calls for it (docs/client.md "Epochs"): an
+ * answer served in another epoch, a request resent or refused as not ready, an entry holding
+ * a request silent for CL_REFRESH_WAIT_MS, a submit after CL_REFRESH_IDLE_MS without one, and
+ * every CL_REFRESH_WAIT_MS while no member can take a request; never more often than that. */
 #define CL_REFRESH_IDLE_MS 2000
+#define CL_REFRESH_WAIT_MS 500
+/* An entry's credit for this client until its first answer tells it (protocol.md). */
+#define CL_CREDIT 64
+/* An entry that refused for load (ERR_BUSY: it is full with other clients' requests) gets
+ * nothing more for this long, doubling up to the max while it keeps refusing. */
+#define CL_BUSY_BACKOFF_MS     2
+#define CL_BUSY_BACKOFF_MAX_MS 64
+/* A queue that cannot go anywhere is looked at again this often. */
+#define CL_QUEUE_RETRY_MS 10
+/* The I/O thread's longest sleep when nothing is due (it is woken for everything else). */
+#define CL_IDLE_POLL_MS 1000
+/* cl_pick_entry: members can take requests, but none has room now */
+#define CL_PICK_WAIT (-2)
 /* A finished request whose input libzmq still holds after this long has its sockets reset. */
 #define CL_RELEASE_MS 100
 /* Entries a request names in its timeout message at most. */
@@ -70,6 +85,15 @@ typedef struct cl_member {
     uint8_t key[AUTH_KEY_BYTES];
 } cl_member;
 
+/* Flow control, per member index (docs/client.md "Flow control"). */
+typedef struct cl_flow {
+    uint32_t credit;       /* requests this client may hold there (its answers say) */
+    uint32_t held;         /* requests sent there and not answered */
+    int64_t busy_until_ns; /* it refused for load: nothing more before this */
+    uint32_t backoff_ms;   /* the next refusal's pause */
+    int64_t heard_ns;      /* its last answer to this client */
+} cl_flow;
+
 /* What CLIENT_INFO said, as the client keeps it. */
 typedef struct cl_info {
     epmoe_info shape; /* n_members unused here */
@@ -95,8 +119,12 @@ struct epmoe_request {
     void *user;
     uint64_t seq;
     uint32_t timeout_ms;
-    int64_t submit_ns, deadline_ns, resend_ns, finished_ns;
+    int64_t submit_ns, deadline_ns, resend_ns, finished_ns, sent_ns;
     int entry;               /* member index it was last sent to (-1: none yet) */
+    int held_at;             /* member whose credit it holds (-1: none) */
+    int avoid;               /* member not to send it to again, unless the only one (-1) */
+    bool waited;             /* it waits for room (no entry has credit left, or refused for load) */
+    bool refused;            /* an entry refused it for load: EBUSY at the deadline */
     int tried[CL_MAX_TRIED]; /* member indexes it was sent to, in order */
     int n_tried, n_sends;
     uint64_t sent_mask[(EP_MAX_WORKERS + 63) / 64]; /* members whose sockets hold a send */
@@ -138,7 +166,12 @@ struct epmoe_client {
     bool stale;
     char stale_why[160];
     bool stopping;
-    uint32_t rotor; /* the next member an unpinned request goes to */
+    uint32_t rotor;      /* the next member an unpinned request goes to */
+    cl_flow *flow;       /* [cap_entries] */
+    bool info_stale;     /* news says CLIENT_INFO changed: ask (at most every WAIT_MS) */
+    bool info_urgent;    /* ask at once (news not asked about yet) */
+    uint64_t told_epoch; /* the last serving epoch an answer told that info did not know */
+    int64_t last_submit_ns;
     /* descriptors */
     int done_fd; /* epmoe_fd: readable while c->done is not empty */
     int wake_fd; /* wakes the I/O thread */
@@ -150,7 +183,7 @@ struct epmoe_client {
     uint32_t cap_entries;
     uint64_t info_id; /* the CLIENT_INFO asked and not answered (0: none) */
     uint64_t info_id_seq;
-    int64_t info_sent_ns, info_due_ns;
+    int64_t info_sent_ns;
     pthread_t thread;
     bool thread_started;
     _Alignas(16)
@@ -168,10 +201,11 @@ int cl_map_remote(int remote_code);
  * cl_info_free). 0, or an epmoe_status with err. */
 int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *err);
 void cl_info_free(cl_info *info);
-/* The member to send a request to: the preferred one when ready, else the next ready one by
- * rotation after `after` (-1: from c->rotor), never `avoid` unless it is the only one. -1 when
- * no member is ready. Under mu. */
-int cl_pick_entry(epmoe_client *c, int after, int avoid);
+/* The member to send a request to: a ready one with room below its credit (the preferred one,
+ * else the one holding least of this client's requests, ties by rotation from c->rotor), never
+ * `avoid` unless it is the only one; else one that will be ready. CL_PICK_WAIT when members
+ * are there but none has room; -1 when none is. Under mu. */
+int cl_pick_entry(epmoe_client *c, int avoid, int64_t now);
 /* Whether any member can take a request now. Under mu. */
 bool cl_has_entry(const epmoe_client *c);
 /* Some member is ready (cl_has_entry: some member is ready or will be: it has a client
@@ -198,6 +232,8 @@ void cl_finish(epmoe_client *c, struct epmoe_request *r);
 void cl_go_stale(epmoe_client *c, const char *why);
 /* Under mu: r's slot back to the pool. */
 void cl_slot_free(epmoe_client *c, struct epmoe_request *r);
+/* Under mu: r no longer counts against its entry's credit. */
+void cl_flow_release(epmoe_client *c, struct epmoe_request *r);
 void cl_list_remove(struct epmoe_request **head, struct epmoe_request **tail,
                     struct epmoe_request *r);
 void cl_list_push(struct epmoe_request **head, struct epmoe_request **tail,

@@ -52,7 +52,7 @@ typedef enum epmoe_status {
     EPMOE_EINVAL = -1,       /* a bad argument: layer, token count, missing ids, NULL buffer */
     EPMOE_EAGAIN = -2,       /* no slot: max_in_flight requests are held; free one, try again */
     EPMOE_ETIMEDOUT = -3,    /* the deadline passed before the answer */
-    EPMOE_EBUSY = -4,        /* the cluster refused the request for load (ERR_BUSY): retry later */
+    EPMOE_EBUSY = -4,        /* the cluster stayed saturated until the request's deadline */
     EPMOE_ENOTREADY = -5,    /* the cluster is not ready (forming, loading, blocked) */
     EPMOE_ESTALE = -6,       /* the cluster's model is no longer the one of epmoe_open (its
                               * config hash changed): open a new client */
@@ -146,8 +146,8 @@ typedef struct epmoe_info {
     uint32_t max_tokens;    /* tokens per request at most, as the cluster said */
 } epmoe_info;
 
-/* The model's shape and the cluster as last heard (refreshed in the background). The model is
- * the one of epmoe_open, for the client's life: once the cluster serves another (a restart on
+/* The model's shape and the cluster as last heard (asked again on news of a change). The model
+ * is the one of epmoe_open, for the client's life: once the cluster serves another (a restart on
  * another checkpoint), this returns EPMOE_ESTALE, info still filled with the model of open. */
 EPMOE_API int epmoe_info_get(epmoe_client *c, epmoe_info *info, epmoe_error *err);
 /* The members as last heard, copied into the caller's out[cap]; *n receives their number (which

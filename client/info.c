@@ -1,6 +1,7 @@
 /*
  * info.c — the coordinator's CLIENT_INFO answer as libepmoe keeps it (cl_info), and which
- * member a request goes to (client_state.h).
+ * member a request goes to (client_state.h): a ready one with room below the credit it gave
+ * this client, the one holding least of them (docs/client.md "Flow control").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,37 +134,64 @@ bool cl_entry_reachable(const epmoe_client *c, int i)
     return i >= 0 && (uint32_t)i < c->info.n_members && cl_reachable(c, &c->info.members[i]);
 }
 
-static int cl_pick_among(epmoe_client *c, int after, int avoid,
-                         bool (*ok)(const epmoe_client *, const cl_member *))
+/* Member i can take one more request of this client now: below its credit, and not pausing
+ * after a refusal for load. */
+static bool cl_has_room(const epmoe_client *c, uint32_t i, int64_t now)
+{
+    const cl_flow *f = &c->flow[i];
+    return f->held < f->credit && now >= f->busy_until_ns;
+}
+
+/* a holds less of its credit than b */
+static bool cl_less_held(const cl_flow *a, const cl_flow *b)
+{
+    return (uint64_t)a->held * b->credit < (uint64_t)b->held * a->credit;
+}
+
+/* The member by what it holds among those ok; *full when one was ok but had no room. */
+static int cl_pick_among(epmoe_client *c, int avoid, int64_t now,
+                         bool (*ok)(const epmoe_client *, const cl_member *), bool *full)
 {
     uint32_t n = c->info.n_members;
     int pref = cl_preferred(c, ok);
-    if (pref >= 0 && pref != avoid)
-        return pref;
-    uint32_t start = after >= 0 ? (uint32_t)after + 1 : c->rotor;
-    int only = -1;
+    if (pref >= 0 && pref != avoid) {
+        if (cl_has_room(c, (uint32_t)pref, now))
+            return pref;
+        *full = true;
+        /* out of credit: its own answers will make room. Refusing for load (full with other
+         * clients' requests), the others take this one meanwhile. */
+        if (now >= c->flow[pref].busy_until_ns)
+            return -1;
+    }
+    int best = -1, only = -1;
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t i = (start + k) % n;
+        uint32_t i = (c->rotor + k) % n;
         if (!ok(c, &c->info.members[i]))
             continue;
-        if ((int)i == avoid) {
+        if (!cl_has_room(c, i, now)) {
+            *full = true;
+        } else if ((int)i == avoid) {
             only = (int)i;
-            continue;
+        } else if (best < 0 || cl_less_held(&c->flow[i], &c->flow[best])) {
+            best = (int)i;
         }
-        if (after < 0)
-            c->rotor = i + 1;
-        return (int)i;
     }
-    return only;
+    if (best >= 0)
+        c->rotor = (uint32_t)best + 1;
+    return best >= 0 ? best : only;
 }
 
-/* A ready member first (the preferred one, else by rotation), else one that will be. */
-int cl_pick_entry(epmoe_client *c, int after, int avoid)
+/* A ready member first, else one that will be; none with room while some are full: wait. */
+int cl_pick_entry(epmoe_client *c, int avoid, int64_t now)
 {
     if (c->info.n_members == 0)
         return -1;
-    int i = cl_pick_among(c, after, avoid, cl_usable);
-    return i >= 0 ? i : cl_pick_among(c, after, avoid, cl_reachable);
+    bool full = false;
+    int i = cl_pick_among(c, avoid, now, cl_usable, &full);
+    if (i >= 0 || full)
+        return i >= 0 ? i : CL_PICK_WAIT;
+    i = cl_pick_among(c, avoid, now, cl_reachable, &full);
+    return i >= 0 ? i : full ? CL_PICK_WAIT : -1;
 }
 
 void cl_not_ready_text(const cl_info *info, bool secure, char *buf, size_t cap)

@@ -1,9 +1,10 @@
 /*
  * io.c — libepmoe's I/O thread (client_state.h): the only user of the client's ZeroMQ sockets. It
- * sends what epmoe_submit queued, reads RESULTs into the callers' buffers, resends a request
- * whose entry is silent (or no longer a ready member) to the next member, fails it at its
- * deadline, and asks the coordinator for CLIENT_INFO in the background
- * (docs/client.md "Threads"; docs/protocol.md "Serving path").
+ * sends what epmoe_submit queued where there is room (flow control: each entry's credit, told in
+ * its answers; what has no room waits in the queue), reads RESULTs into the callers' buffers,
+ * resends a request whose entry is silent (or no longer a ready member) to the next member,
+ * fails it at its deadline, and asks the coordinator for CLIENT_INFO when news calls for it
+ * (docs/client.md "Threads", "Flow control", "Epochs"; docs/protocol.md "Serving path").
  *
  * Every state change happens under c->mu; the thread holds it while it works and drops it
  * only to wait in zmq_poll.
@@ -52,8 +53,16 @@ static void cl_publish(epmoe_client *c, struct epmoe_request *r)
     pthread_cond_broadcast(&c->cond);
 }
 
+void cl_flow_release(epmoe_client *c, struct epmoe_request *r)
+{
+    if (r->held_at >= 0 && (uint32_t)r->held_at < c->cap_entries && c->flow[r->held_at].held > 0)
+        c->flow[r->held_at].held--;
+    r->held_at = -1;
+}
+
 void cl_finish(epmoe_client *c, struct epmoe_request *r)
 {
+    cl_flow_release(c, r);
     r->finished_ns = clk_mono_ns();
     r->state = CL_RELEASING;
     /* releasing before the count: either we see 0 here or cl_zc_free sees releasing */
@@ -186,38 +195,78 @@ static int cl_send(epmoe_client *c, struct epmoe_request *r, int i, int64_t now)
     if (wire_send(s, NULL, 0, EPMOE__MSG_TYPE__MSG_SUBMIT, &sb.base, p, np, true, &e) != 0)
         return -1; /* wire_send released the frames */
     r->sent_mask[i / 64] |= 1ull << (i % 64);
+    cl_flow_release(c, r);
+    r->held_at = i;
+    c->flow[i].held++;
     r->entry = i;
     cl_note_tried(r, i);
     r->resent = r->n_sends > 0;
     r->n_sends++;
+    r->waited = false; /* it found room */
+    r->sent_ns = now;
     r->resend_ns = now + cl_resend_ns(c, r);
     return 0;
 }
 
-/* Send r to an entry (after `after`, avoiding `avoid`), trying each ready member once. */
-static void cl_dispatch(epmoe_client *c, struct epmoe_request *r, int after, int avoid, int64_t now)
+/* Send r to an entry with room (avoiding r->avoid), trying each member once. 0: sent; -1:
+ * nobody can take it now (r->waited when members are there but hold their credit). */
+static int cl_dispatch(epmoe_client *c, struct epmoe_request *r, int64_t now)
 {
-    int n = (int)c->info.n_members;
-    for (int k = 0; k < n; k++) {
-        int i = cl_pick_entry(c, after, avoid);
+    int avoid = r->avoid;
+    for (uint32_t k = 0; k < c->info.n_members; k++) {
+        int i = cl_pick_entry(c, avoid, now);
+        if (i == CL_PICK_WAIT)
+            r->waited = true;
         if (i < 0)
-            break;
-        if (cl_send(c, r, i, now) == 0)
-            return;
-        after = avoid = i; /* that one failed: the next */
+            return -1;
+        if (cl_send(c, r, i, now) == 0) {
+            r->avoid = -1;
+            return 0;
+        }
+        avoid = i; /* that one failed: the next */
     }
-    /* nobody could take it now: try again a little later, until the deadline */
-    r->resend_ns = now + 10 * 1000000;
+    return -1;
 }
 
+/* r goes back to the queue's front (it is older than what waits there). */
+static void cl_requeue(epmoe_client *c, struct epmoe_request *r, int avoid)
+{
+    cl_flow_release(c, r);
+    r->avoid = avoid;
+    r->state = CL_QUEUED;
+    r->next = c->queue_head;
+    r->prev = NULL;
+    if (c->queue_head)
+        c->queue_head->prev = r;
+    else
+        c->queue_tail = r;
+    c->queue_head = r;
+}
+
+/* In order: what cannot go now waits, and what was queued after it waits behind it. */
 static void cl_send_queued(epmoe_client *c, int64_t now)
 {
+    if (c->queue_head != NULL && now - c->last_submit_ns >= (int64_t)CL_REFRESH_IDLE_MS * 1000000)
+        c->info_urgent = true; /* the first request after a quiet while: is the info current? */
     while (c->queue_head != NULL) {
         struct epmoe_request *r = c->queue_head;
+        c->last_submit_ns = now;
+        if (cl_dispatch(c, r, now) != 0)
+            return;
         cl_list_remove(&c->queue_head, &c->queue_tail, r);
         r->state = CL_FLIGHT;
-        cl_dispatch(c, r, -1, -1, now);
     }
+}
+
+/* r's entry is silent, stopping or gone: the next member, or the queue. */
+static void cl_resend(epmoe_client *c, struct epmoe_request *r, int64_t now)
+{
+    int old = r->entry;
+    c->info_stale = true; /* is it still a member? */
+    cl_flow_release(c, r);
+    r->avoid = old;
+    if (cl_dispatch(c, r, now) != 0)
+        cl_requeue(c, r, old);
 }
 
 /* ---- timers ---- */
@@ -236,6 +285,29 @@ static void cl_timeout(epmoe_client *c, struct epmoe_request *r)
     cl_finish(c, r);
 }
 
+/* A request at its deadline: EBUSY when it waited for room until then, or was refused for load
+ * and its retry is not answered (the cluster stayed saturated), else ETIMEDOUT. */
+static void cl_expire(epmoe_client *c, struct epmoe_request *r)
+{
+    if (r->state == CL_QUEUED) {
+        cl_list_remove(&c->queue_head, &c->queue_tail, r);
+        r->state = CL_FLIGHT;
+    }
+    if (!r->waited && !r->refused) {
+        cl_timeout(c, r);
+        return;
+    }
+    char last[CL_MSG_MAX / 2];
+    snprintf(last, sizeof last, "%s", r->message); /* the last refusal's words, if any */
+    r->status = EPMOE_EBUSY;
+    r->remote_code = EPMOE__ERROR_CODE__ERR_BUSY;
+    snprintf(r->message, sizeof r->message,
+             "layer %u: the cluster stayed saturated for %u ms: every entry this client may use "
+             "held its credit of requests or refused for load%s%s",
+             r->layer, r->timeout_ms, last[0] ? "; last: " : "", last);
+    cl_finish(c, r);
+}
+
 /* A finished request whose input is still held: reset the sockets that hold it. */
 static void cl_force_release(epmoe_client *c, struct epmoe_request *r)
 {
@@ -243,6 +315,22 @@ static void cl_force_release(epmoe_client *c, struct epmoe_request *r)
         if (r->sent_mask[i / 64] & (1ull << (i % 64)))
             cl_entry_close(c, (int)i);
     memset(r->sent_mask, 0, sizeof r->sent_mask);
+}
+
+/* An entry that holds r and has said nothing for CL_REFRESH_WAIT_MS since it was sent may be
+ * gone: that is news to ask the coordinator about (an entry answering others is alive). */
+static void cl_check_silence(epmoe_client *c, const struct epmoe_request *r, int64_t now,
+                             int64_t *next)
+{
+    if (r->entry < 0 || (uint32_t)r->entry >= c->cap_entries)
+        return;
+    int64_t heard =
+        c->flow[r->entry].heard_ns > r->sent_ns ? c->flow[r->entry].heard_ns : r->sent_ns;
+    int64_t due = heard + (int64_t)CL_REFRESH_WAIT_MS * 1000000;
+    if (now >= due)
+        c->info_stale = true;
+    else if (due < *next)
+        *next = due;
 }
 
 /* Walk the slots: deadlines, resends, releases. Returns the ns until the next timer. */
@@ -275,17 +363,28 @@ static int64_t cl_timers(epmoe_client *c, int64_t now)
             }
             continue;
         }
+        if (r->state == CL_QUEUED && now >= r->deadline_ns)
+            cl_expire(c, r);
+        else if (r->state == CL_QUEUED)
+            next = r->deadline_ns < next ? r->deadline_ns : next;
         if (r->state != CL_FLIGHT)
             continue;
         if (now >= r->deadline_ns) {
-            cl_timeout(c, r);
+            cl_expire(c, r);
             continue;
         }
         if (now >= r->resend_ns)
-            cl_dispatch(c, r, r->entry, r->entry, now);
+            cl_resend(c, r, now);
+        if (r->state != CL_FLIGHT)
+            continue;
+        cl_check_silence(c, r, now, &next);
         int64_t due = r->resend_ns < r->deadline_ns ? r->resend_ns : r->deadline_ns;
         next = due < next ? due : next;
     }
+    if (c->queue_head != NULL) /* waiting for room: answers wake us, refusals' pauses do not */
+        next = next < now + (int64_t)CL_QUEUE_RETRY_MS * 1000000
+                   ? next
+                   : now + (int64_t)CL_QUEUE_RETRY_MS * 1000000;
     return next == INT64_MAX ? INT64_MAX : next - now;
 }
 
@@ -340,9 +439,16 @@ static void cl_take_info(epmoe_client *c, cl_info *fresh, int64_t now)
                      (i < old.n_members && memcmp(old.members[i].key, m->key, AUTH_KEY_BYTES));
         if (c->entry[i] != NULL && moved)
             cl_entry_close(c, (int)i);
+        if (moved || i >= old.n_members || strcmp(old.members[i].name, m->name) != 0)
+            c->flow[i] = (cl_flow){.credit = CL_CREDIT, .backoff_ms = CL_BUSY_BACKOFF_MS};
+        c->flow[i].held = 0; /* counted again below: a member's index may have changed */
     }
     for (uint32_t k = 0; k < c->max_in_flight; k++) {
         struct epmoe_request *r = &c->slots[k];
+        if (r->held_at >= 0 && (uint32_t)r->held_at < c->info.n_members)
+            c->flow[r->held_at].held++;
+        else
+            r->held_at = -1;
         /* gone (dead, moved, no longer a member), or not ready while another one is */
         if (r->state == CL_FLIGHT && !r->wait_release && r->entry >= 0 &&
             (!cl_entry_reachable(c, r->entry) ||
@@ -368,7 +474,7 @@ static void cl_on_admin(epmoe_client *c, int64_t now)
         if (r != NULL && r->has_id && r->id == c->info_id) {
             cl_info fresh;
             c->info_id = 0;
-            c->info_due_ns = now; /* set below */
+            c->info_stale = false;
             if (cl_info_from_reply(r, &fresh, NULL) == 0)
                 cl_take_info(c, &fresh, now);
             /* a refusal keeps the last info: serving goes on in the current epoch */
@@ -384,13 +490,26 @@ static bool cl_any_in_flight(const epmoe_client *c)
     return c->n_free < (int)c->max_in_flight;
 }
 
+/* CLIENT_INFO only when news calls for it (client_state.h): at once for news not asked about
+ * yet, else at most every CL_REFRESH_WAIT_MS (one question at a time, an unanswered one given
+ * up after that: the coordinator may be away); and while no member is ready, every
+ * CL_REFRESH_WAIT_MS (CL_REFRESH_IDLE_MS when idle). Returns the ns until it is due again,
+ * INT64_MAX when no news is pending: then the coordinator hears nothing from this client. */
 static int64_t cl_info_timer(epmoe_client *c, int64_t now)
 {
+    bool waiting = !cl_has_ready_entry(c);
+    if (!c->info_stale && !c->info_urgent && !waiting)
+        return INT64_MAX;
     int64_t every =
-        (int64_t)(cl_any_in_flight(c) ? CL_REFRESH_BUSY_MS : CL_REFRESH_IDLE_MS) * 1000000;
+        (int64_t)(waiting && !cl_any_in_flight(c) && !c->info_stale ? CL_REFRESH_IDLE_MS
+                                                                    : CL_REFRESH_WAIT_MS) *
+        1000000;
     int64_t due = c->info_sent_ns + every;
+    if (c->info_urgent && c->info_id == 0)
+        due = now;
     if (now >= due) {
-        cl_ask_info(c, now); /* an unanswered one is given up: the coordinator may be away */
+        if (cl_ask_info(c, now) == 0)
+            c->info_urgent = false;
         due = now + every;
     }
     return due - now;
@@ -415,14 +534,36 @@ static void cl_arena_free(void *data, void *ptr)
     (void)ptr; /* the arena is reset per message */
 }
 
+/* The request seq names: in flight, or queued to be sent again after it was sent once. */
 static struct epmoe_request *cl_find(epmoe_client *c, uint64_t seq)
 {
     for (uint32_t k = 0; k < c->max_in_flight; k++) {
         struct epmoe_request *r = &c->slots[k];
-        if (r->seq == seq && r->state == CL_FLIGHT && !r->wait_release)
+        if (r->seq == seq && !r->wait_release &&
+            (r->state == CL_FLIGHT || (r->state == CL_QUEUED && r->n_sends > 0)))
             return r;
     }
     return NULL;
+}
+
+/* What every answer of entry i tells: its credit for this client, and the epoch it serves.
+ * An epoch the info does not know is news: the first time at once, again at most every
+ * CL_REFRESH_WAIT_MS while answers keep telling it (an entry ahead of the coordinator's
+ * current epoch during a staged switch, or behind it). */
+static void cl_note_entry(epmoe_client *c, int i, const Epmoe__Result *res)
+{
+    cl_flow *f = &c->flow[i];
+    f->heard_ns = clk_mono_ns();
+    if (res->has_credit && res->credit > 0)
+        f->credit = res->credit < CL_MAX_IN_FLIGHT ? res->credit : CL_MAX_IN_FLIGHT;
+    if (!res->has_code || res->code == EPMOE__ERROR_CODE__ERR_NONE)
+        f->backoff_ms = CL_BUSY_BACKOFF_MS;
+    if (!res->has_serving_epoch || res->serving_epoch == c->info.shape.epoch)
+        return;
+    c->info_stale = true;
+    if (res->serving_epoch != c->told_epoch)
+        c->info_urgent = true;
+    c->told_epoch = res->serving_epoch;
 }
 
 /* The payloads of an ok RESULT into the caller's buffers; 0, or -1 with r->message. */
@@ -455,14 +596,41 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
 {
     if (!res->has_client || res->client != c->id || !res->has_seq)
         return;
+    cl_note_entry(c, i, res);
     struct epmoe_request *r = cl_find(c, res->seq);
     if (r == NULL)
         return; /* a late answer (another entry won), or canceled: dropped */
     const char *entry = c->info.members[i].name;
     int code = res->has_code ? (int)res->code : 0;
-    if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && clk_mono_ns() < r->deadline_ns) {
+    int64_t now = clk_mono_ns();
+    if (r->state == CL_QUEUED && code == EPMOE__ERROR_CODE__ERR_BUSY)
+        return; /* already waiting for room */
+    if (code == EPMOE__ERROR_CODE__ERR_BUSY && now < r->deadline_ns) {
+        /* the entry is full: r waits for room. Past the credit it told (sent before the
+         * library knew it), the entry's own answers make room; full with other clients'
+         * requests, it gets nothing more for a pause that grows while it keeps refusing. */
+        cl_flow *f = &c->flow[i];
+        if (r->held_at != i || f->held <= f->credit) {
+            f->busy_until_ns = now + (int64_t)f->backoff_ms * 1000000;
+            f->backoff_ms = f->backoff_ms * 2 < CL_BUSY_BACKOFF_MAX_MS ? f->backoff_ms * 2
+                                                                       : CL_BUSY_BACKOFF_MAX_MS;
+        }
+        r->waited = r->refused = true;
+        snprintf(r->message, sizeof r->message, "entry %s: layer %u: %s", entry, r->layer,
+                 res->message ? res->message : "busy");
+        if (r->state == CL_FLIGHT)
+            cl_requeue(c, r, -1);
+        return;
+    }
+    if (r->state == CL_QUEUED) { /* an earlier entry's answer while it waited to be resent */
+        cl_list_remove(&c->queue_head, &c->queue_tail, r);
+        r->state = CL_FLIGHT;
+    }
+    if (code == EPMOE__ERROR_CODE__ERR_NOT_READY || code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN)
+        c->info_stale = true; /* the entry knows of a change: learn it */
+    if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && now < r->deadline_ns) {
         /* the entry is stopping (not the request failing): another member takes it now */
-        r->resend_ns = clk_mono_ns();
+        r->resend_ns = now;
         return;
     }
     r->remote_code = code;
@@ -571,6 +739,9 @@ static void *cl_io_main(void *arg)
         int64_t wait = cl_timers(c, now);
         int64_t info = cl_info_timer(c, now);
         wait = info < wait ? info : wait;
+        /* nothing due (no news, no request): a look every CL_IDLE_POLL_MS all the same */
+        wait =
+            wait < (int64_t)CL_IDLE_POLL_MS * 1000000 ? wait : (int64_t)CL_IDLE_POLL_MS * 1000000;
         int n = cl_poll_items(c, items, idx);
         pthread_mutex_unlock(&c->mu);
         long ms = (long)((wait + 999999) / 1000000);
@@ -657,9 +828,12 @@ int cl_io_open(epmoe_client *c, epmoe_error *err)
     c->cap_entries = EP_MAX_WORKERS;
     c->entry = calloc(c->cap_entries, sizeof *c->entry);
     c->entry_ep = calloc(c->cap_entries, sizeof *c->entry_ep);
+    c->flow = calloc(c->cap_entries, sizeof *c->flow);
     c->zctx = zmq_ctx_new();
-    if (c->entry == NULL || c->entry_ep == NULL || c->zctx == NULL)
+    if (c->entry == NULL || c->entry_ep == NULL || c->flow == NULL || c->zctx == NULL)
         return cl_fail(err, EPMOE_ENOMEM, 0, "out of memory");
+    for (uint32_t i = 0; i < c->cap_entries; i++)
+        c->flow[i] = (cl_flow){.credit = CL_CREDIT, .backoff_ms = CL_BUSY_BACKOFF_MS};
     zmq_ctx_set(c->zctx, ZMQ_BLOCKY, 0);
     ep_err e = {0};
     if (wire_check_endpoint(c->coordinator, &e) != 0)
@@ -676,7 +850,7 @@ int cl_io_open(epmoe_client *c, epmoe_error *err)
     }
     if (rc != 0)
         return rc;
-    c->info_due_ns = clk_mono_ns();
+    c->last_submit_ns = clk_mono_ns();
     if (pthread_create(&c->thread, NULL, cl_io_main, c) != 0)
         return cl_fail(err, EPMOE_ENOMEM, 0, "cannot start the I/O thread: %s", strerror(errno));
     c->thread_started = true;
@@ -704,6 +878,8 @@ void cl_io_close(epmoe_client *c)
     c->zctx = NULL;
     free(c->entry);
     free(c->entry_ep);
+    free(c->flow);
     c->entry = NULL;
     c->entry_ep = NULL;
+    c->flow = NULL;
 }

@@ -162,8 +162,14 @@ static int srv_shape(srv_server *s, const srv_env *env)
 /* ---- answering a client -------------------------------------------------------------------- */
 
 static void srv_send_result(srv_server *s, const uint8_t *ident, size_t ident_len,
-                            const Epmoe__Result *r, wire_payload *pl, int n)
+                            const Epmoe__Result *res, wire_payload *pl, int n)
 {
+    /* every answer tells the client its credit here and the epoch served (docs/protocol.md) */
+    Epmoe__Result rr = *res, *r = &rr;
+    rr.has_credit = 1;
+    rr.credit = SRV_MAX_CLIENT_REQUESTS;
+    rr.has_serving_epoch = s->serving_epoch != 0;
+    rr.serving_epoch = s->serving_epoch;
     ep_err err;
     if (wire_send(s->sock, ident, ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r->base, pl, n, true,
                   &err) != 0)
@@ -602,9 +608,15 @@ static void srv_framing_error(srv_server *s, const wire_msg *m, const ep_err *er
         wire_reply_error(s->sock, m->ident, m->ident_len, err, 0);
 }
 
-void srv_on_client(srv_server *s, const srv_env *env)
+static void srv_lend(srv_server *s, const srv_env *env)
 {
     s->mx = env->mx;
+    s->serving_epoch = env->ready && env->session ? env->session->epoch : 0;
+}
+
+void srv_on_client(srv_server *s, const srv_env *env)
+{
+    srv_lend(s, env);
     if (env->session != NULL)
         (void)srv_shape(s, env); /* the layer kinds of the requests' metrics */
     for (int n = 0; n < 1024; n++) {
@@ -898,7 +910,7 @@ static void srv_gauges(const srv_server *s)
 
 void srv_run(srv_server *s, const srv_env *env)
 {
-    s->mx = env->mx;
+    srv_lend(s, env);
     if (env->session == NULL || srv_shape(s, env) != 0) {
         int64_t now = clk_mono_ms();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)

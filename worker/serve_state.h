@@ -23,7 +23,8 @@
 #include "worker/transport_zmq.h"
 
 /* Requests one entry worker holds in flight at most, and one client (client id) of them;
- * beyond, a SUBMIT is answered ERR_BUSY at once. */
+ * beyond, a SUBMIT is answered ERR_BUSY at once. Every Result tells the client its credit
+ * (SRV_MAX_CLIENT_REQUESTS), which libepmoe keeps to: it queues the rest. */
 #define SRV_MAX_REQUESTS        256
 #define SRV_MAX_CLIENT_REQUESTS 64
 /* A refused part is dispatched again after this many ms, doubling up to SRV_RETRY_MAX_MS. */
@@ -138,7 +139,8 @@ typedef struct srv_load {
 } srv_load;
 
 struct srv_server {
-    struct wmx *mx; /* the worker's metrics, as the executor last lent them */
+    struct wmx *mx;         /* the worker's metrics, as the executor last lent them */
+    uint64_t serving_epoch; /* the epoch env said it serves (0: none), told in every Result */
     void *sock;
     char endpoint[EP_MAX_PATH];
     srv_req req[SRV_MAX_REQUESTS];

@@ -381,7 +381,7 @@ class Client:
     @property
     def info(self) -> Info:
         """The model's shape, layers, expert dtype, config hash, epoch and members, as the
-        library last heard them (it refreshes in the background)."""
+        library last heard them (it asks again on news of a change, docs/client.md "Epochs")."""
         self._info_cache = self._read_info()
         return self._info_cache
 

@@ -11,7 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -120,6 +120,23 @@ def test_asyncio_waits_for_a_slot(cluster: local.LocalCluster, models: Models) -
                 assert_same(r, ref, "slot-limited asyncio")
 
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("in_flight,entry", [(300, None), (200, "w1")])
+def test_flow_control_is_the_librarys(cluster: local.LocalCluster, models: Models, in_flight: int,
+                                      entry: Optional[str]) -> None:
+    """Issue 23 point 2: an entry takes 64 requests of a client at once; within max_in_flight
+    the library queues the rest. 300 in flight by rotation over 3 workers and 200 pinned to one
+    entry: every answer right, none a BusyError."""
+    inp = models.input(1)
+    ref = models.ref(dtype_of(cluster), "1", 1)
+    with epmoe.Client(cluster.admin, max_in_flight=in_flight, entry=entry) as c:
+        for _ in range(2):
+            reqs = [c.submit(1, inp["hidden_states"]) for _ in range(in_flight)]
+            for r in reqs:
+                assert_same(r.result(), ref, f"{in_flight} in flight, entry {entry}")
+                if entry:
+                    assert r.info is not None and r.info.entry == entry
 
 
 def test_caller_outputs_are_written_in_place(client: epmoe.Client, cluster: local.LocalCluster, models: Models) -> None:

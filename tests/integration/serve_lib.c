@@ -2,9 +2,11 @@
  * serve_lib — a libepmoe client for the tests: REPEAT layer calls of IN (epmoectl forward's
  * input file), INFLIGHT at a time through <epmoe.h>, waited for on the completion descriptor
  * (poll(2) + epmoe_poll, as an event loop would); every answer must equal the first, which is
- * written to OUT (forward's output format). Exit 0, or 1 naming the request that failed.
+ * written to OUT (forward's output format). Exit 0, or 1 naming the request that failed (an
+ * EPMOE_EBUSY too: within max_in_flight, flow control is the library's). ENTRY: the preferred
+ * entry worker (options.entry).
  *
- *   serve_lib COORDINATOR LAYER IN OUT INFLIGHT REPEAT
+ *   serve_lib COORDINATOR LAYER IN OUT INFLIGHT REPEAT [ENTRY]
  */
 #include <epmoe.h>
 #include <poll.h>
@@ -50,14 +52,15 @@ static int lib_check(slot *s, int T, int H, int k, slot *first, int *n_first)
 
 int main(int argc, char **argv)
 {
-    if (argc != 7) {
-        fprintf(stderr, "usage: serve_lib COORDINATOR LAYER IN OUT INFLIGHT REPEAT\n");
+    if (argc != 7 && argc != 8) {
+        fprintf(stderr, "usage: serve_lib COORDINATOR LAYER IN OUT INFLIGHT REPEAT [ENTRY]\n");
         return 64;
     }
     int D = atoi(argv[5]), N = atoi(argv[6]);
     epmoe_options o = {.size = sizeof o,
                        .version = EPMOE_OPTIONS_VERSION,
                        .coordinator = argv[1],
+                       .entry = argc == 8 ? argv[7] : NULL,
                        .max_in_flight = (uint32_t)D,
                        .timeout_ms = 30000};
     epmoe_client *cl = NULL;

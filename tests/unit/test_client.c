@@ -22,7 +22,12 @@
  * two clients in one process are independent (closing one does not disturb the other); many
  * threads submitting at once all get their own answers; with CURVE servers (the fake's
  * coordinator and entries admit one client key) the client reaches each entry with the public
- * key CLIENT_INFO gave, and a key in no list is refused at open.
+ * key CLIENT_INFO gave, and a key in no list is refused at open. Flow control (issue 23): an
+ * entry at its credit (4 here, told in its answers) gets no more than it takes and the rest
+ * wait in the library, none refused to the caller; requests spread by what each entry holds;
+ * an entry refusing for load every time is EPMOE_EBUSY only at the deadline. Epochs: a busy
+ * client asks CLIENT_INFO nothing while its answers carry the epoch it knows, and once when
+ * they carry a new one.
  */
 #include <errno.h>
 #include <poll.h>
@@ -70,8 +75,9 @@ typedef struct f_entry {
     bool listed;    /* reported as a ready member with its endpoint */
     char state[16]; /* the word CLIENT_INFO says (for people) */
     int wstate;     /* and the code (Epmoe__WorkerState) the library decides by */
+    int limit; /* FM_LATE: requests it holds at most, the credit it tells (0: no limit) */
     /* what it saw */
-    int n_submits, n_resent;
+    int n_submits, n_resent, n_busy;
     uint64_t last_client;
     f_pending pend[64];
     int n_pend;
@@ -98,6 +104,7 @@ typedef struct fake {
     uint32_t max_tokens; /* CLIENT_INFO's max_tokens (0: not sent, as an older coordinator) */
     int cluster_state;   /* CLIENT_INFO's cluster_state (the word stays "ready") */
     int n_info;
+    uint64_t epoch; /* the epoch CLIENT_INFO says and the entries serve (0: F_EPOCH) */
     atomic_bool stop;
     pthread_t thread;
 } fake;
@@ -157,7 +164,7 @@ static void f_info(fake *f, const wire_msg *m)
         rep.config_hash = f->hash;
         rep.has_max_tokens = f->max_tokens > 0;
         rep.max_tokens = f->max_tokens;
-        rep.epoch = rep.current_epoch = F_EPOCH;
+        rep.epoch = rep.current_epoch = f->epoch ? f->epoch : F_EPOCH;
         rep.cluster = "fake";
         rep.state = "ready";
         rep.has_cluster_state = 1;
@@ -206,6 +213,10 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
     r.dispatch_seconds = 0.002;
     r.experts_seconds = 0.003;
     r.combine_seconds = 0.004;
+    r.has_credit = e->limit > 0;
+    r.credit = (uint32_t)e->limit;
+    r.has_serving_epoch = 1;
+    r.serving_epoch = f->epoch ? f->epoch : F_EPOCH;
     if (e->mode == FM_CODE) {
         r.has_code = 1;
         r.code = (Epmoe__ErrorCode)e->code;
@@ -248,6 +259,25 @@ static void f_answer(fake *f, f_entry *e, int rank, const wire_msg *m, bool late
     wire_free_unpacked(&s->base);
 }
 
+/* An entry at its limit refuses for load, telling its credit, as a worker does. */
+static void f_busy(f_entry *e, const wire_msg *m)
+{
+    Epmoe__Submit *s = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, NULL);
+    if (s == NULL)
+        return;
+    Epmoe__Result r = EPMOE__RESULT__INIT;
+    r.has_client = r.has_seq = r.has_code = r.has_credit = 1;
+    r.client = s->client;
+    r.seq = s->seq;
+    r.code = EPMOE__ERROR_CODE__ERR_BUSY;
+    r.message = "the fake holds its limit";
+    r.credit = (uint32_t)e->limit;
+    e->n_busy++;
+    wire_send(e->sock, m->ident, m->ident_len, EPMOE__MSG_TYPE__MSG_RESULT, &r.base, NULL, 0, true,
+              NULL);
+    wire_free_unpacked(&s->base);
+}
+
 static void f_on_submit(fake *f, f_entry *e, int rank, wire_msg *m)
 {
     Epmoe__Submit *s = (Epmoe__Submit *)wire_unpack(&epmoe__submit__descriptor, m, NULL);
@@ -259,6 +289,10 @@ static void f_on_submit(fake *f, f_entry *e, int rank, wire_msg *m)
     }
     if (e->mode == FM_SILENT)
         return;
+    if (e->mode == FM_LATE && e->limit > 0 && e->n_pend >= e->limit) {
+        f_busy(e, m);
+        return;
+    }
     if (e->mode == FM_LATE && e->n_pend < 64) {
         wire_msg *keep = malloc(sizeof *keep);
         wire_msg_move(keep, m);
@@ -756,7 +790,8 @@ TEST(cluster_error_codes_map_to_statuses)
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
         fake_set(f, 0, FM_CODE, map[i].code);
         call_make(&k, 1, 2, (uint32_t)i);
-        CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+        /* a short deadline: a refusal for load is EPMOE_EBUSY only at the deadline */
+        CHECK_EQ(call_submit(c, &k, 300, &err), EPMOE_OK);
         int rc = epmoe_wait(k.req, 3000, &err);
         if (rc != map[i].status)
             TEST_FAIL_AT("ErrorCode %d: got %d, expected %d", map[i].code, rc, map[i].status);
@@ -1369,6 +1404,186 @@ TEST(a_model_change_under_an_open_client_is_estale_never_an_overrun)
     model_change_case(F_H, 512);     /* the same H, another vocabulary */
 }
 
+static int fake_busy(fake *f, int i)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->en[i].n_busy;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+static int fake_info(fake *f)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->n_info;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+/* Issue 23 point 2: an entry that holds 4 requests of a client at most (and says so) gets 24
+ * at once from a client pinned to it: the library queues what does not fit and every request
+ * is answered; none is refused to the caller, and after the first refusal told the credit
+ * the entry is sent no more than it takes. */
+TEST(requests_beyond_an_entrys_credit_wait_in_the_library_not_refused)
+{
+    fake *f = fake_start(2);
+    pthread_mutex_lock(&f->mu);
+    f->en[0].limit = 4;
+    pthread_mutex_unlock(&f->mu);
+    fake_set(f, 0, FM_LATE, 20);
+    epmoe_client *c = open_client(f, 24, 10000, 0, "e0");
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k[24];
+    epmoe_error err;
+    for (int i = 0; i < 24; i++) {
+        call_make(&k[i], 1, 2, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+    }
+    int ok = 0;
+    for (int i = 0; i < 24; i++) {
+        int rc = epmoe_wait(k[i].req, 10000, &err);
+        if (rc != EPMOE_OK)
+            printf("  request %d: %s: %s\n", i, epmoe_strerror(rc), err.message);
+        ok += rc == EPMOE_OK && call_check(&k[i], true) == 0;
+        epmoe_request_free(&k[i].req);
+    }
+    CHECK_EQ(ok, 24);
+    CHECK_EQ(fake_count(f, 1, false), 0); /* pinned: it waited for e0 rather than going on */
+    /* the first burst (64 assumed) was refused beyond 4; the credit told, nothing more was */
+    CHECK(fake_busy(f, 0) <= 20);
+    CHECK_EQ(fake_count(f, 0, false), 24 + fake_busy(f, 0));
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+/* Requests spread over the entries by what they hold: an entry that answers slowly holds its
+ * credit and the fast one takes the rest. */
+TEST(requests_spread_over_entries_by_what_they_hold)
+{
+    fake *f = fake_start(2);
+    pthread_mutex_lock(&f->mu);
+    f->en[0].limit = f->en[1].limit = 4;
+    pthread_mutex_unlock(&f->mu);
+    fake_set(f, 0, FM_LATE, 400);
+    fake_set(f, 1, FM_LATE, 5);
+    epmoe_client *c = open_client(f, 16, 10000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k[16];
+    epmoe_error err;
+    /* a first request to each tells the credit */
+    for (int i = 0; i < 2; i++) {
+        call_make(&k[i], 1, 1, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(epmoe_wait(k[i].req, 5000, &err), EPMOE_OK);
+        epmoe_request_free(&k[i].req);
+    }
+    int before0 = fake_count(f, 0, false);
+    for (int i = 0; i < 16; i++) {
+        call_make(&k[i], 1, 1, (uint32_t)i);
+        CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+    }
+    int ok = 0;
+    for (int i = 0; i < 16; i++) {
+        ok += epmoe_wait(k[i].req, 5000, &err) == EPMOE_OK && call_check(&k[i], true) == 0;
+        epmoe_request_free(&k[i].req);
+    }
+    CHECK_EQ(ok, 16);
+    /* e0 held 4 for 400 ms; meanwhile e1 answered the other 12 in rounds of 4 */
+    CHECK_EQ(fake_count(f, 0, false) - before0, 4);
+    CHECK_EQ(fake_busy(f, 0) + fake_busy(f, 1), 0);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+/* EPMOE_EBUSY reaches the caller only when the cluster stays saturated past the request's
+ * deadline: an entry that refuses every time is retried (with a growing pause) until then. */
+TEST(a_cluster_that_refuses_for_load_is_ebusy_only_at_the_deadline)
+{
+    fake *f = fake_start(1);
+    fake_set(f, 0, FM_CODE, EPMOE__ERROR_CODE__ERR_BUSY);
+    epmoe_client *c = open_client(f, 4, 10000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k;
+    epmoe_error err;
+    call_make(&k, 1, 2, 1);
+    int64_t t0 = now_ms();
+    CHECK_EQ(call_submit(c, &k, 400, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_EBUSY);
+    int64_t took = now_ms() - t0;
+    CHECK(took >= 390 && took < 1500);
+    CHECK_STR_HAS(err.message, "saturated for 400 ms");
+    CHECK_STR_HAS(err.message, "entry e0: layer 1: the fake says no");
+    int sends = fake_count(f, 0, false);
+    CHECK(sends >= 3 && sends <= 20); /* retried, with pauses of 2, 4, ... 64 ms */
+    epmoe_request_free(&k.req);
+    /* the entry serves again: the next request is answered */
+    fake_set(f, 0, FM_OK, 0);
+    call_make(&k, 1, 2, 2);
+    CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_OK);
+    CHECK_EQ(epmoe_wait(k.req, 3000, &err), EPMOE_OK);
+    CHECK_EQ(call_check(&k, false), 0);
+    epmoe_request_free(&k.req);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+/* Issue 23 point 6: a busy client asks the coordinator nothing while its answers say the epoch
+ * it knows; an answer served in a new epoch makes it ask at once, and once. */
+TEST(a_busy_client_asks_client_info_only_when_the_epoch_changes)
+{
+    fake *f = fake_start(2);
+    epmoe_client *c = open_client(f, 8, 5000, 0, NULL);
+    CHECK(c != NULL);
+    if (c == NULL) {
+        fake_stop(&f);
+        return;
+    }
+    static call k[4];
+    epmoe_error err;
+    int asked = fake_info(f), n_ok = 0, n = 0;
+    for (int64_t until = now_ms() + 1600; now_ms() < until; n++) { /* 1.6 s always busy */
+        for (int i = 0; i < 4; i++) {
+            call_make(&k[i], 1, 2, (uint32_t)(n * 4 + i));
+            CHECK_EQ(call_submit(c, &k[i], 0, &err), EPMOE_OK);
+        }
+        for (int i = 0; i < 4; i++) {
+            n_ok += epmoe_wait(k[i].req, 3000, &err) == EPMOE_OK;
+            epmoe_request_free(&k[i].req);
+        }
+    }
+    CHECK_EQ(n_ok, 4 * n);
+    CHECK_EQ(fake_info(f) - asked, 0); /* was: every 500 ms while busy */
+    pthread_mutex_lock(&f->mu);
+    f->epoch = F_EPOCH + 1; /* a new epoch: entries serve it, CLIENT_INFO says it */
+    pthread_mutex_unlock(&f->mu);
+    asked = fake_info(f);
+    for (int64_t until = now_ms() + 1200; now_ms() < until; n++) {
+        call_make(&k[0], 1, 2, (uint32_t)n);
+        CHECK_EQ(call_submit(c, &k[0], 0, &err), EPMOE_OK);
+        CHECK_EQ(epmoe_wait(k[0].req, 3000, &err), EPMOE_OK);
+        epmoe_request_free(&k[0].req);
+    }
+    CHECK_EQ(fake_info(f) - asked, 1);
+    epmoe_info info;
+    CHECK(epmoe_info_get(c, &info, &err) == 0 && info.epoch == F_EPOCH + 1);
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
 int main(void)
 {
     RUN(info_describes_the_model_and_the_members);
@@ -1389,5 +1604,9 @@ int main(void)
     RUN(a_model_change_under_an_open_client_is_estale_never_an_overrun);
     RUN(abi_max_tokens_poll_user_and_a_free_that_never_blocks);
     RUN(states_are_read_from_codes_not_words);
+    RUN(requests_beyond_an_entrys_credit_wait_in_the_library_not_refused);
+    RUN(requests_spread_over_entries_by_what_they_hold);
+    RUN(a_cluster_that_refuses_for_load_is_ebusy_only_at_the_deadline);
+    RUN(a_busy_client_asks_client_info_only_when_the_epoch_changes);
     return test_report();
 }

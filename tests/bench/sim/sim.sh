@@ -2,7 +2,7 @@
 # sim.sh — the real coordinator with N simulated workers (sim_workers): the numbers of
 # docs/performance.md "Coordinator at scale" (issue 9). Not a ctest; run by hand:
 #
-#   tests/bench/sim/sim.sh BUILD_DIR flash|pro N [CPU_SECONDS]
+#   tests/bench/sim/sim.sh BUILD_DIR flash|pro N [CPU_SECONDS [CLIENTS]]
 #
 # flash: DeepSeek-V4-Flash's MoE shape (256 routed experts x 43 layers, hidden 4096, top-6);
 # pro: V4-Pro's (384 x 61, hidden 7168). The placement is eplb with enough redundant experts
@@ -16,14 +16,24 @@
 #   6. drain of one worker: a plain EPOCH broadcast to N workers until all are READY (ms)
 #   7. one worker goes silent (SIGUSR1 to sim_workers): silence to the new epoch acknowledged
 #      by all (goal: < liveness x heartbeat + 1 s)
+# With CLIENTS (issue 23 point 6), after 2 and instead of 3-7: CLIENTS simulated libepmoe clients
+# (sim_clients) asking CLIENT_INFO as the library did before issue 23 while busy (every 500 ms)
+# and as it does after (only when an answer says the epoch changed), each for CPU_SECONDS with
+# the same two epoch changes in the window (a drain and an undrain of one worker): the
+# coordinator's CPU, and the answers and bytes per second it sent them. SIM_CLIENT_MODES picks
+# the modes, in order (default "news poll:500": polling may bring the coordinator down, see
+# docs/performance.md; sim_clients --mode). SIM_LIVENESS (default 3): the spec's
+# liveness, more on a machine so shared that 1,024 simulated workers miss heartbeats.
 set -u
 B=${1:?build dir}
 MODEL=${2:?flash or pro}
 N=${3:?workers}
 CPU_S=${4:-30}
+CLIENTS=${5:-0}
 CTL=$B/ctl/epmoectl
 COORD=$B/coordinator/epmoe-coordinator
 SIM=$B/tests/bench/sim_workers
+SCL=$B/tests/bench/sim_clients
 PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 TMP=$(mktemp -d /tmp/epmoe_sim_XXXXXX)
@@ -62,7 +72,7 @@ LISTEN=tcp://127.0.0.1:$lport
 ADMIN=tcp://127.0.0.1:$aport
 {
     echo "cluster: {name: sim}"
-    echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: 1000, liveness: 3, step_timeout_ms: 60000}"
+    echo "coordinator: {listen: \"$LISTEN\", admin: \"$ADMIN\", heartbeat_ms: 1000, liveness: ${SIM_LIVENESS:-3}, step_timeout_ms: 60000}"
     echo "model: {path: $TMP/model}"
     echo "expert_parallel: {placement: eplb, redundant_experts: $RED, window_steps: 1000}"
     echo "nodes:"
@@ -93,6 +103,66 @@ c1=$(tick)
 hz=$(getconf CLK_TCK)
 echo "2. coordinator CPU, idle and ready at 1 Hz heartbeats from $N workers:" \
     "$("$PY" -c "print('%.2f %% of one core' % (100.0 * ($c1 - $c0) / $hz / $CPU_S))") (over ${CPU_S} s)"
+
+# clients MODE TAG: CLIENTS simulated clients in MODE for CPU_S seconds, two epoch changes
+clients() {
+    local mode=$1 tag=$2 out=$TMP/sc.$2.out pid i a0 b0 a1 b1 c0 c1 t0 t1 third
+    "$SCL" --coordinator "$ADMIN" --count "$CLIENTS" --mode "$mode" >"$out" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    for ((i = 0; i < 6000; i++)); do
+        grep -q "^ready" "$out" && break
+        sleep 0.1
+    done
+    grep -q "^ready" "$out" || { echo "$tag: the clients did not all get a first answer"; return 1; }
+    sleep 2
+    counts() { kill -USR1 "$pid"; sleep 0.3; awk '/^answers/ {a = $2; b = $4} END {print a, b}' "$out"; }
+    read -r a0 b0 <<<"$(counts)"
+    c0=$(tick)
+    t0=$(now)
+    third=$("$PY" -c "print($CPU_S / 3)")
+    sleep "$third"
+    "$CTL" "${A[@]}" drain w0003 --wait-timeout 600 >/dev/null 2>"$TMP/drain.err" ||
+        echo "   $tag: drain failed: $(cat "$TMP/drain.err")"
+    kill -USR2 "$pid" # the news each client reads in its next answer's serving epoch
+    sleep "$third"
+    "$CTL" "${A[@]}" -o json status >"$TMP/s0.json"
+    "$CTL" "${A[@]}" undrain w0003 >/dev/null 2>"$TMP/drain.err" ||
+        echo "   $tag: undrain failed: $(cat "$TMP/drain.err")"
+    for ((i = 0; i < 6000; i++)); do # until the undrain's epoch is current
+        "$CTL" "${A[@]}" -o json status >"$TMP/s1.json" 2>/dev/null
+        [ "$(jget "$TMP/s1.json" "d['state'] == 'ready' and d['current_epoch'] > $(jget "$TMP/s0.json" "d['current_epoch']")")" = True ] && break
+        sleep 0.1
+    done
+    kill -USR2 "$pid"
+    sleep 5 # the answers to that news are in the window, however late the undrain came
+    while [ $(($(now) - t0)) -lt $((CPU_S * 1000)) ]; do sleep 0.1; done
+    c1=$(tick)
+    t1=$(now)
+    read -r a1 b1 <<<"$(counts)"
+    kill "$pid"
+    wait "$pid" 2>/dev/null
+    grep "applied by its" "$TMP/coord.log" | tail -2 | sed 's/^/   coordinator: /'
+    "$PY" -c "
+s = ($t1 - $t0) / 1000.0
+print('   %-34s coordinator CPU %6.2f %% of one core, %8.1f answers/s, %9.3f MB/s (%d answers, %.1f MB in %.1f s)' % (
+    '$tag', 100.0 * ($c1 - $c0) / $hz / s, ($a1 - $a0) / s, ($b1 - $b0) / s / 1e6, $a1 - $a0, ($b1 - $b0) / 1e6, s))"
+}
+if [ "$CLIENTS" -gt 0 ]; then
+    echo "2c. $CLIENTS simulated clients, CLIENT_INFO over ${CPU_S} s with two epoch changes (drain, undrain of w0003):"
+    for m in ${SIM_CLIENT_MODES:-news poll:500}; do
+        case $m in
+        poll:500) clients "$m" "before (every 500 ms while busy)" || exit 1 ;;
+        news) clients "$m" "after (on news of an epoch only)" || exit 1 ;;
+        *) clients "$m" "$m" || exit 1 ;;
+        esac
+        sleep 2 # the clients are gone: does the coordinator survive their leaving?
+        kill -0 $CPID 2>/dev/null || { echo "   the coordinator died: $(tail -1 "$TMP/coord.log")"; exit 1; }
+    done
+    "$CTL" "${A[@]}" shutdown >/dev/null
+    wait $CPID
+    exit 0
+fi
 
 : >"$TMP/fwd.ms"
 for ((l = 0; l < L; l++)); do

@@ -200,6 +200,12 @@ static void sim_ready(sim_worker *w, const pl_table *t, uint64_t epoch, bool sta
     r.has_staged = staged;
     r.staged = staged;
     r.backend = "sim";
+    /* a client endpoint as a real worker reports (nothing binds it): CLIENT_INFO is the size a
+     * real cluster's is (sim_clients) */
+    char client_ep[64];
+    snprintf(client_ep, sizeof client_ep, "tcp://10.%d.%d.%d:7600", w->rank >> 16 & 255,
+             w->rank >> 8 & 255, w->rank & 255);
+    r.client_endpoint = client_ep;
     sim_send(w, EPMOE__MSG_TYPE__MSG_READY, &r.base, NULL, 0);
     if (!staged) /* the last worker to acknowledge an epoch says when (CLOCK_REALTIME ms) */
         sim_count_ack(epoch);
