@@ -75,7 +75,7 @@ typedef struct f_entry {
     bool listed;    /* reported as a ready member with its endpoint */
     char state[16]; /* the word CLIENT_INFO says (for people) */
     int wstate;     /* and the code (Epmoe__WorkerState) the library decides by */
-    int limit; /* FM_LATE: requests it holds at most, the credit it tells (0: no limit) */
+    int limit;      /* FM_LATE: requests it holds at most, the credit it tells (0: no limit) */
     /* what it saw */
     int n_submits, n_resent, n_busy;
     uint64_t last_client;
@@ -1275,6 +1275,7 @@ TEST(states_are_read_from_codes_not_words)
     /* the cluster blocked (its word still "ready"): refused at once at submit */
     pthread_mutex_lock(&f->mu);
     f->cluster_state = EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
+    f->epoch = F_EPOCH + 1; /* the change the entries' answers carry (docs/client.md "Epochs") */
     pthread_mutex_unlock(&f->mu);
     int rc = EPMOE_OK;
     for (int64_t until = now_ms() + 5000; rc == EPMOE_OK && now_ms() < until; usleep(20000)) {
@@ -1319,18 +1320,22 @@ static size_t guarded_damage(const guarded *g)
     return bad;
 }
 
+/* The coordinator restarted on another checkpoint: a new session, so the entries answer in a
+ * new epoch (RESULT.serving_epoch), which is how the library hears of it without polling. */
 static void fake_model(fake *f, uint32_t h, uint32_t vocab, uint64_t hash)
 {
     pthread_mutex_lock(&f->mu);
     f->h = h;
     f->vocab = vocab;
     f->hash = hash;
+    f->epoch = (f->epoch ? f->epoch : F_EPOCH) + 1;
     pthread_mutex_unlock(&f->mu);
 }
 
 /* Submits layer 1 (4 tokens, buffers sized for the H of epmoe_open) until a submit or its
- * answer says EPMOE_ESTALE, for at most 6 s (the client asks CLIENT_INFO every 0.5-2 s).
- * Returns the last status; *damage counts the guard bytes overwritten around the buffers. */
+ * answer says EPMOE_ESTALE, for at most 6 s (the client asks CLIENT_INFO on the news of a new
+ * epoch). Returns the last status; *damage counts the guard bytes overwritten around the buffers.
+ */
 static int submit_until_stale(epmoe_client *c, size_t *damage)
 {
     enum { T = 4 };
