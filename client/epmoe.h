@@ -97,7 +97,7 @@ typedef struct epmoe_options {
     const char *server_key;        /* the coordinator's public key, Z85 (with client keys) */
     const char *entry;             /* preferred entry worker: a member's name (another name is
                                     * EPMOE_EINVAL at open), or a client endpoint (e.g.
-                                    * "ipc:///run/epmoe/w0.client"); NULL: one by rotation */
+                                    * "ipc:///run/epmoe-clients/w0.client"); NULL: by load */
     uint32_t max_in_flight;        /* requests in flight at most (default 64, <= 4096) */
     uint32_t timeout_ms;           /* default deadline of a request (default 30000) */
     uint32_t connect_timeout_ms;   /* epmoe_open's wait for the coordinator (default 5000) */
