@@ -324,7 +324,7 @@ static void cl_fill_request(epmoe_client *c, struct epmoe_request *r, const epmo
     r->deadline_ns = r->submit_ns + (int64_t)r->timeout_ms * 1000000;
     r->resend_ns = 0;
     r->entry = -1;
-    r->n_tried = r->n_sends = 0;
+    r->n_tried = r->n_sends = r->n_not_ready = 0;
     memset(r->sent_mask, 0, sizeof r->sent_mask);
     r->wait_release = false;
     atomic_store(&r->releasing, 0); /* zc_refs is 0: a slot is free only once released */

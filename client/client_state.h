@@ -45,7 +45,12 @@
 #define CL_MAX_TRIED 4
 /* The largest Result body the client accepts (a message of a few hundred bytes, and times). */
 #define CL_MAX_RESULT_BODY 8192
-#define CL_MSG_MAX         256
+/* An entry between two sessions (a restarted coordinator welcomes it again, a reload
+ * re-welcomes it) refuses with ERR_NOT_READY for about a heartbeat: the request goes to the
+ * next member this much later, for at most CL_NOT_READY_TRIES refusals (5 s), then fails. */
+#define CL_NOT_READY_RETRY_MS 50
+#define CL_NOT_READY_TRIES    100
+#define CL_MSG_MAX            256
 
 typedef enum cl_state {
     CL_FREE = 0,
@@ -96,6 +101,7 @@ struct epmoe_request {
     int entry;               /* member index it was last sent to (-1: none yet) */
     int tried[CL_MAX_TRIED]; /* member indexes it was sent to, in order */
     int n_tried, n_sends;
+    int n_not_ready; /* ERR_NOT_READY refusals taken (CL_NOT_READY_TRIES) */
     uint64_t sent_mask[(EP_MAX_WORKERS + 63) / 64]; /* members whose sockets hold a send */
     atomic_int zc_refs;                             /* input frames libzmq still holds */
     atomic_int releasing; /* the free callback should wake the I/O thread */

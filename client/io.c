@@ -407,6 +407,15 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
         r->resend_ns = clk_mono_ns();
         return;
     }
+    int64_t retry_ns = clk_mono_ns() + (int64_t)CL_NOT_READY_RETRY_MS * 1000000;
+    if (code == EPMOE__ERROR_CODE__ERR_NOT_READY && r->n_not_ready < CL_NOT_READY_TRIES &&
+        retry_ns < r->deadline_ns) {
+        /* an entry between sessions (welcomed again after a coordinator restart or a reload):
+         * not this request's failure; the next member shortly (cl_timers) */
+        r->n_not_ready++;
+        r->resend_ns = retry_ns;
+        return;
+    }
     r->remote_code = code;
     if (code != EPMOE__ERROR_CODE__ERR_NONE) {
         r->status = cl_map_remote(code, res->message);

@@ -79,7 +79,11 @@ typedef struct wctl {
     bool done;
     int exit_code;
     uint64_t staged; /* a staged epoch the executor prepares (0: none) */
-    wmx *mx;         /* metrics, served when WELCOME names an address */
+    /* the executor holds a WELCOME's session (it serves clients in it) until a RESET: kept
+     * while the coordinator is away or restarted, so that serving goes on without it */
+    bool has_session;
+    uint64_t session; /* its id (REGISTER names it: a restarted coordinator takes it over) */
+    wmx *mx;          /* metrics, served when WELCOME names an address */
 } wctl;
 
 static const char *wctl_code_name(int code)
@@ -152,6 +156,8 @@ static void wctl_send_register(wctl *w)
     r.pid = (uint32_t)getpid();
     r.version = EPMOE_VERSION_STRING;
     r.client_endpoint = w->client_endpoint[0] ? w->client_endpoint : NULL;
+    r.has_session = w->has_session;
+    r.session = w->session;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
@@ -241,6 +247,7 @@ static int wctl_connect(wctl *w, ep_err *err)
 static void wctl_exec_reset(wctl *w)
 {
     ep_err err;
+    w->has_session = false;
     if (exec_send_cmd(w->exec, EXEC_CMD_RESET, &err) == 0)
         w->resets_pending++;
     else
@@ -302,10 +309,17 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
         sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
         w->exit_code = WCTL_EXIT_CONFIG;
         w->done = true;
-    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
-               code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
-        /* the coordinator does not (or no longer) count us as registered: start over, after
-         * the backoff */
+    } else if (code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
+        /* a coordinator that does not know this connection (it was restarted): it placed
+         * nothing anywhere yet, so the session goes on serving until its WELCOME replaces it,
+         * and this worker registers at once (it answers: no backoff can help) */
+        char why[EP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
+        wctl_backoff_keep(w, why, w->has_session);
+        w->reconnect_at = WCTL_RECONNECT_NOW;
+    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST) {
+        /* declared dead: the others serve in an epoch without us; start over, after the
+         * backoff */
         char why[EP_ERR_MSG_MAX];
         snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
         wctl_backoff(w, why);
@@ -385,9 +399,13 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
         log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
+    uint64_t session = s->session;
     wctl_exec_reset(w);
     if (exec_send_session(w->exec, &s, &err) != 0)
         log_error("executor: %s", err.msg);
+    else
+        w->has_session = true;
+    w->session = session;
     Epmoe__ConfigAck ack = EPMOE__CONFIG_ACK__INIT;
     ack.has_config_hash = ack.has_epoch = 1;
     ack.config_hash = hash;
@@ -758,7 +776,9 @@ static void wctl_timers(wctl *w)
         char why[128];
         snprintf(why, sizeof why, "coordinator silent for %lld ms",
                  (long long)(now - w->last_heard));
-        wctl_backoff_keep(w, why, wctl_welcomed(w));
+        /* also while registering again after an earlier silence: the session this worker
+         * serves in is the last one it was welcomed into, whatever the link is doing */
+        wctl_backoff_keep(w, why, w->has_session);
     } else if (wctl_welcomed(w) && now >= w->next_heartbeat) {
         Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
         hb.has_epoch = 1;
