@@ -103,6 +103,10 @@ static void coord_swap_keys(coord *c)
     keys_free(&c->keys);
     c->keys = c->rl_keys;
     memset(&c->rl_keys, 0, sizeof c->rl_keys);
+    /* the workers' client endpoints too, at once: a key removed from client_keys is served
+     * no more (nothing else in the reload needs to welcome anyone) */
+    reg_env renv = coord_reg_env(c);
+    reg_send_client_keys(c->reg, &renv, &c->out);
 }
 
 /* Swap the validated reload in (no step is in flight). */

@@ -344,26 +344,48 @@ static int wctl_admit_peers(wctl *w, const exec_session *s, ep_err *err)
     return auth_zap_allow(w->zap, AUTH_DOMAIN_DATA, l, err);
 }
 
-/* Admit the clients WELCOME names to the client endpoint (their keys speak for "client"). */
-static int wctl_admit_clients(wctl *w, const Epmoe__Welcome *wm, ep_err *err)
+/* Admit exactly these client keys to the client endpoint (WELCOME.client_keys, or
+ * CLIENT_KEYS after a reload). Each key speaks for its own Z85 text, so that the serving path
+ * can tell a connection whose key a later list no longer holds (auth_admits). */
+static int wctl_admit_clients(wctl *w, const ProtobufCBinaryData *keys, size_t n, const char *what,
+                              ep_err *err)
 {
     auth_list *l = auth_list_new();
     if (l == NULL)
         return ep_err_set(err, "out of memory");
-    for (size_t i = 0; i < wm->n_client_keys; i++) {
-        if (wm->client_keys[i].len != AUTH_KEY_BYTES || i >= AUTH_MAX_KEYS) {
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].len != AUTH_KEY_BYTES || i >= AUTH_MAX_KEYS) {
             auth_list_free(&l);
-            return ep_err_set(err, "WELCOME: client_keys[%zu] has %zu bytes, expected %d", i,
-                              wm->client_keys[i].len, AUTH_KEY_BYTES);
+            return ep_err_set(err, "%s: client_keys[%zu] has %zu bytes, expected %d", what, i,
+                              keys[i].len, AUTH_KEY_BYTES);
         }
-        char name[32];
-        snprintf(name, sizeof name, "client%zu", i);
-        if (auth_list_add(l, wm->client_keys[i].data, name, err) != 0) {
+        char name[AUTH_Z85_LEN + 1];
+        auth_z85(keys[i].data, name);
+        if (auth_list_add(l, keys[i].data, name, err) != 0) {
             auth_list_free(&l);
-            return ep_err_prefix(err, "WELCOME: client_keys");
+            return ep_err_prefix(err, "%s: client_keys", what);
         }
     }
     return auth_zap_allow(w->zap, AUTH_DOMAIN_CLIENTS, l, err);
+}
+
+/* CLIENT_KEYS: a reload changed the client allow-list; it applies at once, session or not. */
+static void wctl_on_client_keys(wctl *w, const wire_msg *m)
+{
+    ep_err err = {0};
+    Epmoe__ClientKeys *k =
+        (Epmoe__ClientKeys *)wire_unpack(&epmoe__client_keys__descriptor, m, &err);
+    if (k != NULL && w->zap == NULL)
+        ep_err_set(&err, "CLIENT_KEYS to a worker without --key");
+    if (k == NULL || w->zap == NULL ||
+        wctl_admit_clients(w, k->client_keys, k->n_client_keys, "CLIENT_KEYS", &err) != 0) {
+        log_error("%s (the old client allow-list stays)", err.msg);
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                        EPMOE__MSG_TYPE__MSG_CLIENT_KEYS, "worker %s: %s", w->opt->name, err.msg);
+    } else {
+        log_info("client allow-list replaced: %zu keys", k->n_client_keys);
+    }
+    wire_free_unpacked(k ? &k->base : NULL);
 }
 
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
@@ -372,7 +394,8 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
     if (s != NULL && w->zap != NULL &&
-        (wctl_admit_peers(w, s, &err) != 0 || wctl_admit_clients(w, wm, &err) != 0))
+        (wctl_admit_peers(w, s, &err) != 0 ||
+         wctl_admit_clients(w, wm->client_keys, wm->n_client_keys, "WELCOME", &err) != 0))
         exec_session_free(&s);
     if (s == NULL) {
         log_error("invalid WELCOME: %s", err.msg);
@@ -582,6 +605,9 @@ static void wctl_on_coordinator(wctl *w, wire_msg *m)
     case EPMOE__MSG_TYPE__MSG_COMM_INIT: /* the executor owns the NCCL communicator */
         if (w->state == WCTL_READY)
             wctl_relay(m, exec_pipe(w->exec), false);
+        break;
+    case EPMOE__MSG_TYPE__MSG_CLIENT_KEYS:
+        wctl_on_client_keys(w, m);
         break;
     case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
         break;

@@ -113,6 +113,7 @@ typedef struct srv_load {
 struct srv_server {
     struct wmx *mx; /* the worker's metrics, as the executor last lent them */
     void *sock;
+    bool secure; /* CURVE: every SUBMIT's key must still be on the allow-list (auth_admits) */
     char endpoint[EP_MAX_PATH];
     srv_req req[SRV_MAX_REQUESTS];
     uint64_t next_id;
