@@ -294,6 +294,18 @@ static void cl_take_info(epmoe_client *c, cl_info *fresh, int64_t now)
     cl_info_free(&old);
 }
 
+/* A coordinator forming or loading with no member ready (restarted: its workers are
+ * registering again) knows less than the last view, whose entries serve on meanwhile. */
+static bool cl_info_knows_less(const epmoe_client *c, const cl_info *fresh)
+{
+    if (strcmp(fresh->state, "forming") != 0 && strcmp(fresh->state, "loading") != 0)
+        return false;
+    for (uint32_t i = 0; i < fresh->n_members; i++)
+        if (fresh->members[i].ready)
+            return false;
+    return cl_has_ready_entry(c);
+}
+
 static void cl_on_admin(epmoe_client *c, int64_t now)
 {
     for (int k = 0; k < 16; k++) {
@@ -311,7 +323,10 @@ static void cl_on_admin(epmoe_client *c, int64_t now)
             cl_info fresh;
             c->info_id = 0;
             c->info_due_ns = now; /* set below */
-            if (cl_info_from_reply(r, &fresh, NULL) == 0)
+            bool got = cl_info_from_reply(r, &fresh, NULL) == 0;
+            if (got && cl_info_knows_less(c, &fresh))
+                cl_info_free(&fresh);
+            else if (got)
                 cl_take_info(c, &fresh, now);
             /* a refusal keeps the last info: serving goes on in the current epoch */
         }
