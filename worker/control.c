@@ -649,8 +649,13 @@ static void wctl_read_monitor(wctl *w)
     char why[512];
     auth_event ev;
     while (w->mon && (ev = auth_monitor_read(w->mon, why, sizeof why)) != AUTH_EV_NOTHING) {
-        if (ev == AUTH_EV_OK)
+        if (ev == AUTH_EV_OK) {
             w->failed_handshakes = 0;
+            /* a coordinator that completed a handshake is alive: its WELCOME gets a whole
+             * liveness window (a REGISTER queued while it was away just reached a restarted
+             * one; giving up now made the WELCOME land on a retired socket, a backoff lost) */
+            w->last_heard = clk_mono_ms();
+        }
         if (ev == AUTH_EV_FAILED)
             w->failed_handshakes++;
         if (ev != AUTH_EV_REFUSED && w->failed_handshakes < AUTH_FAILED_LIMIT)
