@@ -367,7 +367,7 @@ static void cl_fill_request(epmoe_client *c, struct epmoe_request *r, const epmo
     r->resend_ns = 0;
     r->entry = r->held_at = r->avoid = -1;
     r->waited = r->refused = false;
-    r->n_tried = r->n_sends = 0;
+    r->n_tried = r->n_sends = r->n_not_ready = 0;
     memset(r->sent_mask, 0, sizeof r->sent_mask);
     r->wait_release = false;
     atomic_store(&r->releasing, 0); /* zc_refs is 0: a slot is free only once released */

@@ -60,7 +60,12 @@
 #define CL_MAX_TRIED 4
 /* The largest Result body the client accepts (a message of a few hundred bytes, and times). */
 #define CL_MAX_RESULT_BODY 8192
-#define CL_MSG_MAX         256
+/* An entry between two sessions (a restarted coordinator welcomes it again, a reload
+ * re-welcomes it) refuses with ERR_NOT_READY for about a heartbeat: the request goes to the
+ * next member this much later, for at most CL_NOT_READY_TRIES refusals (5 s), then fails. */
+#define CL_NOT_READY_RETRY_MS 50
+#define CL_NOT_READY_TRIES    100
+#define CL_MSG_MAX            256
 
 typedef enum cl_state {
     CL_FREE = 0,
@@ -99,6 +104,7 @@ typedef struct cl_info {
     epmoe_info shape; /* n_members unused here */
     char cluster[64];
     char state[32];    /* the coordinator's word for it (for messages) */
+    int cluster_state; /* Epmoe__ClusterState: what the library decides by */
     bool blocked;      /* CLUSTER_BLOCKED: no placement serves */
     char problem[256]; /* why the cluster is blocked ("" otherwise) */
     uint32_t n_members;
@@ -127,6 +133,7 @@ struct epmoe_request {
     bool refused;            /* an entry refused it for load: EBUSY at the deadline */
     int tried[CL_MAX_TRIED]; /* member indexes it was sent to, in order */
     int n_tried, n_sends;
+    int n_not_ready; /* ERR_NOT_READY refusals taken (CL_NOT_READY_TRIES) */
     uint64_t sent_mask[(EP_MAX_WORKERS + 63) / 64]; /* members whose sockets hold a send */
     atomic_int zc_refs;                             /* input frames libzmq still holds */
     atomic_int releasing; /* the free callback should wake the I/O thread */

@@ -75,8 +75,8 @@ int cl_info_from_reply(const Epmoe__AdminReply *r, cl_info *out, epmoe_error *er
     out->shape.epoch = r->has_current_epoch ? r->current_epoch : r->epoch;
     snprintf(out->cluster, sizeof out->cluster, "%s", r->cluster ? r->cluster : "?");
     snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
-    out->blocked =
-        r->has_cluster_state && r->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
+    out->cluster_state = r->has_cluster_state ? (int)r->cluster_state : 0;
+    out->blocked = out->cluster_state == EPMOE__CLUSTER_STATE__CLUSTER_BLOCKED;
     snprintf(out->problem, sizeof out->problem, "%s", r->problem ? r->problem : "");
     out->members = calloc(r->n_workers + 1, sizeof *out->members);
     if (out->members == NULL)

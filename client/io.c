@@ -458,6 +458,19 @@ static void cl_take_info(epmoe_client *c, cl_info *fresh, int64_t now)
     cl_info_free(&old);
 }
 
+/* A coordinator forming or loading with no member ready (restarted: its workers are
+ * registering again) knows less than the last view, whose entries serve on meanwhile. */
+static bool cl_info_knows_less(const epmoe_client *c, const cl_info *fresh)
+{
+    if (fresh->cluster_state != EPMOE__CLUSTER_STATE__CLUSTER_FORMING &&
+        fresh->cluster_state != EPMOE__CLUSTER_STATE__CLUSTER_LOADING)
+        return false;
+    for (uint32_t i = 0; i < fresh->n_members; i++)
+        if (fresh->members[i].ready)
+            return false;
+    return cl_has_ready_entry(c);
+}
+
 static void cl_on_admin(epmoe_client *c, int64_t now)
 {
     for (int k = 0; k < 16; k++) {
@@ -475,7 +488,10 @@ static void cl_on_admin(epmoe_client *c, int64_t now)
             cl_info fresh;
             c->info_id = 0;
             c->info_stale = false;
-            if (cl_info_from_reply(r, &fresh, NULL) == 0)
+            bool got = cl_info_from_reply(r, &fresh, NULL) == 0;
+            if (got && cl_info_knows_less(c, &fresh))
+                cl_info_free(&fresh);
+            else if (got)
                 cl_take_info(c, &fresh, now);
             /* a refusal keeps the last info: serving goes on in the current epoch */
         }
@@ -631,6 +647,15 @@ static void cl_on_result(epmoe_client *c, int i, const Epmoe__Result *res, const
     if (code == EPMOE__ERROR_CODE__ERR_SHUTTING_DOWN && now < r->deadline_ns) {
         /* the entry is stopping (not the request failing): another member takes it now */
         r->resend_ns = now;
+        return;
+    }
+    int64_t retry_ns = clk_mono_ns() + (int64_t)CL_NOT_READY_RETRY_MS * 1000000;
+    if (code == EPMOE__ERROR_CODE__ERR_NOT_READY && r->n_not_ready < CL_NOT_READY_TRIES &&
+        retry_ns < r->deadline_ns) {
+        /* an entry between sessions (welcomed again after a coordinator restart or a reload):
+         * not this request's failure; the next member shortly (cl_timers) */
+        r->n_not_ready++;
+        r->resend_ns = retry_ns;
         return;
     }
     r->remote_code = code;

@@ -867,6 +867,26 @@ int auth_zap_allow(auth_zap *z, const char *domain, auth_list *list, ep_err *err
     return rc;
 }
 
+bool auth_admits(const char *domain, const char *name)
+{
+    bool found = false;
+    pthread_mutex_lock(&auth_current_mu);
+    auth_zap *z = auth_current;
+    if (z != NULL && name != NULL) {
+        pthread_mutex_lock(&z->mu);
+        for (int i = 0; i < z->n_domains && !found; i++) {
+            const auth_list *l = z->domains[i].list;
+            if (strcmp(z->domains[i].name, domain) != 0 || l == NULL)
+                continue;
+            for (int k = 0; k < l->n && !found; k++)
+                found = strcmp(l->e[k].name, name) == 0;
+        }
+        pthread_mutex_unlock(&z->mu);
+    }
+    pthread_mutex_unlock(&auth_current_mu);
+    return found;
+}
+
 uint64_t auth_zap_refused(auth_zap *z)
 {
     return atomic_load(&z->refused);

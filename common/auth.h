@@ -116,6 +116,11 @@ void auth_zap_stop(auth_zap **self_p);
 int auth_zap_allow(auth_zap *z, const char *domain, auth_list *list, ep_err *err);
 /* Connections refused so far (for tests and logs). */
 uint64_t auth_zap_refused(auth_zap *z);
+/* Whether name (a connection's ZAP user id, wire_user_id) is still a name in domain's current
+ * allow-list of this process's handler: a connection admitted before a reload removed its key
+ * is told apart by this (libzmq cannot close one connection of a server socket). False when
+ * name is NULL or no handler runs. */
+bool auth_admits(const char *domain, const char *name);
 
 /* ---- sockets ---- */
 /* Make sock a CURVE server with kp whose clients the ZAP handler checks against domain; the

@@ -283,6 +283,28 @@ static void coord_comm_aborted(coord *c, int rank, const wire_msg *m)
     wire_free_unpacked(f ? &f->base : NULL);
 }
 
+/* A coordinator that was restarted keeps the session its workers serve in: the first REGISTER
+ * of a spec worker that names one sets it, before anyone is welcomed (Register.session). The
+ * workers welcomed again one after the other then keep exchanging their requests' DISPATCHes
+ * (a new random session made each drop those of the others, silently, until the client's
+ * resend). */
+static void coord_adopt_session(coord *c, const wire_msg *m)
+{
+    if (c->session_fixed)
+        return;
+    Epmoe__Register *r = (Epmoe__Register *)wire_unpack(&epmoe__register__descriptor, m, NULL);
+    if (r != NULL && r->name != NULL && spec_find_worker(c->spec, r->name) != NULL) {
+        c->session_fixed = true;
+        if (r->has_session && r->session != 0 && r->session != c->session) {
+            c->session = r->session;
+            log_info("session %016llx of worker %s taken over (its session before this "
+                     "coordinator started)",
+                     (unsigned long long)c->session, r->name);
+        }
+    }
+    wire_free_unpacked(r ? &r->base : NULL);
+}
+
 /* One message from the worker socket: the registry says who sent it; step answers go to the
  * sequencer (and, on the NCCL plane, failures to the communicator too), NCCL bootstrap answers to
  * the communicator, lifecycle messages to the registry. */
@@ -296,6 +318,8 @@ static void coord_on_worker(coord *c, const wire_msg *m)
         return;
     }
     if (m->type == EPMOE__MSG_TYPE__MSG_REGISTER) {
+        coord_adopt_session(c, m);
+        renv = coord_reg_env(c);
         reg_on_register(c->reg, &renv, m, &c->out);
         return;
     }

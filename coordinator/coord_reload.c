@@ -103,15 +103,25 @@ static void coord_swap_keys(coord *c)
     keys_free(&c->keys);
     c->keys = c->rl_keys;
     memset(&c->rl_keys, 0, sizeof c->rl_keys);
+    /* the workers' client endpoints too, at once: a key removed from client_keys is served
+     * no more (nothing else in the reload needs to welcome anyone) */
+    reg_env renv = coord_reg_env(c);
+    reg_send_client_keys(c->reg, &renv, &c->out);
 }
 
-/* Swap the validated reload in (no step is in flight). */
+/* Swap the validated reload in (no step is in flight). The same workers in the same ranks keep
+ * the registry and the placement in force (a rebalanced one is not replaced by the spec's: the
+ * rules may change, as in any reload); when what WELCOME tells them changed too (timeouts,
+ * dispatch, endpoints) each is welcomed again into the latest epoch, keeping all it loaded, and
+ * its clients' requests wait for it or go to another member (libepmoe, ERR_NOT_READY). A
+ * rebalance being prepared is abandoned with a new world (coord_swap_world). */
 void coord_swap_reload(coord *c)
 {
     rl_plan *rl = &c->reload;
     ep_err err;
     int rc = 0;
-    if (rl->world_changed) {
+    bool staging = plan_phase_of(c->pe) == PLAN_STAGING;
+    if (rl->world_changed && (rl->ranks_changed || staging)) {
         rc = coord_swap_world(c, &err);
     } else if (plan_reconfigure(c->pe, rl->base, rl->spec->rejoin,
                                 rl->spec->max_experts_per_worker) != 0) {
@@ -123,7 +133,16 @@ void coord_swap_reload(coord *c)
         c->spec = rl->spec;
         rl->spec = NULL;
         coord_restat(c, c->spec->n_workers, old_window);
-        coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false, "cluster spec reloaded");
+        if (rl->world_changed)
+            cmx_respec(c->mx, c->spec);
+        /* only new rules decide the placement again: the one in force may be a rebalance's */
+        if (rl->placement_changed)
+            coord_replan(c, plan_rejoin(c->pe) == SPEC_REJOIN_RESTORE, false,
+                         "cluster spec reloaded");
+        if (rl->world_changed) {
+            reg_env renv = coord_reg_env(c);
+            reg_rewelcome(c->reg, &renv, &c->out);
+        }
     }
     if (rc != 0) {
         log_error("reload of %s failed while swapping; the old spec keeps serving: %s",

@@ -49,6 +49,7 @@ struct coord {
     mc_config cfg;
     uint64_t config_hash; /* mc_hash(&cfg) */
     uint64_t session;     /* random per start: WELCOME, STEP and the data plane carry it */
+    bool session_fixed;   /* a worker was registered: the session can no longer be taken over */
     keys_cluster keys;    /* security: (spec->secure) */
     keys_cluster rl_keys; /* the keys of a reload waiting to be swapped in */
     auth_zap *zap;        /* security: admits workers and operators by key */

@@ -69,10 +69,13 @@ static int keys_load_clients(const spec_cluster *s, keys_cluster *k, ep_err *err
     return keys_check_client(s, k, err);
 }
 
-/* The keys workers admit on their client endpoints, for WELCOME. */
-static int keys_serving(keys_cluster *k, ep_err *err)
+/* The keys workers admit on their client endpoints, for WELCOME: the clients, and the
+ * operators only when the spec names no client_keys (then epmoectl forward with an operator's
+ * key is the only client there is); with client_keys an operator is no client. */
+static int keys_serving(const spec_cluster *s, keys_cluster *k, ep_err *err)
 {
-    int nc = auth_list_count(k->clients), no = auth_list_count(k->operators);
+    int nc = auth_list_count(k->clients);
+    int no = s->client_keys[0] ? 0 : auth_list_count(k->operators);
     k->serving = calloc((size_t)(nc + no) + 1, sizeof *k->serving);
     if (k->serving == NULL)
         return ep_err_set(err, "out of memory");
@@ -109,7 +112,7 @@ int keys_load(const spec_cluster *s, keys_cluster *k, ep_err *err)
     if (auth_list_count(k->operators) == 0)
         log_warn("%s: security.operator_keys %s holds no *.pub: no operator can use epmoectl",
                  s->file, s->operator_keys);
-    if (keys_load_clients(s, k, err) != 0 || keys_serving(k, err) != 0)
+    if (keys_load_clients(s, k, err) != 0 || keys_serving(s, k, err) != 0)
         goto fail;
     return 0;
 fail:

@@ -31,7 +31,8 @@ typedef struct keys_cluster {
     int n_workers;
     auth_list *operators;
     auth_list *clients; /* empty without security.client_keys */
-    /* WELCOME.client_keys: the keys a worker's client ROUTER admits (clients, then operators);
+    /* WELCOME.client_keys: the keys a worker's client ROUTER admits (the clients; the operators
+     * only without client_keys);
      * data points into the two lists */
     ProtobufCBinaryData *serving;
     int n_serving;

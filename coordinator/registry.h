@@ -194,6 +194,10 @@ void reg_respec(reg_registry *r, const spec_cluster *spec);
 /* Welcome every registered worker again into env->plan (the world changed: ranks, peers or
  * timeouts); they keep what they have loaded that they still own. */
 void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out);
+/* CLIENT_KEYS with env's client keys to every registered worker (a reload re-read them): each
+ * worker's client endpoint admits exactly those from now on, and refuses the SUBMITs of
+ * connections whose key was removed. */
+void reg_send_client_keys(reg_registry *r, const reg_env *env, ob_box *out);
 
 /* Fill a WorkerInfo for admin replies; strings point into the registry and the spec (valid
  * until the next registry change). */

@@ -446,11 +446,13 @@ int reg_sender(reg_registry *r, const reg_env *env, const wire_msg *m, ob_box *o
 {
     reg_worker *w = reg_find_ident(r, m->ident, m->ident_len);
     /* Peers we do not count as registered: never answer an Error (two confused peers would
-     * ping-pong forever), and never a HEARTBEAT — an answer is a sign of life to the worker, so
-     * answering its heartbeats would keep it from ever timing out and registering again (after
-     * a coordinator restart, or once it was declared dead). Other messages get told why. */
-    bool answer =
-        m->type != EPMOE__MSG_TYPE__MSG_ERROR && m->type != EPMOE__MSG_TYPE__MSG_HEARTBEAT;
+     * ping-pong forever), and never a dead worker's HEARTBEAT — an answer is a sign of life to
+     * the worker, so it would never time out and register again. A connection this coordinator
+     * does not know at all (it was restarted) is told ERR_NOT_REGISTERED at its first
+     * HEARTBEAT: the worker registers again at once, keeping its session meanwhile, instead of
+     * liveness heartbeats later. Other messages get told why. */
+    bool answer = m->type != EPMOE__MSG_TYPE__MSG_ERROR &&
+                  (m->type != EPMOE__MSG_TYPE__MSG_HEARTBEAT || w == NULL);
     if (w == NULL) {
         if (answer)
             ob_error(out, OB_TO_WORKER_ID, -1, m->ident, m->ident_len,

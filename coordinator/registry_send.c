@@ -252,3 +252,16 @@ void reg_rewelcome(reg_registry *r, const reg_env *env, ob_box *out)
         reg_send_welcome(r, env, w, out);
     }
 }
+
+void reg_send_client_keys(reg_registry *r, const reg_env *env, ob_box *out)
+{
+    Epmoe__ClientKeys m = EPMOE__CLIENT_KEYS__INIT;
+    m.n_client_keys = env->n_client_keys;
+    m.client_keys = (ProtobufCBinaryData *)env->client_keys;
+    for (int i = 0; i < r->n; i++) {
+        reg_worker *w = &r->w[i];
+        /* after its WELCOME on the same connection (which may hold the old list) */
+        if (reg_registered(w))
+            reg_send(out, w, EPMOE__MSG_TYPE__MSG_CLIENT_KEYS, &m.base);
+    }
+}

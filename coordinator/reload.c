@@ -121,8 +121,12 @@ static bool rl_world_changed(const spec_cluster *n, const spec_cluster *o, char 
     return changed;
 }
 
-static void rl_rules(const spec_cluster *n, const spec_cluster *o, char *buf, size_t cap)
+/* Notes the placement rules that changed; whether one that shapes the placement did. */
+static bool rl_rules(const spec_cluster *n, const spec_cluster *o, char *buf, size_t cap)
 {
+    bool shaped =
+        n->placement != o->placement || n->max_experts_per_worker != o->max_experts_per_worker ||
+        n->redundant_experts != o->redundant_experts || n->expert_groups != o->expert_groups;
     if (n->placement != o->placement)
         rl_note(buf, cap, "placement %s -> %s", spec_placement_name(o->placement),
                 spec_placement_name(n->placement));
@@ -140,6 +144,7 @@ static void rl_rules(const spec_cluster *n, const spec_cluster *o, char *buf, si
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         if (ints[i].was != ints[i].now)
             rl_note(buf, cap, "%s %d -> %d", ints[i].key, ints[i].was, ints[i].now);
+    return shaped;
 }
 
 int rl_build(const char *path, const spec_cluster *old, const mc_config *cfg, uint64_t epoch,
@@ -158,7 +163,10 @@ int rl_build(const char *path, const spec_cluster *old, const mc_config *cfg, ui
         goto fail;
     }
     out->world_changed = rl_world_changed(out->spec, old, out->summary, sizeof out->summary);
-    rl_rules(out->spec, old, out->summary, sizeof out->summary);
+    out->ranks_changed = out->spec->n_workers != old->n_workers;
+    for (int i = 0; i < out->spec->n_workers && !out->ranks_changed; i++)
+        out->ranks_changed = strcmp(out->spec->workers[i].name, old->workers[i].name) != 0;
+    out->placement_changed = rl_rules(out->spec, old, out->summary, sizeof out->summary);
     if (out->summary[0] == '\0')
         snprintf(out->summary, sizeof out->summary, "nothing changed");
     return 0;

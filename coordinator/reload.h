@@ -13,7 +13,9 @@
  * then only the placement rules may differ (placement, rejoin, max_experts_per_worker,
  * redundant_experts, expert_groups, window_steps, rebalance_every_steps) and a new epoch follows
  * if the placement does — or changes, and every worker is welcomed again into the new world
- * (keeping the experts it has loaded and still owns).
+ * (keeping the experts it has loaded and still owns). When the same workers keep the same ranks
+ * (only timeouts, dispatch, gpu_gemm or endpoints changed) the placement in force stays, a
+ * rebalanced one included; only new ranks start from the spec's placement.
  */
 #ifndef EPMOE_RELOAD_H
 #define EPMOE_RELOAD_H
@@ -26,9 +28,13 @@
 #include "coordinator/spec.h"
 
 typedef struct rl_plan {
-    spec_cluster *spec;           /* the new spec (owned; coord.c takes it on the swap) */
-    plan_table *base;             /* its placement (owned) */
-    bool world_changed;           /* every worker is welcomed again */
+    spec_cluster *spec; /* the new spec (owned; coord.c takes it on the swap) */
+    plan_table *base;   /* its placement (owned) */
+    bool world_changed; /* every worker is welcomed again */
+    bool ranks_changed; /* workers added, removed or renumbered: a new registry and planner */
+    /* placement, max_experts_per_worker, redundant_experts or expert_groups changed: the
+     * placement is decided again (from the spec's with rejoin: restore) */
+    bool placement_changed;
     char summary[EP_ERR_MSG_MAX]; /* "workers added: b2; step_timeout_ms 30000 -> 5000" */
 } rl_plan;
 

@@ -79,7 +79,11 @@ typedef struct wctl {
     bool done;
     int exit_code;
     uint64_t staged; /* a staged epoch the executor prepares (0: none) */
-    wmx *mx;         /* metrics, served when WELCOME names an address */
+    /* the executor holds a WELCOME's session (it serves clients in it) until a RESET: kept
+     * while the coordinator is away or restarted, so that serving goes on without it */
+    bool has_session;
+    uint64_t session; /* its id (REGISTER names it: a restarted coordinator takes it over) */
+    wmx *mx;          /* metrics, served when WELCOME names an address */
 } wctl;
 
 static const char *wctl_code_name(int code)
@@ -152,6 +156,8 @@ static void wctl_send_register(wctl *w)
     r.pid = (uint32_t)getpid();
     r.version = EPMOE_VERSION_STRING;
     r.client_endpoint = w->client_endpoint[0] ? w->client_endpoint : NULL;
+    r.has_session = w->has_session;
+    r.session = w->session;
     wctl_send(w, EPMOE__MSG_TYPE__MSG_REGISTER, &r.base);
 }
 
@@ -241,6 +247,7 @@ static int wctl_connect(wctl *w, ep_err *err)
 static void wctl_exec_reset(wctl *w)
 {
     ep_err err;
+    w->has_session = false;
     if (exec_send_cmd(w->exec, EXEC_CMD_RESET, &err) == 0)
         w->resets_pending++;
     else
@@ -302,10 +309,17 @@ static void wctl_on_error(wctl *w, const wire_msg *m)
         sdn_notifyf("STATUS=refused by the coordinator: %s", wctl_code_name(code));
         w->exit_code = WCTL_EXIT_CONFIG;
         w->done = true;
-    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST ||
-               code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
-        /* the coordinator does not (or no longer) count us as registered: start over, after
-         * the backoff */
+    } else if (code == EPMOE__ERROR_CODE__ERR_NOT_REGISTERED) {
+        /* a coordinator that does not know this connection (it was restarted): it placed
+         * nothing anywhere yet, so the session goes on serving until its WELCOME replaces it,
+         * and this worker registers at once (it answers: no backoff can help) */
+        char why[EP_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
+        wctl_backoff_keep(w, why, w->has_session);
+        w->reconnect_at = WCTL_RECONNECT_NOW;
+    } else if (code == EPMOE__ERROR_CODE__ERR_WORKER_LOST) {
+        /* declared dead: the others serve in an epoch without us; start over, after the
+         * backoff */
         char why[EP_ERR_MSG_MAX];
         snprintf(why, sizeof why, "coordinator: %s: %s", wctl_code_name(code), text);
         wctl_backoff(w, why);
@@ -330,26 +344,48 @@ static int wctl_admit_peers(wctl *w, const exec_session *s, ep_err *err)
     return auth_zap_allow(w->zap, AUTH_DOMAIN_DATA, l, err);
 }
 
-/* Admit the clients WELCOME names to the client endpoint (their keys speak for "client"). */
-static int wctl_admit_clients(wctl *w, const Epmoe__Welcome *wm, ep_err *err)
+/* Admit exactly these client keys to the client endpoint (WELCOME.client_keys, or
+ * CLIENT_KEYS after a reload). Each key speaks for its own Z85 text, so that the serving path
+ * can tell a connection whose key a later list no longer holds (auth_admits). */
+static int wctl_admit_clients(wctl *w, const ProtobufCBinaryData *keys, size_t n, const char *what,
+                              ep_err *err)
 {
     auth_list *l = auth_list_new();
     if (l == NULL)
         return ep_err_set(err, "out of memory");
-    for (size_t i = 0; i < wm->n_client_keys; i++) {
-        if (wm->client_keys[i].len != AUTH_KEY_BYTES || i >= AUTH_MAX_KEYS) {
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].len != AUTH_KEY_BYTES || i >= AUTH_MAX_KEYS) {
             auth_list_free(&l);
-            return ep_err_set(err, "WELCOME: client_keys[%zu] has %zu bytes, expected %d", i,
-                              wm->client_keys[i].len, AUTH_KEY_BYTES);
+            return ep_err_set(err, "%s: client_keys[%zu] has %zu bytes, expected %d", what, i,
+                              keys[i].len, AUTH_KEY_BYTES);
         }
-        char name[32];
-        snprintf(name, sizeof name, "client%zu", i);
-        if (auth_list_add(l, wm->client_keys[i].data, name, err) != 0) {
+        char name[AUTH_Z85_LEN + 1];
+        auth_z85(keys[i].data, name);
+        if (auth_list_add(l, keys[i].data, name, err) != 0) {
             auth_list_free(&l);
-            return ep_err_prefix(err, "WELCOME: client_keys");
+            return ep_err_prefix(err, "%s: client_keys", what);
         }
     }
     return auth_zap_allow(w->zap, AUTH_DOMAIN_CLIENTS, l, err);
+}
+
+/* CLIENT_KEYS: a reload changed the client allow-list; it applies at once, session or not. */
+static void wctl_on_client_keys(wctl *w, const wire_msg *m)
+{
+    ep_err err = {0};
+    Epmoe__ClientKeys *k =
+        (Epmoe__ClientKeys *)wire_unpack(&epmoe__client_keys__descriptor, m, &err);
+    if (k != NULL && w->zap == NULL)
+        ep_err_set(&err, "CLIENT_KEYS to a worker without --key");
+    if (k == NULL || w->zap == NULL ||
+        wctl_admit_clients(w, k->client_keys, k->n_client_keys, "CLIENT_KEYS", &err) != 0) {
+        log_error("%s (the old client allow-list stays)", err.msg);
+        wire_send_error(w->dealer, NULL, 0, EPMOE__ERROR_CODE__ERR_BAD_REQUEST,
+                        EPMOE__MSG_TYPE__MSG_CLIENT_KEYS, "worker %s: %s", w->opt->name, err.msg);
+    } else {
+        log_info("client allow-list replaced: %zu keys", k->n_client_keys);
+    }
+    wire_free_unpacked(k ? &k->base : NULL);
 }
 
 static void wctl_on_welcome(wctl *w, const wire_msg *m)
@@ -358,7 +394,8 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     Epmoe__Welcome *wm = (Epmoe__Welcome *)wire_unpack(&epmoe__welcome__descriptor, m, &err);
     exec_session *s = wm ? wctl_welcome_parse(wm, w->opt->key != NULL, &err) : NULL;
     if (s != NULL && w->zap != NULL &&
-        (wctl_admit_peers(w, s, &err) != 0 || wctl_admit_clients(w, wm, &err) != 0))
+        (wctl_admit_peers(w, s, &err) != 0 ||
+         wctl_admit_clients(w, wm->client_keys, wm->n_client_keys, "WELCOME", &err) != 0))
         exec_session_free(&s);
     if (s == NULL) {
         log_error("invalid WELCOME: %s", err.msg);
@@ -385,9 +422,13 @@ static void wctl_on_welcome(wctl *w, const wire_msg *m)
     if (wmx_serve(w->mx, wm->metrics ? wm->metrics : "", &err) != 0)
         log_error("metrics: %s (the worker serves without them)", err.msg);
     uint64_t hash = s->config_hash;
+    uint64_t session = s->session;
     wctl_exec_reset(w);
     if (exec_send_session(w->exec, &s, &err) != 0)
         log_error("executor: %s", err.msg);
+    else
+        w->has_session = true;
+    w->session = session;
     Epmoe__ConfigAck ack = EPMOE__CONFIG_ACK__INIT;
     ack.has_config_hash = ack.has_epoch = 1;
     ack.config_hash = hash;
@@ -565,6 +606,9 @@ static void wctl_on_coordinator(wctl *w, wire_msg *m)
         if (w->state == WCTL_READY)
             wctl_relay(m, exec_pipe(w->exec), false);
         break;
+    case EPMOE__MSG_TYPE__MSG_CLIENT_KEYS:
+        wctl_on_client_keys(w, m);
+        break;
     case EPMOE__MSG_TYPE__MSG_HEARTBEAT:
         break;
     case EPMOE__MSG_TYPE__MSG_SHUTDOWN:
@@ -605,8 +649,13 @@ static void wctl_read_monitor(wctl *w)
     char why[512];
     auth_event ev;
     while (w->mon && (ev = auth_monitor_read(w->mon, why, sizeof why)) != AUTH_EV_NOTHING) {
-        if (ev == AUTH_EV_OK)
+        if (ev == AUTH_EV_OK) {
             w->failed_handshakes = 0;
+            /* a coordinator that completed a handshake is alive: its WELCOME gets a whole
+             * liveness window (a REGISTER queued while it was away just reached a restarted
+             * one; giving up now made the WELCOME land on a retired socket, a backoff lost) */
+            w->last_heard = clk_mono_ms();
+        }
         if (ev == AUTH_EV_FAILED)
             w->failed_handshakes++;
         if (ev != AUTH_EV_REFUSED && w->failed_handshakes < AUTH_FAILED_LIMIT)
@@ -758,7 +807,9 @@ static void wctl_timers(wctl *w)
         char why[128];
         snprintf(why, sizeof why, "coordinator silent for %lld ms",
                  (long long)(now - w->last_heard));
-        wctl_backoff_keep(w, why, wctl_welcomed(w));
+        /* also while registering again after an earlier silence: the session this worker
+         * serves in is the last one it was welcomed into, whatever the link is doing */
+        wctl_backoff_keep(w, why, w->has_session);
     } else if (wctl_welcomed(w) && now >= w->next_heartbeat) {
         Epmoe__Heartbeat hb = EPMOE__HEARTBEAT__INIT;
         hb.has_epoch = 1;

@@ -218,6 +218,12 @@ static void exec_loop(exec_state *st)
             continue;
         exec_handle(st, &m);
         wire_msg_close(&m);
+        /* the requests that waited for what the message brought (an epoch ready after a
+         * WELCOME) start now, not at the next wake-up up to a second later */
+        if (st->srv) {
+            srv_env env = exec_env(st);
+            srv_run(st->srv, &env);
+        }
     }
 }
 

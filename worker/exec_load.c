@@ -74,15 +74,17 @@ static int exec_on_progress(void *ctx, uint64_t done, uint64_t total, int layers
 }
 
 /* Whether the open data plane serves the session's world (rank, peers, endpoints, shapes), in
- * the same coordinator session, and its epoch is newer: then only the placement changes
- * (tpz_set_placement). A plane is never reused for another session (a restarted coordinator), so
- * its messages carry the session it was built for. */
+ * the same coordinator session, and its epoch is not older: then only the placement changes
+ * (tpz_set_placement), or nothing at all when a WELCOME brought the same epoch again (a reload
+ * that changed timeouts: rebinding lost what the peers had in flight to the old sockets). A
+ * plane is never reused for another session (a coordinator started afresh), so its messages
+ * carry the session it was built for. */
 static bool exec_plane_fits(const exec_state *st)
 {
     const exec_session *s = st->session;
     if (st->tp == NULL || st->tp_peers == NULL || s->rank != st->tp_rank ||
         s->world_size != st->tp_world || s->config.hidden_size != st->tp_hidden ||
-        s->config.n_routed_experts != st->tp_experts || s->epoch <= tpz_epoch(st->tp) ||
+        s->config.n_routed_experts != st->tp_experts || s->epoch < tpz_epoch(st->tp) ||
         s->session != tpz_session(st->tp) || strcmp(s->data_endpoint, st->tp_bind) != 0)
         return false;
     for (int r = 0; r < s->world_size; r++)
@@ -133,7 +135,10 @@ static int exec_open_data_plane(exec_state *st, ep_err *err)
     if (owned == NULL)
         return ep_err_set(err, "out of memory");
     if (exec_plane_fits(st)) {
-        int rc = tpz_set_placement_owned(st->tp, s->epoch, owned, err);
+        /* one epoch of a session is one placement: the same epoch again changes nothing */
+        int rc = s->epoch == tpz_epoch(st->tp)
+                     ? 0
+                     : tpz_set_placement_owned(st->tp, s->epoch, owned, err);
         free(owned);
         return rc;
     }

@@ -102,6 +102,7 @@ srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key
     }
     size_t len = sizeof s->endpoint;
     zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &len);
+    s->secure = key != NULL;
     return s;
 fail:
     if (s->sock)
@@ -560,7 +561,13 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
     Epmoe__ErrorCode code;
     srv_req *q = NULL;
     s->stats.submitted++;
-    if (srv_check_submit(env, r, m, &code, &err) != 0) {
+    const char *uid = s->secure ? wire_user_id(m) : NULL;
+    if (s->secure && !auth_admits(AUTH_DOMAIN_CLIENTS, uid)) {
+        /* admitted at its handshake, revoked since by a reload (CLIENT_KEYS) */
+        srv_refuse(s, layer, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_REFUSED,
+                   "the key %s of this connection is no longer admitted (revoked by a reload)",
+                   uid ? uid : "?");
+    } else if (srv_check_submit(env, r, m, &code, &err) != 0) {
         srv_refuse(s, layer, m->ident, m->ident_len, client, seq, code, "%s", err.msg);
     } else if (srv_duplicate(s, client, seq)) {
         wmx_resend(s->mx);

@@ -142,6 +142,7 @@ struct srv_server {
     struct wmx *mx;         /* the worker's metrics, as the executor last lent them */
     uint64_t serving_epoch; /* the epoch env said it serves (0: none), told in every Result */
     void *sock;
+    bool secure; /* CURVE: every SUBMIT's key must still be on the allow-list (auth_admits) */
     char endpoint[EP_MAX_PATH];
     srv_req req[SRV_MAX_REQUESTS];
     uint64_t next_id;

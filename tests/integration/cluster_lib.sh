@@ -7,7 +7,7 @@
 # and removes $TMP (kept when KEEP is set). Ports are picked free (bound to port 0 and released).
 # With SECURE set (non-empty) start_cluster writes a security: section for the keys in $KEYS
 # (coordinator.key, workers/wR.pub, operators/; make them with cluster_keys) and starts each
-# worker with its key.
+# worker with its key; CL_CLIENT_KEYS, when set, is its security.client_keys directory.
 
 cluster_cleanup() {
     touch "$TMP/stop" 2>/dev/null
@@ -118,7 +118,7 @@ start_cluster() {
         done
         if [ -n "${SECURE:-}" ]; then
             echo "security: {coordinator_key: $KEYS/coordinator.key, worker_keys: $KEYS/workers,"
-            echo "           operator_keys: $KEYS/operators}"
+            echo "           operator_keys: $KEYS/operators${CL_CLIENT_KEYS:+, client_keys: $CL_CLIENT_KEYS}}"
         fi
     } >"$SPEC"
     CPIDS=()

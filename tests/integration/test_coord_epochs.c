@@ -18,9 +18,9 @@
  *    the drained worker, stopping it fails nothing, an impossible drain is refused, undrain and
  *    the worker's return give it experts again;
  *  - reload: a broken spec (admin RELOAD and SIGHUP) keeps the old spec serving and the error
- *    names file:line:column; a changed step_timeout_ms welcomes every worker again into a new
- *    epoch; adding workers moves ranks (b0 from 2 to 4) and the new workers get experts when
- *    they join; removing workers sends them SHUTDOWN.
+ *    names file:line:column; a changed step_timeout_ms welcomes every worker again into the
+ *    epoch in force (no new placement); adding workers moves ranks (b0 from 2 to 4) and the
+ *    new workers get experts when they join; removing workers sends them SHUTDOWN.
  *
  * Usage: test_coord_epochs PATH/epmoe-coordinator
  */
@@ -443,7 +443,7 @@ TEST(broken_reload_keeps_the_old_spec_serving)
     FINISH(t);
 }
 
-TEST(reload_new_timeouts_welcomes_everyone_into_a_new_epoch)
+TEST(reload_new_timeouts_welcomes_everyone_into_the_same_epoch)
 {
     itest *t = start_ready(NULL, 0);
     CHECK(t != NULL);
@@ -453,14 +453,22 @@ TEST(reload_new_timeouts_welcomes_everyone_into_a_new_epoch)
     t->o.step_timeout_ms = 7000;
     CHECK_EQ(it_write_spec(t), 0);
     reload_says(t, c, "step_timeout_ms 5000 -> 7000");
-    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
-    for (int i = 0; i < 4; i++)
-        CHECK(t->w[i]->welcome && t->w[i]->welcome->step_timeout_ms == 7000);
+    /* the same workers in the same ranks: welcomed again into the placement in force, which
+     * may be a rebalance's, not into a new epoch of the spec's (issue 26) */
+    bool all = false;
+    for (int64_t end = it_now_ms() + 3000; !all && it_now_ms() < end;) {
+        it_pump(t, 50);
+        all = true;
+        for (int i = 0; i < 4; i++)
+            all = all && t->w[i]->welcome && t->w[i]->welcome->step_timeout_ms == 7000;
+    }
+    CHECK(all);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 1), "ready", 3000), 0);
     forward_ok(t, c, 13, 14);
     /* the same spec again: nothing changes, no new epoch */
     reload_says(t, c, "nothing changed");
     it_pump(t, 200);
-    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 1000), 0);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 1), "ready", 1000), 0);
     FINISH(t);
 }
 
@@ -529,7 +537,7 @@ int main(int argc, char **argv)
     RUN(worker_welcomed_before_an_epoch_is_welcomed_again_into_it);
     RUN(drain_under_load_fails_no_step);
     RUN(broken_reload_keeps_the_old_spec_serving);
-    RUN(reload_new_timeouts_welcomes_everyone_into_a_new_epoch);
+    RUN(reload_new_timeouts_welcomes_everyone_into_the_same_epoch);
     RUN(reload_adds_and_removes_workers);
     return test_report();
 }

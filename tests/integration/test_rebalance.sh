@@ -7,7 +7,8 @@
 #    nothing; `rebalance` applies it through a staged epoch while two clients keep forwarding
 #    without a pause. Every forward before, during and after is byte-identical to
 #    `forward --local`, none fails, the measured balance (STATUS) improves, and only changed
-#    experts moved (the workers read the slots they gained, nothing else).
+#    experts moved (the workers read the slots they gained, nothing else). A reload that
+#    changes only step_timeout_ms keeps the rebalanced placement (issue 26).
 # 2. A 4-worker cluster where every expert has two replicas (redundant_experts = E): kill -9 of
 #    a worker; the cluster is ready again in a new epoch without any worker reading an expert
 #    (slots_read 0), the time from the kill to ready is printed, and forwards stay identical.
@@ -140,6 +141,21 @@ if start_cluster reb "$TMP/m" 4 fp8 "placement: eplb, redundant_experts: 4, wind
     [ "$read_total" = "$moved" ] || fail "workers read $read_total slots, the plan moved $moved"
     "$CTL" --coordinator "$ADMIN" shards --layer 0 >"$TMP/shards.txt" 2>&1 || fail "shards --layer 0"
     grep -q "layer layers.0" "$TMP/shards.txt" || fail "shards --layer 0: $(head -3 "$TMP/shards.txt")"
+    # a reload that changes only step_timeout_ms keeps the rebalanced placement (issue 26,
+    # defect 4: it replaced it by the spec's, the balance went back to where it started)
+    "$CTL" --coordinator "$ADMIN" shards >"$TMP/shards_reb.txt" 2>&1 || fail "shards"
+    sed -i 's/coordinator: {/coordinator: {step_timeout_ms: 25000, /' "$SPEC"
+    "$CTL" --coordinator "$ADMIN" reload >"$TMP/reload.out" 2>&1 || fail "reload: $(cat "$TMP/reload.out")"
+    grep -q "step_timeout_ms 30000 -> 25000" "$TMP/reload.out" || fail "reload said: $(cat "$TMP/reload.out")"
+    "$CTL" --coordinator "$ADMIN" status --wait-ready --wait-timeout 60 >/dev/null 2>&1 ||
+        fail "not ready after the reload"
+    "$CTL" --coordinator "$ADMIN" shards >"$TMP/shards_rl.txt" 2>&1 || fail "shards"
+    if cmp -s "$TMP/shards_reb.txt" "$TMP/shards_rl.txt"; then
+        ok "a reload of step_timeout_ms kept the rebalanced placement"
+    else
+        fail "the reload of step_timeout_ms changed the placement: $(diff "$TMP/shards_reb.txt" "$TMP/shards_rl.txt" | head -6)"
+    fi
+    forward_check reloaded "$TMP/m" 0 "$TMP/hot.st" || fail "after the reload"
     stop_cluster reb
 fi
 
