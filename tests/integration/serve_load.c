@@ -156,14 +156,16 @@ int main(int argc, char **argv)
         for (int i = 0; i < D && !stopping; i++) {
             if (s[i].rq != NULL)
                 continue;
-            epmoe_submit_args a = {.layer = layer,
-                                   .n_tokens = (uint32_t)T,
-                                   .hidden = in.x,
-                                   .token_ids = in.ids,
-                                   .out = s[i].out,
-                                   .topk_ids = s[i].ids,
-                                   .topk_weights = s[i].w,
-                                   .user = &s[i]};
+            epmoe_submit_args a = EPMOE_SUBMIT_ARGS_INIT;
+            a.layer = layer;
+            a.n_tokens = (uint32_t)T;
+            a.hidden_size = (uint32_t)H;
+            a.hidden = in.x;
+            a.token_ids = in.ids;
+            a.out = s[i].out;
+            a.topk_ids = s[i].ids;
+            a.topk_weights = s[i].w;
+            a.user = &s[i];
             if (epmoe_submit(cl, &a, &s[i].rq, &e) != EPMOE_OK) {
                 /* a request refused at once (no member can take it) is a failed one too */
                 if (t.failed++ < 20)
@@ -177,9 +179,10 @@ int main(int argc, char **argv)
         if (rc != 0 || poll(&p, 1, 100) < 0)
             break;
         epmoe_request *fin[16];
-        int n = epmoe_poll(cl, fin, 16);
+        void *user[16];
+        int n = epmoe_poll(cl, fin, user, 16);
         for (int j = 0; j < n; j++) {
-            slot *sl = epmoe_request_user(fin[j]);
+            slot *sl = user[j];
             load_check(&t, sl);
             epmoe_request_free(&sl->rq);
             in_flight--;
