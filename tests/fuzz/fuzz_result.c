@@ -5,7 +5,8 @@
  *
  * Input: one byte (bits 0-1: n - 1 tokens; bit 2: the caller asked for topk_ids and weights)
  * then frames (fuzz_frames.h). Properties: nothing crashes, leaks or writes outside the
- * caller's buffers; a RESULT for another client or seq leaves the request in flight; an
+ * caller's buffers; a RESULT for another client or seq leaves the request in flight; a refusal
+ * for load puts it back in the library's queue (flow control, docs/client.md); an
  * answered request is EPMOE_OK only with out, topk_ids and topk_weights exactly the payloads
  * of [n, H] bf16, [n, k] int32 and [n, k] f32, and otherwise has a failure status and a message.
  */
@@ -39,8 +40,11 @@ static epmoe_client *fuzz_client(void)
     c->id = FUZZ_CLIENT;
     c->max_in_flight = 1;
     c->slots = calloc(1, sizeof *c->slots);
-    if (c->slots == NULL)
+    c->flow = calloc(1, sizeof *c->flow); /* member 0's credit (flow control) */
+    if (c->slots == NULL || c->flow == NULL)
         abort();
+    c->cap_entries = 1;
+    c->flow[0].credit = CL_CREDIT;
     c->info.shape.hidden_size = FUZZ_H;
     c->info.shape.topk = FUZZ_K;
     c->info.n_members = 1;
@@ -78,8 +82,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                 .topk_weights = want_topk ? w : NULL,
                                 .seq = FUZZ_SEQ,
                                 .deadline_ns = INT64_MAX,
-                                .entry = 0};
+                                .entry = 0,
+                                .held_at = -1,
+                                .avoid = -1};
     c->done_head = c->done_tail = NULL;
+    c->queue_head = c->queue_tail = NULL;
+    c->flow[0] = (cl_flow){.credit = CL_CREDIT, .backoff_ms = CL_BUSY_BACKOFF_MS};
     wire_msg *m = fuzz_message(data + 1, size - 1);
     if (m == NULL)
         return 0;
@@ -89,7 +97,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (out[T * FUZZ_H] != canary || ids[T * FUZZ_K] != (int32_t)canary ||
         w[T * FUZZ_K] != (float)canary)
         abort(); /* written past the caller's buffers */
-    if (r->state != CL_FLIGHT) {
+    if (r->state == CL_QUEUED) {
+        /* refused for load: back in the library's queue to be sent again (flow control) */
+        if (c->queue_head != r)
+            abort();
+    } else if (r->state != CL_FLIGHT) {
         if (r->status == EPMOE_OK) {
             if (m->n_payloads != 3 || m->payload_len[0] != (size_t)T * FUZZ_H * 2 ||
                 memcmp(out, m->payload[0], m->payload_len[0]) != 0)
