@@ -77,6 +77,13 @@ struct coord {
     uint64_t steps_since_rebalance;
     int64_t rebalance_ms;     /* when the rebalance in progress was decided (0: none) */
     uint64_t rebalance_epoch; /* its epoch */
+    /* data-plane verdicts (coord_peer.c), per rank, sized for dp_n ranks */
+    int dp_n;
+    int64_t *dp_report;  /* [dp_n * dp_n]: when reporter r last reported x (0: not) */
+    int64_t *dp_until;   /* quarantined until (0: not) */
+    int64_t *dp_verdict; /* the last verdict about the rank */
+    int *dp_strikes;     /* verdicts in a row: the quarantine doubles with each */
+    int64_t dp_due;      /* the next evaluation of the reports (0: none) */
 };
 
 /* "forming", "loading", "ready", "stopping", "blocked" */

@@ -44,7 +44,8 @@ typedef struct exec_session {
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
     bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
-    uint64_t session;                    /* WELCOME.session: STEP and the data plane carry it */
+    int progress_ms;  /* heartbeat_ms x liveness: a peer silent that long is suspect (serve.h) */
+    uint64_t session; /* WELCOME.session: STEP and the data plane carry it */
     uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security, else NULL */
     st_file_print *checkpoint;           /* the coordinator's fingerprint (n_checkpoint files) */
     int n_checkpoint;
