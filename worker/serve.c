@@ -38,6 +38,14 @@ void srv_default_endpoint(const char *data_endpoint, char *out, size_t cap)
     snprintf(out, cap, "tcp://%.*s:*", n, host);
 }
 
+/* EPMOE_TEST_NO_FAILOVER clears it (srv_set_failover): tests measure what replay costs. */
+static bool srv_failover = true;
+
+void srv_set_failover(bool on)
+{
+    srv_failover = on;
+}
+
 srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, ep_err *err)
 {
     srv_server *s = calloc(1, sizeof *s);
@@ -621,6 +629,13 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     srv_heard(s, env, p->peer);
     if (!p->live)
         return; /* replaced by a replay: its slots are another part's */
+    if (c->refused && !srv_failover) {
+        srv_fail(s, q, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+                 "request %llu: rank %d refused its pairs, and replay is off "
+                 "(EPMOE_TEST_NO_FAILOVER)",
+                 (unsigned long long)q->seq, c->src_rank);
+        return;
+    }
     if (c->refused) {
         p->refused = true;
         if (q->retry_at == 0)
@@ -757,7 +772,7 @@ static bool srv_stalled(srv_server *s, const srv_env *env, srv_req *q, int64_t n
 {
     const exec_session *ses = env->session;
     int64_t pt = ses->progress_ms;
-    if (pt <= 0)
+    if (pt <= 0 || !srv_failover)
         return false;
     for (int i = 0; i < q->n_parts; i++) {
         srv_part *p = &q->part[i];
@@ -938,6 +953,13 @@ void srv_epoch_begin(srv_server *s)
         srv_req *q = &s->req[i];
         if (q->phase != SRV_RUNNING)
             continue;
+        if (!srv_failover) {
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+                     "request %llu: the placement changed, and replay is off "
+                     "(EPMOE_TEST_NO_FAILOVER)",
+                     (unsigned long long)q->seq);
+            continue;
+        }
         srv_req_unroute(s, q);
         q->phase = SRV_WAITING;
         q->replayed = true;

@@ -78,4 +78,9 @@ void srv_peer_reports(srv_server *s, const srv_env *env, srv_peer_fn fn, void *c
 
 void srv_get_stats(const srv_server *s, srv_stats *out);
 
+/* EPMOE_TEST_NO_FAILOVER (tests only, set once by main before any server runs): off, an origin
+ * fails a request where it would replay it (a refused part, a suspect peer, a placement change),
+ * so that the fault tolerance's steady-state cost can be measured against a run without it. */
+void srv_set_failover(bool on);
+
 #endif
