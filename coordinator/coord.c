@@ -102,6 +102,7 @@ static void coord_on_lost(coord *c, const ob_event *e)
 {
     const char *name = c->spec->workers[e->rank].name;
     char why[EP_ERR_MSG_MAX + 256];
+    coord_peer_forget(c, e->rank); /* dead for both planes now: it registers afresh */
     int rc = coord_replan(c, false, false, "worker %s lost: %s", name, e->text);
     if (rc > 0)
         snprintf(why, sizeof why,

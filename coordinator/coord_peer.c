@@ -147,6 +147,16 @@ static void coord_dp_quarantine(coord *c, int x, const double *blame)
     coord_replan(c, false, false, "worker %s is cut off from the data plane", name);
 }
 
+void coord_peer_forget(coord *c, int rank)
+{
+    if (rank < 0 || rank >= c->dp_n)
+        return;
+    c->dp_until[rank] = 0;
+    for (int r = 0; r < c->dp_n; r++)
+        c->dp_report[(size_t)r * (size_t)c->dp_n + (size_t)rank] =
+            c->dp_report[(size_t)rank * (size_t)c->dp_n + (size_t)r] = 0;
+}
+
 int64_t coord_peer_due(coord *c)
 {
     int64_t due = c->dp_due > 0 ? c->dp_due : INT64_MAX;

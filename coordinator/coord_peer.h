@@ -31,6 +31,9 @@ bool coord_quarantined(const coord *c, int rank);
 int64_t coord_peer_due(coord *c);
 /* Decide what the reports say, and end the quarantines that are over (each replans). */
 void coord_peer_tick(coord *c);
+/* Rank was declared dead on the control plane: its quarantine ends (it registers afresh; if
+ * its data plane is still cut the origins find it again, and the verdicts in a row count on). */
+void coord_peer_forget(coord *c, int rank);
 void coord_peer_free(coord *c);
 
 #endif
