@@ -135,7 +135,7 @@ fl_heal_data() {
 # fl_numbers T0 RESTORE END: "pause_ms back95_ms reint_ms rate" from the client timelines
 # (fault_numbers.py); RESTORE "-" when nothing comes back.
 fl_numbers() {
-    python3 "$(dirname "${BASH_SOURCE[0]}")/fault_numbers.py" "$1" "$2" "$3" "$TMP"/client?.log.t
+    python3 "$(dirname "${BASH_SOURCE[0]}")/fault_numbers.py" "$1" "$2" "$3" "$TMP"/client[012].log.t
 }
 
 # "STATE CURRENT_EPOCH": the cluster as STATUS reports it ("down 0" when it does not answer).
