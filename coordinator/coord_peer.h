@@ -9,8 +9,9 @@
  * counts 1 / (the number of members R reports) against X: a worker cut off from everyone
  * reports everyone and spreads its blame thin, while the workers that cannot reach it blame
  * it alone. X is quarantined when its blame is at least 1 and larger than that of each of its
- * reporters; otherwise (two members, or one link between two workers cut) nothing is decided
- * and the origins fail the requests that need X, naming it. Evaluated a heartbeat after a
+ * reporters; otherwise (equal blame: two workers reporting each other, as when only the link
+ * between them is cut) nothing is decided and the origins fail the requests that need X,
+ * naming it. Evaluated a heartbeat after a
  * report, so that the reports of one stall meet.
  */
 #ifndef EPMOE_COORD_PEER_H
