@@ -12,6 +12,7 @@
 #     experts), far below the 20 s the cut lasts
 #   - the coordinator logs the verdict about w3 and only about w3
 #   - after the cut heals, w3 owns experts again (its quarantine ends) within REJOIN_S
+#   - no sanitizer report in the daemons' logs (they stop in order; for the ASan build)
 #
 # Before the fix nothing completed for the whole cut and the requests were lost. Prints the
 # four numbers (fault_numbers.py). Needs root and iproute2 (skips with 77 otherwise).
@@ -71,6 +72,16 @@ v=$(tail -n +"$L0" "$TMP/coord.log" | grep "is dead for the data plane")
 echo "$v" | grep -q "worker w3 is dead for the data plane" || bad "no data-plane verdict about w3"
 ! echo "$v" | grep -v "worker w3 " | grep -q . || bad "a verdict about another worker: $(echo "$v" | grep -v "worker w3 " | head -1)"
 for p in "$FL_COORD_PID" "${FL_WPID[@]}"; do kill -0 "$p" 2>/dev/null || bad "process $p died"; done
+# stopped in order, so that an ASan build's reports (leaks at exit) reach the logs
+for p in "${FL_WPID[@]}" "$FL_COORD_PID"; do kill "$p" 2>/dev/null; done
+for ((i = 0; i < 100; i++)); do
+    alive=0
+    for p in "${FL_WPID[@]}" "$FL_COORD_PID"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 1 ] || break
+    sleep 0.1
+done
+! grep -l "Sanitizer\|runtime error" "$TMP"/*.log >/dev/null ||
+    bad "sanitizer reports in $(grep -l "Sanitizer\|runtime error" "$TMP"/*.log | xargs -n1 basename | tr '\n' ' ')"
 if [ "$fails" -ne 0 ]; then
     FL_KEEP=1
     echo "logs kept in $TMP"

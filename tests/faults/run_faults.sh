@@ -406,15 +406,21 @@ FT_S=${FL_FT_S:-10}
 # ft_rate 0|1: sets FT_R, the answers per second (not in $(...): the clients it starts would
 # hold the substitution's pipe open)
 ft_rate() {
-    local ep0 t0
+    local ep0 t0 n0 end
     FT_R=0
     fl_stop_clients
     ep0=$(fl_state | cut -d' ' -f2)
+    n0=$(grep -c "is ready in epoch" "$TMP/coord.log")
     for ((r = 0; r < FL_P; r++)); do kill "${FL_WPID[$r]}"; done
     for ((r = 0; r < FL_P; r++)); do wait "${FL_WPID[$r]}" 2>/dev/null; done
     export EPMOE_TEST_NO_FAILOVER=$1
     for ((r = 0; r < FL_P; r++)); do fl_start_worker "$r"; done
-    ready_epoch $((ep0 + 1)) 60 >/dev/null || { bad "the cluster was not ready again"; return; }
+    # a quick restart keeps the epoch (the workers register again before they are missed):
+    # wait for the four new processes' READY, then for the cluster
+    end=$(($(fl_now) + 60000))
+    until [ "$(grep -c "is ready in epoch" "$TMP/coord.log")" -ge $((n0 + FL_P)) ] ||
+        [ "$(fl_now)" -ge "$end" ]; do sleep 0.1; done
+    ready_epoch "$ep0" 60 >/dev/null || { bad "the cluster was not ready again"; return; }
     fl_start_clients
     sleep 3
     t0=$(fl_now)
