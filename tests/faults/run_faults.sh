@@ -206,13 +206,15 @@ case_end "$ttr" "$bound" "w1's client went on at another entry ($after answered 
 case_begin sigstop_worker
 away_and_back 'kill -STOP "${FL_WPID[1]}"' $((2 * LIVE_MS)) 'kill -CONT "${FL_WPID[1]}"' "$FL_HB" 40 \
     "w1 was stopped"
-case_end "$ttr" "$bound" "declared dead, experts moved; after SIGCONT it registered again"
+case_end "$ttr" "$bound" "declared dead, experts moved; after SIGCONT it registered again" \
+    $((LIVE_MS + 500))
 
 # cut a worker's link for 2 x liveness, then restore it
 case_begin link_down
 away_and_back 'ip -n "${FL_PFX}h4" link set eth0 down' $((2 * LIVE_MS)) \
     'ip -n "${FL_PFX}h4" link set eth0 up' "$FL_HB" 60 "w3's link was down"
-case_end "$ttr" "$bound" "link down: dead, experts moved; link up: w3 registered again"
+case_end "$ttr" "$bound" "link down: dead, experts moved; link up: w3 registered again" \
+    $((LIVE_MS + 500))
 
 # cut w3's data port for 10 s, its control connection healthy: quarantined from the data plane
 # (a new epoch without it) within a progress timeout and a heartbeat; back after its quarantine
