@@ -79,6 +79,7 @@ fl_write_spec() {
         echo "  liveness: $FL_LIVENESS"
         echo "  step_timeout_ms: $FL_STEP_MS"
         echo "model: {path: $MODEL}"
+        [ -z "${FL_SPEC_EXTRA:-}" ] || echo "$FL_SPEC_EXTRA" # e.g. expert_parallel with replicas
         echo "nodes:"
         for ((r = 0; r < FL_P; r++)); do
             echo "  - name: host$((r + 1))"

@@ -17,13 +17,17 @@
 # Before the fix nothing completed for the whole cut and the requests were lost. Prints the
 # four numbers (fault_numbers.py). Needs root and iproute2 (skips with 77 otherwise).
 #
-#   partition.sh CTL_DIR COORDINATOR WORKER [CUT_S]
+# With REPLICAS (the 5th argument, "replicas"): placement eplb with 8 redundant slots, so every
+# expert has a replica on another worker; the origins replay w3's pairs there at once.
+#
+#   partition.sh CTL_DIR COORDINATOR WORKER [CUT_S [replicas]]
 set -u
 CTL=$1/epmoectl
 COORD=$2
 WORKER=$3
 CUT_S=${4:-20}
 . "$(dirname "$0")/lib.sh"
+[ "${5:-}" != replicas ] || FL_SPEC_EXTRA="expert_parallel: {placement: eplb, redundant_experts: 8}"
 
 fl_init
 fl_inputs
