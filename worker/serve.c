@@ -268,8 +268,12 @@ static int srv_plan(srv_server *s, const srv_env *env, srv_req *q, const uint32_
     if (dest == NULL)
         return ep_err_set(err, "out of memory");
     srv_load *ld = count_load && s->load ? &s->load[q->layer] : NULL;
-    for (int r = 0; r < ses->world_size; r++) /* around suspect peers where a replica allows */
+    int64_t now = clk_mono_ms();
+    for (int r = 0; r < ses->world_size; r++) { /* around suspect peers where a replica allows */
+        if (s->suspect_ms[r] > 0 && now - s->suspect_ms[r] >= SRV_SUSPECT_LAPSE * ses->progress_ms)
+            s->suspect_ms[r] = 0; /* lapsed (no part went there meanwhile): tried again */
         s->route_ok[r] = ses->member[r] && !s->suspect_ms[r];
+    }
     dp_route(ses->place, q->layer, ses->rank, q->topk_ids, slots, n, s->route_ok, dest,
              ld ? ld->expert : NULL);
     bool stranded = false; /* a pair whose replicas are all suspect */
