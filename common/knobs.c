@@ -23,6 +23,10 @@ static const knob_def knob_rows[] = {
     {"EPMOE_METRICS_PER_LAYER", KNOB_BOOL, "0", NULL, 0, 0, KNOB_WORKER, KV(metrics_per_layer),
      "1: step histograms by layer and expert pairs by (layer, expert): thousands of series "
      "instead of about 110"},
+    {"EPMOE_TEST_NO_FAILOVER", KNOB_BOOL, "0", NULL, 0, 0, KNOB_WORKER | KNOB_CTL,
+     KV(test_no_failover),
+     "tests only: 1 turns the serving path's fault tolerance off (an entry fails a request "
+     "where it would replay it; epmoectl forward never resends), to measure what it costs"},
     {"EPMOE_COORDINATOR_LISTEN", KNOB_STR, NULL, "an endpoint", 0, 0, KNOB_WORKER,
      KV(coordinator_listen),
      "the worker's --coordinator when the option is not given (the systemd unit's "

@@ -73,6 +73,7 @@ typedef struct knob_values {
     /* the worker */
     const char *coordinator_listen; /* EPMOE_COORDINATOR_LISTEN: --coordinator's default */
     bool metrics_per_layer;         /* EPMOE_METRICS_PER_LAYER */
+    bool test_no_failover;          /* EPMOE_TEST_NO_FAILOVER (worker and epmoectl; tests) */
     const char *nccl_library;       /* EPMOE_NCCL_LIBRARY */
     /* epmoectl */
     const char *coordinator; /* EPMOE_COORDINATOR: --coordinator's default */

@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/sdnotify.h"
 #include "coordinator/coord_state.h"
+#include "coordinator/coord_peer.h"
 #include "coordinator/coord_admin.h"
 #include "coordinator/coord_rebalance.h"
 #include "coordinator/coord_reload.h"
@@ -101,6 +102,7 @@ static void coord_on_lost(coord *c, const ob_event *e)
 {
     const char *name = c->spec->workers[e->rank].name;
     char why[EP_ERR_MSG_MAX + 256];
+    coord_peer_forget(c, e->rank); /* dead for both planes now: it registers afresh */
     int rc = coord_replan(c, false, false, "worker %s lost: %s", name, e->text);
     if (rc > 0)
         snprintf(why, sizeof why,
@@ -261,6 +263,7 @@ static bool coord_worker_type(const coord *c, uint16_t type)
     case EPMOE__MSG_TYPE__MSG_STEP_DONE:
     case EPMOE__MSG_TYPE__MSG_STEP_FAILED:
     case EPMOE__MSG_TYPE__MSG_LOAD_REPORT:
+    case EPMOE__MSG_TYPE__MSG_PEER_UNREACHABLE:
         return true;
     default:
         return false;
@@ -333,6 +336,10 @@ static void coord_on_worker(coord *c, const wire_msg *m)
     }
     if (m->type == EPMOE__MSG_TYPE__MSG_LOAD_REPORT) {
         coord_on_load_report(c, rank, m);
+        return;
+    }
+    if (m->type == EPMOE__MSG_TYPE__MSG_PEER_UNREACHABLE) {
+        coord_on_peer_report(c, rank, m);
         return;
     }
     if (m->type == EPMOE__MSG_TYPE__MSG_STEP_FAILED && c->nb != NULL)
@@ -514,12 +521,19 @@ static void coord_watchdog(coord *c)
     c->next_watchdog_ms = c->now_ms + (int64_t)c->watchdog_ms;
 }
 
+static void coord_peer(coord *c)
+{
+    coord_peer_tick(c);
+    coord_settle(c);
+}
+
 static const coord_timer coord_timer_table[] = {
     {"heartbeat", coord_heartbeat_due, coord_heartbeat, false},
     {"liveness", coord_liveness_due, coord_liveness, false},
     {"step deadlines", coord_steps_due, coord_steps, true},
     {"NCCL bootstrap", coord_comm_due, coord_comm, true},
     {"systemd watchdog", coord_watchdog_due, coord_watchdog, false},
+    {"data-plane verdicts", coord_peer_due, coord_peer, false},
 };
 #define COORD_N_TIMERS (sizeof coord_timer_table / sizeof coord_timer_table[0])
 

@@ -20,6 +20,7 @@
 #include "common/safetensors_model.h"
 #include "common/sdnotify.h"
 #include "coordinator/coord_state.h"
+#include "coordinator/coord_peer.h"
 
 /* Admin messages libzmq may queue per connection before the loop reads them (ZMQ_RCVHWM; the
  * default is 1000): a client sending faster than the loop reads waits in TCP instead of in the
@@ -264,6 +265,7 @@ void coord_destroy(coord **self_p)
     rl_free(&c->reload);
     cmx_destroy(&c->mx);
     stats_destroy(&c->stats);
+    coord_peer_free(c);
     spec_free(&c->spec);
     if (c->sigfd >= 0)
         close(c->sigfd);

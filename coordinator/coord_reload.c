@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "coordinator/coord_state.h"
+#include "coordinator/coord_peer.h"
 
 /* Drains carried over by name into a new planner. */
 static void coord_carry_drains(const plan_epochs *old, const spec_cluster *os, plan_epochs *pe,
@@ -71,6 +72,7 @@ static int coord_swap_world(coord *c, ep_err *err)
     c->spec = rl->spec;
     rl->spec = NULL;
     c->rebalance_ms = 0;
+    coord_peer_free(c); /* ranks may have moved: the data-plane verdicts start afresh */
     coord_restat(c, old_workers, old_window);
     cmx_respec(c->mx, c->spec);
     if (formed) {

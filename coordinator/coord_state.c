@@ -4,6 +4,7 @@
  * beginning of an orderly stop (see coord.h, coord_state.h).
  */
 #include "coordinator/coord_state.h"
+#include "coordinator/coord_peer.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -190,11 +191,12 @@ nb_env coord_nb_env(const coord *c)
                     .all_ready = coord_compute_state(c) == COORD_READY && !c->stop};
 }
 
-/* The ranks that may own experts now: registered, usable, not drained. */
+/* The ranks that may own experts now: registered, usable, not drained, not quarantined from the
+ * data plane (coord_peer.h). */
 void coord_eligible(const coord *c, uint8_t *eligible)
 {
     for (int r = 0; r < c->spec->n_workers; r++)
-        eligible[r] = reg_can_own(c->reg, r) && !plan_drained(c->pe, r);
+        eligible[r] = reg_can_own(c->reg, r) && !plan_drained(c->pe, r) && !coord_quarantined(c, r);
 }
 
 int coord_replan(coord *c, bool from_base, bool force, const char *fmt, ...)

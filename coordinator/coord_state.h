@@ -86,6 +86,13 @@ struct coord {
     uint64_t served_ok, served_failed;
     uint64_t served_in[COORD_RATE_S];
     int64_t served_sec[COORD_RATE_S];
+    /* data-plane verdicts (coord_peer.c), per rank, sized for dp_n ranks */
+    int dp_n;
+    int64_t *dp_report;  /* [dp_n * dp_n]: when reporter r last reported x (0: not) */
+    int64_t *dp_until;   /* quarantined until (0: not) */
+    int64_t *dp_verdict; /* the last verdict about the rank */
+    int *dp_strikes;     /* verdicts in a row: the quarantine doubles with each */
+    int64_t dp_due;      /* the next evaluation of the reports (0: none) */
 };
 
 /* "forming", "loading", "ready", "stopping", "blocked" */

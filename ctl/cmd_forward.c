@@ -32,6 +32,7 @@
 
 #include "common/checkpoint.h"
 #include "common/clock.h"
+#include "common/knobs.h"
 #include "common/limits.h"
 #include "common/model_config.h"
 #include "common/model_msg.h"
@@ -398,6 +399,8 @@ static int fwd_cluster(const cmd_ctx *ctx, const fwd_args *a)
                        .max_in_flight = 1,
                        .timeout_ms = ctx->timeout_ms > 0 ? (uint32_t)ctx->timeout_ms : 0,
                        .connect_timeout_ms = ctx->timeout_ms > 0 ? (uint32_t)ctx->timeout_ms : 0};
+    if (ctx->knobs && ctx->knobs->test_no_failover)
+        o.resend_ms = UINT32_MAX; /* EPMOE_TEST_NO_FAILOVER: never resent to another entry */
     int rc = fwd_keys(ctx, pub, sec, server, &o);
     if (rc != CMD_OK)
         return rc;

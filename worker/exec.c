@@ -120,6 +120,12 @@ static void exec_send_report(void *ctx, const Epmoe__LoadReport *r)
     exec_send(ctx, EPMOE__MSG_TYPE__MSG_LOAD_REPORT, &r->base, NULL, 0);
 }
 
+/* PEER_UNREACHABLE to the coordinator (relayed by the control thread). */
+static void exec_send_peer(void *ctx, const Epmoe__PeerUnreachable *u)
+{
+    exec_send(ctx, EPMOE__MSG_TYPE__MSG_PEER_UNREACHABLE, &u->base, NULL, 0);
+}
+
 /* The serving path's turn: clients' SUBMITs, the data plane's request messages, the queue. */
 static void exec_serve(exec_state *st, bool client_readable)
 {
@@ -130,6 +136,7 @@ static void exec_serve(exec_state *st, bool client_readable)
         srv_on_client(st->srv, &env);
     srv_on_data(st->srv, &env);
     srv_run(st->srv, &env);
+    srv_peer_reports(st->srv, &env, exec_send_peer, st);
     double now = clk_mono_s();
     if (now - st->reported_at >= 1.0 && env.ready) {
         st->reported_at = now;

@@ -21,6 +21,8 @@
 #include "kernels/moe_backend.h"
 #include "worker/transport.h"
 
+/* The least progress timeout of the serving path (exec_session.progress_ms). */
+#define EXEC_MIN_PROGRESS_MS 1000
 /* Default when WELCOME carries no step_timeout_ms. */
 #define EXEC_DEFAULT_STEP_TIMEOUT_MS 60000
 
@@ -44,7 +46,8 @@ typedef struct exec_session {
     mb_gemm_mode gpu_gemm; /* expert GEMM path of a CUDA backend (spec gpu_gemm) */
     bool nccl;             /* data_plane nccl: steps run in worker/step_nccl.c */
     int step_timeout_ms;
-    uint64_t session;                    /* WELCOME.session: STEP and the data plane carry it */
+    int progress_ms;  /* heartbeat_ms x liveness, at least EXEC_MIN_PROGRESS_MS (serve.h) */
+    uint64_t session; /* WELCOME.session: STEP and the data plane carry it */
     uint8_t (*peer_key)[AUTH_KEY_BYTES]; /* [world_size] with security, else NULL */
     st_file_print *checkpoint;           /* the coordinator's fingerprint (n_checkpoint files) */
     int n_checkpoint;

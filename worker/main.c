@@ -24,6 +24,7 @@
 #include "kernels/isa.h"
 #include "kernels/moe_backend.h"
 #include "worker/control.h"
+#include "worker/serve.h"
 #include "worker/transport_comm_lib.h"
 
 #define WORKER_EXIT_USAGE 64
@@ -182,6 +183,7 @@ static int load_knobs(knob_values *kv)
     tpc_nccl_set_library(kv->nccl_library);
     /* the kernels read no environment: their ISA cap is handed over once, before any runs */
     isa_set_cap(isa_cap_parse(kv->isa, kv->gemm));
+    srv_set_failover(!kv->test_no_failover);
     return -1;
 }
 

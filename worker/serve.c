@@ -78,6 +78,14 @@ static int srv_bind(void *sock, const char *endpoint)
     }
 }
 
+/* EPMOE_TEST_NO_FAILOVER clears it (srv_set_failover): tests measure what replay costs. */
+static bool srv_failover = true;
+
+void srv_set_failover(bool on)
+{
+    srv_failover = on;
+}
+
 srv_server *srv_create(void *zctx, const char *endpoint, const auth_keypair *key, int64_t max_frame,
                        ep_err *err)
 {
@@ -141,6 +149,10 @@ static int srv_shape(srv_server *s, const srv_env *env)
     if (s->out_credit && P == s->P && E == s->E && L == s->L)
         return 0;
     free(s->out_credit);
+    free(s->heard_ms);
+    free(s->suspect_ms);
+    free(s->report_due);
+    free(s->route_ok);
     for (int l = 0; s->load && l < s->L; l++) {
         free(s->load[l].expert);
         free(s->load[l].rank);
@@ -150,6 +162,12 @@ static int srv_shape(srv_server *s, const srv_env *env)
     s->E = E;
     s->L = L;
     s->out_credit = calloc((size_t)P, sizeof *s->out_credit);
+    s->heard_ms = calloc((size_t)P, sizeof *s->heard_ms);
+    s->suspect_ms = calloc((size_t)P, sizeof *s->suspect_ms);
+    s->report_due = calloc((size_t)P, 1);
+    s->route_ok = calloc((size_t)P, 1);
+    if (!s->heard_ms || !s->suspect_ms || !s->report_due || !s->route_ok)
+        return -1;
     s->load = calloc((size_t)L, sizeof *s->load);
     for (int l = 0; s->load && l < L; l++) {
         s->load[l].expert = calloc((size_t)E, sizeof(uint32_t));
@@ -282,8 +300,29 @@ static int srv_add_part(srv_req *q, int peer, uint32_t *slot, int n)
         q->part = p;
         q->cap_parts = cap;
     }
-    q->part[q->n_parts++] =
-        (srv_part){.peer = peer, .attempt = q->attempt, .n = n, .slot = slot, .live = true};
+    q->part[q->n_parts++] = (srv_part){.peer = peer,
+                                       .attempt = q->attempt,
+                                       .n = n,
+                                       .slot = slot,
+                                       .live = true,
+                                       .sent_ms = clk_mono_ms()};
+    return 0;
+}
+
+/* The pairs no replica outside the suspect peers takes go to a member as the replica rule
+ * says (a suspect one): they wait there for the coordinator's verdict (srv_stalled). */
+static int srv_route_members(const srv_env *env, const srv_req *q, const uint32_t *slots, int n,
+                             int *dest)
+{
+    const exec_session *ses = env->session;
+    int *all = malloc((size_t)n * sizeof *all + 1);
+    if (all == NULL)
+        return -1;
+    dp_route(ses->place, q->layer, ses->rank, q->topk_ids, slots, n, ses->member, all, NULL);
+    for (int i = 0; i < n; i++)
+        if (dest[i] == -2)
+            dest[i] = all[i];
+    free(all);
     return 0;
 }
 
@@ -296,8 +335,21 @@ static int srv_plan(srv_server *s, const srv_env *env, srv_req *q, const uint32_
     if (dest == NULL)
         return ep_err_set(err, "out of memory");
     srv_load *ld = count_load && s->load ? &s->load[q->layer] : NULL;
-    dp_route(ses->place, q->layer, ses->rank, q->topk_ids, slots, n, ses->member, dest,
+    int64_t now = clk_mono_ms();
+    for (int r = 0; r < ses->world_size; r++) { /* around suspect peers where a replica allows */
+        if (s->suspect_ms[r] > 0 && now - s->suspect_ms[r] >= SRV_SUSPECT_LAPSE * ses->progress_ms)
+            s->suspect_ms[r] = 0; /* lapsed (no part went there meanwhile): tried again */
+        s->route_ok[r] = ses->member[r] && !s->suspect_ms[r];
+    }
+    dp_route(ses->place, q->layer, ses->rank, q->topk_ids, slots, n, s->route_ok, dest,
              ld ? ld->expert : NULL);
+    bool stranded = false; /* a pair whose replicas are all suspect */
+    for (int i = 0; i < n && !stranded; i++)
+        stranded = dest[i] == -2;
+    if (stranded && srv_route_members(env, q, slots, n, dest) != 0) {
+        free(dest);
+        return ep_err_set(err, "out of memory");
+    }
     for (int i = 0; i < n; i++)
         if (dest[i] == -2) {
             free(dest);
@@ -368,6 +420,7 @@ static int srv_send_part(srv_server *s, const srv_env *env, srv_req *q, int i, e
         s->load[q->layer].messages++;
     }
     p->sent = p->credit = true;
+    p->sent_ms = clk_mono_ms();
     s->out_credit[p->peer]++;
     return 0;
 }
@@ -658,6 +711,19 @@ bool srv_awaits(void *ctx, uint64_t request, uint32_t attempt, int src_rank)
     return false;
 }
 
+/* A COMBINE (or a refusal) from peer: it makes progress; a suspicion of it ends. Only answers
+ * count: a peer cut off from this origin's DISPATCHes may still send its own. */
+static void srv_heard(srv_server *s, const srv_env *env, int peer)
+{
+    s->heard_ms[peer] = clk_mono_ms();
+    if (s->suspect_ms[peer] == 0)
+        return;
+    log_info("serving: rank %d (%s) answers again; no longer suspect", peer,
+             env->session->peer_name[peer]);
+    s->suspect_ms[peer] = 0;
+    s->report_due[peer] = 0;
+}
+
 static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
 {
     srv_req *q = srv_find(s, c->request);
@@ -674,8 +740,16 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
     if (p->credit)
         s->out_credit[p->peer]--;
     p->credit = false;
+    srv_heard(s, env, p->peer);
     if (!p->live)
         return; /* replaced by a replay: its slots are another part's */
+    if (c->refused && !srv_failover) {
+        srv_fail(s, q, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+                 "request %llu: rank %d refused its pairs, and replay is off "
+                 "(EPMOE_TEST_NO_FAILOVER)",
+                 (unsigned long long)q->seq, c->src_rank);
+        return;
+    }
     if (c->refused) {
         p->refused = true;
         if (q->retry_at == 0)
@@ -690,7 +764,6 @@ static void srv_on_combine(srv_server *s, const srv_env *env, tp_msg *c)
         memcpy(q->eo + (size_t)p->slot[j] * H, c->out + (size_t)j * H, H * 2);
     p->done = true;
     q->t_back = clk_mono_s();
-    (void)env;
 }
 
 void srv_on_data(srv_server *s, const srv_env *env)
@@ -809,6 +882,62 @@ static void srv_missing(const srv_req *q, const srv_env *env, char *buf, size_t 
                  env->ready ? "ready" : "not ready");
 }
 
+/* Peer has answered none of this origin's DISPATCHes for the progress timeout: suspect from
+ * now, to be reported to the coordinator (srv_peer_reports). */
+static void srv_suspect(srv_server *s, const srv_env *env, int peer, int64_t now)
+{
+    s->suspect_ms[peer] = now;
+    s->report_due[peer] = 1;
+    s->stats.suspicions++;
+    log_warn("serving: rank %d (%s) answered none of this worker's DISPATCHes for %lld ms "
+             "(the data plane to it is cut?); routing around it where a replica allows, "
+             "reporting it to the coordinator",
+             peer, env->session->peer_name[peer],
+             (long long)(now - (s->heard_ms[peer] > 0 ? s->heard_ms[peer]
+                                                      : now - env->session->progress_ms)));
+}
+
+/* The progress timeout of q's parts: a peer silent for it becomes suspect; parts sent to a
+ * suspect peer before the suspicion are replayed (srv_replay routes around it where a replica
+ * allows); a part that still waits for a suspect peer a progress timeout after the suspicion
+ * (no replica elsewhere, and no new epoch from the coordinator's verdict) fails the request,
+ * naming the peer. Returns true when q failed. */
+static bool srv_stalled(srv_server *s, const srv_env *env, srv_req *q, int64_t now)
+{
+    const exec_session *ses = env->session;
+    int64_t pt = ses->progress_ms;
+    if (pt <= 0 || !srv_failover)
+        return false;
+    for (int i = 0; i < q->n_parts; i++) {
+        srv_part *p = &q->part[i];
+        int x = p->peer;
+        if (!p->live || p->done || p->refused || x == ses->rank)
+            continue;
+        if (s->suspect_ms[x] > 0 && now - s->suspect_ms[x] >= SRV_SUSPECT_LAPSE * pt) {
+            s->suspect_ms[x] = 0; /* lapsed: the peer is tried again */
+            s->report_due[x] = 0;
+        }
+        if (s->suspect_ms[x] == 0 && now - p->sent_ms >= pt && now - s->heard_ms[x] >= pt)
+            srv_suspect(s, env, x, now);
+        if (s->suspect_ms[x] == 0)
+            continue;
+        if (p->sent_ms < s->suspect_ms[x]) { /* planned before the suspicion: plan again */
+            p->refused = true;
+            q->retry_at = now;
+        } else if (now - s->suspect_ms[x] >= pt) {
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+                     "request %llu (layer %d): rank %d (%s) has answered none of the entry's "
+                     "DISPATCHes for %lld ms (the data plane to it is cut?) and holds experts "
+                     "with no replica elsewhere; reported to the coordinator, which has not "
+                     "moved them",
+                     (unsigned long long)q->seq, q->layer, x, ses->peer_name[x],
+                     (long long)(now - s->suspect_ms[x] + pt));
+            return true;
+        }
+    }
+    return false;
+}
+
 static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, int64_t now)
 {
     ep_err err = {0};
@@ -833,6 +962,8 @@ static void srv_step_req(srv_server *s, const srv_env *env, srv_req *q, int64_t 
             srv_fail(s, q, EPMOE__ERROR_CODE__ERR_STEP_FAILED, "%s", err.msg);
             return;
         }
+    if (srv_stalled(s, env, q, now))
+        return; /* failed */
     if (q->retry_at > 0 && now >= q->retry_at) {
         q->retry_at = 0;
         q->backoff = q->backoff * 2 < SRV_RETRY_MAX_MS ? q->backoff * 2 : SRV_RETRY_MAX_MS;
@@ -951,6 +1082,9 @@ int64_t srv_idle_timeout_ms(const srv_server *s)
         int64_t d = q->deadline - now;
         if (q->retry_at > 0 && q->retry_at - now < d)
             d = q->retry_at - now;
+        for (int j = 0; j < q->n_parts; j++) /* progress timeouts: checked every 50 ms */
+            if (q->part[j].live && !q->part[j].done && d > 50)
+                d = 50;
         if (d < t)
             t = d;
     }
@@ -965,6 +1099,13 @@ void srv_epoch_begin(srv_server *s)
         srv_req *q = &s->req[i];
         if (q->phase != SRV_RUNNING)
             continue;
+        if (!srv_failover) {
+            srv_fail(s, q, EPMOE__ERROR_CODE__ERR_WORKER_LOST,
+                     "request %llu: the placement changed, and replay is off "
+                     "(EPMOE_TEST_NO_FAILOVER)",
+                     (unsigned long long)q->seq);
+            continue;
+        }
         srv_req_unroute(s, q);
         q->phase = SRV_WAITING;
         q->replayed = true;
@@ -980,6 +1121,11 @@ void srv_epoch_begin(srv_server *s)
     s->n_jobs = n;
     if (s->out_credit)
         memset(s->out_credit, 0, (size_t)s->P * sizeof *s->out_credit);
+    /* the new placement is the coordinator's answer to what was reported: try every peer */
+    if (s->suspect_ms)
+        memset(s->suspect_ms, 0, (size_t)s->P * sizeof *s->suspect_ms);
+    if (s->report_due)
+        memset(s->report_due, 0, (size_t)s->P);
 }
 
 void srv_epoch_end(srv_server *s, const srv_env *env)
@@ -1089,6 +1235,25 @@ void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx)
     free(buf);
 }
 
+void srv_peer_reports(srv_server *s, const srv_env *env, srv_peer_fn fn, void *ctx)
+{
+    if (env->session == NULL || s->report_due == NULL || s->P != env->session->world_size)
+        return;
+    for (int r = 0; r < s->P; r++) {
+        if (!s->report_due[r])
+            continue;
+        s->report_due[r] = 0;
+        Epmoe__PeerUnreachable u = EPMOE__PEER_UNREACHABLE__INIT;
+        u.has_epoch = u.has_rank = u.has_silent_ms = 1;
+        u.epoch = env->session->epoch;
+        u.rank = (uint32_t)r;
+        int64_t since =
+            s->heard_ms[r] > 0 ? s->heard_ms[r] : s->suspect_ms[r] - env->session->progress_ms;
+        u.silent_ms = (uint32_t)(clk_mono_ms() - since);
+        fn(ctx, &u);
+    }
+}
+
 void srv_destroy(srv_server **self_p)
 {
     srv_server *s = *self_p;
@@ -1116,6 +1281,10 @@ void srv_destroy(srv_server **self_p)
             tpz_msg_release(&s->job[j].msg);
     free(s->job);
     free(s->out_credit);
+    free(s->heard_ms);
+    free(s->suspect_ms);
+    free(s->report_due);
+    free(s->route_ok);
     for (int l = 0; s->load && l < s->L; l++) {
         free(s->load[l].expert);
         free(s->load[l].rank);

@@ -91,6 +91,16 @@ void srv_epoch_end(srv_server *s, const srv_env *env);
 typedef void (*srv_report_fn)(void *ctx, const Epmoe__LoadReport *r);
 void srv_report(srv_server *s, const srv_env *env, srv_report_fn fn, void *ctx);
 
+/* The peers found suspect since the last call (no COMBINE for the progress timeout), as
+ * PEER_UNREACHABLE bodies: calls fn once per peer (fn sends it to the coordinator). */
+typedef void (*srv_peer_fn)(void *ctx, const Epmoe__PeerUnreachable *u);
+void srv_peer_reports(srv_server *s, const srv_env *env, srv_peer_fn fn, void *ctx);
+
 void srv_get_stats(const srv_server *s, srv_stats *out);
+
+/* EPMOE_TEST_NO_FAILOVER (tests only, set once by main before any server runs): off, an origin
+ * fails a request where it would replay it (a refused part, a suspect peer, a placement change),
+ * so that the fault tolerance's steady-state cost can be measured against a run without it. */
+void srv_set_failover(bool on);
 
 #endif

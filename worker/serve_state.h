@@ -41,6 +41,12 @@
 #define SRV_HEARTBEAT_MS 1000
 #define SRV_STALL_MS     10000
 #define SRV_MIN_RATE     (16 << 20)
+/* A peer that answered none of this origin's DISPATCHes for the progress timeout (the
+ * session's liveness window) is suspect: routed around where a replica exists, reported to the
+ * coordinator, whose verdict (a new epoch without it) the requests that need it wait for for
+ * another progress timeout before failing. A suspicion lapses after this many progress
+ * timeouts (the peer is tried again), at a COMBINE from the peer, or at an epoch change. */
+#define SRV_SUSPECT_LAPSE 5
 
 typedef struct srv_server srv_server;
 struct wmx;
@@ -63,6 +69,7 @@ typedef struct srv_stats {
     uint64_t malformed; /* client messages that were no epmoe message (answered Error) */
     uint64_t shared_batches, shared_requests; /* shared-expert calls and the requests in them */
     uint64_t pairs, expert_reads; /* routed pairs served; experts each batch read (distinct) */
+    uint64_t suspicions;          /* peers found silent past the progress timeout */
 } srv_stats;
 #define SRV_MAX_BODY 1024
 
@@ -72,7 +79,8 @@ typedef struct srv_part {
     int n;          /* pairs */
     uint32_t *slot; /* [n] ascending */
     bool live, sent, done, refused;
-    bool credit; /* sent to a peer, its COMBINE not back: holds one of the peer's credits */
+    int64_t sent_ms; /* clk_mono_ms when sent to a peer: its progress timeout runs from here */
+    bool credit;     /* sent to a peer, its COMBINE not back: holds one of the peer's credits */
 } srv_part;
 
 typedef enum srv_phase {
@@ -149,6 +157,10 @@ struct srv_server {
     srv_job *job;
     int n_jobs, cap_jobs;
     int *out_credit; /* [P] live sent parts without their COMBINE, per rank */
+    /* [P] per peer, clk_mono_ms: its last COMBINE to this origin, since when it is suspect
+     * (0: not), and whether the coordinator is still to hear of it */
+    int64_t *heard_ms, *suspect_ms;
+    uint8_t *report_due, *route_ok; /* route_ok: a member and not suspect (srv_plan's scratch) */
     int P, E, L;
     srv_load *load; /* [L] */
     /* the model's main and hash-routed layers (the rest of L are MTP): the requests' kinds */

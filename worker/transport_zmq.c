@@ -316,7 +316,16 @@ int tpz_connect(tpz_transport *tp, const char *const *endpoints, ep_err *err)
         void *s = zmq_socket(tp->zctx, ZMQ_PUSH);
         if (s == NULL)
             return ep_err_set(err, "data plane: zmq_socket(PUSH): %s", zmq_strerror(zmq_errno()));
-        /* a PUSH receives nothing: the smallest bound libzmq takes */
+        /* a PUSH receives nothing: the smallest bound libzmq takes. TCP_MAXRT (Linux:
+         * TCP_USER_TIMEOUT): a connection whose data goes unacknowledged that long is dropped
+         * and made again, so that once a cut data plane heals the peer is reached at once, not
+         * at the next retransmission of a backoff grown during the cut (up to minutes); a
+         * connect that gets no answer is given up and tried again after the same while, for
+         * the SYN's backoff */
+        int maxrt = TPZ_TCP_MAXRT_MS, cto = TPZ_TCP_MAXRT_MS / 2;
+        if (zmq_setsockopt(s, ZMQ_TCP_MAXRT, &maxrt, sizeof maxrt) != 0 ||
+            zmq_setsockopt(s, ZMQ_CONNECT_TIMEOUT, &cto, sizeof cto) != 0)
+            log_debug(LOG_SUB_DATA, "data plane: TCP timeouts: %s", zmq_strerror(zmq_errno()));
         if (wire_socket_defaults(s, TPZ_MAX_BODY, err) != 0 ||
             (tp->secure && auth_client(s, &tp->key, tp->peer_key[r], err) != 0)) {
             zmq_close(s);

@@ -73,6 +73,9 @@
 /* Messages libzmq may queue per peer connection before tpz_pump reads them: a step's DISPATCH
  * and COMBINE, and the serving path's credits of both kinds. */
 #define TPZ_RCVHWM (4 + 2 * TPZ_SERVE_CREDITS)
+/* Milliseconds a data-plane connection may leave data unacknowledged before it is dropped and
+ * made again (ZMQ_TCP_MAXRT): twice the least progress timeout of the serving path. */
+#define TPZ_TCP_MAXRT_MS 2000
 
 typedef struct tpz_transport tpz_transport;
 

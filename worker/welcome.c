@@ -180,5 +180,12 @@ exec_session *wctl_welcome_parse(const Epmoe__Welcome *w, bool secure, ep_err *e
         w->has_step_timeout_ms
             ? (int)(w->step_timeout_ms > 86400000u ? 86400000u : w->step_timeout_ms)
             : EXEC_DEFAULT_STEP_TIMEOUT_MS;
+    /* the coordinator's own liveness window: a worker it would declare dead after this much
+     * silence on the control plane is suspect after as much silence on the data plane; at
+     * least EXEC_MIN_PROGRESS_MS, so that a busy peer of a test cluster with a tiny heartbeat
+     * is not taken for a cut one */
+    s->progress_ms = (int)(w->heartbeat_ms * w->liveness);
+    if (s->progress_ms < EXEC_MIN_PROGRESS_MS)
+        s->progress_ms = EXEC_MIN_PROGRESS_MS;
     return s;
 }

@@ -7,6 +7,8 @@
 #   LOST               no answer within step_timeout_ms + 5 s, tries included
 #   WRONG <why>        answered, but not bit-identical; or an answer that is no answer at all
 #
+# and one line "<ms since the Unix epoch> <kind>" per request to LOG.t, when it ended.
+#
 # A try that gets no answer within a third of that bound (the coordinator died with the
 # request) is sent again on a new connection while the bound allows: a forward is a pure
 # function of its input, so resending it is safe, and a request is lost only when the cluster
@@ -63,7 +65,10 @@ one_request() {
 # again, and every request counts
 [ -e "$LOG" ] || : >"$LOG"
 while [ ! -e "$STOP" ]; do
-    one_request >>"$LOG"
+    line=$(one_request)
+    echo "$line" >>"$LOG"
+    # the timeline the suite's numbers come from (fault_numbers.py): when each request ended
+    echo "$(now_ms) ${line%% *}" >>"$LOG.t"
     sleep 0.05
 done
 rm -f "$OUT" "$ERR"

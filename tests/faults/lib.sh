@@ -79,6 +79,7 @@ fl_write_spec() {
         echo "  liveness: $FL_LIVENESS"
         echo "  step_timeout_ms: $FL_STEP_MS"
         echo "model: {path: $MODEL}"
+        [ -z "${FL_SPEC_EXTRA:-}" ] || echo "$FL_SPEC_EXTRA" # e.g. expert_parallel with replicas
         echo "nodes:"
         for ((r = 0; r < FL_P; r++)); do
             echo "  - name: host$((r + 1))"
@@ -107,6 +108,36 @@ fl_start_worker() {
 }
 
 fl_ctl() { fl_on 0 "$CTL" --coordinator "$ADMIN" "$@"; }
+
+# fl_cut_data HOST / fl_heal_data HOST: drop every packet of the data plane (TCP port 7500) to
+# and from a worker's host, both directions, its control connection (7400) and client endpoint
+# untouched: a partition of the data port. With iproute2's tc only: an htb class whose pfifo
+# holds nothing (limit 0) takes the data port's packets, on the host's eth0 (what it sends)
+# and on the bridge's end of its veth (what it receives).
+fl_tc_drop() {
+    local ns=$1 dev=$2
+    ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 1 r2q 100000 &&
+        ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:1 htb rate 10gbit &&
+        ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:2 htb rate 10gbit &&
+        ip netns exec "$ns" tc qdisc add dev "$dev" parent 1:2 handle 20: pfifo limit 0 &&
+        ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+            match ip dport 7500 0xffff flowid 1:2 &&
+        ip netns exec "$ns" tc filter add dev "$dev" parent 1: protocol ip prio 2 u32 \
+            match ip sport 7500 0xffff flowid 1:2
+}
+fl_cut_data() {
+    fl_tc_drop "${FL_PFX}h$1" eth0 && fl_tc_drop "${FL_PFX}br" "${FL_PFX}v$1"
+}
+fl_heal_data() {
+    ip netns exec "${FL_PFX}h$1" tc qdisc del dev eth0 root
+    ip netns exec "${FL_PFX}br" tc qdisc del dev "${FL_PFX}v$1" root
+}
+
+# fl_numbers T0 RESTORE END: "pause_ms back95_ms reint_ms rate" from the client timelines
+# (fault_numbers.py); RESTORE "-" when nothing comes back.
+fl_numbers() {
+    python3 "$(dirname "${BASH_SOURCE[0]}")/fault_numbers.py" "$1" "$2" "$3" "$TMP"/client[012].log.t
+}
 
 # "STATE CURRENT_EPOCH": the cluster as STATUS reports it ("down 0" when it does not answer).
 fl_state() {

@@ -20,7 +20,10 @@
  *  - reload: a broken spec (admin RELOAD and SIGHUP) keeps the old spec serving and the error
  *    names file:line:column; a changed step_timeout_ms welcomes every worker again into the
  *    epoch in force (no new placement); adding workers moves ranks (b0 from 2 to 4) and the
- *    new workers get experts when they join; removing workers sends them SHUTDOWN.
+ *    new workers get experts when they join; removing workers sends them SHUTDOWN;
+ *  - data-plane verdicts (issue 26): b1, reported by a0 and itself reporting everyone, is
+ *    quarantined (a new epoch without it, its control connection kept) and a member again when
+ *    the quarantine ends; two workers reporting each other convict nobody.
  *
  * Usage: test_coord_epochs PATH/epmoe-coordinator
  */
@@ -472,6 +475,55 @@ TEST(reload_new_timeouts_welcomes_everyone_into_the_same_epoch)
     FINISH(t);
 }
 
+/* PEER_UNREACHABLE from w about rank x in the current epoch. */
+static void report_peer(itest *t, int w, int x)
+{
+    Epmoe__PeerUnreachable u = EPMOE__PEER_UNREACHABLE__INIT;
+    u.has_epoch = u.has_rank = u.has_silent_ms = 1;
+    u.epoch = t->w[w]->epoch;
+    u.rank = (uint32_t)x;
+    u.silent_ms = 600;
+    CHECK_EQ(it_worker_send(t->w[w], EPMOE__MSG_TYPE__MSG_PEER_UNREACHABLE, &u.base), 0);
+}
+
+TEST(data_plane_verdict_quarantines_the_one_everybody_blames)
+{
+    itest *t = start_ready(NULL, 0);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    it_client *c = it_client_new(t);
+    /* b1 (rank 3) is cut off: it reports everyone, a0 reports b1 */
+    for (int x = 0; x < 3; x++)
+        report_peer(t, 3, x);
+    report_peer(t, 0, 3);
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 2), "ready", 3000), 0);
+    CHECK_EQ(t->w[0]->members, 0x7u);
+    CHECK(log_has(t, "worker b1 is dead for the data plane"));
+    CHECK(!log_has(t, "worker a0 is dead for the data plane"));
+    CHECK_EQ(wait_worker(t, c, 3, "ready", 1000), 0); /* its control connection lives */
+    forward_ok(t, c, 9, 21);
+    /* the quarantine (10 liveness windows: 5 s here) ends: b1 is a member again */
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 3), "ready", 8000), 0);
+    CHECK_EQ(t->w[0]->members, 0xfu);
+    FINISH(t);
+}
+
+TEST(data_plane_reports_of_two_about_each_other_convict_nobody)
+{
+    itest *t = start_ready(NULL, 0);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    report_peer(t, 0, 1);
+    report_peer(t, 1, 0);
+    it_pump(t, 600); /* the verdict comes a heartbeat after a report */
+    CHECK(!log_has(t, "is dead for the data plane"));
+    CHECK_EQ(it_wait_epoch(t, it_epoch(t, 1), "ready", 500), 0);
+    CHECK_EQ(t->w[0]->members, 0xfu);
+    FINISH(t);
+}
+
 TEST(reload_adds_and_removes_workers)
 {
     itest *t = start_ready(NULL, 0);
@@ -539,5 +591,7 @@ int main(int argc, char **argv)
     RUN(broken_reload_keeps_the_old_spec_serving);
     RUN(reload_new_timeouts_welcomes_everyone_into_the_same_epoch);
     RUN(reload_adds_and_removes_workers);
+    RUN(data_plane_verdict_quarantines_the_one_everybody_blames);
+    RUN(data_plane_reports_of_two_about_each_other_convict_nobody);
     return test_report();
 }
