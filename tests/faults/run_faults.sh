@@ -65,9 +65,14 @@ SURVIVED=0
 N_CASES=0
 LIVE_MS=$((FL_HB * FL_LIVENESS))
 
-# Cases whose goals (no failed request; the pause bound) wait for another branch's fix: issue
-# 26 defects 1 (coordinator outage), 2 (coordinator restart) and 4 (reloads that welcome again).
-FL_GOALS_PENDING=${FL_GOALS_PENDING-"kill9_coordinator coordinator_outage reload_rewelcome"}
+# Cases whose goals (no failed request; the pause bound) this suite's clients cannot show yet:
+# client.sh runs one `epmoectl forward` per request, a new libepmoe client each time, and a new
+# client needs the coordinator: it cannot open while the coordinator is down
+# (coordinator_outage), and one opened while a restarted coordinator's workers register again
+# sees no member ready and is refused ENOTREADY at submit (kill9_coordinator). Serving itself
+# loses nothing there: tests/integration/test_coord_loss.sh keeps one client open through a
+# 60 s outage and 10 restarts, 0 failed (issue 26 defects 1 and 2).
+FL_GOALS_PENDING=${FL_GOALS_PENDING-"kill9_coordinator coordinator_outage"}
 # The answers after a case's fault that its numbers need (back95 looks for a 2 s window).
 SETTLE_S=3
 PENDING_LOST=0 # requests lost in cases whose goals are pending (not counted against the suite)
