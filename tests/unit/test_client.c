@@ -1582,7 +1582,10 @@ TEST(a_busy_client_asks_client_info_only_when_the_epoch_changes)
         }
     }
     CHECK_EQ(n_ok, 4 * n);
-    CHECK_EQ(fake_info(f) - asked, 0); /* was: every 500 ms while busy */
+    /* was: every 500 ms while busy (3 or more here). One ask is allowed for the other news the
+     * library acts on (an entry silent for 500 ms with a request: a stall of a loaded machine
+     * under a sanitizer), never the polling's rate. */
+    CHECK(fake_info(f) - asked <= 1);
     pthread_mutex_lock(&f->mu);
     f->epoch = F_EPOCH + 1; /* a new epoch: entries serve it, CLIENT_INFO says it */
     pthread_mutex_unlock(&f->mu);
@@ -1593,7 +1596,7 @@ TEST(a_busy_client_asks_client_info_only_when_the_epoch_changes)
         CHECK_EQ(epmoe_wait(k[0].req, 3000, &err), EPMOE_OK);
         epmoe_request_free(&k[0].req);
     }
-    CHECK_EQ(fake_info(f) - asked, 1);
+    CHECK(fake_info(f) - asked >= 1 && fake_info(f) - asked <= 2); /* the news, (+1 as above) */
     epmoe_info info;
     CHECK(epmoe_info_get(c, &info, &err) == 0 && info.epoch == F_EPOCH + 1);
     epmoe_close(&c);
