@@ -600,6 +600,44 @@ static int srv_req_alloc(srv_req *q, const wire_msg *m, bool has_ids)
     return 0;
 }
 
+/* The connection m came on is closed once its refusal went out (serve_state.h,
+ * SRV_REVOKE_CLOSE_MS): a revoked key keeps no connection open. */
+static void srv_close_later(srv_server *s, const wire_msg *m)
+{
+    int fd = m->n_frames > 0 ? zmq_msg_get((zmq_msg_t *)&m->frames[0], ZMQ_SRCFD) : -1;
+    if (fd < 0 || s->n_revoked >= SRV_MAX_REVOKED)
+        return;
+    for (int i = 0; i < s->n_revoked; i++)
+        if (s->revoked[i].fd == fd)
+            return;
+    srv_revoked *v = &s->revoked[s->n_revoked];
+    v->len = sizeof v->peer;
+    if (getpeername(fd, (struct sockaddr *)&v->peer, &v->len) != 0)
+        return;
+    v->fd = fd;
+    v->at_ms = clk_mono_ms() + SRV_REVOKE_CLOSE_MS;
+    s->n_revoked++;
+}
+
+static void srv_close_revoked(srv_server *s)
+{
+    int64_t now = clk_mono_ms();
+    for (int i = 0; i < s->n_revoked;) {
+        srv_revoked *v = &s->revoked[i];
+        if (now < v->at_ms) {
+            i++;
+            continue;
+        }
+        struct sockaddr_storage peer;
+        socklen_t len = sizeof peer;
+        if (getpeername(v->fd, (struct sockaddr *)&peer, &len) == 0 && len == v->len &&
+            memcmp(&peer, &v->peer, len) == 0 && shutdown(v->fd, SHUT_RDWR) == 0)
+            log_limited(&s->log, SRV_LOG_PER_SEC, LOG_INFO,
+                        "client endpoint: closed a connection whose key a reload revoked");
+        s->revoked[i] = s->revoked[--s->n_revoked];
+    }
+}
+
 static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
 {
     ep_err err = {0};
@@ -620,6 +658,7 @@ static void srv_submit(srv_server *s, const srv_env *env, wire_msg *m)
         srv_refuse(s, layer, m->ident, m->ident_len, client, seq, EPMOE__ERROR_CODE__ERR_REFUSED,
                    "the key %s of this connection is no longer admitted (revoked by a reload)",
                    uid ? uid : "?");
+        srv_close_later(s, m);
     } else if (srv_check_submit(env, r, m, &code, &err) != 0) {
         srv_refuse(s, layer, m->ident, m->ident_len, client, seq, code, "%s", err.msg);
     } else if (srv_duplicate(s, client, seq)) {
@@ -1049,6 +1088,7 @@ static void srv_gauges(const srv_server *s)
 void srv_run(srv_server *s, const srv_env *env)
 {
     srv_lend(s, env);
+    srv_close_revoked(s);
     if (env->session == NULL || srv_shape(s, env) != 0) {
         int64_t now = clk_mono_ms();
         for (int i = 0; i < SRV_MAX_REQUESTS; i++)

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -47,6 +48,19 @@
  * another progress timeout before failing. A suspicion lapses after this many progress
  * timeouts (the peer is tried again), at a COMBINE from the peer, or at an epoch change. */
 #define SRV_SUSPECT_LAPSE 5
+
+/* A connection whose key a reload revoked is closed this long after its refusal went out.
+ * libzmq has no call to drop one peer of a ROUTER: the worker shuts down the connection's
+ * descriptor (ZMQ_SRCFD) and libzmq drops it, after checking that the descriptor still has the
+ * peer address it had at the refusal, so a descriptor reused since is never touched. */
+#define SRV_REVOKE_CLOSE_MS 200
+#define SRV_MAX_REVOKED     16
+typedef struct srv_revoked {
+    int fd;
+    int64_t at_ms; /* clk_mono_ms when it is closed */
+    socklen_t len;
+    struct sockaddr_storage peer;
+} srv_revoked;
 
 typedef struct srv_server srv_server;
 struct wmx;
@@ -168,6 +182,8 @@ struct srv_server {
     srv_stats stats;
     int64_t max_frame; /* the socket's MAXMSGSIZE: the largest frame of a legal SUBMIT */
     log_rate log;      /* lines clients and peers cause: SRV_LOG_PER_SEC a second */
+    srv_revoked revoked[SRV_MAX_REVOKED]; /* connections of revoked keys, to close */
+    int n_revoked;
 };
 
 static inline void *srv_alloc(size_t n)

@@ -6,7 +6,8 @@
 # long-lived libepmoe clients (serve_load), one per key, keep requests in flight. Then
 # engine2.pub is removed and `epmoectl reload`:
 #   - engine2's open connections are served no more: its next requests are refused
-#     (ERR_REFUSED, "no longer admitted") within a few seconds (they were served until the
+#     (ERR_REFUSED, "no longer admitted") within a few seconds and the connection is then
+#     closed by the worker (they were served until the
 #     workers restarted: the allow-list reached them only in WELCOME, and a keys-only reload
 #     welcomed nobody);
 #   - a new connection with engine2's key to a worker's client endpoint is refused by its ZAP
@@ -85,6 +86,16 @@ if start_cluster rev "$TMP/m" 2 fp8; then
         fail "reload: $(cat "$TMP/reload.out")"
     wait_grep 10 "$TMP/engine2.load" "no longer admitted" ||
         fail "engine2's open connections are still served 10 s after the reload that revoked it"
+    # and closed, not only refused: the entry shuts the connection down after its refusal
+    closed=0
+    for _ in $(seq 100); do
+        if grep -q "closed a connection whose key a reload revoked" "$TMP"/rev.w*.log; then
+            closed=1
+            break
+        fi
+        sleep 0.1
+    done
+    [ $closed = 1 ] || fail "engine2's connection was refused but left open 10 s after the reload"
     poke_refused engine2 w1 || fail "w1's client endpoint admits a new connection with the revoked key"
     EPMOE_KEY=$KEYS/engine2.key "$CTL" --coordinator "$ADMIN" forward --layer 1 \
         --input "$TMP/in.st" --output "$TMP/e2.st" >"$TMP/e2.fwd" 2>&1 &&
