@@ -273,7 +273,7 @@ TEST(a_full_connection_that_goes_away_never_stops_the_coordinator)
     if (t == NULL)
         return;
     const char *eps[2] = {t->admin, t->listen};
-    int counts[2] = {64, 1500};
+    int counts[2] = {64, 3000};
     uint8_t tb[2] = {EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, 0};
     for (int e = 0; e < 2; e++) {
         char msg[256];
@@ -282,10 +282,13 @@ TEST(a_full_connection_that_goes_away_never_stops_the_coordinator)
         send_raw_expect_error(t, first, probe, 3, msg, sizeof msg); /* first is connected */
         void *twin = it_raw_dealer(t, eps[e], "full-twin");
         /* the ROUTER reads one message of an ignored connection each time it wakes up on it,
-         * as its routing id: each is the used id again, so none is ever routed */
-        for (int k = 0; k < counts[e]; k++)
-            zmq_send(twin, "full-twin", 9, ZMQ_DONTWAIT);
-        it_pump(t, 50);
+         * as its routing id: each is the used id again, so none is ever routed. A send that
+         * waits 200 ms means every queue on the way is full. */
+        int wait_ms = 200;
+        zmq_setsockopt(twin, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
+        for (int k = 0; k < counts[e] && zmq_send(twin, "full-twin", 9, 0) == 9; k++)
+            ;
+        it_pump(t, 100);
         zmq_close(twin);
         it_pump(t, 10 * 100);
         CHECK_EQ(it_wait_exit(t, 0), -1); /* still running */
