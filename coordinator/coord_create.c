@@ -36,18 +36,28 @@
  * by the NAME/random part (registry.h). MAXMSGSIZE is max_msg, the largest frame a peer of the
  * socket may legitimately send (workers: the model's largest, a [EP_MAX_TOKENS, H] bf16 payload;
  * operators: coord_admin_max_frame), so a peer cannot make the daemon buffer more per frame; with
- * security the socket is a CURVE server whose ZAP domain names its allow-list. */
+ * security the socket is a CURVE server whose ZAP domain names its allow-list.
+ * No ZMQ_HEARTBEAT_IVL either: libzmq 4.3.4 (up to its master) stops reading a connection whose
+ * queue is at RCVHWM, marks it failed without closing it when the peer resets it, and its
+ * heartbeat timer then writes to it: "Assertion failed: !_io_error (stream_engine_base.cpp:331)"
+ * (timer_event -> out_event), 1,000 clients going away with questions queued stopped the
+ * coordinator. Peers' PINGs are still answered, and a worker's carry a TTL (worker/control.c)
+ * after which libzmq closes its silent connection as before; any other dead peer's connection
+ * is found by TCP keepalive (probes after heartbeat x liveness idle, liveness of them a
+ * heartbeat apart, whole seconds), which fails it through the poller, not the timer. */
 static int coord_bind(coord *c, void *sock, const char *ep, spec_pos pos, const char *key,
                       const char *domain, int64_t max_msg, ep_err *err)
 {
     int one = 1;
-    int ivl = c->spec->heartbeat_ms;
-    int timeout = c->spec->heartbeat_ms * c->spec->liveness;
+    int intvl = (c->spec->heartbeat_ms + 999) / 1000; /* seconds, TCP's unit */
+    int idle = intvl * c->spec->liveness, cnt = c->spec->liveness;
     if (wire_socket_defaults(sock, max_msg, err) != 0 ||
         (c->spec->secure && auth_server(sock, &c->keys.coordinator, domain, err) != 0) ||
         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) != 0 ||
-        zmq_setsockopt(sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
-        zmq_setsockopt(sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) != 0) {
+        zmq_setsockopt(sock, ZMQ_TCP_KEEPALIVE, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_TCP_KEEPALIVE_IDLE, &idle, sizeof idle) != 0 ||
+        zmq_setsockopt(sock, ZMQ_TCP_KEEPALIVE_INTVL, &intvl, sizeof intvl) != 0 ||
+        zmq_setsockopt(sock, ZMQ_TCP_KEEPALIVE_CNT, &cnt, sizeof cnt) != 0) {
         if (err->msg[0] == '\0')
             ep_err_set(err, "zmq_setsockopt: %s", zmq_strerror(zmq_errno()));
         return ep_err_prefix(err, "%s:%d:%d: %s", c->spec->file, pos.line, pos.col, key);

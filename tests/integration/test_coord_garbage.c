@@ -11,7 +11,8 @@
  * reported as "REGISTER without a worker name"); a FORWARD of more frames than a socket's
  * MAXMSGSIZE (the model's largest frame) admits never reaches the daemon, which serves on.
  * Connections that share a routing id (which aborted libzmq under ROUTER_HANDOVER) never stop
- * the daemon.
+ * the daemon, nor does a connection that goes away while libzmq has stopped reading it (its
+ * queue full), which aborted libzmq 4.3.4 through the daemon's own ZeroMQ heartbeat.
  *
  * Usage: test_coord_garbage PATH/epmoe-coordinator
  */
@@ -252,6 +253,52 @@ TEST(connections_sharing_a_routing_id_never_stop_the_coordinator)
     FINISH(t);
 }
 
+/* A connection whose queue in the daemon is full, then closed: libzmq 4.3.4 stops reading a
+ * connection whose queue is at RCVHWM; the next PING of the daemon's own ZMQ_HEARTBEAT_IVL to the
+ * closed peer draws a RST, the engine marks itself failed (_io_error) without closing, and the
+ * heartbeat timer after that writes to it: "Assertion failed: !_io_error
+ * (src/stream_engine_base.cpp:331)", exit 134 (the abort of 1,000 polling clients going away,
+ * docs/performance.md). A second connection under a routing id in use is never read by the
+ * ROUTER, so it fills its queue for certain: 8 messages on the admin socket (its RCVHWM), the
+ * default 1000 on the listen socket. The peer goes away at once: libzmq drops a connection
+ * whose PONGs it does not read after ZMQ_HEARTBEAT_TIMEOUT (heartbeat x liveness, here 100 ms x
+ * 30), and the abort needs the PING that draws the RST and the next one before that. */
+TEST(a_full_connection_that_goes_away_never_stops_the_coordinator)
+{
+    it_opts o;
+    it_default_opts(&o);
+    o.liveness = 30;
+    itest *t = it_start(coord_bin, &o);
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    const char *eps[2] = {t->admin, t->listen};
+    int counts[2] = {64, 3000};
+    uint8_t tb[2] = {EPMOE__MSG_TYPE__MSG_ADMIN_REQUEST, 0};
+    for (int e = 0; e < 2; e++) {
+        char msg[256];
+        void *first = it_raw_dealer(t, eps[e], "full-twin");
+        frame probe[3] = {{"EPMOE1", 6}, {tb, 2}, {"", 0}};
+        send_raw_expect_error(t, first, probe, 3, msg, sizeof msg); /* first is connected */
+        void *twin = it_raw_dealer(t, eps[e], "full-twin");
+        /* the ROUTER reads one message of an ignored connection each time it wakes up on it,
+         * as its routing id: each is the used id again, so none is ever routed. A send that
+         * waits 200 ms means every queue on the way is full. */
+        int wait_ms = 200;
+        zmq_setsockopt(twin, ZMQ_SNDTIMEO, &wait_ms, sizeof wait_ms);
+        for (int k = 0; k < counts[e] && zmq_send(twin, "full-twin", 9, 0) == 9; k++)
+            ;
+        it_pump(t, 100);
+        zmq_close(twin);
+        it_pump(t, 10 * 100);
+        CHECK_EQ(it_wait_exit(t, 0), -1); /* still running */
+        zmq_close(first);
+    }
+    Epmoe__AdminReply *r = it_call(t, it_client_new(t), EPMOE__ADMIN_VERB__ADMIN_STATUS, NULL);
+    CHECK(r && r->ok);
+    FINISH(t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -262,5 +309,6 @@ int main(int argc, char **argv)
     RUN(garbage_on_both_sockets_is_answered_and_survived);
     RUN(names_with_nul_bytes_or_of_100kb_are_refused_for_what_they_are);
     RUN(connections_sharing_a_routing_id_never_stop_the_coordinator);
+    RUN(a_full_connection_that_goes_away_never_stops_the_coordinator);
     return test_report();
 }

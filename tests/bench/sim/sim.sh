@@ -63,6 +63,8 @@ c.update(n_routed_experts=int(sys.argv[3]), num_hidden_layers=int(sys.argv[4]),
          hidden_size=int(sys.argv[5]), moe_intermediate_size=int(sys.argv[6]),
          num_hash_layers=0, num_nextn_predict_layers=0, vocab_size=129280,
          compress_ratios=[0] * int(sys.argv[4]))
+if "mlp_layer_types" in c:  # one per layer, all routed (num_hash_layers 0)
+    c["mlp_layer_types"] = ["moe"] * int(sys.argv[4])
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 read -r lport aport <<<"$("$PY" -c "
