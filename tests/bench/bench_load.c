@@ -6,20 +6,25 @@
  *
  *   bench_load --model DIR [--threads N] [--runs R]
  *
- * Each round: the baseline (per layer, its tensors' bytes memcpy'd from the files' mapping into
- * fresh memory: one malloc, so the kernel faults and zeroes it as it does a load's; then
- * freed), then a load of every layer with shard_load, each layer timed by the load's progress
- * (a layer's time runs from the end of the one before), then the layers freed. The first layer
- * of a load reads into memory the process has not touched yet; the later ones show what a
- * shard of many layers costs per layer. Every column is the best of --runs rounds (the machine
- * may be shared: the best round is the least disturbed), as GB/s of checkpoint bytes, and the
- * ratio load ÷ memcpy is taken on them (1.00: loading runs at the speed of a memcpy into fresh
- * memory). The load average at the start and the end is printed with the result.
+ * Each round runs in a fresh child process (as a worker starting or forward --local: nothing of
+ * its memory touched by a load before; in one process glibc may hand an earlier round's freed
+ * memory out again, which flatters a load): first the baseline, per layer its tensors' bytes
+ * memcpy'd from the files' mapping into fresh memory (one anonymous mmap, in the pages the system
+ * gives by default, so the kernel faults and zeroes it as it does a load's; then unmapped), then
+ * a load of every layer with shard_load, each layer timed by the load's progress (a layer's time
+ * runs from the end of the one before). The first layer of a load reads into memory the process
+ * has not touched yet; the later ones show what a shard of many layers costs per layer. Every
+ * column is the best of --runs rounds (the machine may be shared: the best round is the least
+ * disturbed), as GB/s of checkpoint bytes, and the ratio load ÷ memcpy is taken on them (1.00:
+ * loading runs at the speed of a memcpy into fresh memory). The load average at the start and
+ * the end is printed with the result.
  */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench_bounds.h"
@@ -68,8 +73,11 @@ static int layer_tensor(const st_model *m, int i, const char *pfx)
 static double memcpy_fresh(const st_model *m, const char *pfx, uint64_t bytes)
 {
     double a = bench_now();
-    uint8_t *dst = malloc(bytes ? bytes : 1);
-    if (!dst) {
+    /* mmap, not malloc: glibc may serve a large malloc from heap memory an earlier load freed,
+     * which is not fresh (a baseline 3x faster after the first round showed it) */
+    size_t len = bytes ? (size_t)bytes : 1;
+    uint8_t *dst = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dst == MAP_FAILED) {
         fprintf(stderr, "bench_load: out of memory for %llu bytes\n", (unsigned long long)bytes);
         exit(1);
     }
@@ -89,7 +97,7 @@ static double memcpy_fresh(const st_model *m, const char *pfx, uint64_t bytes)
         }
     double s = bench_now() - a;
     __asm__ volatile("" : : "r"(dst) : "memory"); /* the copy happens */
-    free(dst);
+    munmap(dst, len);
     return s;
 }
 
@@ -129,27 +137,62 @@ static void warm_cache(const st_model *m)
 typedef struct bench {
     mc_config c;
     st_model *m;
-    mb_backend *be;
     int L, runs;
     uint64_t bytes[MAX_LAYERS];
     char pfx[MAX_LAYERS][64];
     double cp[MAX_LAYERS][MAX_RUNS], ld[MAX_LAYERS][MAX_RUNS];
 } bench;
 
-static void bench_round(bench *b, int r, uint8_t *want, mb_layer **out)
+/* One round in a fresh child process (a worker starting, forward --local): nothing of the
+ * process's memory has been touched by a load before, as in the case issue 27 measured; an
+ * earlier round's freed memory, which glibc may hand out again, would flatter the load. The
+ * child sends its times back through a pipe. */
+static void round_child(bench *b, const mb_options *o, const uint8_t *want, int fd)
 {
     ep_err err = {0};
+    double t[2 * MAX_LAYERS];
+    mb_layer **out = calloc((size_t)b->L, sizeof *out);
+    mb_backend *be = mb_create(o, &err);
+    if (!out || !be) {
+        fprintf(stderr, "bench_load: %s\n", be ? "out of memory" : err.msg);
+        _exit(1);
+    }
     for (int l = 0; l < b->L; l++)
-        b->cp[l][r] = memcpy_fresh(b->m, b->pfx[l], b->bytes[l]);
-    double t[MAX_LAYERS];
+        t[b->L + l] = memcpy_fresh(b->m, b->pfx[l], b->bytes[l]);
     lctx p = {.t = t, .t_last = bench_now()};
-    if (shard_load(b->be, b->m, &b->c, want, NULL, 1, out, on_progress, &p, &err) != 0) {
+    if (shard_load(be, b->m, &b->c, want, NULL, 1, out, on_progress, &p, &err) != 0) {
         fprintf(stderr, "bench_load: %s\n", err.msg);
+        _exit(1);
+    }
+    size_t n = 2 * (size_t)b->L * sizeof t[0];
+    _exit(write(fd, t, n) == (ssize_t)n ? 0 : 1);
+}
+
+static void bench_round(bench *b, int r, const mb_options *o, const uint8_t *want)
+{
+    int fd[2];
+    double t[2 * MAX_LAYERS];
+    if (pipe(fd) < 0) {
+        perror("bench_load: pipe");
+        exit(1);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        round_child(b, o, want, fd[1]);
+    }
+    close(fd[1]);
+    size_t n = 2 * (size_t)b->L * sizeof t[0];
+    ssize_t got = pid > 0 ? read(fd[0], t, n) : -1;
+    int status = 0;
+    close(fd[0]);
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || status != 0 || got != (ssize_t)n) {
+        fprintf(stderr, "bench_load: round %d failed\n", r + 1);
         exit(1);
     }
     for (int l = 0; l < b->L; l++) {
         b->ld[l][r] = t[l];
-        mb_layer_free(&out[l]);
+        b->cp[l][r] = t[b->L + l];
     }
     fprintf(stderr, "round %d/%d done\n", r + 1, b->runs);
 }
@@ -195,8 +238,7 @@ int main(int argc, char **argv)
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     mb_options o = {.device = "cpu", .threads = threads};
-    if (mc_load(path, &b.c, &err) < 0 || !(b.m = st_model_open(dir, &err)) ||
-        !(b.be = mb_create(&o, &err))) {
+    if (mc_load(path, &b.c, &err) < 0 || !(b.m = st_model_open(dir, &err))) {
         fprintf(stderr, "bench_load: %s\n", err.msg);
         return 1;
     }
@@ -211,16 +253,15 @@ int main(int argc, char **argv)
     }
     size_t E = (size_t)b.c.n_routed_experts;
     uint8_t *want = malloc((size_t)b.L * E);
-    mb_layer **out = calloc((size_t)b.L, sizeof *out);
+    if (!want)
+        return 1;
     memset(want, 1, (size_t)b.L * E);
     warm_cache(b.m);
     double load0 = load_avg();
     for (int r = 0; r < b.runs; r++)
-        bench_round(&b, r, want, out);
+        bench_round(&b, r, &o, want);
     print_result(&b, threads, load0, load_avg());
     free(want);
-    free(out);
-    mb_destroy(&b.be);
     st_model_close(&b.m);
     return 0;
 }
