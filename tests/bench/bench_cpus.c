@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* stat field 39 (processor): fields after the command, which is in parentheses and may hold
  * spaces, so count from its closing parenthesis (field 2 ends there; field 3 follows) */
@@ -27,18 +28,16 @@ static int task_cpu(int tid)
     return p ? atoi(p + 1) : -1;
 }
 
+/* The thread's CPU time, exact: the clock id glibc's pthread_getcpuclockid makes from a thread
+ * id (CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED). /proc's schedstat is only brought up to date at a
+ * tick or a switch, so a run shorter than a tick read 0 for a thread still running. */
 static uint64_t task_ns(int tid)
 {
-    char path[64];
-    unsigned long long ns = 0;
-    snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    struct timespec ts;
+    clockid_t id = (clockid_t)((~(unsigned)tid << 3) | 6u);
+    if (clock_gettime(id, &ts) != 0)
         return 0;
-    if (fscanf(f, "%llu", &ns) != 1)
-        ns = 0;
-    fclose(f);
-    return ns;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 void bc_snap_take(bc_snap *s)
@@ -127,7 +126,10 @@ void bc_side_format(const bc_side *side, char *buf, int len)
 
 int bc_side_pinned(const bc_side *side)
 {
-    return side->busy_max >= 2 && 2 * side->one_cpu > side->runs;
+    int n = 0;
+    for (int i = 0; i < BC_MAX_CPUS / 64; i++)
+        n += __builtin_popcountll(side->cpus[i]);
+    return side->busy_max >= 2 && n == 1;
 }
 
 void bc_affinity_format(char *buf, int len)

@@ -572,14 +572,14 @@ static void print_threads(const run *R)
            ggml_cpu_has_fma() ? "yes" : "no", ggml_cpu_has_avx512() ? "yes" : "no",
            ggml_cpu_has_avx512_vnni() ? "yes" : "no", ggml_cpu_has_avx_vnni() ? "yes" : "no");
     bc_affinity_format(buf, sizeof buf);
-    printf("threads: %d per side; the process may run on CPUs %s\n", R->threads, buf);
+    printf("threads: %d per side; the main thread may run on CPUs %s\n", R->threads, buf);
     for (int s = 0; s < N_SIDES; s++) {
         bc_side_format(&R->cpus[s], buf, sizeof buf);
         printf("  %s: %s\n", name[s], buf);
         if (bc_side_pinned(&R->cpus[s]))
             for (int k = 0; k < 2; k++)
                 fprintf(k ? stderr : stdout,
-                        "WARNING: %s's threads ran on ONE CPU in most runs (pinned: "
+                        "WARNING: %s's threads ran on ONE CPU in every run (pinned: "
                         "OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY or an affinity mask?): "
                         "its times measure the pinning, not the code\n",
                         name[s]);
