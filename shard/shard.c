@@ -116,10 +116,6 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
                       .progress_ctx = v->progress_ctx,
                       .skip_shared = v->skip_shared,
                       .stage = v->stage};
-    if (v->stage)
-        shard_stage_reset(v->stage);
-    else if ((v->own = shard_stage_create()) == NULL)
-        return ep_err_set(err, "out of memory");
     char pfx[EP_MAX_NAME], mid[64];
     if (ck_layer_prefix(c, layer, pfx, sizeof pfx) < 0)
         return ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
@@ -131,6 +127,12 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
     if (!v->experts)
         return ep_err_set(err, "%s: out of memory", v->name);
     v->src.experts = v->experts;
+    if (v->stage) {
+        shard_stage_reset(v->stage);
+    } else if ((v->own = shard_stage_create()) == NULL) {
+        ep_err_set(err, "out of memory");
+        goto fail;
+    }
     if (check_layer(m, c, layer, want, err) < 0 || view_router(m, c, pfx, v, err) < 0)
         goto fail;
     for (int j = 0; j < 3 && !v->skip_shared; j++) {
