@@ -49,27 +49,18 @@ static int check_layer(const st_model *m, const mc_config *c, int layer, const u
     return 0;
 }
 
-/* t's bytes in private memory, their values checked (docs/numerics.md); kept in v until
- * shard_view_free. NULL with err when the file no longer holds them or a value is refused. */
+/* t's bytes in private memory (v's stage), their values checked (docs/numerics.md); kept until
+ * shard_view_free or the stage's next view. NULL with err when the file no longer holds them or a
+ * value is refused. */
 static const void *stage(shard_view *v, const mc_config *c, const st_tensor *t, ep_err *err)
 {
-    if (v->n_copies == v->cap_copies) {
-        int cap = v->cap_copies ? 2 * v->cap_copies : 64;
-        void **n = realloc(v->copies, (size_t)cap * sizeof *n);
-        if (n == NULL) {
-            ep_err_set(err, "out of memory");
-            return NULL;
-        }
-        v->copies = n;
-        v->cap_copies = cap;
-    }
-    void *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+    shard_stage *st = v->stage ? v->stage : v->own;
+    void *buf = shard_stage_alloc(st, (size_t)t->nbytes);
     if (buf == NULL) {
         ep_err_set(err, "tensor %s: out of memory for %llu bytes", t->name,
                    (unsigned long long)t->nbytes);
         return NULL;
     }
-    v->copies[v->n_copies++] = buf;
     if (st_tensor_read(t, 0, buf, (size_t)t->nbytes, err) != 0 ||
         ck_check_value_bytes(c, t, buf, err) != 0)
         return NULL;
@@ -121,8 +112,10 @@ static int view_router(const st_model *m, const mc_config *c, const char *pfx, s
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err)
 {
-    *v = (shard_view){
-        .progress = v->progress, .progress_ctx = v->progress_ctx, .skip_shared = v->skip_shared};
+    *v = (shard_view){.progress = v->progress,
+                      .progress_ctx = v->progress_ctx,
+                      .skip_shared = v->skip_shared,
+                      .stage = v->stage};
     char pfx[EP_MAX_NAME], mid[64];
     if (ck_layer_prefix(c, layer, pfx, sizeof pfx) < 0)
         return ep_err_set(err, "layer %d outside [0, %d)", layer, mc_num_layers(c));
@@ -134,6 +127,12 @@ int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uin
     if (!v->experts)
         return ep_err_set(err, "%s: out of memory", v->name);
     v->src.experts = v->experts;
+    if (v->stage) {
+        shard_stage_reset(v->stage);
+    } else if ((v->own = shard_stage_create()) == NULL) {
+        ep_err_set(err, "out of memory");
+        goto fail;
+    }
     if (check_layer(m, c, layer, want, err) < 0 || view_router(m, c, pfx, v, err) < 0)
         goto fail;
     for (int j = 0; j < 3 && !v->skip_shared; j++) {
@@ -162,11 +161,7 @@ fail:
 
 void shard_view_free(shard_view *v)
 {
-    for (int i = 0; i < v->n_copies; i++)
-        free(v->copies[i]);
-    free(v->copies);
-    v->copies = NULL;
-    v->n_copies = v->cap_copies = 0;
+    shard_stage_free(&v->own);
     free(v->experts);
     v->experts = NULL;
     v->src.experts = NULL;
@@ -210,11 +205,13 @@ uint64_t shard_layer_bytes(const st_model *m, const mc_config *c, int layer, con
     return n;
 }
 
-mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
-                           const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
-                           void *progress_ctx, ep_err *err)
+/* shard_load_layer with the copies in stage (NULL: a stage of the load's own) */
+static mb_layer *load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
+                            const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
+                            void *progress_ctx, shard_stage *stage, ep_err *err)
 {
     shard_view v;
+    v.stage = stage;
     /* Only the experts not already held are read (and checked) again. */
     int E = c->n_routed_experts;
     uint8_t *read = calloc((size_t)E, 1);
@@ -242,6 +239,13 @@ mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c
     }
     free(read);
     return l;
+}
+
+mb_layer *shard_load_layer(mb_backend *be, const st_model *m, const mc_config *c, int layer,
+                           const uint8_t *want, mb_layer *reuse, mb_progress_fn progress,
+                           void *progress_ctx, ep_err *err)
+{
+    return load_layer(be, m, c, layer, want, reuse, progress, progress_ctx, NULL, err);
 }
 
 moe_layer *shard_load_moe_layer(const st_model *m, const mc_config *c, int layer,
@@ -312,7 +316,10 @@ int shard_load(mb_backend *be, const st_model *m, const mc_config *c, const uint
     if (!lb)
         return ep_err_set(err, "out of memory");
     load_ctx lc = {.progress = progress, .ctx = progress_ctx, .layers = L};
-    int rc = plan_bytes(be, m, c, want, old, lb, &weights, err);
+    /* one stage for every layer: the second and later read into memory the first faulted in */
+    shard_stage *stage = shard_stage_create();
+    int rc = stage ? plan_bytes(be, m, c, want, old, lb, &weights, err)
+                   : ep_err_set(err, "out of memory");
     for (int l = 0; rc == 0 && l < L; l++)
         lc.total += lb[l];
     if (rc == 0)
@@ -324,13 +331,14 @@ int shard_load(mb_backend *be, const st_model *m, const mc_config *c, const uint
             rc = 1;
             break;
         }
-        out[l] = shard_load_layer(be, m, c, l, want + (size_t)l * E, old ? old[l] : NULL,
-                                  layer_progress, &lc, err);
+        out[l] = load_layer(be, m, c, l, want + (size_t)l * E, old ? old[l] : NULL, layer_progress,
+                            &lc, stage, err);
         if (!out[l])
             rc = -1;
         lc.base += lb[l];
     }
     free(lb);
+    shard_stage_free(&stage);
     if (rc != 0) {
         free_layers(out, L);
         return rc;

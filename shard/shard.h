@@ -28,13 +28,27 @@
 #include "kernels/moe.h"
 #include "kernels/moe_backend.h"
 
+/* Where a load puts the tensors' bytes it reads (stage.c): large chunks in transparent huge
+ * pages that one view after another reuses, so the layers of a load after the first read into
+ * memory already faulted in instead of fresh pages the kernel must zero. One view at a time:
+ * shard_view_layer resets the stage, so the previous view must be done (the backend has taken
+ * its layer) first. Not thread-safe. */
+typedef struct shard_stage shard_stage;
+shard_stage *shard_stage_create(void);
+void shard_stage_free(shard_stage **self_p);
+void shard_stage_reset(shard_stage *s);            /* every chunk free again (kept) */
+void *shard_stage_alloc(shard_stage *s, size_t n); /* 64-byte aligned; NULL when out of memory */
+size_t shard_stage_bytes(const shard_stage *s);    /* the chunks' size together */
+
 /* One layer's tensors as the backend takes them: private copies, freed by shard_view_free. */
 typedef struct shard_view {
     mb_layer_src src;
     mb_linear *experts; /* [E * 3], .w NULL for experts not wanted */
     char name[32];
-    void **copies; /* the tensors' bytes, read from the files */
-    int n_copies, cap_copies;
+    /* the tensors' bytes, read from the files: in the caller's stage (kept across views), or
+     * with stage NULL in one of the view's own that shard_view_free releases */
+    shard_stage *stage;
+    shard_stage *own;
     /* told the bytes read so far after each tensor (shard_load_layer sets them) */
     mb_progress_fn progress;
     void *progress_ctx;
@@ -44,8 +58,8 @@ typedef struct shard_view {
 
 /* Check, read and describe layer `layer` for the experts in want ([E]; NULL: all). Errors name
  * the tensor and what was expected (missing tensor, dtype, shape, a value the policy refuses,
- * a file that no longer holds the bytes). v's progress fields and skip_shared are kept (zero
- * them, or set them). */
+ * a file that no longer holds the bytes). v's progress fields, skip_shared and stage are kept
+ * (zero them, or set them). */
 int shard_view_layer(const st_model *m, const mc_config *c, int layer, const uint8_t *want,
                      shard_view *v, ep_err *err);
 void shard_view_free(shard_view *v);

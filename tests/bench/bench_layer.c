@@ -26,6 +26,15 @@
  * (so it also holds the row gather and output rounding, a few memcpy-sized passes). Columns
  * come from the fastest of --runs runs (the machine may be shared; the best run is the least
  * disturbed one), percentages of its layer time; SwiGLU is the fastest replay.
+ *
+ * A second table puts each row beside the machine's bounds, measured in the same run with the
+ * same threads (tests/bench/bench_bounds.c; best of trials spread through the run, before
+ * every T, wall clock even with --cpu-time): bound = max(memory, FMA), memory = the bytes the
+ * layer must read (every expert hit, the shared expert, the gate; counted as vs_ggml.c does)
+ * / the read bandwidth of a vector read-sum over 1 GiB, FMA = 2 * MACs / the FP32 FMA peak.
+ * "÷ bound" is the layer's time over that bound (1.00 = at the machine's limit); "of read
+ * bandwidth" is the bytes read per second of the layer over the read-sum's, the number that
+ * says how close decode (T = 1) is to streaming its weights at memory speed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +48,7 @@
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 #include "kernels/swiglu.h"
+#include "bench_bounds.h"
 #include "moe_gen.h"
 #include "shard/shard.h"
 #include "tests/isa_env.h"
@@ -56,6 +66,31 @@ static double now(void)
     clock_gettime(cpu_time ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* The machine's bounds with the pool's thread count, best of trials spread through the run. */
+static struct {
+    float *buf;
+    size_t n;
+    int threads;
+    double bw, fma;
+} bounds;
+
+static void bounds_trial(void)
+{
+    double bw = bench_read_bw(bounds.buf, bounds.n, bounds.threads);
+    double f = bench_fma_peak(bounds.threads);
+    bounds.bw = bw > bounds.bw ? bw : bounds.bw;
+    bounds.fma = f > bounds.fma ? f : bounds.fma;
+}
+
+/* One row of the main table, kept for the table of bounds printed at the end. */
+#define MAX_ROWS 64
+static struct row {
+    mc_expert_dtype dt;
+    int T, distinct, H, I, k, E;
+    double total; /* best layer time, seconds */
+} rows[MAX_ROWS];
+static int nrows;
 
 typedef struct bench {
     mc_config c;
@@ -267,6 +302,7 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
         }
         int best = 0;
         double swi = gm[0];
+        bounds_trial();
         for (int r = 1; r < runs; r++) {
             best = tot[r] < tot[best] ? r : best;
             swi = gm[r] < swi ? gm[r] : swi;
@@ -279,6 +315,9 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
         double mlp = ph[PH_EXPERTS][best] + ph[PH_SHARED][best];
         printf(" %5.1f | %5.1f |\n", 100.0 * swi / total, 100.0 * (mlp - swi) / total);
         fflush(stdout);
+        if (nrows < MAX_ROWS)
+            rows[nrows++] = (struct row){
+                dt, T, distinct, H, b.c.moe_intermediate_size, k, b.c.n_routed_experts, total};
     }
     free(u.x);
     free(u.xn);
@@ -294,6 +333,27 @@ static void bench_dtype(mc_expert_dtype dt, int made, const char *model, const i
     free(u.prow);
     free(u.pexp);
     bench_teardown(&b);
+}
+
+/* The rows beside the bounds (see the top of the file). */
+static void print_bounds(void)
+{
+    printf("\nbounds, same run, %d threads: read bandwidth %.1f GB/s, FP32 FMA peak %.0f GFLOP/s "
+           "(%s), best trials (wall clock)\n\n",
+           bounds.threads, bounds.bw / 1e9, bounds.fma / 1e9, bench_wide() ? "zmm" : "ymm");
+    printf("| dtype | T | experts hit | bytes read | memory bound | FMA bound | ms/layer | ÷ bound "
+           "| of read bandwidth |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nrows; i++) {
+        const struct row *r = &rows[i];
+        double hi = (double)r->H * r->I;
+        double expert = r->dt == MC_FP8 ? 3.0 * (hi + hi / 16384 * 4) : 3.0 * (hi / 2 + hi / 32);
+        double bytes = r->distinct * expert + 3.0 * (hi + hi / 16384) + (double)r->E * r->H * 2;
+        double macs = (double)r->T * (r->k + 1) * 3.0 * hi;
+        double tm = bytes / bounds.bw, tf = 2 * macs / bounds.fma, tb = tm > tf ? tm : tf;
+        printf("| %s | %d | %d | %.0f MB | %.2f ms | %.2f ms | %.2f | %.2f | %.2f |\n",
+               mc_dtype_name(r->dt), r->T, r->distinct, bytes / 1e6, tm * 1e3, tf * 1e3,
+               r->total * 1e3, r->total / tb, tm / r->total);
+    }
 }
 
 int main(int argc, char **argv)
@@ -349,6 +409,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_layer: %s\n", err.msg);
         return 1;
     }
+    bounds.threads = tpool_size(pool);
+    bounds.n = (size_t)1 << 28; /* 1 GiB of floats: far beyond any cache */
+    bounds.buf = aligned_alloc(64, bounds.n * sizeof(float));
+    if (!bounds.buf) {
+        fprintf(stderr, "bench_layer: no memory for the 1 GiB bandwidth buffer\n");
+        return 1;
+    }
+    for (size_t i = 0; i < bounds.n; i++)
+        bounds.buf[i] = (float)(i & 1023);
+    for (int r = 0; r < 3; r++)
+        bounds_trial();
     char loaded[64];
     mc_config mc;
     char cfg[4096];
@@ -370,6 +441,8 @@ int main(int argc, char **argv)
     for (int d = MC_FP4; d <= MC_FP8 && !model; d++)
         if (only < 0 || only == d)
             bench_dtype((mc_expert_dtype)d, made, NULL, Ts, nT, runs, pool);
+    print_bounds();
+    free(bounds.buf);
     tpool_destroy(&pool);
     return 0;
 }

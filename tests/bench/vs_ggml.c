@@ -53,6 +53,7 @@
 #include <time.h>
 
 #include "bench_bounds.h"
+#include "bench_cpus.h"
 #include "common/model_config.h"
 #include "common/safetensors_model.h"
 #include "ggml-alloc.h"
@@ -476,6 +477,8 @@ typedef struct run {
     int nT, runs;
     double diff; /* worst ggml_paths_diff over the T's */
     int supported;
+    int threads;
+    bc_side cpus[N_SIDES]; /* where each side's threads ran, over the timed runs */
 } run;
 
 static int run_side(run *R, int side, int i)
@@ -514,10 +517,14 @@ static int timed_rounds(run *R)
             for (int j = 0; j < N_SIDES; j++) {
                 int side = (j + r) % N_SIDES;
                 flush_caches();
+                static bc_snap before, after; /* outside the timed span: /proc reads */
+                bc_snap_take(&before);
                 double a = side_now();
                 if (run_side(R, side, i) < 0)
                     return -1;
                 R->tc[i].t[side][r] = side_now() - a;
+                bc_snap_take(&after);
+                bc_side_add(&R->cpus[side], &before, &after);
             }
         }
         fprintf(stderr, "round %d/%d done\n", r + 1, R->runs);
@@ -552,6 +559,33 @@ static void ratio_spread(const double *num, const double *den, int n, char *buf,
     snprintf(buf, len, "%.2f (%.2f-%.2f)", med, q[0], q[n - 1]);
 }
 
+/* Each side's instruction set and the CPUs its threads ran on: pinning (OMP_PROC_BIND left in
+ * the environment, an affinity mask) once put both of epmoe's threads on one core and made it
+ * look 1.4-1.9x slower than ggml; such a run must say so rather than be read as a result. */
+static void print_threads(const run *R)
+{
+    static const char *const name[N_SIDES] = {"epmoe", "ggml repacked", "ggml plain"};
+    char buf[512];
+    printf("instruction sets: epmoe %s; ggml's CPU backend AVX2 %s, FMA %s, AVX-512 %s, AVX-512 "
+           "VNNI %s, AVX-VNNI %s\n",
+           isa_name(isa_best()), ggml_cpu_has_avx2() ? "yes" : "no",
+           ggml_cpu_has_fma() ? "yes" : "no", ggml_cpu_has_avx512() ? "yes" : "no",
+           ggml_cpu_has_avx512_vnni() ? "yes" : "no", ggml_cpu_has_avx_vnni() ? "yes" : "no");
+    bc_affinity_format(buf, sizeof buf);
+    printf("threads: %d per side; the main thread may run on CPUs %s\n", R->threads, buf);
+    for (int s = 0; s < N_SIDES; s++) {
+        bc_side_format(&R->cpus[s], buf, sizeof buf);
+        printf("  %s: %s\n", name[s], buf);
+        if (bc_side_pinned(&R->cpus[s]))
+            for (int k = 0; k < 2; k++)
+                fprintf(k ? stderr : stdout,
+                        "WARNING: %s's threads ran on ONE CPU in every run (pinned: "
+                        "OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY or an affinity mask?): "
+                        "its times measure the pinning, not the code\n",
+                        name[s]);
+    }
+}
+
 static void print_header(const run *R, const char *dir, int layer, int threads, const mc_config *c)
 {
     const ggml_side *g = &R->gg;
@@ -573,6 +607,7 @@ static void print_header(const run *R, const char *dir, int layer, int threads, 
     printf("ggml plain: expert weights in buffer %s; the two paths' expert outputs agree to "
            "%.1e of their largest value (the same weights)\n",
            ggml_backend_buffer_name(g->experts[PATH_PLAIN].buf), R->diff);
+    print_threads(R);
     printf("times: %s, %d rounds, the three sides interleaved\n\n",
            cpu_clock ? "process CPU time (--clock cpu)" : "wall clock", R->runs);
 }
@@ -693,6 +728,7 @@ int main(int argc, char **argv)
     static run R; /* large: every round's times */
     R.nT = nT;
     R.runs = A.runs;
+    R.threads = A.threads;
     /* bounds: trials now and in every round; each keeps its best */
     R.bd = (bounds){.n = (size_t)1 << 28, .threads = threads}; /* 1 GiB of floats */
     R.bd.buf = aligned_alloc(64, R.bd.n * sizeof(float));

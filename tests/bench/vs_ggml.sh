@@ -8,7 +8,7 @@
 # bench prints the evidence that the repacked path was taken (ggml's repack log, the buffer
 # type, the chosen layout) and that both ggml paths computed the same result.
 #
-#   GGML_DIR=/path/to/ggml tests/bench/vs_ggml.sh [--model DIR] [--work DIR] [--threads N]
+#   GGML_DIR=/path/to/ggml tests/bench/vs_ggml.sh [--model DIR] [--work DIR] [--threads 1,N]
 #                                                 [--tokens 1,8,64,256] [--runs R]
 #                                                 [--clock wall|cpu]
 #
@@ -21,18 +21,24 @@
 #            minutes on 2 cores).
 # --work     where to build ggml and this bench and put the generated layer (default: a new
 #            mktemp folder, removed at the end; give one to keep and reuse them).
-# --threads --tokens --runs   passed to bench_vs_ggml (defaults 2, 1,8,64,256, 10 (<= 32)):
+# --threads  thread counts, one bench_vs_ggml run each (default 1,$(nproc): one thread and all
+#            of them, in one invocation; a single number runs that count only). Every run
+#            prints each side's instruction set and the CPUs its threads ran on, and a WARNING
+#            when a side's threads ran on one CPU (OMP_PROC_BIND left in the environment, an
+#            affinity mask): such a run measures the pinning.
+# --tokens --runs   passed to bench_vs_ggml (defaults 1,8,64,256, 10 (<= 32)):
 #            every result and bound keeps its best of --runs rounds spread over the run, and
 #            the ratios are also given per round (median and range) for the spread.
-# --clock    wall (default) or cpu: with --threads 1, time in process CPU time, which a
-#            machine shared with other jobs disturbs far less than wall time.
+# --clock    wall (default) or cpu: time the 1-thread run in process CPU time, which a
+#            machine shared with other jobs disturbs far less than wall time (runs with more
+#            threads stay in wall time: their CPU time is not their latency).
 #
 # Needs ~3.5 GB free on disk and ~12 GB of memory (the layer in the page cache; then epmoe's
 # packed layer, ggml's plain copy and its repacked copy at once, since they run interleaved).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL="" WORK="" THREADS=2 TOKENS=1,8,64,256 RUNS=10 CLOCK=wall
+MODEL="" WORK="" THREADS=1,$(nproc) TOKENS=1,8,64,256 RUNS=10 CLOCK=wall
 while [ $# -gt 0 ]; do
     case "$1" in
     --model) MODEL=$2; shift 2 ;;
@@ -41,7 +47,7 @@ while [ $# -gt 0 ]; do
     --tokens) TOKENS=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
     --clock) CLOCK=$2; shift 2 ;;
-    -h | --help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "vs_ggml.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
     esac
 done
@@ -111,5 +117,14 @@ echo "machine: $(cpu_field 'model name') (family $(cpu_field 'cpu family'), mode
 echo "ggml: $GGML_DIR ($ggml_rev); epmoe: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "command: GGML_DIR=$GGML_DIR tests/bench/vs_ggml.sh${MODEL_ARG:+ --model $MODEL_ARG}" \
     "--threads $THREADS --tokens $TOKENS --runs $RUNS --clock $CLOCK"
-"$WORK/epmoe-build/tests/bench/bench_vs_ggml" --model "$MODEL" --threads "$THREADS" \
-    --tokens "$TOKENS" --runs "$RUNS" --clock "$CLOCK"
+# what pins threads, if anything does: both sides' threads on one CPU looked 1.4-1.9x slower
+echo "pinning: OMP_PROC_BIND=${OMP_PROC_BIND:-unset} OMP_PLACES=${OMP_PLACES:-unset}" \
+    "GOMP_CPU_AFFINITY=${GOMP_CPU_AFFINITY:-unset}; $(grep Cpus_allowed_list /proc/self/status)"
+for n in $(echo "$THREADS" | tr ',' ' ' | xargs -n1 | awk '!seen[$0]++'); do
+    clock=$CLOCK
+    [ "$n" -gt 1 ] && clock=wall
+    echo
+    echo "== $n thread(s), clock $clock"
+    "$WORK/epmoe-build/tests/bench/bench_vs_ggml" --model "$MODEL" --threads "$n" \
+        --tokens "$TOKENS" --runs "$RUNS" --clock "$clock"
+done
