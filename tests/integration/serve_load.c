@@ -167,7 +167,7 @@ int main(int argc, char **argv)
             a.topk_weights = s[i].w;
             a.user = &s[i];
             if (epmoe_submit(cl, &a, &s[i].rq, &e) != EPMOE_OK) {
-                /* a request refused at once (no member can take it) is a failed one too */
+                /* a request refused at once (the cluster blocked) is a failed one too */
                 if (t.failed++ < 20)
                     fprintf(stderr, "serve_load: submit: %s\n", e.message);
                 s[i].rq = NULL;
