@@ -397,12 +397,8 @@ int epmoe_submit(epmoe_client *c, const epmoe_submit_args *a, epmoe_request **re
         rc = cl_fail(err, EPMOE_ENOTREADY, EPMOE__ERROR_CODE__ERR_NOT_READY,
                      "cluster %s is blocked: %s", c->info.cluster,
                      c->info.problem[0] ? c->info.problem : "no placement over the workers left");
-    if (rc == 0 && !cl_has_entry(c)) {
-        char why[EPMOE_ERROR_MAX - 128];
-        cl_not_ready_text(&c->info, c->secure, why, sizeof why);
-        rc = cl_fail(err, EPMOE_ENOTREADY, 0, "cluster %s: no member can take requests: %s",
-                     c->info.cluster, why);
-    }
+    /* no member can take it yet (forming, loading, workers registering again after a
+     * coordinator restart): it waits in the queue for one until its deadline (cl_expire) */
     if (rc != 0) {
         pthread_mutex_unlock(&c->mu);
         return rc;

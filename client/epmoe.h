@@ -53,7 +53,7 @@ typedef enum epmoe_status {
     EPMOE_EAGAIN = -2,       /* no slot: max_in_flight requests are held; free one, try again */
     EPMOE_ETIMEDOUT = -3,    /* the deadline passed before the answer */
     EPMOE_EBUSY = -4,        /* the cluster stayed saturated until the request's deadline */
-    EPMOE_ENOTREADY = -5,    /* the cluster is not ready (forming, loading, blocked) */
+    EPMOE_ENOTREADY = -5,    /* blocked; or no member could take it by its deadline (forming) */
     EPMOE_ESTALE = -6,       /* the cluster's model is no longer the one of epmoe_open (its
                               * config hash changed): open a new client */
     EPMOE_EREFUSED = -7,     /* a key was refused (CURVE), or the endpoint is not an epmoe
@@ -165,7 +165,9 @@ EPMOE_API int epmoe_info_members(epmoe_client *c, epmoe_member *out, uint32_t ca
  * [n_tokens, k] and topk_weights f32 [n_tokens, k] may be NULL. config_hash: 0, or the
  * epmoe_info.config_hash the caller read (another is EPMOE_ESTALE). Non-blocking: EPMOE_EAGAIN
  * when max_in_flight requests hold a slot; EPMOE_ESTALE once the cluster serves another model
- * than the one of epmoe_open. timeout_ms 0: the client's default. *req is the handle to wait
+ * than the one of epmoe_open; EPMOE_ENOTREADY when the cluster is blocked. A request no member can
+ * take yet (forming, loading, workers registering again) waits for one until its deadline, then
+ * finishes EPMOE_ENOTREADY. timeout_ms 0: the client's default. *req is the handle to wait
  * on; it holds one of the max_in_flight slots from here until epmoe_request_free (after
  * epmoe_wait/epmoe_poll returned it, or epmoe_cancel). */
 typedef struct epmoe_submit_args {

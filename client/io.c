@@ -285,6 +285,25 @@ static void cl_timeout(epmoe_client *c, struct epmoe_request *r)
     cl_finish(c, r);
 }
 
+/* A request never sent because no member could take it, at its deadline (or the cluster
+ * blocked meanwhile): the words epmoe_submit used to refuse it with at once. */
+static void cl_not_ready(epmoe_client *c, struct epmoe_request *r)
+{
+    r->status = EPMOE_ENOTREADY;
+    if (c->info.blocked) {
+        r->remote_code = EPMOE__ERROR_CODE__ERR_NOT_READY;
+        snprintf(r->message, sizeof r->message, "cluster %s is blocked: %s", c->info.cluster,
+                 c->info.problem[0] ? c->info.problem : "no placement over the workers left");
+    } else {
+        char why[CL_MSG_MAX - 128];
+        cl_not_ready_text(&c->info, c->secure, why, sizeof why);
+        r->remote_code = 0;
+        snprintf(r->message, sizeof r->message, "cluster %s: no member can take requests: %s",
+                 c->info.cluster, why);
+    }
+    cl_finish(c, r);
+}
+
 /* A request at its deadline: EBUSY when it waited for room until then, or was refused for load
  * and its retry is not answered (the cluster stayed saturated), else ETIMEDOUT. */
 static void cl_expire(epmoe_client *c, struct epmoe_request *r)
@@ -292,6 +311,10 @@ static void cl_expire(epmoe_client *c, struct epmoe_request *r)
     if (r->state == CL_QUEUED) {
         cl_list_remove(&c->queue_head, &c->queue_tail, r);
         r->state = CL_FLIGHT;
+    }
+    if (r->n_sends == 0 && !r->waited && !cl_has_entry(c)) {
+        cl_not_ready(c, r);
+        return;
     }
     if (!r->waited && !r->refused) {
         cl_timeout(c, r);
@@ -363,7 +386,10 @@ static int64_t cl_timers(epmoe_client *c, int64_t now)
             }
             continue;
         }
-        if (r->state == CL_QUEUED && now >= r->deadline_ns)
+        if (r->state == CL_QUEUED && r->n_sends == 0 && c->info.blocked) {
+            cl_list_remove(&c->queue_head, &c->queue_tail, r);
+            cl_not_ready(c, r); /* no placement serves: waiting would not help */
+        } else if (r->state == CL_QUEUED && now >= r->deadline_ns)
             cl_expire(c, r);
         else if (r->state == CL_QUEUED)
             next = r->deadline_ns < next ? r->deadline_ns : next;

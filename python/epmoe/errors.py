@@ -76,7 +76,7 @@ TimeoutError = RequestTimeoutError  # the old name (not in __all__: it would sha
 
 
 class NotReadyError(EpmoeError):
-    """The cluster is not ready (forming, loading) or no member can take requests."""
+    """The cluster is blocked, or no member could take the request until its deadline."""
 
 
 class StaleError(EpmoeError):

@@ -11,10 +11,13 @@
  * With $EPMOE_KEY (a client's secret key file) and $EPMOE_SERVER_KEY (the coordinator's public
  * key file) the client uses CURVE, as epmoectl does.
  *
+ * With TIMELINE, one line "<ms since the Unix epoch> OK|FAIL|WRONG" per finished request is
+ * appended to that file (the fault suite's client timeline format, tests/faults/fault_numbers.py).
+ *
  * Last line: "serve_load: N ok, F failed, W wrong, longest pause P ms". Exit 0 when F = W = 0
  * and N > 0, else 1.
  *
- *   serve_load COORDINATOR LAYER IN OUT INFLIGHT STOP [TIMEOUT_MS (30000)]
+ *   serve_load COORDINATOR LAYER IN OUT INFLIGHT STOP [TIMEOUT_MS (30000) [TIMELINE]]
  */
 #include <epmoe.h>
 #include <poll.h>
@@ -40,6 +43,7 @@ typedef struct tally {
     int64_t last_done_ms, longest_ms;
     slot first;
     size_t no, ni;
+    FILE *timeline; /* NULL: none */
 } tally;
 
 static int64_t now_ms(clockid_t clk)
@@ -49,8 +53,17 @@ static int64_t now_ms(clockid_t clk)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* One finished request, counted and compared with the first. */
-static void load_check(tally *t, const slot *s)
+/* The request's end on the wall clock, for the fault suite's numbers (fault_numbers.py). */
+static void load_mark(const tally *t, const char *kind)
+{
+    if (t->timeline == NULL)
+        return;
+    fprintf(t->timeline, "%lld %s\n", (long long)now_ms(CLOCK_REALTIME), kind);
+    fflush(t->timeline); /* the suite reads it while this runs */
+}
+
+/* One finished request: counted and compared with the first. */
+static void load_count(tally *t, const slot *s)
 {
     epmoe_request_info ri;
     epmoe_request_status(s->rq, &ri);
@@ -78,6 +91,14 @@ static void load_check(tally *t, const slot *s)
     } else {
         t->ok++;
     }
+}
+
+/* One finished request: counted, and its end written to the timeline. */
+static void load_check(tally *t, const slot *s)
+{
+    long wrong = t->wrong, ok = t->ok;
+    load_count(t, s);
+    load_mark(t, t->ok > ok ? "OK" : t->wrong > wrong ? "WRONG" : "FAIL");
 }
 
 /* CURVE keys from $EPMOE_KEY and $EPMOE_SERVER_KEY (Z85 into pub, sec, server). */
@@ -112,8 +133,10 @@ static int load_alloc(slot *s, size_t no, size_t ni)
 
 int main(int argc, char **argv)
 {
-    if (argc != 7 && argc != 8) {
-        fprintf(stderr, "usage: serve_load COORDINATOR LAYER IN OUT INFLIGHT STOP [TIMEOUT_MS]\n");
+    if (argc < 7 || argc > 9) {
+        fprintf(
+            stderr,
+            "usage: serve_load COORDINATOR LAYER IN OUT INFLIGHT STOP [TIMEOUT_MS [TIMELINE]]\n");
         return 64;
     }
     int D = atoi(argv[5]);
@@ -122,7 +145,7 @@ int main(int argc, char **argv)
                        .version = EPMOE_OPTIONS_VERSION,
                        .coordinator = argv[1],
                        .max_in_flight = (uint32_t)(D > 0 ? D : 1),
-                       .timeout_ms = argc == 8 ? (uint32_t)atoi(argv[7]) : 30000};
+                       .timeout_ms = argc >= 8 ? (uint32_t)atoi(argv[7]) : 30000};
     epmoe_client *cl = NULL;
     epmoe_error e = {0};
     epmoe_info info;
@@ -144,6 +167,10 @@ int main(int argc, char **argv)
     }
     int T = in.T, H = c.hidden_size, k = c.num_experts_per_tok;
     tally t = {.no = (size_t)T * H * 2, .ni = (size_t)T * k * 4};
+    if (argc == 9 && (t.timeline = fopen(argv[8], "a")) == NULL) {
+        perror(argv[8]);
+        return 1;
+    }
     slot *s = calloc((size_t)D, sizeof *s);
     int rc = s == NULL || load_alloc(&t.first, t.no, t.ni) != 0;
     for (int i = 0; i < D && rc == 0; i++)
@@ -167,9 +194,10 @@ int main(int argc, char **argv)
             a.topk_weights = s[i].w;
             a.user = &s[i];
             if (epmoe_submit(cl, &a, &s[i].rq, &e) != EPMOE_OK) {
-                /* a request refused at once (no member can take it) is a failed one too */
+                /* a request refused at once (the cluster blocked) is a failed one too */
                 if (t.failed++ < 20)
                     fprintf(stderr, "serve_load: submit: %s\n", e.message);
+                load_mark(&t, "FAIL");
                 s[i].rq = NULL;
                 break;
             }
@@ -204,5 +232,7 @@ int main(int argc, char **argv)
     free(s), free(t.first.out), free(t.first.ids), free(t.first.w);
     fwdio_input_free(&in);
     epmoe_close(&cl);
+    if (t.timeline != NULL)
+        fclose(t.timeline);
     return rc == 0 && t.failed == 0 && t.wrong == 0 && t.ok > 0 ? 0 : 1;
 }

@@ -956,7 +956,9 @@ TEST(open_fails_clearly_without_a_usable_coordinator)
     fake_stop(&f);
 }
 
-TEST(no_member_with_a_client_endpoint_is_enotready)
+/* No member can take a request (forming, loading, a restarted coordinator's workers registering
+ * again): it waits in the queue, and fails ENOTREADY at its deadline, not before. */
+TEST(no_member_with_a_client_endpoint_is_enotready_at_the_deadline)
 {
     fake *f = fake_start(2);
     pthread_mutex_lock(&f->mu);
@@ -968,9 +970,43 @@ TEST(no_member_with_a_client_endpoint_is_enotready)
         static call k;
         epmoe_error err;
         call_make(&k, 1, 2, 1);
-        CHECK_EQ(call_submit(c, &k, 0, &err), EPMOE_ENOTREADY);
+        int64_t t0 = now_ms();
+        CHECK_EQ(call_submit(c, &k, 600, &err), EPMOE_OK);
+        CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_ENOTREADY);
+        int64_t took = now_ms() - t0;
+        CHECK(took >= 595 && took < 2500);
         CHECK_STR_HAS(err.message, "cluster fake: no member can take requests: e0 (no client "
                                    "endpoint), e1 (no client endpoint)");
+        epmoe_request_free(&k.req);
+    }
+    epmoe_close(&c);
+    fake_stop(&f);
+}
+
+/* A member becomes ready while a request waits for one: the request is answered, not refused. */
+TEST(a_request_waits_for_a_member_to_become_ready)
+{
+    fake *f = fake_start(2);
+    pthread_mutex_lock(&f->mu);
+    f->en[0].listed = f->en[1].listed = false;
+    pthread_mutex_unlock(&f->mu);
+    epmoe_client *c = open_client(f, 4, 3000, 0, NULL);
+    CHECK(c != NULL);
+    if (c != NULL) {
+        static call k;
+        epmoe_error err;
+        call_make(&k, 1, 2, 5);
+        CHECK_EQ(call_submit(c, &k, 5000, &err), EPMOE_OK);
+        usleep(300000); /* it waits: no member lists a client endpoint yet */
+        epmoe_request_info ri;
+        CHECK(epmoe_request_status(k.req, &ri) == 0 && ri.status == EPMOE_EINPROGRESS);
+        pthread_mutex_lock(&f->mu);
+        f->en[1].listed = true; /* the next CLIENT_INFO lists e1 */
+        pthread_mutex_unlock(&f->mu);
+        CHECK_EQ(epmoe_wait(k.req, 5000, &err), EPMOE_OK);
+        CHECK_EQ(call_check(&k, false), 0);
+        CHECK(epmoe_request_status(k.req, &ri) == 0 && strcmp(ri.entry, "e1") == 0);
+        epmoe_request_free(&k.req);
     }
     epmoe_close(&c);
     fake_stop(&f);
@@ -1614,7 +1650,8 @@ int main(void)
     RUN(cluster_error_codes_map_to_statuses);
     RUN(bad_arguments_are_refused_naming_what);
     RUN(open_fails_clearly_without_a_usable_coordinator);
-    RUN(no_member_with_a_client_endpoint_is_enotready);
+    RUN(no_member_with_a_client_endpoint_is_enotready_at_the_deadline);
+    RUN(a_request_waits_for_a_member_to_become_ready);
     RUN(cancel_releases_the_buffers_and_keeps_the_request_out_of_poll);
     RUN(two_clients_in_one_process_are_independent);
     RUN(threads_submitting_at_once_each_get_their_own_answers);
